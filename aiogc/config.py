@@ -1,0 +1,203 @@
+"""Run configuration: one validated, frozen value shared by the PS, workers, simulator and CLI.
+
+Every field is checked in ``__post_init__``; a bad value raises :class:`~aiogc.errors.ConfigError`
+naming the field, the value and the allowed range. ``to_wire()`` / ``from_wire()`` carry the
+configuration to workers inside ``welcome`` (a flat map of scalars), and
+:meth:`RunConfig.build_scheme` rebuilds *the same* scheme on every side from the seed, which the
+``scheme_digest`` then confirms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+SCHEMES = ("partial", "original", "uncoded", "ignore-stragglers")
+ASSIGNMENTS = ("cyclic", "fr", "regular")
+ORDERINGS = ("optimal", "natural", "random")
+DECODINGS = ("frame", "gaussian")
+MODES = ("exact", "approx")
+DTYPES = ("float64", "float32")
+
+#: Largest worker count we accept: state vectors and per-worker tables stay small on the wire.
+MAX_WORKERS = 4096
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ConfigError(name, value, f"an integer in [{lo}, {hi}]")
+
+
+def _check_float(name: str, value: object, lo: float, hi: float, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if type(value) not in (int, float) or isinstance(value, bool):
+        raise ConfigError(name, value, f"a number in ({lo}, {hi}]" + (" or None" if optional else ""))
+    v = float(value)  # type: ignore[arg-type]
+    if math.isnan(v) or not lo < v <= hi:
+        raise ConfigError(name, value, f"a number in ({lo}, {hi}]" + (" or None" if optional else ""))
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, value, "one of " + ", ".join(allowed))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run (not where it runs).
+
+    Attributes
+    ----------
+    scheme : {"partial", "original", "uncoded", "ignore-stragglers"}
+    workers : int
+        m, number of workers.
+    delta : int
+        Chunks per worker (replication of the cyclic / regular assignment). Uncoded and
+        ignore-stragglers always use one chunk per worker.
+    n_parts : int
+        ℓ, the communication split; partial needs 1 <= ℓ <= δ, original needs ℓ < δ.
+    mode : {"exact", "approx"}
+        approx ends each round at ``deadline_s`` with whatever state the PS has.
+    k : int or None
+        ignore-stragglers: how many finished workers to wait for (default m - (δ - 1)).
+    """
+
+    scheme: str = "partial"
+    workers: int = 8
+    delta: int = 3
+    n_parts: int = 1
+    assignment: str = "cyclic"
+    ordering: str = "optimal"
+    decoding: str = "frame"
+    k: int | None = None
+    mode: str = "exact"
+    deadline_s: float | None = None
+    rounds: int = 30
+    seed: int = 0
+    task: str = "linreg"
+    delay: str = "exp:0.02"
+    latency: str = "none"
+    dtype: str = "float64"
+    report_every: int = 1
+    learning_rate: float | None = None
+    heartbeat_s: float | None = 1.0
+    dead_after_s: float | None = 5.0
+    collect_timeout_s: float = 5.0
+    round_timeout_s: float = 60.0
+    join_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check_choice("scheme", self.scheme, SCHEMES)
+        _check_int("workers", self.workers, 1, MAX_WORKERS)
+        _check_int("delta", self.delta, 1, self.workers)
+        _check_int("n_parts", self.n_parts, 1, max(1, self.delta))
+        if self.scheme == "original" and self.n_parts >= self.delta:
+            raise ConfigError(
+                "n_parts", self.n_parts, f"< delta={self.delta} for scheme original (s = δ - ℓ ≥ 1)"
+            )
+        if self.scheme in ("uncoded", "ignore-stragglers") and self.n_parts != 1:
+            raise ConfigError("n_parts", self.n_parts, f"1 for scheme {self.scheme}")
+        _check_choice("assignment", self.assignment, ASSIGNMENTS)
+        if self.assignment == "fr" and self.workers % self.delta != 0:
+            raise ConfigError(
+                "delta", self.delta, f"a divisor of workers={self.workers} for assignment fr"
+            )
+        _check_choice("ordering", self.ordering, ORDERINGS)
+        _check_choice("decoding", self.decoding, DECODINGS)
+        if self.k is not None:
+            _check_int("k", self.k, 1, self.workers)
+        _check_choice("mode", self.mode, MODES)
+        _check_float("deadline_s", self.deadline_s, 0.0, 1e6, optional=True)
+        if self.mode == "approx" and self.deadline_s is None:
+            raise ConfigError("deadline_s", None, "a positive number when mode=approx")
+        _check_int("rounds", self.rounds, 1, 10**7)
+        _check_int("seed", self.seed, 0, 2**63 - 1)
+        for name in ("task", "delay", "latency"):
+            v = getattr(self, name)
+            if type(v) is not str or not v or len(v) > 512:
+                raise ConfigError(name, v, "a non-empty spec string of at most 512 chars")
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_int("report_every", self.report_every, 1, 10**6)
+        _check_float("learning_rate", self.learning_rate, 0.0, 1e6, optional=True)
+        _check_float("heartbeat_s", self.heartbeat_s, 0.0, 3600.0, optional=True)
+        _check_float("dead_after_s", self.dead_after_s, 0.0, 3600.0, optional=True)
+        _check_float("collect_timeout_s", self.collect_timeout_s, 0.0, 3600.0, optional=False)
+        _check_float("round_timeout_s", self.round_timeout_s, 0.0, 1e6, optional=False)
+        _check_float("join_timeout_s", self.join_timeout_s, 0.0, 1e6, optional=False)
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def stragglers_tolerated(self) -> int:
+        """s of the classic schemes: δ - ℓ (original), 0 (uncoded), m - k (ignore)."""
+        if self.scheme == "uncoded":
+            return 0
+        if self.scheme == "ignore-stragglers":
+            return self.workers - self.effective_k
+        return self.delta - self.n_parts
+
+    @property
+    def effective_k(self) -> int:
+        """k for ignore-stragglers (default m - (δ - 1), the count original GC would wait for)."""
+        return self.k if self.k is not None else max(1, self.workers - (self.delta - 1))
+
+    @property
+    def payload_dtype(self) -> np.dtype:
+        return np.dtype("<f8") if self.dtype == "float64" else np.dtype("<f4")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A validated copy with ``changes``."""
+        return replace(self, **changes)
+
+    def build_scheme(self) -> Any:
+        """The coding scheme, rebuilt deterministically from ``seed`` (same on every side)."""
+        from .coding import make_scheme
+
+        rng = np.random.default_rng([self.seed, 0x5C4E3E])
+        return make_scheme(
+            self.scheme,
+            m=self.workers,
+            delta=self.delta,
+            n_parts=self.n_parts,
+            assignment=self.assignment,
+            ordering=self.ordering,
+            decoding=self.decoding,
+            k=self.effective_k if self.scheme == "ignore-stragglers" else None,
+            rng=rng,
+        )
+
+    # ------------------------------------------------------------------ wire
+
+    def to_wire(self) -> dict[str, Any]:
+        """Flat map of scalars for the ``welcome`` message."""
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_wire`; unknown keys are a ConfigError (version skew)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names - {"scheme_digest"})
+        if unknown:
+            raise ConfigError("config", unknown, "known RunConfig fields")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def scheme_digest(scheme: Any) -> str:
+    """Hex digest of what every side must agree on: A, the orders and B (if any)."""
+    h = hashlib.sha256()
+    h.update(scheme.name.encode())
+    h.update(np.ascontiguousarray(scheme.A, dtype=np.uint8).tobytes())
+    for o in scheme.orders:
+        h.update(np.ascontiguousarray(o, dtype="<i8").tobytes())
+        h.update(b"|")
+    B = getattr(scheme, "B", None)
+    if B is not None:
+        h.update(np.ascontiguousarray(B, dtype="<f8").tobytes())
+    return h.hexdigest()[:32]

@@ -1,0 +1,698 @@
+"""The parameter server as a sans-IO state machine.
+
+Invariants
+----------
+* No clock, no sockets, no global randomness: every input carries ``now`` (seconds, any
+  monotonic origin) and nonces come from an injected ``nonce_fn``.
+* Phases move only along ``_TRANSITIONS``; a message kind is accepted from a worker only in the
+  phases listed in ``_ACCEPTS`` (anything else from an authenticated peer closes that peer).
+* The state vector ``state`` only grows within an attempt (reports are monotone); a dropped
+  worker's entry is zeroed and its later reports are ignored until the round ends.
+* A coded vector is decoded only if it matches (epoch, round, attempt, state digest) of the
+  current broadcast; everything older is counted and dropped, never decoded.
+* A gradient that is not finite is never applied: the round is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig, scheme_digest
+from ..errors import LocalProtocolError, PayloadRejected, RemoteProtocolError
+from ..messages import (
+    Bye,
+    Challenge,
+    ChunkReport,
+    CodedGradient,
+    EncodeAndTransmit,
+    Error,
+    Hello,
+    Message,
+    Ping,
+    Pong,
+    Resume,
+    RoundEnd,
+    RoundStart,
+    Shutdown,
+    Welcome,
+    state_digest,
+)
+from .common import (
+    AUTH_DEADLINE_S,
+    Event,
+    Finished,
+    Outgoing,
+    PeerClosed,
+    RoundCompleted,
+    RoundRecord,
+    RoundResumed,
+    RoundStarted,
+    Triggered,
+    WorkerDropped,
+    WorkerJoined,
+    macs_equal,
+    ps_mac,
+    worker_mac,
+)
+
+#: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
+MAX_PENDING_CONNECTIONS = 64
+
+
+class PSPhase(enum.Enum):
+    JOINING = "joining"  # waiting for all m workers before round 0
+    COMPUTING = "computing"  # round running, workers computing and reporting
+    COLLECTING = "collecting"  # encode_and_transmit broadcast, waiting for coded vectors
+    FINISHED = "finished"
+
+
+_TRANSITIONS: frozenset[tuple[PSPhase, PSPhase]] = frozenset(
+    {
+        (PSPhase.JOINING, PSPhase.COMPUTING),
+        (PSPhase.JOINING, PSPhase.FINISHED),
+        (PSPhase.COMPUTING, PSPhase.COLLECTING),
+        (PSPhase.COMPUTING, PSPhase.COMPUTING),  # next round
+        (PSPhase.COMPUTING, PSPhase.FINISHED),
+        (PSPhase.COLLECTING, PSPhase.COMPUTING),  # resume, or next round
+        (PSPhase.COLLECTING, PSPhase.COLLECTING),  # re-broadcast with a new attempt
+        (PSPhase.COLLECTING, PSPhase.FINISHED),
+    }
+)
+
+#: kind -> phases in which an authenticated worker may send it
+_ACCEPTS: dict[str, frozenset[PSPhase]] = {
+    "chunk_report": frozenset(PSPhase),
+    "coded_gradient": frozenset(PSPhase),
+    "ping": frozenset(PSPhase),
+    "pong": frozenset(PSPhase),
+    "bye": frozenset(PSPhase),
+    "error": frozenset(PSPhase),
+}
+
+
+@dataclass
+class _Peer:
+    nonce: bytes
+    auth_deadline: float
+    worker: int | None = None
+
+
+@dataclass
+class _RoundState:
+    """Mutable per-round bookkeeping; ``record`` is what gets published."""
+
+    record: RoundRecord
+    state: np.ndarray  # (m,) latest accepted counts
+    attempt: int = 0
+    broadcast: tuple[int, ...] | None = None
+    digest: bytes = b""
+    expected: set[int] = field(default_factory=set)  # workers whose vector we wait for
+    received: dict[int, np.ndarray] = field(default_factory=dict)
+    excluded: set[int] = field(default_factory=set)
+    collect_deadline: float | None = None
+
+
+class ParameterServer:
+    """Parameter server core: joins workers, runs rounds, triggers, decodes, updates the model.
+
+    Parameters
+    ----------
+    config : RunConfig
+    model : ndarray, shape (d,)
+        Initial model.
+    learning_rate : float
+    loss_fn, verify_fn : callable, optional
+        ``loss_fn(w) -> float`` logged per round; ``verify_fn(w) -> (d,)`` the uncoded gradient,
+        used to record each round's relative decode error.
+    schedule : DelaySchedule-like, optional
+        Provides ``compute_s[r, j, :]`` and ``network_s[r, j]`` sent to workers in round_start.
+    secret : bytes, optional
+        Shared HMAC secret; without one, MACs are empty and not checked.
+    epoch : int
+        This PS incarnation; messages of other epochs are stale.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        model: np.ndarray,
+        learning_rate: float,
+        scheme: Any | None = None,
+        loss_fn: Callable[[np.ndarray], float] | None = None,
+        verify_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+        schedule: Any | None = None,
+        secret: bytes | None = None,
+        epoch: int = 0,
+        nonce_fn: Callable[[], bytes] = lambda: os.urandom(16),
+        keep_gradients: bool = False,
+    ) -> None:
+        self.config = config
+        self.scheme = scheme if scheme is not None else config.build_scheme()
+        self.m: int = self.scheme.m
+        self.model = np.array(model, dtype=np.float64, copy=True)
+        self.dim = int(self.model.shape[0])
+        self.payload_len: int = self.scheme.payload_len(self.dim)
+        self.learning_rate = float(learning_rate)
+        self.loss_fn = loss_fn
+        self.verify_fn = verify_fn
+        self.schedule = schedule
+        self.secret = secret
+        self.epoch = epoch
+        self.keep_gradients = keep_gradients
+        self._nonce_fn = nonce_fn
+        self._digest = scheme_digest(self.scheme)
+        self._welcome_config = {**config.to_wire(), "scheme_digest": self._digest}
+        self._loads = np.asarray(self.scheme.loads, dtype=np.int64)
+
+        self.phase = PSPhase.JOINING
+        self._peers: dict[Hashable, _Peer] = {}
+        self._worker_peer: dict[int, Hashable] = {}
+        self._last_heard: dict[int, float] = {}
+        self._outbox: list[Outgoing] = []
+        self._events: deque[Event] = deque()
+        self._round: _RoundState | None = None
+        self._round_no = -1
+        self._join_deadline: float | None = None
+        self.records: list[RoundRecord] = []
+        self.stats: Counter[str] = Counter()
+        # payload buffers: one row per worker, reused across rounds (the network layer
+        # receives each payload straight into its row: performance.md pitfall 4)
+        self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.payload_dtype)
+
+    # ================================================================== driver contract
+
+    def connection_made(self, peer: Hashable, *, now: float) -> None:
+        """A new connection: send it a challenge; it has AUTH_DEADLINE_S to answer."""
+        pending = sum(1 for p in self._peers.values() if p.worker is None)
+        if pending >= MAX_PENDING_CONNECTIONS:
+            self._close(peer, "too_many_connections", "pending connection cap reached", now)
+            return
+        nonce = self._nonce_fn()
+        self._peers[peer] = _Peer(nonce=nonce, auth_deadline=now + AUTH_DEADLINE_S)
+        if self._join_deadline is None:
+            self._join_deadline = now + self.config.join_timeout_s
+        self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
+
+    def connection_lost(self, peer: Hashable, *, now: float) -> None:
+        """The transport closed (EOF, reset, or after we closed it)."""
+        info = self._peers.pop(peer, None)
+        if info is None or info.worker is None:
+            return
+        if self._worker_peer.get(info.worker) is peer:
+            del self._worker_peer[info.worker]
+            self._last_heard.pop(info.worker, None)
+            self._drop_worker(info.worker, "disconnected", now)
+
+    def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
+        """Feed one decoded message from ``peer``. Garbage closes that peer only."""
+        info = self._peers.get(peer)
+        if info is None:
+            self.stats["from_unknown_peer"] += 1
+            return
+        try:
+            if info.worker is None:
+                self._handshake(peer, info, msg, now)
+            else:
+                self._last_heard[info.worker] = now
+                self._dispatch(info.worker, peer, msg, now)
+        except RemoteProtocolError as exc:
+            self._close(peer, exc.code, exc.reason, now)
+
+    def handle_timer(self, *, now: float) -> None:
+        """Process every deadline that is due at ``now``."""
+        for peer, info in list(self._peers.items()):
+            if info.worker is None and now >= info.auth_deadline:
+                self._close(peer, "auth_timeout", "no valid hello within the deadline", now)
+        dead_after = self.config.dead_after_s
+        if dead_after is not None:
+            for worker, t in list(self._last_heard.items()):
+                if now >= t + dead_after:
+                    self._drop_worker(worker, "heartbeat_timeout", now)
+                    peer = self._worker_peer.pop(worker, None)
+                    self._last_heard.pop(worker, None)
+                    if peer is not None:
+                        self._close(peer, "heartbeat_timeout", "silent too long", now)
+        if self.phase is PSPhase.JOINING:
+            if self._join_deadline is not None and now >= self._join_deadline:
+                self._finish(f"only {len(self._worker_peer)} of {self.m} workers joined", now)
+            return
+        rs = self._round
+        if rs is None or self.phase is PSPhase.FINISHED:
+            return
+        rec = rs.record
+        if now >= rec.t_start + self.config.round_timeout_s:
+            self._on_round_timeout(now)
+            return
+        if self.phase is PSPhase.COLLECTING and rs.collect_deadline is not None:
+            if now >= rs.collect_deadline:
+                late = sorted(rs.expected - set(rs.received))
+                for w in late:
+                    self._drop_worker(w, "collect_timeout", now)
+                return
+        if (
+            self.phase is PSPhase.COMPUTING
+            and self.config.mode == "approx"
+            and self.config.deadline_s is not None
+            and now >= rec.t_start + self.config.deadline_s
+        ):
+            self._on_approx_deadline(now)
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which ``handle_timer`` has something to do, or None."""
+        times: list[float] = [p.auth_deadline for p in self._peers.values() if p.worker is None]
+        if self.config.dead_after_s is not None:
+            times.extend(t + self.config.dead_after_s for t in self._last_heard.values())
+        if self.phase is PSPhase.JOINING and self._join_deadline is not None:
+            times.append(self._join_deadline)
+        rs = self._round
+        if rs is not None and self.phase in (PSPhase.COMPUTING, PSPhase.COLLECTING):
+            times.append(rs.record.t_start + self.config.round_timeout_s)
+            if self.phase is PSPhase.COLLECTING and rs.collect_deadline is not None:
+                times.append(rs.collect_deadline)
+            if (
+                self.phase is PSPhase.COMPUTING
+                and self.config.mode == "approx"
+                and self.config.deadline_s is not None
+            ):
+                times.append(rs.record.t_start + self.config.deadline_s)
+        return min(times) if times else None
+
+    def messages_to_send(self) -> list[Outgoing]:
+        """Drain the outbox."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    # ================================================================== public helpers
+
+    @property
+    def round(self) -> int:
+        return self._round_no
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is PSPhase.FINISHED
+
+    def connected_workers(self) -> list[int]:
+        return sorted(self._worker_peer)
+
+    def payload_buffer(self, peer: Hashable, dtype: np.dtype, n: int) -> np.ndarray | None:
+        """Destination row for a coded payload arriving from ``peer`` (zero-copy receive).
+
+        Returns None (the network layer then allocates) when the peer is not an authenticated
+        worker or the declared dtype / length is not what this run expects; the core then
+        rejects the message itself, with the reason.
+        """
+        info = self._peers.get(peer)
+        if info is None or info.worker is None:
+            return None
+        if n != self.payload_len or np.dtype(dtype) != self._payload_rows.dtype:
+            return None
+        return self._payload_rows[info.worker]
+
+    def statistics(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    def stop(self, reason: str, *, now: float) -> None:
+        """Abort the run (e.g. SIGTERM): tell the workers and finish."""
+        if self.phase is not PSPhase.FINISHED:
+            self._finish(reason, now)
+
+    # ================================================================== internals
+
+    def _set_phase(self, new: PSPhase) -> None:
+        if (self.phase, new) not in _TRANSITIONS:
+            raise LocalProtocolError(f"illegal PS transition {self.phase.value} -> {new.value}")
+        self.phase = new
+
+    def _send(self, peer: Hashable, msg: Message) -> None:
+        self._outbox.append(Outgoing(peer, msg))
+
+    def _broadcast(self, msg: Message) -> None:
+        for peer in self._worker_peer.values():
+            self._outbox.append(Outgoing(peer, msg))
+
+    def _close(self, peer: Hashable, code: str, reason: str, now: float) -> None:
+        self.stats[f"closed_{code}"] += 1
+        self._outbox.append(Outgoing(peer, Error(code=code, reason=reason[:1000]), close=True,
+                                     reason=code))
+        self._events.append(PeerClosed(peer, code, reason, now))
+        info = self._peers.pop(peer, None)
+        if info is not None and info.worker is not None and self._worker_peer.get(info.worker) is peer:
+            del self._worker_peer[info.worker]
+            self._last_heard.pop(info.worker, None)
+            self._drop_worker(info.worker, code, now)
+
+    # ------------------------------------------------------------------ handshake
+
+    def _handshake(self, peer: Hashable, info: _Peer, msg: Message, now: float) -> None:
+        if not isinstance(msg, Hello):
+            raise RemoteProtocolError(f"expected hello, got {msg.kind}", code="unexpected_kind")
+        if msg.worker >= self.m:
+            raise RemoteProtocolError(
+                f"worker id {msg.worker} out of range [0, {self.m})", code="bad_worker_id"
+            )
+        if msg.epoch != self.epoch:
+            raise RemoteProtocolError(f"hello for epoch {msg.epoch}", code="stale_epoch")
+        if self.secret is not None:
+            expect = worker_mac(self.secret, info.nonce, msg.worker, self.epoch)
+            if not macs_equal(expect, msg.mac):
+                raise RemoteProtocolError("bad MAC", code="auth_failed")
+            mac = ps_mac(self.secret, msg.nonce, msg.worker, self.epoch)
+        else:
+            mac = b""
+        old = self._worker_peer.get(msg.worker)
+        if old is not None and old is not peer:
+            # newest authenticated connection wins (the old one is probably half-dead)
+            self._peers[old].worker = None
+            del self._worker_peer[msg.worker]
+            self._close(old, "replaced", "a newer connection authenticated as this worker", now)
+        info.worker = msg.worker
+        self._worker_peer[msg.worker] = peer
+        self._last_heard[msg.worker] = now
+        self._send(
+            peer, Welcome(epoch=self.epoch, worker=msg.worker, mac=mac, config=self._welcome_config)
+        )
+        self._events.append(WorkerJoined(msg.worker, peer, now))
+        self.stats["joined"] += 1
+        if self.phase is PSPhase.JOINING and len(self._worker_peer) == self.m:
+            self._start_round(now)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
+        allowed = _ACCEPTS.get(msg.kind)
+        if allowed is None:
+            raise RemoteProtocolError(f"{msg.kind} is not a worker message", code="bad_kind")
+        if self.phase not in allowed:
+            raise RemoteProtocolError(f"{msg.kind} not allowed in {self.phase.value}",
+                                      code="bad_kind")
+        if isinstance(msg, ChunkReport):
+            self._on_report(worker, msg, now)
+        elif isinstance(msg, CodedGradient):
+            self._on_coded(worker, msg, now)
+        elif isinstance(msg, Ping):
+            self._send(peer, Pong(seq=msg.seq))
+        elif isinstance(msg, Pong):
+            pass
+        elif isinstance(msg, (Bye, Error)):
+            self.stats[f"peer_{msg.kind}"] += 1
+            self._close(peer, "bye", getattr(msg, "reason", ""), now)
+
+    def _current(self, epoch: int, rnd: int, kind: str) -> _RoundState | None:
+        """The running round if (epoch, round) match it; else count and return None."""
+        rs = self._round
+        if epoch != self.epoch:
+            self.stats[f"stale_epoch_{kind}"] += 1
+            return None
+        if rs is None or rnd != rs.record.round or self.phase not in (
+            PSPhase.COMPUTING,
+            PSPhase.COLLECTING,
+        ):
+            if rs is not None and rnd > rs.record.round:
+                raise RemoteProtocolError(f"{kind} for future round {rnd}", code="future_round")
+            self.stats[f"stale_round_{kind}"] += 1
+            return None
+        return rs
+
+    def _on_report(self, worker: int, msg: ChunkReport, now: float) -> None:
+        rs = self._current(msg.epoch, msg.round, "chunk_report")
+        if rs is None:
+            return
+        if msg.count > self._loads[worker]:
+            raise RemoteProtocolError(
+                f"count {msg.count} > load {self._loads[worker]}", code="bad_count"
+            )
+        if worker in rs.excluded:
+            self.stats["report_from_excluded"] += 1
+            return
+        if msg.count <= rs.state[worker]:
+            self.stats["duplicate_report" if msg.count == rs.state[worker] else "nonmonotone_report"] += 1
+            return
+        rs.state[worker] = msg.count
+        rs.record.reports.append((now, worker, msg.count, msg.elapsed_s))
+        if self.phase is PSPhase.COMPUTING and not self.scheme.sends_when_done:
+            if self.scheme.is_decodable(rs.state):
+                self._trigger(now, exact=True)
+
+    def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
+        rs = self._current(msg.epoch, msg.round, "coded_gradient")
+        if rs is None:
+            return
+        payload = msg.payload
+        try:
+            if payload.shape != (self.payload_len,):
+                raise PayloadRejected(f"length {payload.shape[0]} != {self.payload_len}")
+            if payload.dtype != self._payload_rows.dtype:
+                raise PayloadRejected(f"dtype {payload.dtype.str} != {self._payload_rows.dtype.str}")
+            if not np.isfinite(payload).all():
+                raise PayloadRejected("non-finite values")
+        except PayloadRejected as exc:
+            # the contribution is rejected, the connection kept: the worker is a straggler
+            self.stats["payload_rejected"] += 1
+            rs.record.dropped[worker] = f"payload_rejected: {exc.reason}"
+            self._drop_worker(worker, "payload_rejected", now)
+            return
+        if self.scheme.sends_when_done:
+            if self.phase is not PSPhase.COMPUTING or worker in rs.received:
+                self.stats["late_or_duplicate_coded"] += 1
+                return
+            if rs.state[worker] < self._loads[worker]:
+                # it finished everything even if the last reports are still in flight
+                rs.state[worker] = self._loads[worker]
+        else:
+            if (
+                self.phase is not PSPhase.COLLECTING
+                or msg.attempt != rs.attempt
+                or worker not in rs.expected
+                or worker in rs.received
+            ):
+                self.stats["stale_attempt_coded"] += 1
+                return
+            if msg.state_digest != rs.digest:
+                raise RemoteProtocolError("coded vector encoded against another state",
+                                          code="bad_state_digest")
+        row = self._payload_rows[worker]
+        if payload.base is not row.base or payload.ctypes.data != row.ctypes.data:
+            row[:] = payload  # not received in place (tests, simulator): copy into the row
+        rs.received[worker] = row
+        rs.record.arrivals[worker] = now
+        rs.record.compute_s[worker] = msg.compute_s
+        if self.scheme.sends_when_done:
+            if self._decodable_received(rs):
+                rs.record.t_trigger = now
+                self._decode_and_advance(now, exact=True, reason="decodable")
+        elif set(rs.received) >= rs.expected:
+            self._decode_and_advance(now, exact=rs.record.status != "approx-pending",
+                                     reason="all_expected")
+
+    # ------------------------------------------------------------------ rounds
+
+    def _start_round(self, now: float) -> None:
+        self._round_no += 1
+        r = self._round_no
+        if r >= self.config.rounds:
+            self._finish("all rounds done", now)
+            return
+        self._set_phase(PSPhase.COMPUTING)
+        rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
+        self._round = _RoundState(record=rec, state=np.zeros(self.m, dtype=np.int64))
+        model = self.model.astype(self.config.payload_dtype, copy=False)
+        for worker, peer in sorted(self._worker_peer.items()):
+            delays: tuple[float, ...] = ()
+            net = 0.0
+            if self.schedule is not None and r < self.schedule.compute_s.shape[0]:
+                load = int(self._loads[worker])
+                delays = tuple(float(x) for x in self.schedule.compute_s[r, worker, :load])
+                net = float(self.schedule.network_s[r, worker])
+            self._send(peer, RoundStart(epoch=self.epoch, round=r, delays_s=delays,
+                                        net_delay_s=net, model=model))
+        # workers not connected now cannot take part in this round
+        for w in range(self.m):
+            if w not in self._worker_peer:
+                self._round.excluded.add(w)
+        self._events.append(RoundStarted(r, now))
+
+    def _trigger(self, now: float, *, exact: bool) -> None:
+        """Broadcast encode_and_transmit with the current state (a new attempt if repeated)."""
+        rs = self._round
+        assert rs is not None
+        if rs.broadcast is not None:
+            rs.attempt += 1
+        state = tuple(int(x) for x in rs.state)
+        rs.broadcast = state
+        rs.digest = state_digest(state)
+        rs.expected = {j for j in range(self.m) if self.scheme.contributes(j, rs.state)}
+        rs.received = {}
+        rs.collect_deadline = now + self.config.collect_timeout_s
+        if rs.record.t_trigger is None:
+            rs.record.t_trigger = now
+        if not exact:
+            rs.record.status = "approx-pending"
+        self._set_phase(PSPhase.COLLECTING)
+        self._broadcast(EncodeAndTransmit(epoch=self.epoch, round=rs.record.round,
+                                          attempt=rs.attempt, state=state))
+        self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
+        if not rs.expected:  # nothing to wait for (cannot happen when exact)
+            self._decode_and_advance(now, exact=False, reason="no_contributors")
+
+    def _decodable_received(self, rs: _RoundState) -> bool:
+        return bool(self.scheme.is_decodable(self._received_state(rs)))
+
+    def _received_state(self, rs: _RoundState) -> np.ndarray:
+        st = np.zeros(self.m, dtype=np.int64)
+        for w in rs.received:
+            st[w] = self._loads[w]
+        return st
+
+    def _drop_worker(self, worker: int, reason: str, now: float) -> None:
+        """Take ``worker`` out of the running round; re-broadcast or resume if needed."""
+        rs = self._round
+        if rs is None or self.phase not in (PSPhase.COMPUTING, PSPhase.COLLECTING):
+            return
+        if worker in rs.excluded:
+            return
+        rs.excluded.add(worker)
+        rs.record.dropped.setdefault(worker, reason)
+        self._events.append(WorkerDropped(worker, rs.record.round, reason, now))
+        self.stats["dropped"] += 1
+        if self.scheme.sends_when_done:
+            # a vector already received stays valid: it does not depend on the others
+            return
+        had_work = rs.state[worker] > 0
+        rs.state[worker] = 0
+        if self.phase is not PSPhase.COLLECTING or worker not in rs.expected:
+            return
+        if not had_work:
+            return
+        if self.scheme.is_decodable(rs.state):
+            self._trigger(now, exact=True)
+        elif rs.record.status == "approx-pending":
+            if rs.state.any():
+                self._trigger(now, exact=False)
+            else:
+                self._end_round_failed(now, "nothing computed")
+        else:
+            rs.attempt += 1
+            rs.broadcast = None
+            rs.expected = set()
+            rs.received = {}
+            rs.collect_deadline = None
+            self._set_phase(PSPhase.COMPUTING)
+            self._broadcast(Resume(epoch=self.epoch, round=rs.record.round, attempt=rs.attempt))
+            self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
+            # rs.broadcast is None again, so the next trigger keeps this attempt number
+            # (the resume itself consumed one)
+
+    def _on_approx_deadline(self, now: float) -> None:
+        rs = self._round
+        assert rs is not None
+        if self.scheme.sends_when_done:
+            if rs.received:
+                rs.record.t_trigger = now
+                self._decode_and_advance(now, exact=False, reason="deadline")
+            else:
+                self._end_round_failed(now, "deadline with no finished worker")
+        elif rs.state.any():
+            self._trigger(now, exact=False)
+        else:
+            self._end_round_failed(now, "deadline with no finished chunk")
+
+    def _on_round_timeout(self, now: float) -> None:
+        rs = self._round
+        assert rs is not None
+        if self.scheme.sends_when_done and rs.received and self.config.mode == "approx":
+            self._decode_and_advance(now, exact=False, reason="round_timeout")
+        else:
+            self._end_round_failed(now, f"round timeout ({self.config.round_timeout_s} s)")
+
+    def _decode_and_advance(self, now: float, *, exact: bool, reason: str) -> None:
+        rs = self._round
+        assert rs is not None
+        rec = rs.record
+        if self.scheme.sends_when_done:
+            state = self._received_state(rs)
+        else:
+            assert rs.broadcast is not None
+            state = np.asarray(rs.broadcast, dtype=np.int64)
+        rec.state = tuple(int(x) for x in state)
+        rec.attempts = rs.attempt + 1
+        rec.coverage_min = int(np.min(self.scheme.coverage(state))) if self.m else 0
+        result = self.scheme.decode_result(self._payload_rows, state, self.dim)
+        grad = np.asarray(result.gradient, dtype=np.float64)
+        if not np.isfinite(grad).all():
+            self.stats["nonfinite_decode"] += 1
+            self._end_round_failed(now, "decoded gradient is not finite")
+            return
+        rec.residual = float(result.residual)
+        rec.amplification = float(result.amplification)
+        rec.status = "exact" if (result.exact and exact) else "approximate"
+        rec.end_reason = reason
+        if self.verify_fn is not None:
+            true = np.asarray(self.verify_fn(self.model), dtype=np.float64)
+            denom = float(np.linalg.norm(true))
+            err = float(np.linalg.norm(grad - true))
+            rec.rel_error = err / denom if denom > 0 else err
+        if self.keep_gradients:
+            rec.gradient = grad.copy()
+        self.model -= self.learning_rate * grad
+        if self.loss_fn is not None:
+            rec.loss = float(self.loss_fn(self.model))
+        rec.oracle_elapsed_s = self._oracle(rec)
+        self._complete(rec, now)
+
+    def _end_round_failed(self, now: float, reason: str) -> None:
+        rs = self._round
+        assert rs is not None
+        rs.record.status = "failed"
+        rs.record.end_reason = reason
+        rs.record.state = tuple(int(x) for x in rs.state)
+        self.stats["failed_rounds"] += 1
+        if self.loss_fn is not None:
+            rs.record.loss = float(self.loss_fn(self.model))
+        self._complete(rs.record, now)
+
+    def _complete(self, rec: RoundRecord, now: float) -> None:
+        rec.t_end = now
+        self.records.append(rec)
+        self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status))
+        self._events.append(RoundCompleted(rec))
+        self._round = None
+        self._start_round(now)
+
+    def _finish(self, reason: str, now: float) -> None:
+        self._set_phase(PSPhase.FINISHED)
+        self._round = None
+        self._broadcast(Shutdown(reason=reason))
+        for peer in list(self._worker_peer.values()):
+            self._outbox.append(Outgoing(peer, None, close=True, reason="shutdown"))
+        self._events.append(Finished(len(self.records), reason, now))
+
+    def _oracle(self, rec: RoundRecord) -> float | None:
+        """Earliest elapsed time (workers' own stamps) at which reported counts were decodable.
+
+        Only reported counts are known, so this is exact when every chunk is reported
+        (report_every = 1) and an upper bound otherwise. For the send-when-done schemes a
+        worker's finish time is its last report's stamp.
+        """
+        events = sorted((e, w, c) for (_, w, c, e) in rec.reports)
+        st = np.zeros(self.m, dtype=np.int64)
+        for elapsed, w, c in events:
+            st[w] = max(st[w], c)
+            if self.scheme.sends_when_done:
+                finished = np.where(st >= self._loads, self._loads, 0)
+                if self.scheme.is_decodable(finished):
+                    return float(elapsed)
+            elif self.scheme.is_decodable(st):
+                return float(elapsed)
+        return None

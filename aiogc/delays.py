@@ -1,0 +1,839 @@
+"""Straggler / delay models and the materialised delay schedule.
+
+Two kinds of delay act on a round of gradient coding:
+
+* **compute delay** ``compute_s[r, j, k]``: seconds worker ``j`` spends on the ``k``-th chunk it
+  computes in round ``r``. Indexed by *position* in the worker's processing order, not by chunk
+  id, so every scheme in a comparison sees the same slow workers whatever its ordering.
+* **network delay** ``network_s[r, j]``: one-way seconds added to every frame worker ``j`` sends
+  in round ``r``.
+
+Invariants
+----------
+* Every delay is a float64 ``>= 0`` or ``+inf``; never NaN.
+* ``+inf`` marks a dead worker: a worker whose ``k``-th chunk is ``inf`` never finishes that chunk
+  nor any later one in that round (the cumulative sum stays ``inf``). A worker is *dead in round
+  r* when its first chunk is ``inf``.
+* A schedule is drawn once, up front, from a seed (:func:`materialise`), so every scheme in a
+  comparison sees the same stragglers and any run can be replayed from ``delays.csv``.
+* Compute and network delays come from independent streams spawned from the seed
+  (:class:`numpy.random.SeedSequence`), so changing the latency model leaves compute delays
+  unchanged, and vice versa.
+* No global randomness and no clock: models take an ``rng: np.random.Generator``.
+
+Spec strings (CLI flags ``--delay`` and ``--latency``)
+-----------------------------------------------------
+Numbers are seconds unless noted. Base models, drawn i.i.d. per (round, worker, chunk):
+
+``none``
+    zero delay.
+``const:T``
+    exactly ``T >= 0``.
+``exp:MEAN``
+    exponential with mean ``MEAN > 0``.
+``shiftexp:SHIFT,MEAN``
+    ``SHIFT + Exp(MEAN)``; ``SHIFT >= 0``, ``MEAN > 0``.
+``pareto:ALPHA[,SCALE]``
+    classic (type I) Pareto with shape ``ALPHA > 0`` and minimum ``x_m = SCALE > 0``: the density
+    is ``ALPHA x_m^ALPHA / x^(ALPHA+1)`` on ``x >= x_m``. When ``SCALE`` is omitted the scale is
+    chosen so that the **mean is 1 second**, ``x_m = (ALPHA - 1) / ALPHA``, which needs
+    ``ALPHA > 1``.
+``lognormal:MU,SIGMA``
+    ``exp(N(MU, SIGMA^2))``; ``SIGMA >= 0``.
+
+Combinators wrap a base model ``BASE`` (any spec, itself possibly a combinator; it is the text
+after the combinator's fixed number of parameters, so it may contain commas):
+
+``straggle:FRAC,FACTOR,BASE``
+    *persistent partial stragglers*: ``round(FRAC * m)`` workers (round half up), chosen once with
+    the seed, have every delay multiplied by ``FACTOR > 0`` in every round.
+    ``FRAC`` in ``[0, 1]``. Example: ``straggle:0.25,5,exp:0.02``.
+``fail:FRAC,BASE``
+    *i.i.d. failures*: in each round, independently, exactly ``round(FRAC * m)`` workers chosen
+    uniformly at random are dead (all their delays ``inf``).
+``fail:FRAC@K,BASE``
+    *permanent failures*: ``round(FRAC * m)`` workers chosen once are dead from round ``K``
+    (0-based, ``K >= 0``) on; alive before.
+``markov:P_SLOW,P_RECOVER,FACTOR,BASE``
+    *two-state bursts*: every worker is fast or slow in each round; fast -> slow with probability
+    ``P_SLOW``, slow -> fast with ``P_RECOVER`` between consecutive rounds; the state in round 0 is
+    drawn from the stationary law (slow with probability ``P_SLOW / (P_SLOW + P_RECOVER)``, fast
+    if both are 0). A slow worker's delays are multiplied by ``FACTOR > 0`` in that round.
+
+Replay:
+
+``replay:PATH``
+    the schedule recorded in ``PATH`` (a ``delays.csv`` written by :meth:`DelaySchedule.to_csv`).
+    Used as ``--delay`` it replays the compute column, as ``--latency`` the network column. The
+    recording must have the requested number of workers and at least the requested rounds and
+    chunk positions (extra rounds / positions are ignored); **fewer rounds raise ConfigError**
+    rather than cycling, because silently repeating stragglers would bias a comparison.
+
+Combinators draw their own choices (which workers straggle, fail or burst) from a stream
+independent of the base model's, so changing ``BASE`` does not change who straggles.
+
+Known imperfections: compute delays of a chunk do not depend on the chunk's size or on the model;
+network delay is per (round, worker), the same for every frame of that round.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "CSV_COLUMNS",
+    "Constant",
+    "DelayModel",
+    "DelaySchedule",
+    "Exponential",
+    "Failures",
+    "LogNormal",
+    "MarkovBursts",
+    "NoDelay",
+    "Pareto",
+    "Replay",
+    "ShiftedExponential",
+    "Stragglers",
+    "materialise",
+    "parse_delay",
+]
+
+#: Column names of ``delays.csv``, in order.
+CSV_COLUMNS: Final = ("round", "worker", "chunk", "compute_s", "network_s")
+
+#: Refuse to materialise more delay cells than this (R * m * K): 8 bytes each, so 800 MB. A
+#: larger request is almost surely a typo in rounds / workers / chunks.
+MAX_SCHEDULE_CELLS: Final = 100_000_000
+
+
+# --------------------------------------------------------------------------- models
+
+
+class DelayModel(ABC):
+    """A law of per-chunk delays.
+
+    Subclasses implement :meth:`sample`; ``spec`` is the canonical string :func:`parse_delay`
+    rebuilds the model from.
+    """
+
+    spec: str
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        """Draw delays for a whole run.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The only source of randomness.
+        rounds, m, max_chunks : int
+            Shape of the result: rounds R, workers m, chunk positions K.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(R, m, K)``, float64 seconds ``>= 0``; ``np.inf`` marks a dead worker.
+        """
+
+    def sample_network(self, rng: np.random.Generator, rounds: int, m: int) -> np.ndarray:
+        """Draw one network delay per (round, worker): shape ``(R, m)`` float64 seconds."""
+        return self.sample(rng, rounds, m, 1)[:, :, 0]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class NoDelay(DelayModel):
+    """Zero delay everywhere (``none``)."""
+
+    spec: str = field(default="none", init=False)
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        return np.zeros((rounds, m, max_chunks))
+
+
+@dataclass(frozen=True, repr=False)
+class Constant(DelayModel):
+    """Exactly ``seconds`` per chunk (``const:T``)."""
+
+    seconds: float
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"const:{self.seconds!r}")
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        return np.full((rounds, m, max_chunks), float(self.seconds))
+
+
+@dataclass(frozen=True, repr=False)
+class Exponential(DelayModel):
+    """Exponential delays with the given mean (``exp:MEAN``)."""
+
+    mean: float
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"exp:{self.mean!r}")
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        return rng.exponential(self.mean, size=(rounds, m, max_chunks))
+
+
+@dataclass(frozen=True, repr=False)
+class ShiftedExponential(DelayModel):
+    """``shift + Exp(mean)`` (``shiftexp:SHIFT,MEAN``)."""
+
+    shift: float
+    mean: float
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"shiftexp:{self.shift!r},{self.mean!r}")
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        return self.shift + rng.exponential(self.mean, size=(rounds, m, max_chunks))
+
+
+@dataclass(frozen=True, repr=False)
+class Pareto(DelayModel):
+    """Classic Pareto with shape ``alpha`` and minimum ``scale`` (``pareto:ALPHA[,SCALE]``).
+
+    With ``scale=None`` the minimum is ``(alpha - 1) / alpha`` so that the mean is 1 s.
+    """
+
+    alpha: float
+    scale: float | None = None
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        tail = "" if self.scale is None else f",{self.scale!r}"
+        object.__setattr__(self, "spec", f"pareto:{self.alpha!r}{tail}")
+
+    @property
+    def x_m(self) -> float:
+        """The minimum value (scale) actually used, seconds."""
+        if self.scale is None:
+            return (self.alpha - 1.0) / self.alpha
+        return self.scale
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        # numpy's pareto() is the Lomax law (classic Pareto with x_m = 1, minus 1).
+        return self.x_m * (1.0 + rng.pareto(self.alpha, size=(rounds, m, max_chunks)))
+
+
+@dataclass(frozen=True, repr=False)
+class LogNormal(DelayModel):
+    """``exp(N(mu, sigma^2))`` (``lognormal:MU,SIGMA``)."""
+
+    mu: float
+    sigma: float
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"lognormal:{self.mu!r},{self.sigma!r}")
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        return rng.lognormal(self.mu, self.sigma, size=(rounds, m, max_chunks))
+
+
+def _count(frac: float, m: int) -> int:
+    """``round(frac * m)`` with halves rounded up (Python's round() is banker's rounding)."""
+    return min(m, math.floor(frac * m + 0.5))
+
+
+@dataclass(frozen=True, repr=False)
+class Stragglers(DelayModel):
+    """Persistent partial stragglers (``straggle:FRAC,FACTOR,BASE``).
+
+    ``round(frac * m)`` workers, chosen once per :meth:`sample` call, have every delay of
+    ``base`` multiplied by ``factor``.
+    """
+
+    frac: float
+    factor: float
+    base: DelayModel
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        spec = f"straggle:{self.frac!r},{self.factor!r},{self.base.spec}"
+        object.__setattr__(self, "spec", spec)
+
+    def stragglers(self, rng: np.random.Generator, m: int) -> np.ndarray:
+        """The straggling workers for a given choice stream: sorted int array of length
+        ``round(frac * m)``."""
+        return np.sort(rng.choice(m, size=_count(self.frac, m), replace=False))
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        choice_rng, base_rng = rng.spawn(2)
+        slow = self.stragglers(choice_rng, m)
+        out = self.base.sample(base_rng, rounds, m, max_chunks)
+        out[:, slow, :] *= self.factor
+        return out
+
+
+@dataclass(frozen=True, repr=False)
+class Failures(DelayModel):
+    """Dead workers (``fail:FRAC,BASE`` or ``fail:FRAC@K,BASE``).
+
+    With ``from_round=None`` exactly ``round(frac * m)`` workers, drawn independently in each
+    round, are dead in that round. With ``from_round=K`` the same ``round(frac * m)`` workers,
+    chosen once, are dead in every round ``r >= K``. Dead means every chunk delay is ``inf``.
+    """
+
+    frac: float
+    base: DelayModel
+    from_round: int | None = None
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        at = "" if self.from_round is None else f"@{self.from_round}"
+        object.__setattr__(self, "spec", f"fail:{self.frac!r}{at},{self.base.spec}")
+
+    def dead_mask(self, rng: np.random.Generator, rounds: int, m: int) -> np.ndarray:
+        """Which workers are dead: bool array of shape ``(R, m)``."""
+        k = _count(self.frac, m)
+        dead = np.zeros((rounds, m), dtype=bool)
+        if self.from_round is None:
+            for r in range(rounds):
+                dead[r, rng.choice(m, size=k, replace=False)] = True
+        else:
+            who = rng.choice(m, size=k, replace=False)
+            dead[self.from_round :, who] = True
+        return dead
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        choice_rng, base_rng = rng.spawn(2)
+        dead = self.dead_mask(choice_rng, rounds, m)
+        out = self.base.sample(base_rng, rounds, m, max_chunks)
+        out[dead, :] = np.inf
+        return out
+
+
+@dataclass(frozen=True, repr=False)
+class MarkovBursts(DelayModel):
+    """Two-state (fast/slow) Markov bursts per worker across rounds
+    (``markov:P_SLOW,P_RECOVER,FACTOR,BASE``)."""
+
+    p_slow: float
+    p_recover: float
+    factor: float
+    base: DelayModel
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        spec = f"markov:{self.p_slow!r},{self.p_recover!r},{self.factor!r},{self.base.spec}"
+        object.__setattr__(self, "spec", spec)
+
+    @property
+    def stationary_slow(self) -> float:
+        """Long-run fraction of rounds a worker spends slow."""
+        total = self.p_slow + self.p_recover
+        return 0.0 if total == 0 else self.p_slow / total
+
+    def slow_mask(self, rng: np.random.Generator, rounds: int, m: int) -> np.ndarray:
+        """Slow state per (round, worker): bool array of shape ``(R, m)``."""
+        u = rng.random((rounds, m))
+        slow = np.empty((rounds, m), dtype=bool)
+        slow[0] = u[0] < self.stationary_slow
+        for r in range(1, rounds):
+            prev = slow[r - 1]
+            slow[r] = np.where(prev, u[r] >= self.p_recover, u[r] < self.p_slow)
+        return slow
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        choice_rng, base_rng = rng.spawn(2)
+        slow = self.slow_mask(choice_rng, rounds, m)
+        out = self.base.sample(base_rng, rounds, m, max_chunks)
+        out[slow, :] *= self.factor
+        return out
+
+
+@dataclass(frozen=True, repr=False)
+class Replay(DelayModel):
+    """Replay a recorded schedule (``replay:PATH``); ignores the rng."""
+
+    path: str
+    schedule: DelaySchedule = field(compare=False)
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"replay:{self.path}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Replay:
+        """Read ``path`` (see :meth:`DelaySchedule.from_csv`)."""
+        return cls(str(path), DelaySchedule.from_csv(path))
+
+    def _check(self, rounds: int, m: int, max_chunks: int) -> None:
+        s = self.schedule
+        if rounds > s.rounds:
+            raise ConfigError(
+                "rounds", rounds, f"<= {s.rounds}, the rounds recorded in {self.path}"
+            )
+        if m != s.m:
+            raise ConfigError("m", m, f"{s.m}, the workers recorded in {self.path}")
+        if max_chunks > s.max_chunks:
+            raise ConfigError(
+                "max_chunks", max_chunks, f"<= {s.max_chunks}, the positions in {self.path}"
+            )
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        self._check(rounds, m, max_chunks)
+        return self.schedule.compute_s[:rounds, :, :max_chunks].copy()
+
+    def sample_network(self, rng: np.random.Generator, rounds: int, m: int) -> np.ndarray:
+        self._check(rounds, m, 1)
+        return self.schedule.network_s[:rounds].copy()
+
+
+# --------------------------------------------------------------------------- parsing
+
+_SYNTAX: Final = (
+    "none | const:T | exp:MEAN | shiftexp:SHIFT,MEAN | pareto:ALPHA[,SCALE] | "
+    "lognormal:MU,SIGMA | straggle:FRAC,FACTOR,BASE | fail:FRAC[@K],BASE | "
+    "markov:P_SLOW,P_RECOVER,FACTOR,BASE | replay:PATH"
+)
+
+
+def parse_delay(spec: str, *, field: str = "delay") -> DelayModel:
+    """Build a :class:`DelayModel` from a spec string (syntax in the module docstring).
+
+    Parameters
+    ----------
+    spec : str
+        E.g. ``"exp:0.02"`` or ``"straggle:0.25,5,exp:0.02"``.
+    field : str
+        Name reported in errors (``"delay"`` for ``--delay``, ``"latency"`` for ``--latency``).
+
+    Returns
+    -------
+    DelayModel
+        Its ``spec`` is the canonical form of ``spec`` (numbers in ``repr`` form).
+
+    Raises
+    ------
+    ConfigError
+        Bad syntax or a parameter out of range; names ``field``, the whole spec and what is
+        allowed. A missing or malformed replay file raises too.
+
+    Examples
+    --------
+    >>> parse_delay("straggle:0.25,5,exp:0.02").spec
+    'straggle:0.25,5.0,exp:0.02'
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(field, spec, f"a string: {_SYNTAX}")
+    return _parse(spec.strip(), spec, field)
+
+
+def _parse(text: str, whole: str, fld: str) -> DelayModel:
+    def bad(allowed: str) -> ConfigError:
+        return ConfigError(fld, whole, allowed)
+
+    def num(s: str, what: str, allowed: str, ok: Any) -> float:
+        try:
+            x = float(s)
+        except ValueError:
+            raise bad(f"{allowed}; {what}={s.strip()!r} is not a number") from None
+        if not math.isfinite(x) or not ok(x):
+            raise bad(f"{allowed}; got {what}={x!r}")
+        return x
+
+    def params(rest: str, n: int, allowed: str) -> list[str]:
+        parts = rest.split(",", n - 1) if n > 1 else [rest]
+        if len(parts) != n or any(not p.strip() for p in parts):
+            raise bad(allowed)
+        return [p.strip() for p in parts]
+
+    name, sep, rest = text.partition(":")
+    name = name.strip().lower()
+    if name == "none":
+        if sep and rest.strip():
+            raise bad("'none' takes no parameters")
+        return NoDelay()
+    if not sep:
+        raise bad(_SYNTAX)
+    if name == "const":
+        a = "const:T with T >= 0"
+        (t,) = params(rest, 1, a)
+        return Constant(num(t, "T", a, lambda x: x >= 0))
+    if name == "exp":
+        a = "exp:MEAN with MEAN > 0"
+        (mean,) = params(rest, 1, a)
+        return Exponential(num(mean, "MEAN", a, lambda x: x > 0))
+    if name == "shiftexp":
+        a = "shiftexp:SHIFT,MEAN with SHIFT >= 0 and MEAN > 0"
+        shift, mean = params(rest, 2, a)
+        return ShiftedExponential(
+            num(shift, "SHIFT", a, lambda x: x >= 0), num(mean, "MEAN", a, lambda x: x > 0)
+        )
+    if name == "pareto":
+        a = "pareto:ALPHA[,SCALE] with SCALE > 0 and ALPHA > 0 (ALPHA > 1 if SCALE is omitted)"
+        parts = [p.strip() for p in rest.split(",")]
+        if len(parts) == 1:
+            return Pareto(num(parts[0], "ALPHA", a, lambda x: x > 1))
+        if len(parts) == 2:
+            return Pareto(
+                num(parts[0], "ALPHA", a, lambda x: x > 0),
+                num(parts[1], "SCALE", a, lambda x: x > 0),
+            )
+        raise bad(a)
+    if name == "lognormal":
+        a = "lognormal:MU,SIGMA with SIGMA >= 0"
+        mu, sigma = params(rest, 2, a)
+        return LogNormal(num(mu, "MU", a, lambda x: True), num(sigma, "SIGMA", a, lambda x: x >= 0))
+    if name == "straggle":
+        a = "straggle:FRAC,FACTOR,BASE with 0 <= FRAC <= 1, FACTOR > 0, BASE a delay spec"
+        frac, factor, base = params(rest, 3, a)
+        return Stragglers(
+            num(frac, "FRAC", a, lambda x: 0 <= x <= 1),
+            num(factor, "FACTOR", a, lambda x: x > 0),
+            _parse(base, whole, fld),
+        )
+    if name == "fail":
+        a = "fail:FRAC,BASE or fail:FRAC@K,BASE with 0 <= FRAC <= 1, integer K >= 0"
+        frac_k, base = params(rest, 2, a)
+        frac_s, at, k_s = frac_k.partition("@")
+        frac_v = num(frac_s, "FRAC", a, lambda x: 0 <= x <= 1)
+        k: int | None = None
+        if at:
+            try:
+                k = int(k_s.strip())
+            except ValueError:
+                raise bad(f"{a}; K={k_s.strip()!r} is not an integer") from None
+            if k < 0:
+                raise bad(f"{a}; got K={k}")
+        return Failures(frac_v, _parse(base, whole, fld), k)
+    if name == "markov":
+        a = (
+            "markov:P_SLOW,P_RECOVER,FACTOR,BASE with probabilities in [0, 1], FACTOR > 0, "
+            "BASE a delay spec"
+        )
+        p_slow, p_rec, factor, base = params(rest, 4, a)
+        return MarkovBursts(
+            num(p_slow, "P_SLOW", a, lambda x: 0 <= x <= 1),
+            num(p_rec, "P_RECOVER", a, lambda x: 0 <= x <= 1),
+            num(factor, "FACTOR", a, lambda x: x > 0),
+            _parse(base, whole, fld),
+        )
+    if name == "replay":
+        path = rest.strip()
+        if not path:
+            raise bad("replay:PATH with PATH a delays.csv file")
+        try:
+            return Replay.load(path)
+        except OSError as exc:
+            raise bad(f"replay:PATH with PATH a readable delays.csv file ({exc})") from None
+    raise bad(f"one of {_SYNTAX}; unknown model {name!r}")
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class DelaySchedule:
+    """A materialised delay schedule: everything a run's delays depend on.
+
+    Attributes
+    ----------
+    compute_s : numpy.ndarray
+        Shape ``(R, m, K)`` float64: seconds for the ``k``-th chunk (by position) worker ``j``
+        computes in round ``r``; ``inf`` = never finishes (dead from that position on).
+        Read-only.
+    network_s : numpy.ndarray
+        Shape ``(R, m)`` float64: one-way seconds added to every frame worker ``j`` sends in
+        round ``r``. Read-only.
+    seed : int
+        The seed it was drawn from.
+    compute_spec, network_spec : str
+        The models' canonical specs.
+    """
+
+    compute_s: np.ndarray
+    network_s: np.ndarray
+    seed: int = 0
+    compute_spec: str = "none"
+    network_spec: str = "none"
+
+    def __post_init__(self) -> None:
+        c = _frozen(self.compute_s)
+        n = _frozen(self.network_s)
+        if c.ndim != 3 or min(c.shape) < 1:
+            raise ConfigError("compute_s", c.shape, "a non-empty (rounds, m, max_chunks) array")
+        if n.shape != c.shape[:2]:
+            raise ConfigError("network_s", n.shape, f"shape {c.shape[:2]} (rounds, m)")
+        for name, a in (("compute_s", c), ("network_s", n)):
+            if np.isnan(a).any() or (a < 0).any():
+                raise ConfigError(name, "array with NaN or negative entries", ">= 0 or inf")
+        object.__setattr__(self, "compute_s", c)
+        object.__setattr__(self, "network_s", n)
+
+    @property
+    def rounds(self) -> int:
+        """Number of rounds R."""
+        return int(self.compute_s.shape[0])
+
+    @property
+    def m(self) -> int:
+        """Number of workers m."""
+        return int(self.compute_s.shape[1])
+
+    @property
+    def max_chunks(self) -> int:
+        """Number of chunk positions K."""
+        return int(self.compute_s.shape[2])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DelaySchedule):
+            return NotImplemented
+        return (
+            self.seed == other.seed
+            and self.compute_spec == other.compute_spec
+            and self.network_spec == other.network_spec
+            and np.array_equal(self.compute_s, other.compute_s)
+            and np.array_equal(self.network_s, other.network_s)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def dead(self) -> np.ndarray:
+        """Workers dead in each round: bool array of shape ``(R, m)``.
+
+        Dead = first chunk ``inf`` (computes nothing) or network delay ``inf`` (nothing it
+        sends ever arrives, e.g. ``--latency fail:...``).
+        """
+        return np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s)
+
+    def finish_times(self, r: int, loads: np.ndarray | None = None) -> np.ndarray:
+        """Compute-only completion times in round ``r``, from the round's start.
+
+        Parameters
+        ----------
+        r : int
+            Round, ``0 <= r < R``.
+        loads : array_like of int, shape (m,), optional
+            Chunks each worker actually computes this round; positions ``k >= loads[j]`` get
+            ``inf`` (never happen). Default: all ``K`` positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(m, K)`` float64: ``out[j, k]`` = time worker ``j`` finishes its ``k``-th
+            chunk (cumulative sum); ``inf`` if dead or beyond its load. Network delay not
+            included.
+        """
+        if not 0 <= r < self.rounds:
+            raise ConfigError("round", r, f"0 <= round < {self.rounds}")
+        out = np.cumsum(self.compute_s[r], axis=1)
+        if loads is not None:
+            ld = np.asarray(loads)
+            if ld.shape != (self.m,) or (ld < 0).any() or (ld > self.max_chunks).any():
+                raise ConfigError(
+                    "loads", ld.tolist(), f"{self.m} integers in [0, {self.max_chunks}]"
+                )
+            out[np.arange(self.max_chunks)[None, :] >= ld[:, None]] = np.inf
+        return out
+
+    def rows(self) -> Iterator[dict[str, float | int]]:
+        """Tidy rows, one per (round, worker, chunk), keys :data:`CSV_COLUMNS`."""
+        for r in range(self.rounds):
+            for j in range(self.m):
+                net = float(self.network_s[r, j])
+                for k in range(self.max_chunks):
+                    yield {
+                        "round": r,
+                        "worker": j,
+                        "chunk": k,
+                        "compute_s": float(self.compute_s[r, j, k]),
+                        "network_s": net,
+                    }
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write ``delays.csv``: ``#`` header lines (seed, specs, shape), then
+        :data:`CSV_COLUMNS` with floats in ``repr`` form (exact round trip, ``inf`` allowed)."""
+        lines = [
+            "# aiogc delay schedule v1",
+            f"# seed={self.seed}",
+            f"# compute_spec={self.compute_spec}",
+            f"# network_spec={self.network_spec}",
+            f"# shape={self.rounds},{self.m},{self.max_chunks}",
+            ",".join(CSV_COLUMNS),
+        ]
+        comp = self.compute_s.tolist()
+        net = self.network_s.tolist()
+        for r in range(self.rounds):
+            for j in range(self.m):
+                n = repr(net[r][j])
+                cr = comp[r][j]
+                lines.extend(f"{r},{j},{k},{cr[k]!r},{n}" for k in range(self.max_chunks))
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str]) -> DelaySchedule:
+        """Read a file written by :meth:`to_csv`.
+
+        Every (round, worker, chunk) of the grid ``0..R-1 x 0..m-1 x 0..K-1`` must appear exactly
+        once (any order), and ``network_s`` must be the same for all chunks of a (round, worker).
+        Missing ``#`` headers default to seed 0 and specs ``replay:PATH`` / ``none``.
+
+        Raises
+        ------
+        ConfigError
+            Field ``"delays_csv"``; the value names the file and line.
+        OSError
+            The file cannot be read.
+        """
+        where = str(path)
+
+        def bad(line: int, allowed: str) -> ConfigError:
+            return ConfigError("delays_csv", f"{where}:{line}", allowed)
+
+        meta: dict[str, str] = {}
+        header_seen = False
+        recs: list[tuple[int, int, int, float, float]] = []
+        with open(path, encoding="utf-8") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                line = raw.strip()
+                if not line:
+                    continue
+                if line.startswith("#"):
+                    key, eq, val = line[1:].strip().partition("=")
+                    if eq:
+                        meta[key.strip()] = val.strip()
+                    continue
+                if not header_seen:
+                    cols = tuple(c.strip() for c in line.split(","))
+                    if cols != CSV_COLUMNS:
+                        raise bad(lineno, f"header line {','.join(CSV_COLUMNS)}")
+                    header_seen = True
+                    continue
+                parts = line.split(",")
+                if len(parts) != 5:
+                    raise bad(lineno, f"5 comma-separated fields, got {line!r}")
+                try:
+                    r, j, k = (int(p) for p in parts[:3])
+                    c, n = float(parts[3]), float(parts[4])
+                except ValueError:
+                    raise bad(lineno, f"int,int,int,float,float; got {line!r}") from None
+                if min(r, j, k) < 0 or math.isnan(c) or math.isnan(n) or c < 0 or n < 0:
+                    raise bad(lineno, f"indices >= 0 and delays >= 0 or inf; got {line!r}")
+                recs.append((r, j, k, c, n))
+        if not recs:
+            raise bad(0, "a header line and at least one data row")
+        idx = np.array([x[:3] for x in recs], dtype=np.int64)
+        shape = tuple(int(v) + 1 for v in idx.max(axis=0))
+        if len(recs) != shape[0] * shape[1] * shape[2]:
+            raise bad(0, f"every (round, worker, chunk) of a {shape} grid exactly once")
+        flat = np.ravel_multi_index((idx[:, 0], idx[:, 1], idx[:, 2]), shape)
+        if np.unique(flat).size != flat.size:
+            raise bad(0, "no duplicate (round, worker, chunk) rows")
+        compute = np.empty(shape[0] * shape[1] * shape[2])
+        network = np.empty_like(compute)
+        compute[flat] = [x[3] for x in recs]
+        network[flat] = [x[4] for x in recs]
+        compute3 = compute.reshape(shape)
+        network3 = network.reshape(shape)
+        if not np.array_equal(network3, network3[:, :, :1].repeat(shape[2], axis=2)):
+            raise bad(0, "network_s constant across the chunks of each (round, worker)")
+        try:
+            seed = int(meta.get("seed", "0"))
+        except ValueError:
+            raise bad(0, f"an integer '# seed=' header, got {meta['seed']!r}") from None
+        return cls(
+            compute_s=compute3,
+            network_s=network3[:, :, 0],
+            seed=seed,
+            compute_spec=meta.get("compute_spec", f"replay:{where}"),
+            network_spec=meta.get("network_spec", "none"),
+        )
+
+
+def _as_model(model: str | DelayModel, fld: str) -> DelayModel:
+    if isinstance(model, DelayModel):
+        return model
+    return parse_delay(model, field=fld)
+
+
+def _check_sample(a: np.ndarray, shape: tuple[int, ...], who: str) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    if a.shape != shape:
+        raise ConfigError(who, a.shape, f"a sample of shape {shape}")
+    if np.isnan(a).any() or (a < 0).any():
+        raise ConfigError(who, "sample with NaN or negative delays", "delays >= 0 or inf")
+    return a
+
+
+def materialise(
+    compute: str | DelayModel,
+    network: str | DelayModel = "none",
+    *,
+    rounds: int,
+    m: int,
+    max_chunks: int,
+    seed: int,
+) -> DelaySchedule:
+    """Draw a whole run's delays up front.
+
+    Parameters
+    ----------
+    compute : str or DelayModel
+        Per-chunk compute delay model (``--delay``).
+    network : str or DelayModel
+        Per-(round, worker) one-way network delay model (``--latency``); only its first chunk
+        position is used.
+    rounds, m, max_chunks : int
+        R >= 1, m >= 1, K >= 1 (K = the largest load of any worker).
+    seed : int
+        ``>= 0``. ``SeedSequence(seed).spawn(2)`` gives independent compute and network
+        streams, so changing one model never changes the other's delays.
+
+    Returns
+    -------
+    DelaySchedule
+        ``compute_s`` of shape ``(R, m, K)``, ``network_s`` of shape ``(R, m)``.
+
+    Examples
+    --------
+    >>> s = materialise("exp:0.02", "const:0.001", rounds=3, m=4, max_chunks=2, seed=7)
+    >>> s.compute_s.shape, s.network_s.shape
+    ((3, 4, 2), (3, 4))
+    """
+    for name, v in (("rounds", rounds), ("m", m), ("max_chunks", max_chunks)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ConfigError(name, v, "an integer >= 1")
+    if rounds * m * max_chunks > MAX_SCHEDULE_CELLS:
+        raise ConfigError(
+            "rounds*m*max_chunks", rounds * m * max_chunks, f"<= {MAX_SCHEDULE_CELLS}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ConfigError("seed", seed, "an integer >= 0")
+    cmodel = _as_model(compute, "delay")
+    nmodel = _as_model(network, "latency")
+    c_ss, n_ss = np.random.SeedSequence(int(seed)).spawn(2)
+    comp = cmodel.sample(np.random.default_rng(c_ss), rounds, m, max_chunks)
+    net = nmodel.sample_network(np.random.default_rng(n_ss), rounds, m)
+    return DelaySchedule(
+        compute_s=_check_sample(comp, (rounds, m, max_chunks), "delay"),
+        network_s=_check_sample(net, (rounds, m), "latency"),
+        seed=int(seed),
+        compute_spec=cmodel.spec,
+        network_spec=nmodel.spec,
+    )

@@ -1,0 +1,419 @@
+"""The protocol's vocabulary: one frozen, validated dataclass per message kind.
+
+Invariants
+----------
+* A message object that exists is well formed: every field has its exact type (``type(x) is
+  int`` — ``True`` is not a round number) and lies in its context-free range. Context-dependent
+  checks (worker id < m, count <= load, round == current round) belong to the core.
+* Arrays (the model in :class:`RoundStart`, the payload of :class:`CodedGradient`) are 1-D,
+  little-endian float32 or float64. Their bytes travel after the msgpack header (see ``wire``).
+* :meth:`Message.header_fields` / :meth:`Message.from_fields` are the only bridge to the wire:
+  the wire layer never looks at a field by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Final
+
+import numpy as np
+
+from .errors import MalformedFrame
+
+#: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
+PROTOCOL_VERSION: Final = 1
+
+#: Largest integer accepted in any int field: fits every language's int64 with margin.
+MAX_INT: Final = 2**53
+#: Longest text field (reasons, names): a reason is for humans, not for payloads.
+MAX_TEXT: Final = 1024
+#: Longest state vector / delay row: bounds m and chunks per worker on the wire.
+MAX_WORKERS: Final = 65536
+#: Nonce / MAC / digest byte strings are at most this long (HMAC-SHA256 is 32 bytes).
+MAX_BLOB: Final = 64
+#: Longest config map carried by ``welcome`` (entries).
+MAX_CONFIG_ENTRIES: Final = 64
+
+#: dtypes allowed for arrays on the wire (never object, never big-endian, no float16).
+ARRAY_DTYPES: Final = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
+
+
+def _fail(kind: str, name: str, value: object, allowed: str) -> MalformedFrame:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return MalformedFrame(f"{kind}.{name}={shown}: expected {allowed}", code="bad_field")
+
+
+# --- field checkers: each returns the (possibly normalised) value or raises MalformedFrame ---
+
+
+def _int(lo: int = 0, hi: int = MAX_INT) -> Any:
+    def check(kind: str, name: str, v: object) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise _fail(kind, name, v, f"int in [{lo}, {hi}]")
+        return v
+
+    return check
+
+
+def _float(lo: float = 0.0, hi: float = math.inf, *, allow_inf: bool = False) -> Any:
+    def check(kind: str, name: str, v: object) -> float:
+        # int is accepted for floats (msgpack peers may encode 0.0 as 0); bool never.
+        if type(v) is int:
+            v = float(v)
+        if type(v) is not float or math.isnan(v) or not lo <= v <= hi:
+            raise _fail(kind, name, v, f"float in [{lo}, {hi}]")
+        if math.isinf(v) and not allow_inf:
+            raise _fail(kind, name, v, "a finite float")
+        return v
+
+    return check
+
+
+def _text(kind: str, name: str, v: object) -> str:
+    if type(v) is not str or len(v) > MAX_TEXT:
+        raise _fail(kind, name, v, f"str of at most {MAX_TEXT} chars")
+    return v
+
+
+def _blob(kind: str, name: str, v: object) -> bytes:
+    if type(v) is not bytes or len(v) > MAX_BLOB:
+        raise _fail(kind, name, v, f"bytes of at most {MAX_BLOB}")
+    return v
+
+
+def _int_list(kind: str, name: str, v: object) -> tuple[int, ...]:
+    if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
+        raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} ints")
+    for x in v:  # type: ignore[attr-defined]
+        if type(x) is not int or not 0 <= x <= MAX_INT:
+            raise _fail(kind, name, x, "non-negative ints")
+    return tuple(v)  # type: ignore[arg-type]
+
+
+def _delay_list(kind: str, name: str, v: object) -> tuple[float, ...]:
+    if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
+        raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} floats")
+    out = []
+    for x in v:  # type: ignore[attr-defined]
+        if type(x) is int:
+            x = float(x)
+        # +inf is meaningful here: a worker scheduled to be dead never finishes that chunk.
+        if type(x) is not float or math.isnan(x) or x < 0:
+            raise _fail(kind, name, x, "non-negative floats (inf allowed)")
+        out.append(x)
+    return tuple(out)
+
+
+_CONFIG_SCALARS = (int, float, str, bool, type(None))
+
+
+def _config(kind: str, name: str, v: object) -> dict[str, Any]:
+    if type(v) is not dict or len(v) > MAX_CONFIG_ENTRIES:
+        raise _fail(kind, name, v, f"map of at most {MAX_CONFIG_ENTRIES} entries")
+    for k, x in v.items():
+        if type(k) is not str or len(k) > 64:
+            raise _fail(kind, name, k, "str keys of at most 64 chars")
+        if type(x) not in _CONFIG_SCALARS or (type(x) is str and len(x) > MAX_TEXT):
+            raise _fail(kind, f"{name}.{k}", x, "int, float, str, bool or nil")
+    return dict(v)
+
+
+def _array(kind: str, name: str, v: object) -> np.ndarray:
+    if not isinstance(v, np.ndarray) or v.ndim != 1:
+        raise _fail(kind, name, type(v).__name__, "1-D ndarray")
+    if v.dtype.str not in ARRAY_DTYPES:
+        raise _fail(kind, name, v.dtype.str, f"dtype in {sorted(ARRAY_DTYPES)}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base class. Subclasses set ``kind`` and ``_checks`` (field name -> checker)."""
+
+    kind: ClassVar[str] = ""
+    #: name of the ndarray field whose bytes travel after the header, or None
+    array_field: ClassVar[str | None] = None
+    _checks: ClassVar[dict[str, Any]] = {}
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            checker = self._checks[f.name]
+            value = getattr(self, f.name)
+            checked = checker(self.kind, f.name, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+    def header_fields(self) -> dict[str, Any]:
+        """Fields as msgpack-ready values, array field excluded."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == self.array_field:
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def array(self) -> np.ndarray | None:
+        """The array carried after the header, or None."""
+        return None if self.array_field is None else getattr(self, self.array_field)
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], arr: np.ndarray | None = None) -> Message:
+        """Build from decoded header fields; unknown or missing fields are MalformedFrame."""
+        names = [f.name for f in fields(cls)]
+        expected = {n for n in names if n != cls.array_field}
+        got = set(values)
+        if got != expected:
+            missing = sorted(expected - got)
+            unknown = sorted(str(k) for k in got - expected)
+            raise MalformedFrame(
+                f"{cls.kind}: missing fields {missing}, unknown fields {unknown[:5]}",
+                code="bad_schema",
+            )
+        kwargs = dict(values)
+        if cls.array_field is not None:
+            if arr is None:
+                raise MalformedFrame(f"{cls.kind}: array payload missing", code="bad_schema")
+            kwargs[cls.array_field] = arr
+        elif arr is not None:
+            raise MalformedFrame(f"{cls.kind}: carries no array", code="bad_schema")
+        return cls(**kwargs)
+
+
+def _kind(name: str, array_field: str | None = None, **checks: Any) -> Any:
+    """Class decorator: register the kind, its array field and its field checkers."""
+
+    def wrap(cls: type[Message]) -> type[Message]:
+        cls.kind = name
+        cls.array_field = array_field
+        cls._checks = checks
+        missing = {f.name for f in fields(cls)} ^ set(checks)
+        assert not missing, f"{name}: checker/field mismatch {missing}"
+        KINDS[name] = cls
+        return cls
+
+    return wrap
+
+
+#: kind string -> message class (the wire dispatches on this table)
+KINDS: dict[str, type[Message]] = {}
+
+_ROUND = _int()
+_EPOCH = _int()
+_WORKER = _int(0, MAX_WORKERS - 1)
+
+
+# ----------------------------------------------------------------------- handshake (both ways)
+
+
+@_kind("challenge", nonce=_blob, epoch=_EPOCH)
+@dataclass(frozen=True, slots=True)
+class Challenge(Message):
+    """PS -> worker, first frame on a connection: a fresh nonce to MAC, and the PS epoch."""
+
+    nonce: bytes
+    epoch: int
+
+
+@_kind("hello", worker=_WORKER, nonce=_blob, mac=_blob, epoch=_EPOCH)
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """Worker -> PS: who I am, my own nonce for the PS to MAC, and my MAC of the PS's nonce.
+
+    ``epoch`` echoes the challenge's epoch; ``mac`` is empty when the PS runs without a secret.
+    """
+
+    worker: int
+    nonce: bytes
+    mac: bytes
+    epoch: int
+
+
+@_kind("welcome", epoch=_EPOCH, worker=_WORKER, mac=_blob, config=_config)
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    """PS -> worker: accepted. ``mac`` proves the PS knows the secret; ``config`` is the run
+    configuration a worker needs to rebuild the scheme and task (see docs/protocol.md)."""
+
+    epoch: int
+    worker: int
+    mac: bytes
+    config: dict[str, Any] = field(hash=False)
+
+
+# ------------------------------------------------------------------------- worker -> PS
+
+
+@_kind(
+    "chunk_report",
+    epoch=_EPOCH,
+    round=_ROUND,
+    count=_int(0, MAX_WORKERS),
+    t_worker=_float(0.0),
+    elapsed_s=_float(0.0),
+)
+@dataclass(frozen=True, slots=True)
+class ChunkReport(Message):
+    """Worker -> PS: I have finished and stored ``count`` chunk gradients of this round.
+
+    ``t_worker`` is the worker's monotonic clock at the count-th chunk's completion,
+    ``elapsed_s`` the same measured from the worker's receipt of ``round_start``.
+    """
+
+    epoch: int
+    round: int
+    count: int
+    t_worker: float
+    elapsed_s: float
+
+
+@_kind(
+    "coded_gradient",
+    "payload",
+    epoch=_EPOCH,
+    round=_ROUND,
+    attempt=_int(),
+    state_digest=_blob,
+    compute_s=_float(0.0),
+    payload=_array,
+)
+@dataclass(frozen=True, slots=True, eq=False)
+class CodedGradient(Message):
+    """Worker -> PS: one coded vector (length ceil(d/ℓ)) for (round, attempt).
+
+    ``state_digest`` is :func:`state_digest` of the state vector it was encoded with, so the PS
+    can refuse a vector encoded against another broadcast.
+    """
+
+    epoch: int
+    round: int
+    attempt: int
+    state_digest: bytes
+    compute_s: float
+    payload: np.ndarray
+
+
+@_kind("bye", reason=_text)
+@dataclass(frozen=True, slots=True)
+class Bye(Message):
+    """Worker -> PS: leaving on purpose (not a failure)."""
+
+    reason: str
+
+
+# ------------------------------------------------------------------------- PS -> worker
+
+
+@_kind(
+    "round_start",
+    "model",
+    epoch=_EPOCH,
+    round=_ROUND,
+    delays_s=_delay_list,
+    net_delay_s=_float(0.0),
+    model=_array,
+)
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundStart(Message):
+    """PS -> worker: start round ``round`` at ``model``.
+
+    ``delays_s`` is this worker's materialised compute delay for each chunk position in this
+    round (empty = no artificial delay; ``inf`` = the worker is scheduled dead), and
+    ``net_delay_s`` the artificial one-way delay it adds to each frame it sends this round.
+    """
+
+    epoch: int
+    round: int
+    delays_s: tuple[float, ...]
+    net_delay_s: float
+    model: np.ndarray
+
+
+@_kind(
+    "encode_and_transmit",
+    epoch=_EPOCH,
+    round=_ROUND,
+    attempt=_int(),
+    state=_int_list,
+)
+@dataclass(frozen=True, slots=True)
+class EncodeAndTransmit(Message):
+    """PS -> all workers: stop computing, encode against ``state`` and send one coded vector."""
+
+    epoch: int
+    round: int
+    attempt: int
+    state: tuple[int, ...]
+
+
+@_kind("resume", epoch=_EPOCH, round=_ROUND, attempt=_int())
+@dataclass(frozen=True, slots=True)
+class Resume(Message):
+    """PS -> all workers: the broadcast of an earlier attempt is void; compute on.
+
+    ``attempt`` is the new attempt number; stored chunk gradients are kept.
+    """
+
+    epoch: int
+    round: int
+    attempt: int
+
+
+@_kind("round_end", epoch=_EPOCH, round=_ROUND, status=_text)
+@dataclass(frozen=True, slots=True)
+class RoundEnd(Message):
+    """PS -> all workers: round over (``status``: exact, approximate or failed); drop its data."""
+
+    epoch: int
+    round: int
+    status: str
+
+
+@_kind("error", code=_text, reason=_text)
+@dataclass(frozen=True, slots=True)
+class Error(Message):
+    """Either way: the sender is closing this connection because of ``code`` / ``reason``."""
+
+    code: str
+    reason: str
+
+
+@_kind("shutdown", reason=_text)
+@dataclass(frozen=True, slots=True)
+class Shutdown(Message):
+    """PS -> worker: the run is over; exit."""
+
+    reason: str
+
+
+@_kind("ping", seq=_int())
+@dataclass(frozen=True, slots=True)
+class Ping(Message):
+    """Either way: liveness probe while otherwise silent."""
+
+    seq: int
+
+
+@_kind("pong", seq=_int())
+@dataclass(frozen=True, slots=True)
+class Pong(Message):
+    """Answer to :class:`Ping` with the same ``seq``."""
+
+    seq: int
+
+
+WORKER_TO_PS: Final = frozenset({"hello", "chunk_report", "coded_gradient", "bye", "error",
+                                 "ping", "pong"})
+PS_TO_WORKER: Final = frozenset({"challenge", "welcome", "round_start", "encode_and_transmit",
+                                 "resume", "round_end", "error", "shutdown", "ping", "pong"})
+
+
+def state_digest(state: tuple[int, ...] | list[int] | np.ndarray) -> bytes:
+    """8-byte digest of a state vector (blake2b of its little-endian int64 bytes)."""
+    import hashlib
+
+    arr = np.ascontiguousarray(np.asarray(state, dtype="<i8"))
+    return hashlib.blake2b(arr.tobytes(), digest_size=8).digest()

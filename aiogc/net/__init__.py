@@ -1,0 +1,1 @@
+"""The thin asyncio layer: framed connections, TCP server and worker client, timers."""

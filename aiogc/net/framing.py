@@ -1,0 +1,256 @@
+"""One framed connection over an asyncio transport: bytes <-> messages, nothing more.
+
+Invariants
+----------
+* Receive is zero-copy for array bodies: :class:`FramedConnection` is an
+  ``asyncio.BufferedProtocol`` whose ``get_buffer`` is the :class:`~aiogc.wire.FrameDecoder`'s,
+  so a payload is received straight into the array ``alloc`` chose (e.g. the PS's row for this
+  worker).
+* Send never copies the array on uvloop: the header and a memoryview of the array are written
+  separately. Consequence: **the sender must not mutate an array it has sent until
+  :meth:`FramedConnection.drain` returned** (the transport may still be reading it).
+* ``on_close(conn, exc)`` is called exactly once, from ``connection_lost``; ``exc`` is the
+  :class:`~aiogc.errors.RemoteProtocolError` that made us close (MalformedFrame, slow consumer,
+  ...), the transport's error, or None for a clean close.
+* After a close decision no further message is delivered and ``send`` is a no-op.
+* Writes are bounded: once the transport's write buffer exceeds ``max_pending_bytes`` the peer
+  is a slow consumer and the connection is aborted (no Error frame: it would not be read).
+  A closing connection that does not drain within ``close_timeout_s`` is aborted.
+
+No authentication and no protocol logic here: the core decides what messages mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Final
+
+from ..errors import MalformedFrame, RemoteProtocolError
+from ..messages import Error, Message
+from ..wire import DEFAULT_LIMITS, AllocFn, FrameDecoder, FrameLimits, encode_frame
+
+__all__ = ["FramedConnection"]
+
+#: Default slow-consumer cut-off: a little more than two of the largest default frames may be
+#: queued (a broadcast still draining while the next one is sent); beyond that the peer is not
+#: reading and the PS must not buffer for it without bound.
+MAX_PENDING_BYTES: Final = 2 * DEFAULT_LIMITS.max_array_bytes + (1 << 20)
+#: Write-buffer high-water mark: pause_writing above it (drain() then waits).
+WRITE_HIGH_WATER: Final = 256 * 1024
+#: Low-water mark: drain() returns once the buffer is at or below it.
+WRITE_LOW_WATER: Final = 64 * 1024
+#: A closing connection whose peer does not take our last bytes is aborted after this long.
+CLOSE_TIMEOUT_S: Final = 1.0
+#: Longest reason text put into an Error frame (messages.MAX_TEXT is the hard bound).
+_MAX_REASON: Final = 200
+
+OnMessage = Callable[["FramedConnection", Message], None]
+OnClose = Callable[["FramedConnection", "BaseException | None"], None]
+
+
+class FramedConnection(asyncio.BufferedProtocol):
+    """Protocol for one TCP connection carrying aiogc frames.
+
+    Parameters
+    ----------
+    on_message : called as ``on_message(conn, msg)`` for every decoded message, in order. If it
+        raises :class:`RemoteProtocolError`, the connection is closed with that error's code.
+    on_close : called once as ``on_close(conn, exc)`` when the connection is gone.
+    limits : frame limits; raise them with :meth:`set_limits` after authentication.
+    alloc : destination allocator for array bodies (see :data:`aiogc.wire.AllocFn`).
+    max_pending_bytes : slow-consumer cut-off on the write buffer.
+    """
+
+    def __init__(
+        self,
+        on_message: OnMessage,
+        on_close: OnClose,
+        limits: FrameLimits = DEFAULT_LIMITS,
+        alloc: AllocFn | None = None,
+        *,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+        write_high_water: int = WRITE_HIGH_WATER,
+        write_low_water: int = WRITE_LOW_WATER,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+    ) -> None:
+        self._on_message = on_message
+        self._on_close = on_close
+        self._decoder = FrameDecoder(limits, alloc)
+        self._max_pending = max_pending_bytes
+        self._high, self._low = write_high_water, write_low_water
+        self._close_timeout_s = close_timeout_s
+        self._transport: asyncio.Transport | None = None
+        self._closing = False  # a close decision was taken (or the transport is gone)
+        self._lost = False
+        self._close_exc: BaseException | None = None
+        self._abort_handle: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._scratch = bytearray(4096)  # sink for bytes that arrive after a close decision
+        self.peername: Any = None
+        self.frames_in = self.frames_out = 0
+        self.bytes_in = self.bytes_out = 0
+
+    # -- asyncio.BufferedProtocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self.peername = transport.get_extra_info("peername")
+        transport.set_write_buffer_limits(high=self._high, low=self._low)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._closing:
+            return memoryview(self._scratch)
+        try:
+            return self._decoder.get_buffer(sizehint)
+        except MalformedFrame:  # poisoned; the close is already under way
+            return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closing:
+            return
+        self.bytes_in += nbytes
+        try:
+            msgs = self._decoder.buffer_updated(nbytes)
+        except MalformedFrame as exc:
+            self._fail(exc)
+            return
+        for msg in msgs:
+            if self._closing:
+                break
+            self.frames_in += 1
+            try:
+                self._on_message(self, msg)
+            except RemoteProtocolError as exc:
+                self._fail(exc)
+
+    def eof_received(self) -> bool:
+        if not self._closing and not self._decoder.at_frame_boundary():
+            self._fail(MalformedFrame("connection closed inside a frame", code="truncated"))
+        else:
+            self._closing = True
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._closing = True
+        if self._abort_handle is not None:
+            self._abort_handle.cancel()
+            self._abort_handle = None
+        self._wake_drainers()
+        cause = self._close_exc if self._close_exc is not None else exc
+        self._on_close(self, cause)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drainers()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        """Queue ``msg``; a no-op once closing. Closes the connection as a slow consumer when
+        the write buffer exceeds ``max_pending_bytes``. Do not mutate a sent array until
+        :meth:`drain` returned."""
+        t = self._transport
+        if self._closing or t is None or t.is_closing():
+            return
+        for part in encode_frame(msg):
+            # One write per part (not writelines): on the 3.11 default loop writelines joins
+            # the parts into a new bytes object, i.e. copies the whole payload.
+            t.write(part)
+            self.bytes_out += len(part)
+        self.frames_out += 1
+        pending = t.get_write_buffer_size()
+        if pending > self._max_pending:
+            exc = RemoteProtocolError(
+                f"{pending} bytes unsent exceed {self._max_pending}", code="slow_consumer")
+            self._close(exc, send_error=False)
+
+    async def drain(self) -> None:
+        """Wait until the write buffer is at or below the low-water mark, or the connection is
+        gone (check :meth:`is_closing`). Callers waiting on a peer wrap it in a timeout."""
+        if self._lost or not self._paused:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in self._drain_waiters:
+                self._drain_waiters.remove(fut)
+
+    def close(self, code: str | None = None, reason: str = "") -> None:
+        """Close, first sending ``Error(code, reason)`` when ``code`` is given (best effort)."""
+        exc = None if code is None else RemoteProtocolError(reason or code, code=code)
+        self._close(exc, send_error=code is not None)
+
+    def abort(self) -> None:
+        """Drop the connection at once, discarding unsent bytes."""
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def set_limits(self, limits: FrameLimits) -> None:
+        """Replace the frame limits (e.g. after authentication); applies from the next frame."""
+        self._decoder.limits = limits
+
+    @property
+    def limits(self) -> FrameLimits:
+        return self._decoder.limits
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport is None or self._transport.is_closing()
+
+    def statistics(self) -> dict[str, Any]:
+        t = self._transport
+        return {
+            "frames_in": self.frames_in,
+            "frames_out": self.frames_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "write_buffer_bytes": t.get_write_buffer_size() if t is not None else 0,
+            "writing_paused": self._paused,
+            "closing": self.is_closing(),
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        self._close(exc, send_error=True)
+
+    def _close(self, exc: BaseException | None, *, send_error: bool) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._close_exc = exc
+        t = self._transport
+        if t is None:
+            return
+        if not send_error or t.get_write_buffer_size() > self._max_pending:
+            t.abort()
+            return
+        if isinstance(exc, RemoteProtocolError):
+            try:
+                for part in encode_frame(Error(code=exc.code[:_MAX_REASON],
+                                               reason=exc.reason[:_MAX_REASON])):
+                    t.write(part)
+                self.frames_out += 1
+            except Exception:  # best effort: a failing write must not prevent the close
+                pass
+        t.close()
+        # close() waits for the buffer to flush; a peer that does not read must not keep it.
+        self._abort_handle = asyncio.get_running_loop().call_later(
+            self._close_timeout_s, t.abort)
+
+    def _wake_drainers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)

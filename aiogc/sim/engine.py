@@ -1,0 +1,293 @@
+"""Drive the protocol core on a virtual clock.
+
+A heap of timed actions with a deterministic tie-break (time, then insertion order) feeds the
+*same* :class:`~aiogc.core.ParameterServer` and :class:`~aiogc.core.Worker` objects the asyncio
+driver uses. Links are FIFO: a frame never overtakes an earlier frame on the same link.
+Network latency per frame comes from ``latency`` (seconds, or a callable) plus, when
+``bandwidth_Bps`` is set, the array bytes divided by the bandwidth.
+
+Faults: :meth:`Simulation.kill` (connection reset, seen at once by the PS) or
+``kill(..., silent=True)`` (a paused process: only the heartbeat notices).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import (
+    PS_PEER,
+    ConnectionFailed,
+    Event,
+    Finished,
+    Outgoing,
+    ParameterServer,
+    ShutdownRequested,
+    Worker,
+)
+from ..messages import Message
+
+LatencyFn = Callable[[int, str, Message], float]
+
+#: Seconds a worker waits before reconnecting after its connection closed (simulated backoff).
+RECONNECT_DELAY_S = 0.5
+#: Hard stop for runaway simulations (a bug, not a normal end).
+MAX_STEPS_DEFAULT = 50_000_000
+
+
+@dataclass(order=True)
+class _Item:
+    time: float
+    seq: int
+    action: Callable[[float], None] = field(compare=False)
+
+
+class Simulation:
+    """One PS and m workers wired back to back on a virtual clock.
+
+    Parameters
+    ----------
+    ps : ParameterServer
+    workers : list of Worker
+        ``workers[j].worker_id == j``.
+    latency : float or callable
+        One-way delay of each frame; a callable gets ``(worker, direction, msg)`` with
+        direction ``"up"`` (worker -> PS) or ``"down"``.
+    bandwidth_Bps : float, optional
+        Adds ``array bytes / bandwidth`` to frames that carry an array.
+    """
+
+    def __init__(
+        self,
+        ps: ParameterServer,
+        workers: list[Worker],
+        *,
+        latency: float | LatencyFn = 0.0,
+        bandwidth_Bps: float | None = None,
+        start_time: float = 0.0,
+        reconnect: bool = True,
+    ) -> None:
+        self.ps = ps
+        self.workers = workers
+        self.now = start_time
+        self._latency = latency
+        self._bandwidth = bandwidth_Bps
+        self._reconnect = reconnect
+        self._heap: list[_Item] = []
+        self._seq = itertools.count()
+        self._ps_timer: float | None = None
+        self._w_timer: dict[int, float | None] = {}
+        self._gen: dict[int, int] = {}  # connection generation per worker
+        self._link_free: dict[tuple[int, str], float] = {}
+        self._dead: set[int] = set()
+        self._paused: set[int] = set()
+        self.ps_events: list[Event] = []
+        self.worker_events: dict[int, list[Event]] = {w.worker_id: [] for w in workers}
+        self.finished = False
+        self.frames = 0
+
+    # ------------------------------------------------------------------ public
+
+    def start(self) -> None:
+        """Open every worker's connection at the current time."""
+        for w in self.workers:
+            self._connect(w.worker_id, self.now)
+
+    def run(self, *, until: float | None = None, max_steps: int = MAX_STEPS_DEFAULT) -> None:
+        """Process actions until the PS finished, ``until``, or nothing is left."""
+        if not self._gen:
+            self.start()
+        steps = 0
+        while self._heap and not self.finished:
+            if until is not None and self._heap[0].time > until:
+                self.now = until
+                return
+            item = heapq.heappop(self._heap)
+            self.now = max(self.now, item.time)
+            item.action(self.now)
+            steps += 1
+            if steps > max_steps:
+                raise RuntimeError(f"simulation exceeded {max_steps} steps")
+
+    def kill(self, worker: int, *, at: float, silent: bool = False) -> None:
+        """Worker dies at ``at``. ``silent``: no reset reaches the PS (SIGSTOP-like)."""
+
+        def act(now: float) -> None:
+            self._dead.add(worker)
+            if not silent:
+                self.ps.connection_lost(self._peer(worker), now=now)
+                self._pump_ps(now)
+
+        self._schedule(at, act)
+
+    def pause(self, worker: int, *, at: float, until: float) -> None:
+        """SIGSTOP at ``at``, SIGCONT at ``until``: frames to it wait; it does nothing."""
+
+        def stop(now: float) -> None:
+            self._paused.add(worker)
+
+        def cont(now: float) -> None:
+            self._paused.discard(worker)
+            self._pump_worker(worker, now)
+
+        self._schedule(at, stop)
+        self._schedule(until, cont)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _schedule(self, t: float, action: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, _Item(t, next(self._seq), action))
+
+    def _peer(self, worker: int) -> Hashable:
+        return (worker, self._gen.get(worker, 0))
+
+    def _connect(self, worker: int, now: float) -> None:
+        self._gen[worker] = self._gen.get(worker, -1) + 1
+        self.workers[worker].connection_made(now=now)
+        self.ps.connection_made(self._peer(worker), now=now)
+        self._pump_ps(now)
+        self._pump_worker(worker, now)
+
+    def _delay(self, worker: int, direction: str, msg: Message | None) -> float:
+        lat = self._latency
+        d = lat(worker, direction, msg) if callable(lat) and msg is not None else (
+            0.0 if callable(lat) else float(lat)
+        )
+        if self._bandwidth and msg is not None:
+            arr = msg.array()
+            if arr is not None:
+                d += arr.nbytes / self._bandwidth
+        return d
+
+    def _arrival(self, worker: int, direction: str, now: float, msg: Message | None) -> float:
+        t = now + self._delay(worker, direction, msg)
+        key = (worker, direction)
+        t = max(t, self._link_free.get(key, 0.0))  # FIFO per link
+        self._link_free[key] = t
+        return t
+
+    def _pump_ps(self, now: float) -> None:
+        ps = self.ps
+        for out in ps.messages_to_send():
+            self._route_down(out, now)
+        while (ev := ps.next_event()) is not None:
+            self.ps_events.append(ev)
+            if isinstance(ev, Finished):
+                self.finished = True
+        t = ps.next_deadline()
+        if t is not None and t != self._ps_timer:
+            self._ps_timer = t
+            self._schedule(max(t, now), self._ps_timer_fired(t))
+
+    def _ps_timer_fired(self, armed: float) -> Callable[[float], None]:
+        def act(now: float) -> None:
+            if self._ps_timer != armed:
+                return  # re-armed since
+            self._ps_timer = None
+            self.ps.handle_timer(now=now)
+            self._pump_ps(now)
+
+        return act
+
+    def _route_down(self, out: Outgoing, now: float) -> None:
+        peer = out.peer
+        assert isinstance(peer, tuple)
+        worker, gen = peer
+        t = self._arrival(worker, "down", now, out.message)
+        if out.message is not None:
+            msg = out.message
+            self.frames += 1
+
+            def deliver(at: float, msg: Message = msg) -> None:
+                if worker in self._dead or self._gen.get(worker) != gen:
+                    return
+                if worker in self._paused:
+                    self._schedule(at + 1e-3, deliver)
+                    return
+                self.workers[worker].receive(PS_PEER, msg, now=at)
+                self._pump_worker(worker, at)
+
+            self._schedule(t, deliver)
+        if out.close:
+            # the PS closed this connection: the PS side forgets it now, the worker sees EOF
+            self.ps.connection_lost(peer, now=now)
+
+            def eof(at: float) -> None:
+                if worker in self._dead or self._gen.get(worker) != gen:
+                    return
+                self._worker_lost(worker, at)
+
+            self._schedule(t, eof)
+
+    def _worker_lost(self, worker: int, now: float) -> None:
+        w = self.workers[worker]
+        w.connection_lost(now=now)
+        self._pump_worker(worker, now)
+        if self._reconnect and not self.finished and worker not in self._dead:
+            stopped = any(isinstance(e, ShutdownRequested) for e in self.worker_events[worker])
+            if not stopped:
+                self._schedule(now + RECONNECT_DELAY_S, lambda at: self._connect(worker, at))
+
+    def _pump_worker(self, worker: int, now: float) -> None:
+        if worker in self._dead or worker in self._paused:
+            return
+        w = self.workers[worker]
+        gen = self._gen[worker]
+        closing = False
+        for out in w.messages_to_send():
+            t = self._arrival(worker, "up", now, out.message)
+            if out.message is not None:
+                msg = out.message
+                self.frames += 1
+
+                def deliver(at: float, msg: Message = msg, gen: int = gen) -> None:
+                    if self._gen.get(worker) != gen or worker in self._dead:
+                        return
+                    self.ps.receive((worker, gen), msg, now=at)
+                    self._pump_ps(at)
+
+                self._schedule(t, deliver)
+            if out.close:
+                closing = True
+
+                def eof(at: float, gen: int = gen) -> None:
+                    if self._gen.get(worker) == gen:
+                        self.ps.connection_lost((worker, gen), now=at)
+                        self._pump_ps(at)
+
+                self._schedule(t, eof)
+        failed = False
+        while (ev := w.next_event()) is not None:
+            self.worker_events[worker].append(ev)
+            failed = failed or isinstance(ev, ConnectionFailed)
+        if closing and failed:
+            self._worker_lost(worker, now)
+            return
+        t = w.next_deadline()
+        if t is not None and t != self._w_timer.get(worker):
+            self._w_timer[worker] = t
+            self._schedule(max(t, now), self._w_timer_fired(worker, t, gen))
+
+    def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
+        def act(now: float) -> None:
+            if self._w_timer.get(worker) != armed or self._gen.get(worker) != gen:
+                return
+            if worker in self._dead:
+                return
+            if worker in self._paused:
+                self._schedule(now + 1e-3, act)
+                return
+            self._w_timer[worker] = None
+            self.workers[worker].handle_timer(now=now)
+            self._pump_worker(worker, now)
+
+        return act
+
+    # ------------------------------------------------------------------ results
+
+    @property
+    def records(self) -> list[Any]:
+        return self.ps.records
