@@ -708,7 +708,8 @@ class DelaySchedule:
 
         meta: dict[str, str] = {}
         header_seen = False
-        recs: list[tuple[int, int, int, float, float]] = []
+        data: list[str] = []
+        linenos: list[int] = []
         with open(path, encoding="utf-8") as fh:
             for lineno, raw in enumerate(fh, start=1):
                 line = raw.strip()
@@ -725,30 +726,54 @@ class DelaySchedule:
                         raise bad(lineno, f"header line {','.join(CSV_COLUMNS)}")
                     header_seen = True
                     continue
-                parts = line.split(",")
-                if len(parts) != 5:
-                    raise bad(lineno, f"5 comma-separated fields, got {line!r}")
-                try:
-                    r, j, k = (int(p) for p in parts[:3])
-                    c, n = float(parts[3]), float(parts[4])
-                except ValueError:
-                    raise bad(lineno, f"int,int,int,float,float; got {line!r}") from None
-                if min(r, j, k) < 0 or math.isnan(c) or math.isnan(n) or c < 0 or n < 0:
-                    raise bad(lineno, f"indices >= 0 and delays >= 0 or inf; got {line!r}")
-                recs.append((r, j, k, c, n))
-        if not recs:
+                data.append(line)
+                linenos.append(lineno)
+        if not data:
             raise bad(0, "a header line and at least one data row")
-        idx = np.array([x[:3] for x in recs], dtype=np.int64)
+        try:
+            # numpy's C parser (correctly rounded, accepts "inf"): ~10x faster than a Python loop
+            table = np.loadtxt(data, delimiter=",", dtype=np.float64, ndmin=2)
+            if table.shape[1] != 5:
+                raise ValueError("wrong number of columns")
+        except ValueError:
+            table = None
+        if table is None:
+            suspects = list(range(len(data)))
+        else:
+            ix = table[:, :3]
+            good = (
+                np.isfinite(ix).all(axis=1)
+                & (ix >= 0).all(axis=1)
+                & (ix == np.floor(ix)).all(axis=1)
+                & (table[:, 3:] >= 0).all(axis=1)  # False for NaN too
+            )
+            suspects = np.flatnonzero(~good).tolist()
+        # Python parsing only for the suspect lines, to name the first offending one.
+        for t in suspects:
+            line = data[t]
+            parts = line.split(",")
+            if len(parts) != 5:
+                raise bad(linenos[t], f"5 comma-separated fields, got {line!r}")
+            try:
+                r, j, k = (int(p) for p in parts[:3])
+                c, n = float(parts[3]), float(parts[4])
+            except ValueError:
+                raise bad(linenos[t], f"int,int,int,float,float; got {line!r}") from None
+            if min(r, j, k) < 0 or math.isnan(c) or math.isnan(n) or c < 0 or n < 0:
+                raise bad(linenos[t], f"indices >= 0 and delays >= 0 or inf; got {line!r}")
+        if table is None:  # every line parsed one by one: numpy refused for another reason
+            raise bad(0, "int,int,int,float,float rows")
+        idx = table[:, :3].astype(np.int64)
         shape = tuple(int(v) + 1 for v in idx.max(axis=0))
-        if len(recs) != shape[0] * shape[1] * shape[2]:
+        if len(data) != shape[0] * shape[1] * shape[2]:
             raise bad(0, f"every (round, worker, chunk) of a {shape} grid exactly once")
         flat = np.ravel_multi_index((idx[:, 0], idx[:, 1], idx[:, 2]), shape)
         if np.unique(flat).size != flat.size:
             raise bad(0, "no duplicate (round, worker, chunk) rows")
         compute = np.empty(shape[0] * shape[1] * shape[2])
         network = np.empty_like(compute)
-        compute[flat] = [x[3] for x in recs]
-        network[flat] = [x[4] for x in recs]
+        compute[flat] = table[:, 3]
+        network[flat] = table[:, 4]
         compute3 = compute.reshape(shape)
         network3 = network.reshape(shape)
         if not np.array_equal(network3, network3[:, :, :1].repeat(shape[2], axis=2)):

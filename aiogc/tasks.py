@@ -48,6 +48,7 @@ import csv
 import importlib
 import importlib.resources
 import importlib.util
+import inspect
 import io
 import math
 import os
@@ -445,7 +446,7 @@ def load_csv(
         try:
             vals = [float(f) for f in fields]
         except ValueError:
-            if header is None and not rows:
+            if header is None and not rows and not any(_is_number(f) for f in fields):
                 header = [f.strip() for f in fields]
                 width = len(header)
                 continue
@@ -474,6 +475,14 @@ def load_csv(
             col %= width
     data = np.array(rows, dtype=np.float64)
     return np.delete(data, col, axis=1), data[:, col]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _csv_records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
@@ -731,6 +740,12 @@ def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) ->
         obj = getattr(obj, part)
     if not callable(obj):
         raise ConfigError("task", spec, "ATTR a callable (n_chunks, seed) -> Task")
+    try:
+        inspect.signature(obj).bind(n_chunks, seed)
+    except TypeError:
+        raise ConfigError("task", spec, "ATTR a callable (n_chunks, seed) -> Task") from None
+    except ValueError:
+        pass  # no introspectable signature (some builtins): just call it
     task = obj(n_chunks, seed)
     if not isinstance(task, Task):
         raise ConfigError("task", spec, f"a factory returning a Task (got {type(task).__name__})")

@@ -220,6 +220,8 @@ def _unpack_header(raw: memoryview, max_header_bytes: int) -> Any:
     except _ExtRejected as exc:
         raise MalformedFrame(str(exc), code="ext_type") from exc
     except Exception as exc:  # msgpack's whole error surface: ValueError, StackError, ...
+        if "max_ext_len" in str(exc):  # the ext bound tripped (best-effort finer code)
+            raise MalformedFrame("ext types are not allowed", code="ext_type") from exc
         raise MalformedFrame(f"{type(exc).__name__}: {str(exc)[:80]}", code="bad_msgpack") \
             from exc
 

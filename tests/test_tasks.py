@@ -186,7 +186,7 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 def _write_csv(path: Path, X: np.ndarray, y: np.ndarray, header: bool = False) -> None:
     lines = ["# a comment", "a,b,c,label"] if header else []
-    lines += [",".join(repr(v) for v in [*row, lab]) for row, lab in zip(X, y, strict=True)]
+    lines += [",".join(repr(float(v)) for v in [*row, lab]) for row, lab in zip(X, y, strict=True)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -197,11 +197,13 @@ def test_file_formats_agree(tmp_path: Path) -> None:
     _write_csv(tmp_path / "b.csv", X, pm, header=True)
     # label first, selected by index / by name
     first = np.column_stack([y, X])
-    (tmp_path / "c.csv").write_text("\n".join(",".join(map(repr, r)) for r in first) + "\n")
+    (tmp_path / "c.csv").write_text(
+        "\n".join(",".join(repr(float(v)) for v in r) for r in first) + "\n"
+    )
     np.savez(tmp_path / "d.npz", X=X, y=y)
     lines = []
     for row, lab in zip(X, pm, strict=True):
-        feats = " ".join(f"{k + 1}:{v!r}" for k, v in enumerate(row) if v != 0)
+        feats = " ".join(f"{k + 1}:{float(v)!r}" for k, v in enumerate(row) if v != 0)
         lines.append(f"{int(lab):+d} {feats}  # trailing comment")
     (tmp_path / "e.libsvm").write_text("# header comment\n" + "\n".join(lines) + "\n")
     (tmp_path / "f.txt").write_text("\n".join(lines) + "\n")
@@ -227,7 +229,7 @@ def test_file_formats_agree(tmp_path: Path) -> None:
 def test_libsvm_parser_details() -> None:
     X, y = load_libsvm(["1 qid:3 2:0.5 5:1", "", "  # only a comment", "-1 1:2"], "mem")
     assert X.shape == (2, 5)
-    assert np.array_equal(X, [[0, 0.5, 0, 0, 1], [2, 0, 0, 0, 0]])
+    assert np.array_equal(X, np.array([[0, 0.5, 0, 0, 1], [2, 0, 0, 0, 0]]))
     assert np.array_equal(y, [1, -1])
 
 
@@ -251,6 +253,7 @@ def test_label_mapping_general_two_values(tmp_path: Path) -> None:
     ("name", "content", "extra", "match"),
     [
         ("bad.csv", "1,2,0\n1,x,1\n", "", r"bad.csv:2"),
+        ("bad.csv", "1,x,0\n1,2,1\n", "", r"bad.csv:1"),
         ("bad.csv", "1,2,0\n1,2\n", "", "3 fields per row"),
         ("bad.csv", "1,2,0\n1,2,5\n3,3,7\n", "", "binary labels"),
         ("bad.csv", "1,2,nan\n", "", "finite"),
@@ -338,7 +341,7 @@ def test_bad_sizes() -> None:
 
 # --------------------------------------------------------------------------- plug-ins
 
-PLUGIN = '''
+PLUGIN = """
 import numpy as np
 from aiogc.tasks import FunctionTask
 
@@ -358,7 +361,7 @@ def wrong_chunks(n_chunks, seed):
 
 def not_a_task(n_chunks, seed):
     return 42
-'''
+"""
 
 
 def test_plugin_module_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,7 +89,9 @@ def fractional_repetition_assignment(m: int, s: int) -> np.ndarray:
     m = _check_int("m", m, 1)
     s = _check_int("s", s, 0, m - 1)
     if m % (s + 1):
-        raise CodingError(f"fractional repetition needs (s+1) | m: s+1={s + 1} does not divide m={m}")
+        raise CodingError(
+            f"fractional repetition needs (s+1) | m: s+1={s + 1} does not divide m={m}"
+        )
     g = np.arange(m) // (s + 1)
     return g[:, None] == g[None, :]
 
@@ -205,7 +207,7 @@ def load_assignment(path: str | PathLike[str]) -> np.ndarray:
 def is_regular(A: np.ndarray) -> bool:
     """True iff ``N == m`` and every worker load and chunk replication equal the same delta."""
     N, m = A.shape
-    if N != m:
+    if m != N:
         return False
     loads = A.sum(axis=0)
     reps = A.sum(axis=1)
@@ -215,7 +217,7 @@ def is_regular(A: np.ndarray) -> bool:
 def is_cyclic(A: np.ndarray) -> int | None:
     """Return delta if ``A`` equals :func:`cyclic_assignment` ``(m, delta)``, else None."""
     N, m = A.shape
-    if N != m:
+    if m != N:
         return None
     delta = int(A[:, 0].sum())
     if delta < 1 or not np.array_equal(A, cyclic_assignment(m, delta)):
@@ -229,7 +231,7 @@ def is_fractional_repetition(A: np.ndarray) -> int | None:
     Returns None unless every group of workers sharing a chunk set has the same size ``g`` and
     the chunk sets of different groups are disjoint.
     """
-    cols = {}
+    cols: dict[bytes, list[int]] = {}
     for j in range(A.shape[1]):
         cols.setdefault(A[:, j].tobytes(), []).append(j)
     sizes = {len(v) for v in cols.values()}

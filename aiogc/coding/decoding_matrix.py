@@ -34,7 +34,7 @@ FRAME_SEARCH_BUDGET = 400_000
 
 
 def subset_conditions(mats: np.ndarray) -> np.ndarray:
-    """2-norm condition numbers of a stack of square matrices, shape (n, l, l) -> (n,); inf if singular."""
+    """2-norm condition numbers of square matrices: (n, l, l) -> (n,); inf where singular."""
     if mats.shape[0] == 0:
         return np.zeros(0)
     sv = np.linalg.svd(mats, compute_uv=False)
@@ -61,7 +61,9 @@ def _greedy(nbrs: list[np.ndarray], order: np.ndarray) -> np.ndarray:
     return col
 
 
-def colour_workers(A: np.ndarray, rng: np.random.Generator | None = None, trials: int = 20) -> np.ndarray:
+def colour_workers(
+    A: np.ndarray, rng: np.random.Generator | None = None, trials: int = 20
+) -> np.ndarray:
     """Colour workers so that any two holders of a common chunk differ; few colours.
 
     Greedy colouring in index order, by decreasing degree, and in ``trials`` random orders;
@@ -105,7 +107,7 @@ def _frame_score(F: np.ndarray, subs: np.ndarray) -> np.ndarray:
 
 def _best_frame(ell: int, K: int, subs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Best-of-T random unit-column frames, then hill climbing on the worst colour subset."""
-    if K == ell:
+    if ell == K:
         return np.eye(ell)
     n = max(subs.shape[0], 1)
     n_cand = int(np.clip(FRAME_SEARCH_BUDGET // (2 * n), 10, 200))
@@ -167,8 +169,10 @@ def decoding_matrix(
         raise CodingError(f"method={method!r} not in ('frame', 'gaussian', 'ones')")
     m = A.shape[1]
     lo = int(A.sum(axis=1).min())
-    if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer) or not (
-        1 <= n_parts <= lo
+    if (
+        isinstance(n_parts, bool)
+        or not isinstance(n_parts, int | np.integer)
+        or not (1 <= n_parts <= lo)
     ):
         raise CodingError(f"n_parts={n_parts!r} is out of range: expected an int in [1, {lo}]")
     ell = int(n_parts)
@@ -193,7 +197,7 @@ def worst_condition_number(
     max_subsets: int = 20000,
     rng: np.random.Generator | None = None,
 ) -> float:
-    """Worst 2-norm condition number of ``B[:, S]`` over every chunk's ``ell``-subsets ``S`` of holders.
+    """Worst 2-norm condition number of ``B[:, S]`` over all ``ell``-subsets S of chunk holders.
 
     Workers with identical columns of ``B`` are merged first and chunks whose holders carry the
     same multiset of columns are evaluated once, so the count ``n`` of distinct subsets is often
@@ -264,10 +268,11 @@ def check_conditioning(
     if on_fail not in ("raise", "warn"):
         raise CodingError(f"on_fail={on_fail!r} not in ('raise', 'warn')")
     cond = worst_condition_number(A, B, n_parts)
-    pred = cond * float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[arg-type]
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    pred = cond * float(np.finfo(dt).eps)
     if pred > tol:
         msg = (
-            f"decoding matrix too ill-conditioned for {np.dtype(dtype).name}: worst condition "  # type: ignore[arg-type]
+            f"decoding matrix too ill-conditioned for {dt.name}: worst condition "
             f"number {cond:.3g} predicts relative error {pred:.3g} > tol={tol:g}"
         )
         if on_fail == "raise":

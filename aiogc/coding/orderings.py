@@ -94,8 +94,7 @@ def positions(A: np.ndarray, orders: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _check_parts(A: np.ndarray, n_parts: int) -> int:
-    reps = A.sum(axis=1)
-    lo = int(reps.min())
+    lo = int(np.asarray(A).sum(axis=1).min())
     if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer):
         raise CodingError(f"n_parts={n_parts!r} must be an integer")
     if not 1 <= n_parts <= lo:
@@ -218,7 +217,7 @@ def _local_search(
     def key(o: list[np.ndarray]) -> tuple[int, int]:
         M = q_max_per_chunk(A, o, n_parts)
         top = int(M.max())
-        return top, int((M == top).sum())
+        return top, int(np.count_nonzero(np.equal(M, top)))
 
     best = [o.copy() for o in start]
     best_key = key(best)

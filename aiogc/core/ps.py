@@ -314,11 +314,26 @@ class ParameterServer:
         rejects the message itself, with the reason.
         """
         info = self._peers.get(peer)
-        if info is None or info.worker is None:
+        rs = self._round
+        if info is None or info.worker is None or rs is None:
             return None
         if n != self.payload_len or np.dtype(dtype) != self._payload_rows.dtype:
             return None
-        return self._payload_rows[info.worker]
+        w = info.worker
+        # only a vector we are waiting for may land in the row: a duplicate or stale one must
+        # not overwrite an accepted vector
+        if w in rs.received or w in rs.excluded:
+            return None
+        if self.scheme.sends_when_done:
+            ok = self.phase is PSPhase.COMPUTING
+        else:
+            ok = self.phase is PSPhase.COLLECTING and w in rs.expected
+        return self._payload_rows[w] if ok else None
+
+    def is_authenticated(self, peer: Hashable) -> bool:
+        """Whether ``peer`` completed the handshake (the driver then raises its frame limits)."""
+        info = self._peers.get(peer)
+        return info is not None and info.worker is not None
 
     def statistics(self) -> dict[str, int]:
         return dict(self.stats)
@@ -483,7 +498,7 @@ class ParameterServer:
                 raise RemoteProtocolError("coded vector encoded against another state",
                                           code="bad_state_digest")
         row = self._payload_rows[worker]
-        if payload.base is not row.base or payload.ctypes.data != row.ctypes.data:
+        if payload.ctypes.data != row.ctypes.data:
             row[:] = payload  # not received in place (tests, simulator): copy into the row
         rs.received[worker] = row
         rs.record.arrivals[worker] = now
@@ -507,7 +522,8 @@ class ParameterServer:
         self._set_phase(PSPhase.COMPUTING)
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         self._round = _RoundState(record=rec, state=np.zeros(self.m, dtype=np.int64))
-        model = self.model.astype(self.config.payload_dtype, copy=False)
+        # a copy: the transport may still read it after we update self.model
+        model = self.model.astype(self.config.payload_dtype, copy=True)
         for worker, peer in sorted(self._worker_peer.items()):
             delays: tuple[float, ...] = ()
             net = 0.0

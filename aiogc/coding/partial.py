@@ -1,0 +1,256 @@
+"""The partial-straggler gradient coding scheme (spec section 2).
+
+Given the broadcast state ``c``, chunk ``i`` is covered by ``U_i(c)``; its coefficient matrix is
+``Theta_i = pinv(B_U)`` (|U| x ell), the min-norm least-squares solution of ``B_U Theta = I``.
+Worker ``j`` sends ``v_j = sum_i sum_k Theta_i[j, k] g_i^(k)`` over its first ``c_j`` chunks and
+the PS computes ``g^(k) = sum_j B[k, j] v_j``. Chunk ``i`` enters through the projector
+``B_U pinv(B_U)``: the identity iff ``rank(B_U) = ell`` (exact), a projection otherwise.
+
+Determinism: every holder of chunk ``i`` builds the *same* padded matrix (holders sorted by
+index, uncovered holders zeroed, padded to the global maximum replication) and factorises it with
+the same code path, so all holders derive bit-identical ``Theta_i`` independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from aiogc.coding.assignments import validate_assignment
+from aiogc.coding.base import DecodeResult, SchemeBase, combine, encode_rows
+from aiogc.coding.decoding_matrix import decoding_matrix
+from aiogc.coding.orderings import optimal_order, q_max, validate_orders
+from aiogc.errors import CodingError
+
+__all__ = ["PartialScheme"]
+
+#: Relative singular-value / R-diagonal threshold below which B_U counts as rank deficient.
+RANK_RTOL = 1e-12
+
+
+class PartialScheme(SchemeBase):
+    """Partial-straggler scheme: workers send ``ceil(d/ell)`` vectors on the PS's signal.
+
+    Parameters
+    ----------
+    A : array_like, shape (N, m)
+        Assignment.
+    n_parts : int
+        ``ell``, ``1 <= ell <= min_i gamma_i``.
+    orders : list of m int arrays, optional
+        Processing orders; ``None`` means :func:`optimal_order` ``(A, n_parts, rng)``.
+    B : ndarray, shape (ell, m), optional
+        Decoding matrix; ``None`` means :func:`decoding_matrix` ``(A, n_parts, "frame", rng)``.
+    rng : numpy.random.Generator, optional
+        ``None`` means ``default_rng(0)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from aiogc.coding import cyclic_assignment
+    >>> s = PartialScheme(cyclic_assignment(4, 2))
+    >>> state = np.array([1, 1, 1, 1])
+    >>> s.is_decodable(state)
+    True
+    >>> g = np.arange(8.0).reshape(4, 2)       # 4 chunk gradients, d = 2
+    >>> coded = {j: s.encode(j, state, g[s.orders[j]]) for j in range(4)}
+    >>> s.decode(coded, state, 2)
+    array([12., 16.])
+    """
+
+    name = "partial"
+    sends_when_done = False
+
+    def __init__(
+        self,
+        A: object,
+        n_parts: int = 1,
+        orders: Sequence[object] | None = None,
+        B: np.ndarray | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        Av = validate_assignment(A)
+        gen = rng if rng is not None else np.random.default_rng(0)
+        reps = Av.sum(axis=1)
+        if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer):
+            raise CodingError(f"n_parts={n_parts!r} must be an integer")
+        if not 1 <= n_parts <= int(reps.min()):
+            raise CodingError(
+                f"n_parts={n_parts} is out of range: expected 1..{int(reps.min())} "
+                "(smallest number of holders of a chunk)"
+            )
+        ords = (
+            optimal_order(Av, int(n_parts), gen) if orders is None else validate_orders(Av, orders)
+        )
+        super().__init__(Av, int(n_parts), ords)
+        ell = self.n_parts
+        if B is None:
+            B = decoding_matrix(Av, ell, "frame", gen)
+        Bv = np.array(B, dtype=np.float64)
+        if Bv.shape != (ell, self.m) or not np.isfinite(Bv).all():
+            raise CodingError(f"B has shape {Bv.shape}: expected finite ({ell}, {self.m})")
+        self.B = Bv
+        self._BT = np.ascontiguousarray(Bv.T)
+        # Holder table: H[i, :gamma_i] = holders of chunk i (sorted), padded with worker 0 whose
+        # padded position is "never covered".
+        g = int(reps.max())
+        self._gmax = g
+        N = self.n_chunks
+        H = np.zeros((N, g), dtype=np.int64)
+        HP = np.full((N, g), np.iinfo(np.int64).max, dtype=np.int64)
+        pos = np.zeros((N, self.m), dtype=np.int64)
+        for j, o in enumerate(self.orders):
+            pos[o, j] = np.arange(1, len(o) + 1)
+        for i in range(N):
+            h = np.flatnonzero(Av[i])
+            H[i, : h.size] = h
+            HP[i, : h.size] = pos[i, h]
+        self._H, self._HP = H, HP
+
+    # ---- trigger ------------------------------------------------------------------------
+    def is_decodable(self, state: object) -> bool:
+        """Exact trigger: ``min_i |U_i(c)| >= ell``."""
+        return bool(self.coverage(state).min() >= self.n_parts)
+
+    def contributes(self, worker: int, state: object) -> bool:
+        """Worker ``j`` sends iff ``c_j > 0``."""
+        c = self.check_state(state)
+        return bool(c[self._check_worker(worker)] > 0)
+
+    def q_max(self) -> int:
+        """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
+        return q_max(self.A, self.orders, self.n_parts)
+
+    # ---- coefficients -------------------------------------------------------------------
+    def _masked(self, chunks: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Padded ``B_U^T`` stacks, shape (len(chunks), gmax, ell), and coverage masks."""
+        Hc = self._H[chunks]
+        mask = self._HP[chunks] <= c[Hc]
+        X = self._BT[Hc] * mask[..., None]
+        return X, mask
+
+    def _theta(self, X: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """``pinv(B_U)`` for each padded stack: shape (n, gmax, ell); zero rows where uncovered."""
+        n, g, ell = X.shape
+        out = np.zeros((n, g, ell))
+        if n == 0:
+            return out
+        u = mask.sum(axis=1)
+        if ell == 1:
+            nrm = np.einsum("ngk,ngk->n", X, X)
+            ok = nrm > 0
+            out[ok] = X[ok] / nrm[ok, None, None]
+            return out
+        full = u >= ell
+        bad = ~full
+        if full.any():
+            Q, R = np.linalg.qr(X[full])
+            diag = np.abs(np.diagonal(R, axis1=1, axis2=2))
+            good = diag.min(axis=1) > RANK_RTOL * diag.max(axis=1)
+            idx = np.flatnonzero(full)
+            if good.any():
+                # pinv(B_U) = Q R^{-T}  (B_U^T = QR with R invertible)
+                sol = np.linalg.solve(R[good], np.transpose(Q[good], (0, 2, 1)))
+                out[idx[good]] = np.transpose(sol, (0, 2, 1))
+            bad[idx[~good]] = True
+        bad &= u > 0
+        if bad.any():
+            out[bad] = np.linalg.pinv(np.transpose(X[bad], (0, 2, 1)), rcond=RANK_RTOL)
+        return out
+
+    def coefficients(self, worker: int, state: object) -> np.ndarray:
+        """Rows ``theta_ij`` of worker ``j``'s first ``c_j`` chunks, in processing order.
+
+        Returns
+        -------
+        theta : ndarray of float64, shape (c_j, ell)
+        """
+        j = self._check_worker(worker)
+        c = self.check_state(state)
+        chunks = self.orders[j][: c[j]]
+        X, mask = self._masked(chunks, c)
+        th = self._theta(X, mask)
+        own = np.argmax(self._H[chunks] == j, axis=1)
+        return th[np.arange(chunks.size), own]
+
+    def all_coefficients(self, state: object) -> list[np.ndarray]:
+        """:meth:`coefficients` of every worker, each chunk factorised once; list of (c_j, ell)."""
+        c = self.check_state(state)
+        chunks = np.arange(self.n_chunks)
+        X, mask = self._masked(chunks, c)
+        th = self._theta(X, mask)
+        out = []
+        for j, o in enumerate(self.orders):
+            oc = o[: c[j]]
+            own = np.argmax(self._H[oc] == j, axis=1)
+            out.append(th[oc, own])
+        return out
+
+    # ---- encode / decode ----------------------------------------------------------------
+    def encode(self, worker: int, state: object, chunk_grads: np.ndarray) -> np.ndarray:
+        """Coded vector of ``worker``; reads only rows ``0 .. c_j - 1`` of ``chunk_grads``.
+
+        Parameters
+        ----------
+        worker : int
+        state : array_like of int, shape (m,)
+            The broadcast state.
+        chunk_grads : ndarray, shape (>= c_j, d)
+            Chunk gradients in processing order (``orders[worker]``).
+
+        Returns
+        -------
+        v : ndarray, shape (ceil(d / ell),), float32 for float32 input else float64
+        """
+        theta = self.coefficients(worker, state)
+        return encode_rows(theta, chunk_grads, self.n_parts)
+
+    def projectors_rank(self, state: object) -> tuple[np.ndarray, np.ndarray]:
+        """Per chunk ``rank(B_U)`` and condition number of ``B_U`` (its nonzero singular values).
+
+        Returns
+        -------
+        rank : ndarray of int64, shape (N,)
+        cond : ndarray of float64, shape (N,); 1.0 for uncovered chunks
+        """
+        c = self.check_state(state)
+        X, _ = self._masked(np.arange(self.n_chunks), c)
+        sv = np.linalg.svd(X, compute_uv=False)
+        smax = sv[:, 0]
+        nz = sv > RANK_RTOL * smax[:, None]
+        nz &= smax[:, None] > 0
+        rank = nz.sum(axis=1)
+        smin = np.where(nz, sv, np.inf).min(axis=1)
+        cond = np.where(rank > 0, smax / np.where(rank > 0, smin, 1.0), 1.0)
+        return rank, cond
+
+    def decode_result(
+        self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int
+    ) -> DecodeResult:
+        """Decode ``g^(k) = sum_j B[k, j] v_j`` and report exactness and error measures.
+
+        Parameters
+        ----------
+        coded : Mapping[int, ndarray (p,)] or ndarray (m, p)
+            Payloads of the contributing workers (``c_j > 0``); other rows/keys are ignored.
+        state : array_like of int, shape (m,)
+        dim : int
+            Gradient length ``d``; ``p = ceil(d / ell)``.
+
+        Returns
+        -------
+        DecodeResult
+            ``residual = sqrt(sum_i ||B_U pinv(B_U) - I||_F^2 / (N ell))`` where
+            ``||P - I||_F^2 = ell - rank(B_U)`` (an uncovered chunk contributes ``ell``);
+            ``amplification`` = worst condition number of the ``B_U`` in use.
+        """
+        c = self.check_state(state)
+        dim = self._check_dim(dim)
+        rows = np.flatnonzero(c > 0)
+        grad = combine(self.B, rows, coded, dim)
+        rank, cond = self.projectors_rank(c)
+        deficit = int((self.n_parts - rank).sum())
+        exact = deficit == 0
+        residual = 0.0 if exact else float(np.sqrt(deficit / (self.n_chunks * self.n_parts)))
+        return DecodeResult(grad, exact, residual, float(cond.max()), int(rows.size))

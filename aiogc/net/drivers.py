@@ -1,0 +1,383 @@
+"""The thin asyncio layer: drive the sans-IO cores over TCP.
+
+A driver only (1) feeds ``receive`` / ``connection_made`` / ``connection_lost`` /
+``handle_timer`` with ``now = loop.time()``, (2) flushes ``messages_to_send()`` to the right
+connection, and (3) re-arms one timer at ``next_deadline()``. Protocol decisions live in
+``aiogc.core``; framing and bounded decoding in :mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..core import (
+    ConnectionFailed,
+    Event,
+    Finished,
+    ParameterServer,
+    ShutdownRequested,
+    Worker,
+)
+from ..errors import ConfigError
+from ..messages import Message
+from ..wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits, encode_frame
+from .framing import FramedConnection
+
+log = logging.getLogger("aiogc.net")
+
+#: Header bound after authentication: the largest header is round_start with a delay row or
+#: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
+POSTAUTH_MAX_HEADER = 1 << 20
+#: Codes after which a worker does not reconnect: retrying cannot succeed.
+FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id"})
+
+FrameLog = Callable[[str, Message, int], None]  # (direction, msg, nbytes)
+EventSink = Callable[[Event], None]
+
+
+def frame_nbytes(msg: Message) -> int:
+    """Bytes the frame occupies on the wire (prefix + header + array)."""
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in encode_frame(msg))
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def install_loop(kind: str = "uvloop") -> str:
+    """Select the event loop policy; returns the loop kind actually used."""
+    if kind not in ("uvloop", "asyncio"):
+        raise ConfigError("loop", kind, "uvloop or asyncio")
+    if kind == "uvloop":
+        try:
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+            return "uvloop"
+        except ImportError:  # pragma: no cover - platform without uvloop
+            log.warning("uvloop not installed; using the default asyncio loop")
+    asyncio.set_event_loop_policy(None)
+    return "asyncio"
+
+
+class _Timer:
+    """One re-armable loop timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
+        self._loop = loop
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self._when: float | None = None
+
+    def arm(self, when: float | None) -> None:
+        if when == self._when and self._handle is not None:
+            return
+        self.cancel()
+        if when is not None:
+            self._when = when
+            self._handle = self._loop.call_at(when, self._on_fire)
+
+    def _on_fire(self) -> None:
+        self._handle = None
+        self._when = None
+        self._fire()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None
+        self._when = None
+
+
+class PSServer:
+    """Serve one :class:`ParameterServer` on TCP until it finishes.
+
+    Parameters
+    ----------
+    ps : ParameterServer
+    host, port : where to listen (port 0 picks a free port; see :attr:`port` after start).
+    frame_log : callable, optional
+        ``frame_log(direction, msg, nbytes)`` for every frame in ("in") and out ("out").
+    on_event : callable, optional
+        Receives every core event (records, progress bars).
+    """
+
+    def __init__(
+        self,
+        ps: ParameterServer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        frame_log: FrameLog | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if not is_loopback(host) and ps.secret is None:
+            raise ConfigError("secret", None, f"a shared secret when binding non-loopback {host}")
+        self.ps = ps
+        self.host = host
+        self.port = port
+        self._frame_log = frame_log
+        self._on_event = on_event
+        self._conns: set[FramedConnection] = set()
+        self._done: asyncio.Future[None] | None = None
+        self._timer: _Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        itemsize = ps.config.payload_dtype.itemsize
+        self._post_auth = FrameLimits(POSTAUTH_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        self.started = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def serve(self) -> None:
+        """Listen, run the PS to completion, close every connection."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._done = loop.create_future()
+        self._timer = _Timer(loop, self._on_timer)
+        server = await loop.create_server(self._protocol, self.host, self.port)
+        self.port = server.sockets[0].getsockname()[1]
+        self.started.set()
+        try:
+            await self._done
+        finally:
+            server.close()
+            self._timer.cancel()
+            await self._flush_and_close()
+            await server.wait_closed()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Abort the run (SIGTERM, Ctrl-C): workers are told to shut down."""
+        if self._loop is None:
+            return
+        self.ps.stop(reason, now=self._loop.time())
+        self._pump()
+
+    async def _flush_and_close(self) -> None:
+        # give the shutdown frames a bounded moment to leave, then drop everything
+        conns = list(self._conns)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                for c in conns:
+                    await c.drain()
+        for c in conns:
+            c.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                while self._conns:
+                    await asyncio.sleep(0.01)
+        for c in list(self._conns):
+            c.abort()
+
+    # ------------------------------------------------------------------ protocol plumbing
+
+    def _protocol(self) -> FramedConnection:
+        server = self
+
+        class _Conn(FramedConnection):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                server._conn_made(self)
+
+        ps = self.ps
+
+        def alloc(kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> Any:
+            # zero-copy receive: a payload lands in the PS's row for this worker
+            return ps.payload_buffer(conn, dtype, n)
+
+        conn = _Conn(self._on_message, self._on_close, limits=PREAUTH_LIMITS, alloc=alloc)
+        return conn
+
+    def _now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    def _conn_made(self, conn: FramedConnection) -> None:
+        self._conns.add(conn)
+        self.ps.connection_made(conn, now=self._now())
+        self._pump()
+
+    def _on_message(self, conn: FramedConnection, msg: Message) -> None:
+        if self._frame_log is not None:
+            self._frame_log("in", msg, frame_nbytes(msg))
+        ps = self.ps
+        ps.receive(conn, msg, now=self._now())
+        if ps.is_authenticated(conn) and conn.limits is PREAUTH_LIMITS:
+            conn.set_limits(self._post_auth)
+        self._pump()
+
+    def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
+        self._conns.discard(conn)
+        if exc is not None:
+            log.debug("connection %s closed: %r", conn.peername, exc)
+        self.ps.connection_lost(conn, now=self._now())
+        self._pump()
+
+    def _on_timer(self) -> None:
+        self.ps.handle_timer(now=self._now())
+        self._pump()
+
+    def _pump(self) -> None:
+        ps = self.ps
+        for out in ps.messages_to_send():
+            conn = out.peer
+            assert isinstance(conn, FramedConnection)
+            if out.message is not None:
+                if self._frame_log is not None:
+                    self._frame_log("out", out.message, frame_nbytes(out.message))
+                conn.send(out.message)
+            if out.close:
+                conn.close()
+        while (ev := ps.next_event()) is not None:
+            if self._on_event is not None:
+                self._on_event(ev)
+            if isinstance(ev, Finished) and self._done is not None and not self._done.done():
+                self._done.set_result(None)
+        if self._timer is not None:
+            self._timer.arm(ps.next_deadline())
+
+
+class WorkerClient:
+    """Run one :class:`Worker` against a PS: connect, reconnect with backoff, stop on shutdown.
+
+    ``run()`` returns when the PS said shutdown; it raises ``ConnectionError`` when the PS
+    cannot be reached for ``give_up_after_s`` or a fatal handshake error occurred.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        host: str,
+        port: int,
+        *,
+        on_event: EventSink | None = None,
+        backoff_s: tuple[float, float] = (0.05, 2.0),
+        give_up_after_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self.worker = worker
+        self.host = host
+        self.port = port
+        self._on_event = on_event
+        self._backoff = backoff_s
+        self._give_up = give_up_after_s
+        self._connect_timeout = connect_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: FramedConnection | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self._timer: _Timer | None = None
+        self._shutdown = False
+        self._fatal: ConnectionFailed | None = None
+        self.connections = 0
+
+    def _now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._timer = _Timer(loop, self._on_timer)
+        delay = self._backoff[0]
+        last_ok = time.monotonic()
+        try:
+            while not self._shutdown:
+                try:
+                    async with asyncio.timeout(self._connect_timeout):
+                        await loop.create_connection(self._protocol, self.host, self.port)
+                except (OSError, TimeoutError) as exc:
+                    if time.monotonic() - last_ok > self._give_up:
+                        raise ConnectionError(
+                            f"worker {self.worker.worker_id}: PS {self.host}:{self.port} "
+                            f"unreachable for {self._give_up} s ({exc})"
+                        ) from exc
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._backoff[1])
+                    continue
+                self.connections += 1
+                assert self._closed is not None
+                await self._closed
+                last_ok = time.monotonic()
+                if self._fatal is not None:
+                    raise ConnectionError(
+                        f"worker {self.worker.worker_id}: {self._fatal.code}: {self._fatal.reason}"
+                    )
+                if not self._shutdown:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._backoff[1])
+        finally:
+            self._timer.cancel()
+            if self._conn is not None:
+                self._conn.abort()
+
+    def _protocol(self) -> FramedConnection:
+        client = self
+
+        class _Conn(FramedConnection):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                client._conn_made(self)
+
+        # frames from the PS: arrays are models of bounded size; the PS is who we chose to
+        # trust, but a confused PS still must not make us allocate without bound
+        return _Conn(self._on_message, self._on_close, limits=DEFAULT_LIMITS)
+
+    def _conn_made(self, conn: FramedConnection) -> None:
+        assert self._loop is not None
+        self._conn = conn
+        self._closed = self._loop.create_future()
+        self.worker.connection_made(now=self._now())
+        self._pump()
+
+    def _on_message(self, conn: FramedConnection, msg: Message) -> None:
+        if conn is not self._conn:
+            return
+        self.worker.receive("ps", msg, now=self._now())
+        self._pump()
+
+    def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
+        if conn is not self._conn:
+            return
+        self.worker.connection_lost(now=self._now())
+        self._pump()
+        self._conn = None
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def _on_timer(self) -> None:
+        self.worker.handle_timer(now=self._now())
+        self._pump()
+
+    def _pump(self) -> None:
+        w = self.worker
+        conn = self._conn
+        for out in w.messages_to_send():
+            if conn is None:
+                continue
+            if out.message is not None:
+                conn.send(out.message)
+            if out.close:
+                conn.close()
+        while (ev := w.next_event()) is not None:
+            if isinstance(ev, ShutdownRequested):
+                self._shutdown = True
+            elif isinstance(ev, ConnectionFailed) and ev.code in FATAL_CODES:
+                self._fatal = ev
+            if self._on_event is not None:
+                self._on_event(ev)
+        if self._timer is not None:
+            when = w.next_deadline()
+            self._timer.arm(when if conn is not None else None)
+

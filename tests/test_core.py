@@ -1,0 +1,291 @@
+"""The sans-IO core wired back to back on the virtual clock (no sockets).
+
+Each test checks exact virtual times against what the schedule implies, and decoded gradients
+against aiogc.coding / the uncoded sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.core import PeerClosed, PSPhase, RoundResumed, Triggered, WorkerDropped
+from aiogc.delays import DelaySchedule
+from aiogc.errors import ConfigError
+from aiogc.messages import ChunkReport, CodedGradient, Hello, state_digest
+from tests.helpers import build_rig, finish_times, partial_trigger_offset
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base: dict[str, object] = dict(
+        workers=6, delta=3, rounds=3, delay="exp:0.05", seed=3, task="linreg:samples=240,dim=12",
+        heartbeat_s=None, dead_after_s=None,
+    )
+    base.update(kw)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("n_parts", [1, 2, 3])
+def test_partial_exact_trigger_times_and_gradients(n_parts: int) -> None:
+    rig = build_rig(_cfg(n_parts=n_parts))
+    rig.sim.run()
+    assert rig.ps.phase is PSPhase.FINISHED
+    recs = rig.ps.records
+    assert [r.round for r in recs] == [0, 1, 2]
+    loads = np.asarray(rig.scheme.loads)
+    for rec in recs:
+        assert rec.status == "exact"
+        assert rec.rel_error <= 1e-9
+        ft = finish_times(rig.schedule, rec.round, loads)
+        expect = rec.t_start + partial_trigger_offset(rig.scheme, ft)
+        # zero latency: the PS sees each report the instant the chunk finishes
+        assert rec.t_trigger == pytest.approx(expect, abs=1e-12)
+        # with zero latency the vectors arrive at the trigger instant
+        assert rec.t_end == pytest.approx(rec.t_trigger, abs=1e-12)
+        assert rec.oracle_elapsed_s == pytest.approx(rec.t_trigger - rec.t_start, abs=1e-12)
+
+
+def test_partial_decode_matches_coding_library() -> None:
+    """The gradient the PS applies is exactly scheme.decode of what the workers encoded."""
+    rig = build_rig(_cfg(n_parts=2, rounds=2))
+    rig.sim.run()
+    w = rig.task.initial_model()
+    for rec in rig.ps.records:
+        state = np.asarray(rec.state)
+        coded = {}
+        for j in range(rig.scheme.m):
+            c = int(state[j])
+            if c == 0:
+                continue
+            chunks = rig.scheme.orders[j][:c]
+            grads = np.stack([rig.task.chunk_gradient(int(i), w) for i in chunks])
+            coded[j] = rig.scheme.encode(j, state, grads)
+        expect = rig.scheme.decode(coded, state, w.shape[0])
+        assert rec.gradient is not None
+        np.testing.assert_allclose(rec.gradient, expect, rtol=1e-12, atol=1e-14)
+        w = w - rig.ps.learning_rate * rec.gradient
+
+
+@pytest.mark.parametrize(
+    ("scheme", "extra"),
+    [("original", {"n_parts": 1}), ("original", {"n_parts": 2, "delta": 4}),
+     ("uncoded", {}), ("ignore-stragglers", {"k": 4})],
+)
+def test_send_when_done_schemes_wait_for_the_right_worker(scheme: str, extra: dict) -> None:
+    cfg = _cfg(scheme=scheme, **extra)
+    rig = build_rig(cfg)
+    rig.sim.run()
+    loads = np.asarray(rig.scheme.loads)
+    need = {
+        "original": cfg.workers - cfg.stragglers_tolerated,
+        "uncoded": cfg.workers,
+        "ignore-stragglers": cfg.effective_k,
+    }[scheme]
+    for rec in rig.ps.records:
+        totals = np.sort([f[-1] for f in finish_times(rig.schedule, rec.round, loads)])
+        assert rec.t_trigger == pytest.approx(rec.t_start + totals[need - 1], abs=1e-12)
+        if scheme == "ignore-stragglers":
+            assert rec.status == "approximate"
+        else:
+            assert rec.status == "exact"
+            assert rec.rel_error <= 1e-9
+
+
+def test_partial_never_later_than_original_on_same_schedule() -> None:
+    a = build_rig(_cfg(rounds=5, delta=3, n_parts=1))
+    b = build_rig(_cfg(rounds=5, delta=3, n_parts=1, scheme="original"), schedule=a.schedule)
+    a.sim.run()
+    b.sim.run()
+    for ra, rb in zip(a.ps.records, b.ps.records, strict=True):
+        assert ra.t_trigger - ra.t_start <= rb.t_trigger - rb.t_start + 1e-12
+
+
+def _kill_after_report_schedule(m: int, delta: int) -> DelaySchedule:
+    """Scripted: every chunk takes 1 s, except worker 0's which take 0.1 s."""
+    comp = np.ones((1, m, delta))
+    comp[0, 0, :] = 0.1
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((1, m)), seed=0,
+                         compute_spec="scripted", network_spec="none")
+
+
+def test_worker_killed_after_reporting_rebroadcast_exact() -> None:
+    """Worker 5 dies after the trigger and before its upload: the PS drops it, coverage still
+    holds (delta=3, ell=1), so it re-broadcasts with a new attempt and decodes exactly."""
+    cfg = _cfg(rounds=1)
+    sched = _kill_after_report_schedule(6, 3)
+    # latency makes the window between trigger and upload observable
+    rig = build_rig(cfg, schedule=sched, latency=0.01)
+    ref = build_rig(cfg, schedule=sched, latency=0.01)
+    ref.sim.run()
+    # the trigger is at ~1.01 s (all workers finish chunk 1 at 1 s); kill worker 5 before its
+    # coded vector leaves (it gets the broadcast at ~1.02 s)
+    rig.sim.kill(5, at=1.015)
+    rig.sim.run()
+    rec = rig.ps.records[0]
+    assert rec.status == "exact"
+    assert rec.rel_error <= 1e-9
+    assert rec.attempts == 2
+    assert rec.state[5] == 0
+    assert any(isinstance(e, WorkerDropped) and e.worker == 5 for e in rig.sim.ps_events)
+    attempts = [e.attempt for e in rig.sim.ps_events if isinstance(e, Triggered)]
+    assert attempts == [0, 1]
+    # the decoded gradient equals the fault-free run's (both exact sums at the same model)
+    assert ref.ps.records[0].gradient is not None and rec.gradient is not None
+    np.testing.assert_allclose(rec.gradient, ref.ps.records[0].gradient, rtol=1e-10)
+
+
+def test_worker_killed_when_coverage_breaks_resumes() -> None:
+    """delta=2, ell=2: every holder of a chunk is needed, so a death after the trigger makes
+    the state non-decodable: the PS resumes; the round fails at its timeout (the dead worker's
+    chunks have no other holders), never decodes a wrong gradient, and the run goes on."""
+    cfg = _cfg(workers=4, delta=2, n_parts=2, rounds=2, round_timeout_s=20.0,
+               delay="const:1.0")
+    rig = build_rig(cfg, latency=0.01)
+    rig.sim.kill(1, at=2.015)
+    rig.sim.run()
+    ev = rig.sim.ps_events
+    assert any(isinstance(e, RoundResumed) for e in ev)
+    first, second = rig.ps.records
+    assert first.status == "failed" and "timeout" in first.end_reason
+    # worker 1 is gone for good; round 2 cannot be exact either
+    assert second.status == "failed"
+    assert np.isnan(first.rel_error)
+
+
+def test_silent_worker_detected_by_heartbeat() -> None:
+    cfg = _cfg(rounds=1, heartbeat_s=0.2, dead_after_s=1.0, collect_timeout_s=30.0)
+    sched = _kill_after_report_schedule(6, 3)
+    rig = build_rig(cfg, schedule=sched, latency=0.01)
+    rig.sim.kill(5, at=1.015, silent=True)
+    rig.sim.run()
+    rec = rig.ps.records[0]
+    assert rec.status == "exact"
+    assert rec.dropped.get(5) == "heartbeat_timeout"
+    # detected within the bound: last frame heard before 1.015, dead_after 1 s
+    drop = next(e for e in rig.sim.ps_events if isinstance(e, WorkerDropped))
+    assert drop.time <= 1.015 + 1.0 + 1e-9
+
+
+def test_paused_worker_rejoins_next_round() -> None:
+    cfg = _cfg(rounds=3, heartbeat_s=0.2, dead_after_s=1.0, delay="const:0.5")
+    rig = build_rig(cfg)
+    rig.sim.pause(2, at=0.1, until=3.0)
+    rig.sim.run()
+    recs = rig.ps.records
+    assert all(r.status == "exact" for r in recs)
+    assert 2 in recs[0].dropped
+    # it reconnected and took part in a later round
+    assert any(2 not in r.dropped and r.state[2] > 0 for r in recs[1:])
+
+
+def test_approx_mode_deadline() -> None:
+    cfg = _cfg(mode="approx", deadline_s=0.03, rounds=2, delay="exp:0.05", n_parts=2)
+    rig = build_rig(cfg)
+    rig.sim.run()
+    for rec in rig.ps.records:
+        assert rec.status in ("approximate", "exact", "failed")
+        if rec.status == "approximate":
+            assert rec.t_trigger == pytest.approx(rec.t_start + 0.03)
+            assert rec.residual > 0
+
+
+def test_original_approx_uses_finished_workers() -> None:
+    cfg = _cfg(scheme="original", mode="approx", deadline_s=0.08, rounds=3)
+    rig = build_rig(cfg)
+    rig.sim.run()
+    statuses = {r.status for r in rig.ps.records}
+    assert statuses <= {"approximate", "exact", "failed"}
+
+
+# ------------------------------------------------------------------ adversarial, no sockets
+
+
+def _joined_rig(**kw: object):  # type: ignore[no-untyped-def]
+    rig = build_rig(_cfg(delay="const:10", **kw))
+    rig.sim.run(until=0.5)  # handshakes done, round 0 running, nobody finished a chunk
+    assert rig.ps.phase is PSPhase.COMPUTING
+    return rig
+
+
+def _closes(rig, peer, msg) -> PeerClosed:  # type: ignore[no-untyped-def]
+    n = len(rig.sim.ps_events)
+    rig.ps.receive(peer, msg, now=rig.sim.now)
+    rig.sim._pump_ps(rig.sim.now)
+    closed = [e for e in rig.sim.ps_events[n:] if isinstance(e, PeerClosed)]
+    assert closed, "expected the PS to close the peer"
+    return closed[0]
+
+
+def test_count_above_load_closes_peer() -> None:
+    rig = _joined_rig()
+    peer = rig.sim._peer(0)
+    ev = _closes(rig, peer, ChunkReport(epoch=0, round=0, count=99, t_worker=0.0, elapsed_s=0.0))
+    assert ev.code == "bad_count"
+
+
+def test_future_round_closes_and_stale_round_counts() -> None:
+    rig = _joined_rig()
+    rig.ps.receive(rig.sim._peer(1), ChunkReport(epoch=0, round=0, count=1, t_worker=0.0,
+                                                 elapsed_s=0.0), now=rig.sim.now)
+    rig.ps.receive(rig.sim._peer(1), ChunkReport(epoch=7, round=0, count=2, t_worker=0.0,
+                                                 elapsed_s=0.0), now=rig.sim.now)
+    assert rig.ps.statistics()["stale_epoch_chunk_report"] == 1
+    rig.ps.receive(rig.sim._peer(1), ChunkReport(epoch=0, round=0, count=1, t_worker=0.0,
+                                                 elapsed_s=0.0), now=rig.sim.now)
+    assert rig.ps.statistics()["duplicate_report"] == 1
+    ev = _closes(rig, rig.sim._peer(1),
+                 ChunkReport(epoch=0, round=5, count=1, t_worker=0.0, elapsed_s=0.0))
+    assert ev.code == "future_round"
+
+
+def test_hello_after_auth_and_unsolicited_coded_are_handled() -> None:
+    rig = _joined_rig()
+    ev = _closes(rig, rig.sim._peer(2), Hello(worker=2, nonce=b"x", mac=b"", epoch=0))
+    assert ev.code == "bad_kind"
+    # a coded vector while the PS is not collecting is stale, not decoded
+    payload = np.zeros(rig.ps.payload_len)
+    rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=0,
+                                                   state_digest=state_digest([0] * 6),
+                                                   compute_s=0.0, payload=payload),
+                   now=rig.sim.now)
+    assert rig.ps.statistics()["stale_attempt_coded"] == 1
+
+
+def test_bad_mac_and_impersonation() -> None:
+    secret = b"s" * 32
+    bad = build_rig(_cfg(rounds=1, join_timeout_s=3.0), secret=secret, worker_secret=b"x" * 32)
+    bad.sim.run(until=1.0)
+    codes = {e.code for e in bad.sim.ps_events if isinstance(e, PeerClosed)}
+    assert codes == {"auth_failed"}
+    assert bad.ps.phase is PSPhase.JOINING
+    bad.sim.run()
+    assert bad.ps.phase is PSPhase.FINISHED and bad.ps.records == []
+
+    good = build_rig(_cfg(rounds=1), secret=secret)
+    good.sim.run()
+    assert good.ps.records[0].status == "exact"
+
+
+def test_newest_connection_wins() -> None:
+    rig = _joined_rig()
+    old = rig.sim._peer(4)
+    rig.ps.connection_made("intruder", now=rig.sim.now)
+    rig.ps.receive("intruder", Hello(worker=4, nonce=b"n", mac=b"", epoch=0), now=rig.sim.now)
+    closed = [e for e in iter(rig.ps.next_event, None) if isinstance(e, PeerClosed)]
+    assert closed and closed[0].peer == old and closed[0].code == "replaced"
+
+
+def test_config_validation_names_field() -> None:
+    with pytest.raises(ConfigError, match="n_parts"):
+        RunConfig(scheme="original", delta=2, n_parts=2)
+    with pytest.raises(ConfigError, match="workers"):
+        RunConfig(workers=0)
+    with pytest.raises(ConfigError, match="deadline_s"):
+        RunConfig(mode="approx")
+    with pytest.raises(ConfigError, match="seed"):
+        RunConfig(seed=True)  # type: ignore[arg-type]
