@@ -1,0 +1,390 @@
+"""aiogc.net.framing over loopback (port 0), under the default loop and uvloop.
+
+No fixed ports, no sleeps for synchronisation, no wall-clock assertions: timeouts only guard
+against hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiogc.errors import MalformedFrame, RemoteProtocolError
+from aiogc.messages import (
+    Bye,
+    ChunkReport,
+    CodedGradient,
+    Error,
+    Hello,
+    Message,
+    Ping,
+    Pong,
+    RoundStart,
+)
+from aiogc.net.framing import FramedConnection
+from aiogc.wire import (
+    DEFAULT_LIMITS,
+    PREAUTH_LIMITS,
+    FrameDecoder,
+    FrameLimits,
+    encode_frame_bytes,
+)
+
+GUARD_S = 20.0  # hang guard only
+
+
+def _loop_factories() -> list[Any]:
+    out: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+
+        out.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+@pytest.fixture(params=_loop_factories())
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """Run a coroutine on a fresh loop of the requested kind; fail on unhandled loop errors."""
+
+    def _run(coro: Coroutine[Any, Any, None]) -> None:
+        errors: list[dict[str, Any]] = []
+        with asyncio.Runner(loop_factory=request.param) as runner:
+            runner.get_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+            runner.run(asyncio.wait_for(coro, GUARD_S))
+        assert not errors, errors
+
+    return _run
+
+
+class Peer:
+    """One side's view: a queue of received messages and the close outcome."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self.closed: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future())
+        self.conn: FramedConnection | None = None
+
+    def on_message(self, conn: FramedConnection, msg: Message) -> None:
+        self.inbox.put_nowait(msg)
+
+    def on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
+        assert not self.closed.done(), "on_close called twice"
+        self.closed.set_result(exc)
+
+
+class Server:
+    """A loopback server answering ping with pong; records every connection."""
+
+    def __init__(self, limits: FrameLimits = DEFAULT_LIMITS, **kw: Any) -> None:
+        self.limits = limits
+        self.kw = kw
+        self.peers: list[Peer] = []
+        self.accepted: asyncio.Queue[Peer] = asyncio.Queue()
+        self.rows: dict[int, np.ndarray] = {}
+        self.on_message_hook: Callable[[FramedConnection, Message], None] | None = None
+
+    def alloc(self, kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> np.ndarray:
+        row = self.rows.get(header["round"])
+        if row is None or row.shape != (n,) or row.dtype != dtype:
+            return None  # type: ignore[return-value]
+        return row
+
+    def factory(self) -> FramedConnection:
+        peer = Peer()
+
+        def on_message(conn: FramedConnection, msg: Message) -> None:
+            if self.on_message_hook is not None:
+                self.on_message_hook(conn, msg)
+            if isinstance(msg, Ping):
+                conn.send(Pong(seq=msg.seq))
+            peer.on_message(conn, msg)
+
+        conn = FramedConnection(on_message, peer.on_close, self.limits, self.alloc, **self.kw)
+        peer.conn = conn
+        self.peers.append(peer)
+        self.accepted.put_nowait(peer)
+        return conn
+
+    async def start(self) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self.factory, "127.0.0.1", 0)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def stop(self) -> None:
+        self.server.close()
+        for p in self.peers:
+            if p.conn is not None:
+                p.conn.abort()
+        await self.server.wait_closed()
+
+
+async def connect(addr: tuple[str, int], limits: FrameLimits = DEFAULT_LIMITS) -> Peer:
+    peer = Peer()
+    _, conn = await asyncio.get_running_loop().create_connection(
+        lambda: FramedConnection(peer.on_message, peer.on_close, limits), *addr)
+    peer.conn = conn  # type: ignore[assignment]
+    return peer
+
+
+async def ping_pong(peer: Peer, seq: int) -> None:
+    assert peer.conn is not None
+    peer.conn.send(Ping(seq=seq))
+    msg = await peer.inbox.get()
+    assert isinstance(msg, Pong) and msg.seq == seq
+
+
+async def raw_exchange(addr: tuple[str, int], blob: bytes, *, eof: bool = False) -> bytes:
+    """Send raw bytes; return everything the server sent until it closed."""
+    reader, writer = await asyncio.open_connection(*addr)
+    writer.write(blob)
+    if eof:
+        writer.write_eof()
+    await writer.drain()
+    data = await reader.read()  # until the server closes
+    writer.close()
+    return data
+
+
+def only_error(data: bytes) -> Error:
+    (msg,) = FrameDecoder(PREAUTH_LIMITS).feed(data)
+    assert isinstance(msg, Error)
+    return msg
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_honest_client_frames_get_through(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server()
+        addr = await srv.start()
+        d = 1_000_003
+        dest = np.zeros(d, dtype="<f4")
+        srv.rows[7] = dest  # the PS's preallocated row for round 7
+        client = await connect(addr)
+        server_peer = await srv.accepted.get()
+        assert client.conn is not None and server_peer.conn is not None
+
+        await ping_pong(client, 1)
+        report = ChunkReport(epoch=1, round=7, count=3, t_worker=1.5, elapsed_s=0.25)
+        payload = np.random.default_rng(0).standard_normal(d).astype("<f4")
+        client.conn.send(report)
+        client.conn.send(CodedGradient(epoch=1, round=7, attempt=0, state_digest=b"s" * 8,
+                                       compute_s=0.1, payload=payload))
+        other = np.arange(10.0)  # round 8: no row, a fresh array
+        client.conn.send(CodedGradient(epoch=1, round=8, attempt=2, state_digest=b"",
+                                       compute_s=0.0, payload=other))
+        await client.conn.drain()
+        assert await server_peer.inbox.get() == Ping(seq=1)
+        assert await server_peer.inbox.get() == report
+        got = await server_peer.inbox.get()
+        assert isinstance(got, CodedGradient) and got.payload is dest  # received in place
+        assert np.array_equal(dest, payload)
+        got2 = await server_peer.inbox.get()
+        assert isinstance(got2, CodedGradient) and np.array_equal(got2.payload, other)
+
+        # server -> client with an array, then a clean close by the client
+        model = np.linspace(0, 1, 5000)
+        server_peer.conn.send(RoundStart(epoch=1, round=9, delays_s=(0.5,), net_delay_s=0.0,
+                                         model=model))
+        rs = await client.inbox.get()
+        assert isinstance(rs, RoundStart) and np.array_equal(rs.model, model)
+        stats = client.conn.statistics()
+        assert stats["frames_out"] == 4 and stats["frames_in"] == 2
+        assert stats["bytes_out"] > payload.nbytes
+        assert server_peer.conn.statistics()["bytes_in"] == stats["bytes_out"]
+        client.conn.send(Bye(reason="done"))
+        client.conn.close()
+        assert await client.closed is None
+        assert await server_peer.inbox.get() == Bye(reason="done")
+        assert await server_peer.closed is None  # clean EOF at a frame boundary
+        await srv.stop()
+
+    run(main())
+
+
+GARBAGE = [
+    (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "header_too_large"),
+    (bytes.fromhex("16030100f4010000f00303") + b"\xab" * 64, "header_too_large"),
+    (b"\x00\x00\x00\x00", "empty_header"),
+    (b"\x00\x00\x00\x02\xc1\xc1", "bad_msgpack"),
+    (encode_frame_bytes(CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"",
+                                      compute_s=0.0, payload=np.ones(4))), "array_too_large"),
+    (b"\x00\x00\x02\x01" + b"\x00" * 513, "header_too_large"),
+]
+
+
+@pytest.mark.parametrize(("blob", "code"), GARBAGE)
+def test_garbage_client_closed_with_typed_error(run: Callable[..., None], blob: bytes,
+                                                code: str) -> None:
+    async def main() -> None:
+        srv = Server(limits=PREAUTH_LIMITS)
+        addr = await srv.start()
+        honest = await connect(addr)
+        honest_server_side = await srv.accepted.get()
+        await ping_pong(honest, 1)
+
+        data = await raw_exchange(addr, blob)
+        err = only_error(data)
+        assert err.code == code
+        bad_side = await srv.accepted.get()
+        exc = await bad_side.closed
+        assert isinstance(exc, MalformedFrame) and exc.code == code
+        assert bad_side.inbox.empty()
+
+        await ping_pong(honest, 2)  # the honest connection is unaffected
+        assert not honest_server_side.closed.done()
+        await srv.stop()
+
+    run(main())
+
+
+def test_random_bytes_and_truncation_then_eof(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server(limits=PREAUTH_LIMITS)
+        addr = await srv.start()
+        honest = await connect(addr)
+        rng = np.random.default_rng(5)
+        for i in range(20):
+            data = await raw_exchange(addr, rng.bytes(300))
+            peer = await srv.accepted.get()
+            if peer is srv.peers[0]:
+                peer = await srv.accepted.get()
+            assert isinstance(await peer.closed, MalformedFrame)
+            assert only_error(data).code
+            await ping_pong(honest, i)
+        # a truncated frame, then EOF from the client: typed error, Error frame best effort
+        hello = encode_frame_bytes(Hello(worker=1, nonce=b"n", mac=b"m", epoch=0))
+        data = await raw_exchange(addr, hello[:-3], eof=True)
+        peer = await srv.accepted.get()
+        exc = await peer.closed
+        assert isinstance(exc, MalformedFrame) and exc.code == "truncated"
+        assert only_error(data).code == "truncated"
+        # nothing sent at all, then EOF: a clean close
+        await raw_exchange(addr, b"", eof=True)
+        peer = await srv.accepted.get()
+        assert await peer.closed is None
+        await ping_pong(honest, 99)
+        await srv.stop()
+
+    run(main())
+
+
+def test_limits_raised_after_authentication(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server(limits=PREAUTH_LIMITS)
+
+        def on_msg(conn: FramedConnection, msg: Message) -> None:
+            if isinstance(msg, Hello):  # stand-in for the core's successful handshake
+                conn.set_limits(DEFAULT_LIMITS)
+
+        srv.on_message_hook = on_msg
+        addr = await srv.start()
+        client = await connect(addr)
+        side = await srv.accepted.get()
+        assert client.conn is not None
+        client.conn.send(Hello(worker=0, nonce=b"n" * 32, mac=b"m" * 32, epoch=0))
+        big = np.ones(200_000, "<f8")
+        client.conn.send(CodedGradient(epoch=0, round=1, attempt=0, state_digest=b"",
+                                       compute_s=0.0, payload=big))
+        assert isinstance(await side.inbox.get(), Hello)
+        got = await side.inbox.get()
+        assert isinstance(got, CodedGradient) and np.array_equal(got.payload, big)
+        assert side.conn is not None and side.conn.limits == DEFAULT_LIMITS
+        await srv.stop()
+
+    run(main())
+
+
+def test_on_message_remote_error_closes_with_its_code(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server()
+
+        def on_msg(conn: FramedConnection, msg: Message) -> None:
+            if isinstance(msg, ChunkReport):
+                raise RemoteProtocolError("report before round start", code="bad_state")
+
+        srv.on_message_hook = on_msg
+        addr = await srv.start()
+        client = await connect(addr)
+        assert client.conn is not None
+        client.conn.send(ChunkReport(epoch=0, round=0, count=1, t_worker=0.0, elapsed_s=0.0))
+        client.conn.send(Ping(seq=1))  # never delivered: the connection is closing
+        err = await client.inbox.get()
+        assert isinstance(err, Error) and err.code == "bad_state"
+        assert await client.closed is None  # the server closed cleanly after its Error frame
+        side = srv.peers[0]
+        exc = await side.closed
+        assert isinstance(exc, RemoteProtocolError) and exc.code == "bad_state"
+        assert side.inbox.empty()
+        await srv.stop()
+
+    run(main())
+
+
+def test_slow_consumer_is_cut_off(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        cap = 1 << 20
+        srv = Server(max_pending_bytes=cap)
+        addr = await srv.start()
+        honest = await connect(addr)
+        # a peer that connects and never reads
+        sock = socket.create_connection(addr)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        try:
+            peers = [await srv.accepted.get(), await srv.accepted.get()]
+            # the slow side is the one whose peer address is our socket's
+            mine = sock.getsockname()
+            slow = next(p for p in peers if p.conn is not None and p.conn.peername == mine)
+            assert slow.conn is not None
+            model = np.ones(1 << 18, "<f4")  # 1 MiB per frame
+            sent = 0
+            while not slow.conn.is_closing():
+                slow.conn.send(RoundStart(epoch=0, round=sent, delays_s=(), net_delay_s=0.0,
+                                          model=model))
+                sent += 1
+                assert sent < 10_000
+                await asyncio.sleep(0)  # let the loop flush what the kernel takes
+            exc = await slow.closed
+            assert isinstance(exc, RemoteProtocolError) and exc.code == "slow_consumer"
+            slow.conn.send(Ping(seq=1))  # a no-op once closed
+            await ping_pong(honest, 3)
+        finally:
+            sock.close()
+        await srv.stop()
+
+    run(main())
+
+
+def test_drain_waits_for_the_peer(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server()
+        addr = await srv.start()
+        client = await connect(addr)
+        side = await srv.accepted.get()
+        assert client.conn is not None
+        payload = np.ones(4_000_000, "<f4")  # 16 MB: far above the high-water mark
+        for r in range(3):
+            client.conn.send(CodedGradient(epoch=0, round=r, attempt=0, state_digest=b"",
+                                           compute_s=0.0, payload=payload))
+            await client.conn.drain()
+            assert client.conn.statistics()["write_buffer_bytes"] <= 64 * 1024
+        for _ in range(3):
+            got = await side.inbox.get()
+            assert isinstance(got, CodedGradient) and got.payload.shape == payload.shape
+        client.conn.abort()
+        assert isinstance(await side.closed, (ConnectionError, type(None)))
+        await client.conn.drain()  # returns at once on a dead connection
+        await srv.stop()
+
+    run(main())
+
