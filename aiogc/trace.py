@@ -95,8 +95,8 @@ def chrome_trace(
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _meta(pid: int, tid: int | None, name: str, **args: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {"ph": "M", "pid": pid, "name": name, "args": args}
+def _meta(pid: int, tid: int | None, meta: str, **args: Any) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "M", "pid": pid, "name": meta, "args": args}
     if tid is not None:
         ev["tid"] = tid
     return ev

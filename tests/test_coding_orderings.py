@@ -58,7 +58,9 @@ def _small_cases() -> list[tuple[str, np.ndarray]]:
     return cases
 
 
-@pytest.mark.parametrize(("label", "A"), _small_cases(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    ("label", "A"), _small_cases(), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_closed_form_equals_bruteforce(label: str, A: np.ndarray) -> None:
     rng = np.random.default_rng(3)
     lo = int(A.sum(axis=1).min())
@@ -67,7 +69,9 @@ def test_closed_form_equals_bruteforce(label: str, A: np.ndarray) -> None:
             assert q_max(A, orders, ell) == q_max_bruteforce(A, orders, ell), (label, ell)
 
 
-@pytest.mark.parametrize(("label", "A"), _small_cases(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    ("label", "A"), _small_cases(), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_optimal_never_worse(label: str, A: np.ndarray) -> None:
     rng = np.random.default_rng(5)
     lo = int(A.sum(axis=1).min())

@@ -60,7 +60,9 @@ def _run(s: PartialScheme, c: np.ndarray, G: np.ndarray, stacked: bool) -> objec
     coded = {}
     for j in range(s.m):
         if s.contributes(j, c):
-            rows = np.full((s.loads[j] + 2, d), np.nan, dtype=G.dtype)  # NaN beyond c_j: must never be read
+            rows = np.full(
+                (s.loads[j] + 2, d), np.nan, dtype=G.dtype
+            )  # NaN beyond c_j: must never be read
             rows[: c[j]] = G[s.orders[j][: c[j]]]
             coded[j] = s.encode(j, c, rows)
             assert np.isfinite(coded[j]).all()

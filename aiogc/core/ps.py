@@ -330,6 +330,11 @@ class ParameterServer:
             ok = self.phase is PSPhase.COLLECTING and w in rs.expected
         return self._payload_rows[w] if ok else None
 
+    def worker_of(self, peer: Hashable) -> int | None:
+        """The worker id ``peer`` authenticated as, or None."""
+        info = self._peers.get(peer)
+        return None if info is None else info.worker
+
     def is_authenticated(self, peer: Hashable) -> bool:
         """Whether ``peer`` completed the handshake (the driver then raises its frame limits)."""
         info = self._peers.get(peer)

@@ -39,7 +39,7 @@ POSTAUTH_MAX_HEADER = 1 << 20
 #: Codes after which a worker does not reconnect: retrying cannot succeed.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id"})
 
-FrameLog = Callable[[str, Message, int], None]  # (direction, msg, nbytes)
+FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
 
 
@@ -110,7 +110,7 @@ class PSServer:
     ps : ParameterServer
     host, port : where to listen (port 0 picks a free port; see :attr:`port` after start).
     frame_log : callable, optional
-        ``frame_log(direction, msg, nbytes)`` for every frame in ("in") and out ("out").
+        ``frame_log(direction, peer, msg, nbytes)`` for every frame in ("in") and out ("out").
     on_event : callable, optional
         Receives every core event (records, progress bars).
     """
@@ -211,7 +211,7 @@ class PSServer:
 
     def _on_message(self, conn: FramedConnection, msg: Message) -> None:
         if self._frame_log is not None:
-            self._frame_log("in", msg, frame_nbytes(msg))
+            self._frame_log("in", conn, msg, frame_nbytes(msg))
         ps = self.ps
         ps.receive(conn, msg, now=self._now())
         if ps.is_authenticated(conn) and conn.limits is PREAUTH_LIMITS:
@@ -236,7 +236,7 @@ class PSServer:
             assert isinstance(conn, FramedConnection)
             if out.message is not None:
                 if self._frame_log is not None:
-                    self._frame_log("out", out.message, frame_nbytes(out.message))
+                    self._frame_log("out", conn, out.message, frame_nbytes(out.message))
                 conn.send(out.message)
             if out.close:
                 conn.close()

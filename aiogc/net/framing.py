@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ..errors import MalformedFrame, RemoteProtocolError
 from ..messages import Error, Message
@@ -95,10 +95,10 @@ class FramedConnection(asyncio.BufferedProtocol):
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's TCPTransport is not an asyncio.Transport subclass, but has the same API
+        self._transport = cast(asyncio.Transport, transport)
         self.peername = transport.get_extra_info("peername")
-        transport.set_write_buffer_limits(high=self._high, low=self._low)
+        self._transport.set_write_buffer_limits(high=self._high, low=self._low)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._closing:

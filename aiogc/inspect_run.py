@@ -1,0 +1,155 @@
+"""Explain one round of a recorded run in plain text (``aiogc inspect RUN_DIR --round R``).
+
+:func:`inspect_round` reads only the run directory (``rounds.csv``, ``reports.csv``,
+``workers.csv``, ``events.jsonl``) and prints, per scheme: the round's outcome, a timeline of
+the PS's view (start, every accepted report, the trigger with its state vector, every arrival,
+the end), the frames recorded for that round in time order, and a per-worker table.
+
+Times in the timeline are seconds since the round start on the PS clock (``+0.012345``), with
+the absolute PS time where useful. Frame times are converted from ``t_ns`` on the same clock
+(see :mod:`aiogc.records`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .records import is_trigger_scheme, load_events, load_run
+
+__all__ = ["inspect_round"]
+
+
+def _f(x: Any, digits: int = 6) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "-"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _g(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def inspect_round(
+    run_dir: str | os.PathLike[str], round: int, scheme: str | None = None
+) -> str:
+    """Describe what happened in round ``round`` of a run (every scheme, or just ``scheme``).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        A run directory written by :class:`aiogc.records.RunRecorder`.
+    round : int
+        Round number (as in ``rounds.csv``).
+    scheme : str, optional
+        Only this scheme; default every scheme that has the round.
+
+    Returns
+    -------
+    str
+        Multi-line text, one section per scheme.
+
+    Raises
+    ------
+    KeyError
+        If no scheme has that round (the message lists the schemes and rounds available).
+    """
+    run = load_run(run_dir)
+    rows = [r for r in run["rounds"] if r["round"] == round
+            and (scheme is None or r["scheme"] == scheme)]  # fmt: skip
+    if not rows:
+        schemes = sorted({r["scheme"] for r in run["rounds"]})
+        n = max((r["round"] for r in run["rounds"]), default=-1) + 1
+        raise KeyError(
+            f"round {round}{f' of scheme {scheme!r}' if scheme else ''} not in {run['dir']}: "
+            f"schemes {schemes}, rounds 0..{n - 1}"
+        )
+    sections = []
+    for row in rows:
+        s = row["scheme"]
+        reports = [r for r in run["reports"] if r["scheme"] == s and r["round"] == round]
+        workers = [w for w in run["workers"] if w["scheme"] == s and w["round"] == round]
+        frames = load_events(run_dir, scheme=s, round=round)
+        sections.append(_section(row, reports, workers, frames))
+    return "\n\n".join(sections) + "\n"
+
+
+def _section(
+    row: Mapping[str, Any],
+    reports: Sequence[Mapping[str, Any]],
+    workers: Sequence[Mapping[str, Any]],
+    frames: Sequence[Mapping[str, Any]],
+) -> str:
+    s = row["scheme"]
+    t0 = row["start_s"]
+    partial = is_trigger_scheme(s)
+    state = row.get("state") or []
+    dur = row.get("duration_s")
+    oracle = row.get("oracle_s")
+    ratio = f" (x{dur / oracle:.3g} of oracle)" if dur is not None and oracle else ""
+    lines = [
+        f"== {s}, round {row['round']}: {row.get('status')}"
+        f" ({row.get('end_reason') or 'no reason given'})",
+        f"   duration {_g(dur)} s, oracle {_g(oracle)} s{ratio}; attempts {row.get('attempts')}",
+        "",
+        "   timeline (s since round start, PS clock):",
+    ]
+
+    def rel(t: float | None) -> str:
+        return "         -" if t is None else f"{t - t0:+10.6f}"
+
+    events: list[tuple[float, int, str]] = [(t0, 0, f"start      (PS time {_f(t0)})")]
+    for r in reports:
+        events.append((r["ps_time"], 1, f"report     worker {r['worker']:>3} count {r['count']:>3}"
+                                        f"  (worker elapsed {_g(r['elapsed_s'])} s)"))  # fmt: skip
+    if row.get("trigger_s") is not None:
+        what = "trigger    encode_and_transmit" if partial else "decodable  set arrived"
+        events.append((row["trigger_s"], 2,
+                       f"{what}, state [{' '.join(map(str, state))}]"))  # fmt: skip
+    for w in workers:
+        if w.get("arrival_s") is not None:
+            events.append((w["arrival_s"], 3,
+                           f"arrival    worker {w['worker']:>3} (#{w['arrival_order']}, compute "
+                           f"{_g(w.get('compute_s'))} s, comm {_g(w.get('comm_s'))} s)"))  # fmt: skip
+    if row.get("end_s") is not None:
+        events.append((row["end_s"], 4, f"end        {row.get('status')}"))
+    for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
+        lines.append(f"   {rel(t)}  {text}")
+    if row.get("trigger_s") is None:
+        lines.append("             (no trigger: the decodable condition never held)")
+
+    lines.append("")
+    lines.append(f"   frames ({len(frames)}):")
+    for fr in sorted(frames, key=lambda f: f["t_ns"]):
+        w = "-" if fr.get("worker") is None else fr["worker"]
+        lines.append(f"   {rel(fr['t_ns'] / 1e9)}  {fr.get('direction', '?'):<4} "
+                     f"{fr.get('kind', '?'):<20} worker {w:>3}  {fr.get('nbytes')} B")  # fmt: skip
+    if not frames:
+        lines.append("             (none recorded)")
+
+    lines.append("")
+    lines.append(
+        f"   decode: {row.get('status')}, state [{' '.join(map(str, state))}], coverage_min "
+        f"{row.get('coverage_min')}, residual {_g(row.get('residual'))}, amplification "
+        f"{_g(row.get('amplification'))}, rel_error {_g(row.get('rel_error'))}, "
+        f"loss {_g(row.get('loss'))}"
+    )
+    if workers:
+        lines.append("")
+        lines.append("   worker  load  done  used  compute_s     comm_s  order  straggler  dropped")
+        for w in workers:
+            lines.append(
+                f"   {w['worker']:>6}  {_g(w.get('load')):>4}  {w.get('chunks_done'):>4}  "
+                f"{w.get('chunks_used'):>4}  {_g(w.get('compute_s')):>9}  {_g(w.get('comm_s')):>9}"
+                f"  {_g(w.get('arrival_order')):>5}  {'yes' if w.get('straggler') else 'no':>9}"
+                f"  {w.get('dropped_reason') or ''}"
+            )
+    return "\n".join(lines)
