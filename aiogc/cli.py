@@ -165,6 +165,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .net.drivers import PSServer, install_loop
     from .records import RunRecorder, summarize
     from .runner import build_manifest, dump_json, format_summary, materialise_for
+    from .tasks import chunk_grads_fn as _chunk_grads_fn
     from .tasks import make_task
 
     config = config_from_args(a, a.scheme)
@@ -176,7 +177,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps = ParameterServer(config, scheme=scheme, model=task.initial_model(),
                          learning_rate=config.learning_rate or task.learning_rate,
-                         loss_fn=task.loss, verify_fn=task.full_gradient if a.verify else None,
+                         loss_fn=task.loss, verify_fn=_chunk_grads_fn(task) if a.verify else None,
                          schedule=schedule, secret=secret, epoch=epoch)
     recorder = None
     if a.out:

@@ -38,9 +38,7 @@ def _g(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
-def inspect_round(
-    run_dir: str | os.PathLike[str], round: int, scheme: str | None = None
-) -> str:
+def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | None = None) -> str:
     """Describe what happened in round ``round`` of a run (every scheme, or just ``scheme``).
 
     Parameters
@@ -63,8 +61,11 @@ def inspect_round(
         If no scheme has that round (the message lists the schemes and rounds available).
     """
     run = load_run(run_dir)
-    rows = [r for r in run["rounds"] if r["round"] == round
-            and (scheme is None or r["scheme"] == scheme)]  # fmt: skip
+    rows = [
+        r
+        for r in run["rounds"]
+        if r["round"] == round and (scheme is None or r["scheme"] == scheme)
+    ]
     if not rows:
         schemes = sorted({r["scheme"] for r in run["rounds"]})
         n = max((r["round"] for r in run["rounds"]), default=-1) + 1
@@ -106,21 +107,34 @@ def _section(
     def rel(t: float | None) -> str:
         return "         -" if t is None else f"{t - t0:+10.6f}"
 
+    # ties: start, reports, trigger (partial), arrivals, decodable (the arrival caused it), end
     events: list[tuple[float, int, str]] = [(t0, 0, f"start      (PS time {_f(t0)})")]
     for r in reports:
-        events.append((r["ps_time"], 1, f"report     worker {r['worker']:>3} count {r['count']:>3}"
-                                        f"  (worker elapsed {_g(r['elapsed_s'])} s)"))  # fmt: skip
+        events.append(
+            (
+                r["ps_time"],
+                1,
+                f"report     worker {r['worker']:>3} count {r['count']:>3}"
+                f"  (worker elapsed {_g(r['elapsed_s'])} s)",
+            )
+        )
     if row.get("trigger_s") is not None:
         what = "trigger    encode_and_transmit" if partial else "decodable  set arrived"
-        events.append((row["trigger_s"], 2,
-                       f"{what}, state [{' '.join(map(str, state))}]"))  # fmt: skip
-    for w in workers:
-        if w.get("arrival_s") is not None:
-            events.append((w["arrival_s"], 3,
-                           f"arrival    worker {w['worker']:>3} (#{w['arrival_order']}, compute "
-                           f"{_g(w.get('compute_s'))} s, comm {_g(w.get('comm_s'))} s)"))  # fmt: skip
+        events.append(
+            (row["trigger_s"], 2 if partial else 4, f"{what}, state [{' '.join(map(str, state))}]")
+        )
+    for wr in workers:
+        if wr.get("arrival_s") is not None:
+            events.append(
+                (
+                    wr["arrival_s"],
+                    3,
+                    f"arrival    worker {wr['worker']:>3} (#{wr['arrival_order']}, compute "
+                    f"{_g(wr.get('compute_s'))} s, comm {_g(wr.get('comm_s'))} s)",
+                )
+            )
     if row.get("end_s") is not None:
-        events.append((row["end_s"], 4, f"end        {row.get('status')}"))
+        events.append((row["end_s"], 5, f"end        {row.get('status')}"))
     for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
         lines.append(f"   {rel(t)}  {text}")
     if row.get("trigger_s") is None:
@@ -129,9 +143,11 @@ def _section(
     lines.append("")
     lines.append(f"   frames ({len(frames)}):")
     for fr in sorted(frames, key=lambda f: f["t_ns"]):
-        w = "-" if fr.get("worker") is None else fr["worker"]
-        lines.append(f"   {rel(fr['t_ns'] / 1e9)}  {fr.get('direction', '?'):<4} "
-                     f"{fr.get('kind', '?'):<20} worker {w:>3}  {fr.get('nbytes')} B")  # fmt: skip
+        fw = "-" if fr.get("worker") is None else fr["worker"]
+        lines.append(
+            f"   {rel(fr['t_ns'] / 1e9)}  {fr.get('direction', '?'):<4} "
+            f"{fr.get('kind', '?'):<20} worker {fw:>3}  {fr.get('nbytes')} B"
+        )
     if not frames:
         lines.append("             (none recorded)")
 
@@ -145,11 +161,11 @@ def _section(
     if workers:
         lines.append("")
         lines.append("   worker  load  done  used  compute_s     comm_s  order  straggler  dropped")
-        for w in workers:
+        for wr in workers:
             lines.append(
-                f"   {w['worker']:>6}  {_g(w.get('load')):>4}  {w.get('chunks_done'):>4}  "
-                f"{w.get('chunks_used'):>4}  {_g(w.get('compute_s')):>9}  {_g(w.get('comm_s')):>9}"
-                f"  {_g(w.get('arrival_order')):>5}  {'yes' if w.get('straggler') else 'no':>9}"
-                f"  {w.get('dropped_reason') or ''}"
+                f"   {wr['worker']:>6}  {_g(wr.get('load')):>4}  {wr.get('chunks_done'):>4}  "
+                f"{wr.get('chunks_used'):>4}  {_g(wr.get('compute_s')):>9}  "
+                f"{_g(wr.get('comm_s')):>9}  {_g(wr.get('arrival_order')):>5}  "
+                f"{'yes' if wr.get('straggler') else 'no':>9}  {wr.get('dropped_reason') or ''}"
             )
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)

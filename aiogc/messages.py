@@ -247,6 +247,18 @@ class Welcome(Message):
 # ------------------------------------------------------------------------- worker -> PS
 
 
+@_kind("ready", epoch=_EPOCH)
+@dataclass(frozen=True, slots=True)
+class Ready(Message):
+    """Worker -> PS: configuration rebuilt and checked; include me from the next round on.
+
+    Separate from ``hello`` because rebuilding the scheme and task takes time (~0.2 s), and a
+    round started before a worker is ready would charge that time to the round.
+    """
+
+    epoch: int
+
+
 @_kind(
     "chunk_report",
     epoch=_EPOCH,
@@ -405,7 +417,7 @@ class Pong(Message):
     seq: int
 
 
-WORKER_TO_PS: Final = frozenset({"hello", "chunk_report", "coded_gradient", "bye", "error",
+WORKER_TO_PS: Final = frozenset({"hello", "ready", "chunk_report", "coded_gradient", "bye", "error",
                                  "ping", "pong"})
 PS_TO_WORKER: Final = frozenset({"challenge", "welcome", "round_start", "encode_and_transmit",
                                  "resume", "round_end", "error", "shutdown", "ping", "pong"})

@@ -138,8 +138,15 @@ def _plot_cdf(recs: Mapping[str, Sequence[RoundRecord]], path: Path) -> Path:
         o = np.sort([r.oracle_elapsed_s for r in ok if r.oracle_elapsed_s is not None])
         if o.size:
             y = np.arange(1, o.size + 1) / o.size
-            ax.step(o, y, where="post", color=_colour(i), linestyle="--", alpha=0.6,
-                    label=f"{scheme} oracle")  # fmt: skip
+            ax.step(
+                o,
+                y,
+                where="post",
+                color=_colour(i),
+                linestyle="--",
+                alpha=0.6,
+                label=f"{scheme} oracle",
+            )
     ax.set_xlabel("round time (s)")
     ax.set_ylabel("fraction of rounds")
     ax.set_ylim(0, 1.02)
@@ -170,8 +177,7 @@ def _plot_timeline(
         ax.set_xlim(-0.02 * right, 1.04 * right)
     axes[-1].set_xlabel("time since round start (s, PS clock)")
     handles = _legend_handles()
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
-               fontsize="small")  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
     fig.savefig(path, dpi=_DPI)
     return path
 
@@ -234,8 +240,15 @@ def _draw_round(ax: Any, scheme: str, rec: RoundRecord, m: int) -> None:
         ax.plot([b], [w + 0.375], marker=">", color=_UPLOAD_COLOUR, linestyle="")
     for w, reason in rec.dropped.items():
         ax.plot([rec.duration_s], [w], marker="x", color="crimson", markersize=9, linestyle="")
-        ax.annotate(f"dropped: {reason}", (rec.duration_s, w), xytext=(4, 0),
-                    textcoords="offset points", fontsize=7, color="crimson", va="center")  # fmt: skip
+        ax.annotate(
+            f"dropped: {reason}",
+            (rec.duration_s, w),
+            xytext=(4, 0),
+            textcoords="offset points",
+            fontsize=7,
+            color="crimson",
+            va="center",
+        )
     if rec.t_trigger is not None:
         ax.axvline(rec.t_trigger - t0, color="crimson", linestyle="--", linewidth=1)
     if rec.oracle_elapsed_s is not None:
@@ -246,8 +259,11 @@ def _draw_round(ax: Any, scheme: str, rec: RoundRecord, m: int) -> None:
     ax.set_yticks(range(m), [f"w{j}" for j in range(m)])
     oracle = f", oracle {rec.oracle_elapsed_s:.3g} s" if rec.oracle_elapsed_s is not None else ""
     state = " ".join(map(str, rec.state))
-    ax.set_title(f"{scheme}: round {rec.round}, {rec.status}, {rec.duration_s:.3g} s{oracle}"
-                 f"  state=[{state}]", fontsize="medium")  # fmt: skip
+    ax.set_title(
+        f"{scheme}: round {rec.round}, {rec.status}, {rec.duration_s:.3g} s{oracle}"
+        f"  state=[{state}]",
+        fontsize="medium",
+    )
     ax.grid(axis="x", alpha=0.3)
 
 

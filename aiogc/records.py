@@ -83,20 +83,54 @@ ROUND_COLUMNS: Final[tuple[str, ...]] = (
     *(k for k in RoundRecord(round=0, scheme="", t_start=0.0).as_row() if k != "scheme"),
 )
 WORKER_COLUMNS: Final = (
-    "round", "scheme", "worker", "load", "chunks_done", "chunks_used", "compute_s", "arrival_s",
-    "comm_s", "arrival_order", "straggler", "dropped_reason",
-)  # fmt: skip
+    "round",
+    "scheme",
+    "worker",
+    "load",
+    "chunks_done",
+    "chunks_used",
+    "compute_s",
+    "arrival_s",
+    "comm_s",
+    "arrival_order",
+    "straggler",
+    "dropped_reason",
+)
 REPORT_COLUMNS: Final = ("scheme", "round", "ps_time", "worker", "count", "elapsed_s")
 
 #: Columns parsed as int / float by :func:`load_run` (everything else stays a string).
 _INT_COLUMNS: Final = frozenset(
-    {"round", "attempts", "coverage_min", "worker", "load", "chunks_done", "chunks_used",
-     "arrival_order", "straggler", "count"}
-)  # fmt: skip
+    {
+        "round",
+        "attempts",
+        "coverage_min",
+        "worker",
+        "load",
+        "chunks_done",
+        "chunks_used",
+        "arrival_order",
+        "straggler",
+        "count",
+    }
+)
 _FLOAT_COLUMNS: Final = frozenset(
-    {"start_s", "trigger_s", "end_s", "duration_s", "residual", "amplification", "rel_error",
-     "loss", "oracle_s", "compute_s", "arrival_s", "comm_s", "ps_time", "elapsed_s"}
-)  # fmt: skip
+    {
+        "start_s",
+        "trigger_s",
+        "end_s",
+        "duration_s",
+        "residual",
+        "amplification",
+        "rel_error",
+        "loss",
+        "oracle_s",
+        "compute_s",
+        "arrival_s",
+        "comm_s",
+        "ps_time",
+        "elapsed_s",
+    }
+)
 
 
 def is_trigger_scheme(scheme: str) -> bool:
@@ -228,20 +262,22 @@ def worker_rows(
                     comm = arrival - record.t_trigger
             elif compute is not None:
                 comm = arrival - record.t_start - compute
-        rows.append({
-            "round": record.round,
-            "scheme": scheme,
-            "worker": w,
-            "load": int(loads[w]),
-            "chunks_done": chunks_done,
-            "chunks_used": int(record.state[w]) if w < len(record.state) else 0,
-            "compute_s": compute,
-            "arrival_s": arrival,
-            "comm_s": comm,
-            "arrival_order": order.get(w),
-            "straggler": int(arrival is None or w in record.dropped),
-            "dropped_reason": record.dropped.get(w, ""),
-        })  # fmt: skip
+        rows.append(
+            {
+                "round": record.round,
+                "scheme": scheme,
+                "worker": w,
+                "load": int(loads[w]),
+                "chunks_done": chunks_done,
+                "chunks_used": int(record.state[w]) if w < len(record.state) else 0,
+                "compute_s": compute,
+                "arrival_s": arrival,
+                "comm_s": comm,
+                "arrival_order": order.get(w),
+                "straggler": int(arrival is None or w in record.dropped),
+                "dropped_reason": record.dropped.get(w, ""),
+            }
+        )
     return rows
 
 
@@ -271,8 +307,9 @@ class RunRecorder:
     #: past a few hundred thousand events the trace viewers become unusable anyway.
     MAX_TRACE_FRAMES: Final = 200_000
 
-    def __init__(self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any],
-                 *, trace: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._trace = trace
@@ -331,10 +368,14 @@ class RunRecorder:
         """
         self._check_open()
         line = {
-            "t_ns": int(t_ns), "direction": direction, "kind": kind, "scheme": scheme,
+            "t_ns": int(t_ns),
+            "direction": direction,
+            "kind": kind,
+            "scheme": scheme,
             "round": None if round is None else int(round),
-            "worker": None if worker is None else int(worker), "nbytes": int(nbytes),
-        }  # fmt: skip
+            "worker": None if worker is None else int(worker),
+            "nbytes": int(nbytes),
+        }
         self._events.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.n_frames += 1
 
@@ -469,9 +510,7 @@ def summarize(
             "round_time_max_s": float(durations.max()) if durations.size else None,
             "wall_time_s": float(sum(r.duration_s for r in recs)),
             "oracle_time_mean_s": oracle_mean,
-            "overhead_ratio": (
-                mean / oracle_mean if mean is not None and oracle_mean else None
-            ),
+            "overhead_ratio": (mean / oracle_mean if mean is not None and oracle_mean else None),
             "attempts_mean": float(np.mean([r.attempts for r in ok])) if ok else None,
             "max_rel_decode_error": max(rel) if rel else None,
             "max_residual": max(resid) if resid else None,
@@ -485,12 +524,14 @@ def summarize(
         name: (orig / s["round_time_mean_s"] if orig and s["round_time_mean_s"] else None)
         for name, s in schemes.items()
     }
-    return to_jsonable({
-        "schemes": schemes,
-        "speedup": orig / part if orig and part else None,
-        "speedup_vs_original": vs_orig if orig else {},
-        "initial_loss": _opt(initial_loss),
-    })  # fmt: skip
+    return to_jsonable(
+        {
+            "schemes": schemes,
+            "speedup": orig / part if orig and part else None,
+            "speedup_vs_original": vs_orig if orig else {},
+            "initial_loss": _opt(initial_loss),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------ reading back
@@ -545,8 +586,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(run_dir)
     if not d.is_dir():
         raise FileNotFoundError(f"no run directory at {d}")
-    manifest = json.loads((d / "manifest.json").read_text("utf-8")) if (
-        d / "manifest.json").exists() else {}  # fmt: skip
+    manifest = (
+        json.loads((d / "manifest.json").read_text("utf-8"))
+        if (d / "manifest.json").exists()
+        else {}
+    )
     summary_path = d / "summary.json"
     return {
         "dir": d,

@@ -35,7 +35,7 @@ from .core import Event, ParameterServer, RoundCompleted, RoundRecord, Worker
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, install_loop
-from .tasks import make_task
+from .tasks import chunk_grads_fn, make_task
 
 #: Seconds worker processes get to exit after the PS finished before they are terminated.
 PROCESS_GRACE_S = 5.0
@@ -233,7 +233,7 @@ async def _run_scheme(
         model=task.initial_model(),
         learning_rate=config.learning_rate or task.learning_rate,
         loss_fn=task.loss,
-        verify_fn=task.full_gradient if verify else None,
+        verify_fn=chunk_grads_fn(task) if verify else None,
         schedule=schedule,
         secret=secret,
     )

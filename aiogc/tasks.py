@@ -68,6 +68,7 @@ __all__ = [
     "LinearRegression",
     "LogisticRegression",
     "Task",
+    "chunk_grads_fn",
     "chunk_gradients",
     "load_csv",
     "load_libsvm",
@@ -133,6 +134,12 @@ def chunk_gradients(task: Task, chunks: Sequence[int] | np.ndarray, w: np.ndarra
 
 
 # --------------------------------------------------------------------------- data tasks
+
+
+def chunk_grads_fn(task: Task) -> Callable[[np.ndarray], np.ndarray]:
+    """``w -> (n_chunks, dim)`` all chunk gradients: the PS's verification oracle."""
+    chunks = np.arange(task.n_chunks)
+    return lambda w: chunk_gradients(task, chunks, w)
 
 
 def _chunk_bounds(n: int, n_chunks: int) -> np.ndarray:

@@ -102,40 +102,70 @@ def _meta(pid: int, tid: int | None, meta: str, **args: Any) -> dict[str, Any]:
     return ev
 
 
-def _slice(pid: int, tid: int, name: str, cat: str, t0: float, t1: float,
-           **args: Any) -> dict[str, Any]:  # fmt: skip
-    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(t0),
-            "dur": max(0.0, _us(t1 - t0)), "args": args}  # fmt: skip
+def _slice(
+    pid: int, tid: int, name: str, cat: str, t0: float, t1: float, **args: Any
+) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "name": name,
+        "cat": cat,
+        "ts": _us(t0),
+        "dur": max(0.0, _us(t1 - t0)),
+        "args": args,
+    }
 
 
 def _instant(pid: int, tid: int, name: str, cat: str, t: float, **args: Any) -> dict[str, Any]:
-    return {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(t),
-            "args": args}  # fmt: skip
+    return {
+        "ph": "i",
+        "s": "t",
+        "pid": pid,
+        "tid": tid,
+        "name": name,
+        "cat": cat,
+        "ts": _us(t),
+        "args": args,
+    }
 
 
 def _round_events(pid: int, rec: RoundRecord, partial: bool) -> list[dict[str, Any]]:
     r = rec.round
     end = rec.t_end if rec.t_end is not None else rec.t_start
     out = [
-        _slice(pid, _PS_TID, f"round {r}", "round", rec.t_start, end, round=r,
-               status=rec.status, end_reason=rec.end_reason, state=list(rec.state),
-               attempts=rec.attempts)  # fmt: skip
+        _slice(
+            pid,
+            _PS_TID,
+            f"round {r}",
+            "round",
+            rec.t_start,
+            end,
+            round=r,
+            status=rec.status,
+            end_reason=rec.end_reason,
+            state=list(rec.state),
+            attempts=rec.attempts,
+        )
     ]
     if rec.t_trigger is not None:
         name = "trigger" if partial else "decodable"
-        out.append(_instant(pid, _PS_TID, name, "trigger", rec.t_trigger, round=r,
-                            state=list(rec.state)))  # fmt: skip
+        out.append(
+            _instant(pid, _PS_TID, name, "trigger", rec.t_trigger, round=r, state=list(rec.state))
+        )
     if rec.t_end is not None:
-        out.append(_instant(pid, _PS_TID, "round end", "round", rec.t_end, round=r,
-                            status=rec.status))  # fmt: skip
+        out.append(
+            _instant(pid, _PS_TID, "round end", "round", rec.t_end, round=r, status=rec.status)
+        )
     last_t: dict[int, float] = {}
     last_c: dict[int, int] = {}
     for t, w, count, elapsed in sorted(rec.reports):
         t0 = last_t.get(w, rec.t_start)
         c0 = last_c.get(w, 0)
         name = f"chunk {count}" if count == c0 + 1 else f"chunks {c0 + 1}-{count}"
-        out.append(_slice(pid, w + 1, name, "chunk", t0, t, round=r, count=count,
-                          worker_elapsed_s=elapsed))  # fmt: skip
+        out.append(
+            _slice(pid, w + 1, name, "chunk", t0, t, round=r, count=count, worker_elapsed_s=elapsed)
+        )
         last_t[w], last_c[w] = t, count
     for w, t_arr in sorted(rec.arrivals.items()):
         if partial:
@@ -145,8 +175,19 @@ def _round_events(pid: int, rec: RoundRecord, partial: bool) -> list[dict[str, A
             comp = rec.compute_s.get(w)
             start = rec.t_start + comp if comp is not None else last_t.get(w, rec.t_start)
             name = "upload"
-        out.append(_slice(pid, w + 1, name, "upload", min(start, t_arr), t_arr, round=r,
-                          arrival_s=t_arr, compute_s=rec.compute_s.get(w)))  # fmt: skip
+        out.append(
+            _slice(
+                pid,
+                w + 1,
+                name,
+                "upload",
+                min(start, t_arr),
+                t_arr,
+                round=r,
+                arrival_s=t_arr,
+                compute_s=rec.compute_s.get(w),
+            )
+        )
     for w, reason in sorted(rec.dropped.items()):
         out.append(_instant(pid, w + 1, "dropped", "fault", end, round=r, reason=reason))
     return out
@@ -158,7 +199,7 @@ def _frame_events(
     out: list[dict[str, Any]] = []
     last_resume: dict[tuple[str, Any], float] = {}
     for fr in sorted(frames, key=lambda f: int(f.get("t_ns", 0))):
-        scheme = fr.get("scheme")
+        scheme = str(fr.get("scheme"))
         if scheme not in pids:
             continue
         pid = pids[scheme]
@@ -167,8 +208,17 @@ def _frame_events(
         tid = _PS_TID if worker is None else int(worker) + 1
         kind = str(fr.get("kind", "?"))
         direction = str(fr.get("direction", "?"))
-        out.append(_instant(pid, tid, f"{direction} {kind}", "frame", t, round=fr.get("round"),
-                            nbytes=fr.get("nbytes")))  # fmt: skip
+        out.append(
+            _instant(
+                pid,
+                tid,
+                f"{direction} {kind}",
+                "frame",
+                t,
+                round=fr.get("round"),
+                nbytes=fr.get("nbytes"),
+            )
+        )
         if kind == "resume" and direction != "in":
             key = (scheme, fr.get("round"))
             prev = last_resume.get(key)

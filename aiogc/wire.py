@@ -357,14 +357,33 @@ class FrameDecoder:
             self._start, self._end = 0, pending
         return memoryview(self._buf)[self._end:]
 
-    def buffer_updated(self, nbytes: int) -> list[Message]:
-        """``nbytes`` were written at the start of the last :meth:`get_buffer` view."""
+    def buffer_updated(self, nbytes: int, *, max_messages: int | None = None) -> list[Message]:
+        """``nbytes`` were written at the start of the last :meth:`get_buffer` view.
+
+        Returns the completed messages, at most ``max_messages`` of them: complete frames beyond
+        that stay buffered, unparsed, until :meth:`next_message`. A connection that must act on
+        each message before the next one is even parsed (new limits after a handshake, ``alloc``
+        depending on state the previous message changed) passes ``max_messages=1`` and then
+        calls :meth:`next_message` until it returns None.
+        """
         self._check_poisoned()
         try:
-            return self._advance(nbytes)
+            return self._advance(nbytes, max_messages)
         except MalformedFrame as exc:
             self._poison(exc)
             raise
+
+    def next_message(self) -> Message | None:
+        """Parse the next frame from bytes already buffered; None if none is complete."""
+        self._check_poisoned()
+        if self._state == _BODY_STATE:
+            return None
+        try:
+            out = self._advance(0, 1)
+        except MalformedFrame as exc:
+            self._poison(exc)
+            raise
+        return out[0] if out else None
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -378,18 +397,20 @@ class FrameDecoder:
         self._dest = self._dest_view = None
         self._msg = None
 
-    def _advance(self, nbytes: int) -> list[Message]:
+    def _advance(self, nbytes: int, limit: int | None) -> list[Message]:
         out: list[Message] = []
-        if nbytes <= 0:
-            return out
+        if nbytes < 0:
+            raise LocalProtocolError(f"buffer_updated({nbytes})")
         if self._state == _BODY_STATE:
+            if nbytes == 0:
+                return out
             self._body_pos += nbytes
             if self._body_pos >= len(self._dest_view):  # type: ignore[arg-type]
                 out.append(self._finish_body())
             return out
         self._end += nbytes
         buf = self._buf
-        while True:
+        while limit is None or len(out) < limit:
             avail = self._end - self._start
             if self._state == _PREFIX_STATE:
                 if avail < PREFIX_BYTES:

@@ -11,7 +11,7 @@ from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, Setup, Worker
 from aiogc.delays import DelaySchedule, materialise
 from aiogc.sim.engine import Simulation
-from aiogc.tasks import make_task
+from aiogc.tasks import chunk_grads_fn, make_task
 
 
 @dataclass
@@ -50,7 +50,7 @@ def build_rig(
         model=task.initial_model(),
         learning_rate=config.learning_rate or task.learning_rate,
         loss_fn=task.loss,
-        verify_fn=task.full_gradient,
+        verify_fn=chunk_grads_fn(task),
         schedule=schedule,
         secret=secret,
         keep_gradients=True,

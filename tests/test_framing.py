@@ -107,10 +107,16 @@ class Server:
                 conn.send(Pong(seq=msg.seq))
             peer.on_message(conn, msg)
 
-        conn = FramedConnection(on_message, peer.on_close, self.limits, self.alloc, **self.kw)
+        accepted = self.accepted
+
+        class _Conn(FramedConnection):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                accepted.put_nowait(peer)  # announce only once the transport is attached
+
+        conn = _Conn(on_message, peer.on_close, self.limits, self.alloc, **self.kw)
         peer.conn = conn
         self.peers.append(peer)
-        self.accepted.put_nowait(peer)
         return conn
 
     async def start(self) -> tuple[str, int]:
@@ -388,3 +394,24 @@ def test_drain_waits_for_the_peer(run: Callable[..., None]) -> None:
 
     run(main())
 
+
+
+def test_close_with_code_sends_error_and_flushes(run: Callable[..., None]) -> None:
+    async def main() -> None:
+        srv = Server()
+        addr = await srv.start()
+        client = await connect(addr)
+        side = await srv.accepted.get()
+        assert side.conn is not None and client.conn is not None
+        model = np.arange(300_000, dtype="<f8")  # 2.4 MB still buffered when close() is called
+        side.conn.send(RoundStart(epoch=0, round=1, delays_s=(), net_delay_s=0.0, model=model))
+        side.conn.close("shutdown", "run over")
+        side.conn.send(Ping(seq=1))  # dropped: closing
+        rs = await client.inbox.get()
+        assert isinstance(rs, RoundStart) and np.array_equal(rs.model, model)
+        assert await client.inbox.get() == Error(code="shutdown", reason="run over")
+        assert await client.closed is None and await side.closed is None
+        assert client.inbox.empty()
+        await srv.stop()
+
+    run(main())

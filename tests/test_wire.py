@@ -551,3 +551,20 @@ def test_context_free_ranges() -> None:
     rejects(frame({**st_, "state": [1, -2]}), "bad_field")
     rejects(frame({**st_, "state": [1, True]}), "bad_field")
     rejects(frame({**st_, "state": list(range(MAX_WORKERS + 1))}), "bad_msgpack")
+
+
+def test_one_message_at_a_time_lets_the_caller_act_between_frames() -> None:
+    hello = Hello(worker=3, nonce=b"n" * 32, mac=b"m" * 32, epoch=7)
+    stream = encode_frame_bytes(hello) + encode_frame_bytes(cg(64)) + b"\x00\x00"
+    dec = FrameDecoder(PREAUTH_LIMITS)
+    buf = dec.get_buffer(len(stream))
+    buf[: len(stream)] = stream
+    del buf
+    assert [m.kind for m in dec.buffer_updated(len(stream), max_messages=1)] == ["hello"]
+    dec.limits = DEFAULT_LIMITS  # e.g. the handshake succeeded: the next frame may be large
+    nxt = dec.next_message()
+    assert isinstance(nxt, CodedGradient) and np.array_equal(nxt.payload, np.arange(64))
+    assert dec.next_message() is None and not dec.at_frame_boundary()
+    # without the pause, the second frame is judged by the pre-auth limits
+    with pytest.raises(FrameTooLarge):
+        FrameDecoder(PREAUTH_LIMITS).feed(stream)

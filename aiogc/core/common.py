@@ -127,7 +127,8 @@ class RoundRecord:
     coverage_min: int = 0
     residual: float = float("nan")
     amplification: float = float("nan")
-    rel_error: float = float("nan")
+    rel_error: float = float("nan")  # scaled: ||ĝ - g|| / ||Σ|g_i| ||
+    rel_error_plain: float = float("nan")  # ||ĝ - g|| / ||g||
     loss: float = float("nan")
     oracle_elapsed_s: float | None = None
     reports: list[tuple[float, int, int, float]] = field(default_factory=list)
@@ -156,6 +157,7 @@ class RoundRecord:
             "residual": self.residual,
             "amplification": self.amplification,
             "rel_error": self.rel_error,
+            "rel_error_plain": self.rel_error_plain,
             "loss": self.loss,
             "oracle_s": self.oracle_elapsed_s,
         }

@@ -36,6 +36,7 @@ from ..messages import (
     Message,
     Ping,
     Pong,
+    Ready,
     Resume,
     RoundEnd,
     RoundStart,
@@ -344,6 +345,7 @@ class Worker:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._set_phase(WorkerPhase.IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
+        self._emit(Ready(epoch=self._epoch), now, delay=False)
 
     def _check_epoch(self, epoch: int, kind: str) -> bool:
         if epoch != self._epoch:

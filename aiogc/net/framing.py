@@ -11,7 +11,8 @@ Invariants
   :meth:`FramedConnection.drain` returned** (the transport may still be reading it).
 * ``on_close(conn, exc)`` is called exactly once, from ``connection_lost``; ``exc`` is the
   :class:`~aiogc.errors.RemoteProtocolError` that made us close (MalformedFrame, slow consumer,
-  ...), the transport's error, or None for a clean close.
+  an error raised by ``on_message``...), else the transport's error, else None (a clean EOF
+  from the peer, or our own :meth:`FramedConnection.close`).
 * After a close decision no further message is delivered and ``send`` is a no-op.
 * Writes are bounded: once the transport's write buffer exceeds ``max_pending_bytes`` the peer
   is a slow consumer and the connection is aborted (no Error frame: it would not be read).
@@ -23,6 +24,7 @@ No authentication and no protocol logic here: the core decides what messages mea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, Final, cast
 
@@ -112,19 +114,24 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._closing:
             return
         self.bytes_in += nbytes
+        dec = self._decoder
         try:
-            msgs = self._decoder.buffer_updated(nbytes)
+            # One message at a time: each is delivered before the next frame is even parsed,
+            # so limits raised or rows allocated by on_message apply to the very next frame.
+            batch = dec.buffer_updated(nbytes, max_messages=1)
+            while batch and not self._closing:
+                self.frames_in += 1
+                try:
+                    self._on_message(self, batch[0])
+                except RemoteProtocolError as exc:
+                    self._fail(exc)
+                    return
+                if self._closing:
+                    return
+                nxt = dec.next_message()
+                batch = [nxt] if nxt is not None else []
         except MalformedFrame as exc:
             self._fail(exc)
-            return
-        for msg in msgs:
-            if self._closing:
-                break
-            self.frames_in += 1
-            try:
-                self._on_message(self, msg)
-            except RemoteProtocolError as exc:
-                self._fail(exc)
 
     def eof_received(self) -> bool:
         if not self._closing and not self._decoder.at_frame_boundary():
@@ -171,7 +178,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         if pending > self._max_pending:
             exc = RemoteProtocolError(
                 f"{pending} bytes unsent exceed {self._max_pending}", code="slow_consumer")
-            self._close(exc, send_error=False)
+            self._close(exc, abort=True)
 
     async def drain(self) -> None:
         """Wait until the write buffer is at or below the low-water mark, or the connection is
@@ -187,9 +194,10 @@ class FramedConnection(asyncio.BufferedProtocol):
                 self._drain_waiters.remove(fut)
 
     def close(self, code: str | None = None, reason: str = "") -> None:
-        """Close, first sending ``Error(code, reason)`` when ``code`` is given (best effort)."""
-        exc = None if code is None else RemoteProtocolError(reason or code, code=code)
-        self._close(exc, send_error=code is not None)
+        """Close gracefully (flush, then FIN), first sending ``Error(code, reason)`` when
+        ``code`` is given (best effort). A close we initiate reaches ``on_close`` as None: the
+        caller already knows why."""
+        self._close(None, error=None if code is None else (code, reason))
 
     def abort(self) -> None:
         """Drop the connection at once, discarding unsent bytes."""
@@ -223,9 +231,10 @@ class FramedConnection(asyncio.BufferedProtocol):
     # -- internals ----------------------------------------------------------------------------
 
     def _fail(self, exc: RemoteProtocolError) -> None:
-        self._close(exc, send_error=True)
+        self._close(exc, error=(exc.code, exc.reason))
 
-    def _close(self, exc: BaseException | None, *, send_error: bool) -> None:
+    def _close(self, exc: BaseException | None, *, error: tuple[str, str] | None = None,
+               abort: bool = False) -> None:
         if self._closing:
             return
         self._closing = True
@@ -233,19 +242,18 @@ class FramedConnection(asyncio.BufferedProtocol):
         t = self._transport
         if t is None:
             return
-        if not send_error or t.get_write_buffer_size() > self._max_pending:
-            t.abort()
+        if abort or t.get_write_buffer_size() > self._max_pending:
+            t.abort()  # unsent bytes are dropped: the peer is not reading them anyway
             return
-        if isinstance(exc, RemoteProtocolError):
-            try:
-                for part in encode_frame(Error(code=exc.code[:_MAX_REASON],
-                                               reason=exc.reason[:_MAX_REASON])):
+        if error is not None:
+            with contextlib.suppress(Exception):  # best effort: must not prevent the close
+                code, reason = error
+                for part in encode_frame(Error(code=code[:_MAX_REASON],
+                                               reason=reason[:_MAX_REASON])):
                     t.write(part)
                 self.frames_out += 1
-            except Exception:  # best effort: a failing write must not prevent the close
-                pass
-        t.close()
-        # close() waits for the buffer to flush; a peer that does not read must not keep it.
+        t.close()  # flushes what is buffered, then connection_lost
+        # ... but a peer that does not read must not keep the connection open.
         self._abort_handle = asyncio.get_running_loop().call_later(
             self._close_timeout_s, t.abort)
 

@@ -1,0 +1,317 @@
+"""``aiogc simulate`` and ``aiogc experiment``: argparse subcommands registered by ``aiogc.cli``.
+
+``register(subparsers)`` adds both; each sets ``func=handler`` with ``handler(args) -> int``.
+Bad values exit with code 2 and a message naming the flag, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, SCHEMES, RunConfig
+from ..errors import ConfigError
+
+__all__ = ["register", "run_simulate", "simulate_summary"]
+
+#: RunConfig field -> the flag that sets it (for error messages).
+_FLAGS = {
+    "workers": "--workers", "m": "--workers", "delta": "--delta", "n_parts": "--ell",
+    "assignment": "--assignment", "ordering": "--ordering", "decoding": "--decoding",
+    "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
+    "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
+    "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
+}
+
+#: Largest trial count accepted (the schedule holds trials * m * delta floats).
+MAX_TRIALS = 1_000_000
+
+
+def register(subparsers: Any) -> None:
+    """Add ``simulate`` and ``experiment`` to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate many rounds of several schemes on one delay schedule",
+        description="Simulate trials (one round each) of several schemes on the same "
+        "materialised delay schedule; print completion times (exact mode) or MSE at "
+        "deadlines (approx mode).",
+    )
+    p.add_argument("--assignment", default="cyclic", help=f"one of {', '.join(ASSIGNMENTS)}")
+    p.add_argument("--workers", "-m", type=int, default=20, help="m (default 20)")
+    p.add_argument("--delta", type=int, default=4, help="chunks per worker (default 4)")
+    p.add_argument("--ell", type=int, default=1, help="communication split ℓ (default 1)")
+    p.add_argument("--schemes", default="partial,original",
+                   help=f"comma-separated subset of {', '.join(SCHEMES)}")
+    p.add_argument("--delay", default="exp:1.0",
+                   help="chunk compute-time model (delays.py spec, e.g. exp:1.0, pareto:1.5, "
+                   "shiftexp:0.5,0.5, straggle:0.2,5,exp:1.0)")
+    p.add_argument("--latency", default="0",
+                   help="seconds of one-way latency per frame, or a delays.py spec for the "
+                   "per-(round, worker) network hold (default 0)")
+    p.add_argument("--trials", type=int, default=500, help="rounds simulated (default 500)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mode", default="exact", help="exact or approx")
+    p.add_argument("--deadline", default=None, help="approx mode: T1,T2,... seconds")
+    p.add_argument("--dim", type=int, default=120, help="gradient length for the MSE (120)")
+    p.add_argument("--engine", default="fast", help="fast (vectorised) or protocol "
+                   "(state machines on the virtual clock)")
+    p.add_argument("--ordering", default="optimal", help=f"one of {', '.join(ORDERINGS)}")
+    p.add_argument("--decoding", default="frame", help=f"one of {', '.join(DECODINGS)}")
+    p.add_argument("--k", type=int, default=None, help="ignore-stragglers: workers waited for")
+    p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
+    p.add_argument("--format", default="json", choices=("json", "table"))
+    p.set_defaults(func=cmd_simulate)
+
+    from ..experiments import EXPERIMENTS
+
+    e = subparsers.add_parser(
+        "experiment",
+        help="run a named experiment (CSV + PNG)",
+        description="Run one of the documented experiments (docs/experiments.md) and write "
+        "NAME.csv and NAME.png into --out.",
+    )
+    e.add_argument("name", choices=(*EXPERIMENTS, "all"))
+    e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--quick", action="store_true", help="small grid (< 20 s each)")
+    e.add_argument("--seed", type=int, default=1)
+    e.set_defaults(func=cmd_experiment)
+
+
+# ------------------------------------------------------------------------------ simulate
+
+
+def _flag_error(exc: ConfigError) -> str:
+    flag = _FLAGS.get(exc.field, exc.field)
+    return f"aiogc simulate: error: {flag}: {exc.value!r} is invalid: expected {exc.allowed}"
+
+
+def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
+    schemes = [s.strip() for s in str(args.schemes).split(",") if s.strip()]
+    if not schemes:
+        raise ConfigError("schemes", args.schemes, "a comma-separated list of " + ", ".join(SCHEMES))
+    for s in schemes:
+        if s not in SCHEMES:
+            raise ConfigError("schemes", s, "one of " + ", ".join(SCHEMES))
+    if len(set(schemes)) != len(schemes):
+        raise ConfigError("schemes", args.schemes, "distinct scheme names")
+    if args.engine not in ("fast", "protocol"):
+        raise ConfigError("engine", args.engine, "fast or protocol")
+    if type(args.trials) is not int or not 1 <= args.trials <= MAX_TRIALS:
+        raise ConfigError("rounds", args.trials, f"an integer in [1, {MAX_TRIALS}]")
+    if not 1 <= args.dim <= 1_000_000:
+        raise ConfigError("dim", args.dim, "an integer in [1, 1000000]")
+    latency = 0.0
+    spec = "none"
+    try:
+        latency = float(args.latency)
+    except ValueError:
+        spec = str(args.latency)
+        from ..delays import parse_delay
+
+        parse_delay(spec, field="latency")
+    else:
+        if not math.isfinite(latency) or latency < 0:
+            raise ConfigError("latency", args.latency, "seconds >= 0 or a delays.py spec")
+    deadlines: list[float] = []
+    if args.mode == "approx":
+        if not args.deadline:
+            raise ConfigError("deadline_s", args.deadline, "T1,T2,... (seconds > 0) in approx mode")
+        for tok in str(args.deadline).split(","):
+            try:
+                t = float(tok)
+            except ValueError:
+                raise ConfigError("deadline_s", tok, "a number of seconds > 0") from None
+            if not (math.isfinite(t) and t > 0):
+                raise ConfigError("deadline_s", tok, "a number of seconds in (0, 1e6]")
+            deadlines.append(t)
+    from ..delays import parse_delay
+
+    parse_delay(str(args.delay), field="delay")
+    cfg = RunConfig(
+        scheme=schemes[0] if schemes[0] not in ("uncoded", "ignore-stragglers") else "partial",
+        workers=args.workers, delta=args.delta, n_parts=args.ell, assignment=args.assignment,
+        ordering=args.ordering, decoding=args.decoding, k=args.k, mode=args.mode,
+        deadline_s=deadlines[0] if deadlines else None, rounds=args.trials, seed=args.seed,
+        delay=str(args.delay), latency=spec, dtype=args.dtype,
+        heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
+    )
+    from .fast import scheme_config
+
+    for s in schemes:  # validate every scheme's view of the config up front
+        scheme_config(cfg, s)
+    return cfg, schemes, latency, deadlines
+
+
+def _stats(x: np.ndarray) -> tuple[float | None, float | None, int]:
+    fin = x[np.isfinite(x)]
+    if fin.size == 0:
+        return None, None, int(x.size)
+    std = float(fin.std(ddof=1)) if fin.size > 1 else 0.0
+    return float(fin.mean()), std, int(x.size - fin.size)
+
+
+def _row(name: str, mode: str, deadline: float | None, comp: np.ndarray, status: np.ndarray,
+         mse: np.ndarray | None) -> dict[str, Any]:
+    mean, std, unfinished = _stats(comp)
+    row: dict[str, Any] = {"scheme": name, "mode": mode, "completion_mean": mean,
+                           "completion_std": std, "trials": int(comp.size)}
+    if unfinished:
+        row["unfinished"] = unfinished
+    row["exact_fraction"] = float(np.mean(status == "exact"))
+    if deadline is not None:
+        row["deadline"] = deadline
+    if mse is not None:
+        row["mse_mean"] = float(mse.mean())
+        row["mse_std"] = float(mse.std(ddof=1)) if mse.size > 1 else 0.0
+        row["mse_median"] = float(np.median(mse))
+    return row
+
+
+def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
+                 deadlines: list[float] | None = None, engine: str = "fast",
+                 dim: int = 120) -> list[dict[str, Any]]:
+    """Result rows (one per scheme, or per scheme and deadline in approx mode)."""
+    from .fast import build_schemes, schedule_for, simulate_fast
+    from .protocol import record_arrays, simulate_protocol
+
+    built = build_schemes(cfg, schemes)
+    schedule = schedule_for(cfg, built)
+    rows: list[dict[str, Any]] = []
+    runs = [(cfg, None)] if cfg.mode == "exact" else [
+        (cfg.replace(deadline_s=t), t) for t in (deadlines or [])
+    ]
+    for c, t in runs:
+        if engine == "fast":
+            res = simulate_fast(c, schemes, schedule=schedule, latency=latency, dim=dim,
+                                built=built)
+            for name in schemes:
+                r = res[name]
+                rows.append(_row(name, c.mode, t, r.completion_s, r.status, r.mse))
+        else:
+            recs = simulate_protocol(c, schemes, schedule=schedule, latency=latency,
+                                     gradients="gaussian", dim=dim, built=built)
+            for name in schemes:
+                a = record_arrays(recs[name])
+                rows.append(_row(name, c.mode, t, a["completion_s"], a["status"],
+                                 a["mse"] if c.mode == "approx" else None))
+    return rows
+
+
+def simulate_summary(cfg: RunConfig, schemes: list[str], rows: list[dict[str, Any]], *,
+                     latency: float, engine: str, dim: int,
+                     deadlines: list[float]) -> dict[str, Any]:
+    """The JSON object ``aiogc simulate`` prints."""
+    config = {
+        "assignment": cfg.assignment, "workers": cfg.workers, "delta": cfg.delta,
+        "ell": cfg.n_parts, "schemes": schemes, "delay": cfg.delay,
+        "latency_s": latency, "network": cfg.latency, "trials": cfg.rounds, "seed": cfg.seed,
+        "mode": cfg.mode, "deadlines": deadlines or None, "dim": dim, "engine": engine,
+        "ordering": cfg.ordering, "decoding": cfg.decoding, "dtype": cfg.dtype,
+    }
+    speedup = None
+    means = {r["scheme"]: r["completion_mean"] for r in rows if r["mode"] == "exact"}
+    if means.get("partial") and means.get("original") is not None:
+        speedup = means["original"] / means["partial"]
+    out: dict[str, Any] = {"config": config, "results": rows, "speedup": speedup}
+    if cfg.mode == "approx" and "partial" in schemes and "original" in schemes:
+        ratio = {}
+        for t in deadlines:
+            mp = next(r["mse_mean"] for r in rows if r["scheme"] == "partial" and r["deadline"] == t)
+            mo = next(r["mse_mean"] for r in rows
+                      if r["scheme"] == "original" and r["deadline"] == t)
+            ratio[str(t)] = mo / mp if mp > 0 else None
+        out["mse_ratio"] = ratio
+    return out
+
+
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """A readable table of :func:`simulate_summary`'s object."""
+    c = summary["config"]
+    lines = [
+        f"m={c['workers']} δ={c['delta']} ℓ={c['ell']} assignment={c['assignment']} "
+        f"ordering={c['ordering']} delay={c['delay']} latency={c['latency_s']}s "
+        f"network={c['network']} trials={c['trials']} seed={c['seed']} engine={c['engine']}",
+    ]
+    approx = c["mode"] == "approx"
+    head = ["scheme", "mode"] + (["deadline"] if approx else []) + [
+        "completion mean", "± std", "exact %"] + (["mse mean", "± std", "median"] if approx else [])
+    body = []
+    for r in summary["results"]:
+        row = [r["scheme"], r["mode"]] + ([_fmt(r.get("deadline"))] if approx else []) + [
+            _fmt(r["completion_mean"]), _fmt(r["completion_std"]),
+            f"{100 * r['exact_fraction']:.1f}"]
+        if approx:
+            row += [_fmt(r["mse_mean"], ".3e"), _fmt(r["mse_std"], ".3e"),
+                    _fmt(r["mse_median"], ".3e")]
+        body.append(row)
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body)
+    if summary.get("speedup") is not None:
+        lines.append(f"speedup (original / partial mean completion): {summary['speedup']:.3f}")
+    for t, v in (summary.get("mse_ratio") or {}).items():
+        lines.append(f"T={t}: MSE original / partial = {_fmt(v, '.3g')}")
+    return "\n".join(lines)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Handler of ``aiogc simulate``."""
+    try:
+        cfg, schemes, latency, deadlines = _parse_args(args)
+        rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
+                            engine=args.engine, dim=args.dim)
+    except ConfigError as exc:
+        print(_flag_error(exc), file=sys.stderr)
+        return 2
+    summary = _json_safe(simulate_summary(cfg, schemes, rows, latency=latency,
+                                          engine=args.engine, dim=args.dim,
+                                          deadlines=deadlines))
+    if args.format == "table":
+        print(format_table(summary))
+    else:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------ experiment
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    """Handler of ``aiogc experiment NAME --out DIR [--quick]``."""
+    from ..experiments import EXPERIMENTS, run_experiment
+
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            summary = run_experiment(name, args.out, quick=args.quick, seed=args.seed)
+        except ConfigError as exc:
+            print(f"aiogc experiment: error: {exc}", file=sys.stderr)
+            return 2
+        dt = time.monotonic() - t0
+        print(json.dumps(_json_safe({"experiment": name, "seconds": round(dt, 2),
+                                     "headline": summary}), indent=2))
+    return 0

@@ -1,0 +1,183 @@
+"""Run the real protocol state machines on the virtual clock for a comparison of schemes.
+
+For each scheme: one :class:`~aiogc.core.ParameterServer` and ``m`` :class:`~aiogc.core.Worker`
+objects wired by :class:`~aiogc.sim.engine.Simulation`, all fed the *same* materialised
+:class:`~aiogc.delays.DelaySchedule`; one round of the schedule is one trial. The result is the
+PS's per-round :class:`~aiogc.core.RoundRecord` list of every scheme.
+
+Simulation settings. The engine's clock is virtual, so the wall-clock safety timers of a live run
+would only truncate heavy-tailed rounds: :func:`simulation_config` switches heartbeats off
+(``heartbeat_s = dead_after_s = None``) and raises ``round_timeout_s`` to its maximum (1e6 s).
+Everything else (trigger, encoding, decoding, faults) is the live system's code.
+
+Gradients: ``"task"`` uses the configured learning task (``config.task``); ``"gaussian"`` gives
+i.i.d. ``N(0, I_dim)`` chunk gradients keyed by (seed, round) via
+:func:`aiogc.sim.fast.gaussian_chunk_gradients`, with a zero learning rate, and the PS's
+``rel_error`` is then measured against their exact sum: ``mse = rel_error ** 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig
+from ..core import ParameterServer, RoundRecord, Setup, Worker
+from ..delays import DelaySchedule
+from ..errors import ConfigError
+from .engine import Simulation
+from .fast import build_schemes, gaussian_chunk_gradients, schedule_for, scheme_config
+
+__all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
+
+GRADIENTS = ("task", "gaussian")
+
+
+def simulation_config(config: RunConfig) -> RunConfig:
+    """``config`` with the wall-clock safety timers off (see the module docstring)."""
+    return config.replace(heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6)
+
+
+def _nonces(salt: int) -> Any:
+    state = [0]
+
+    def nonce() -> bytes:
+        state[0] += 1
+        return (salt * 1_000_003 + state[0]).to_bytes(16, "big")
+
+    return nonce
+
+
+class _GaussianGradients:
+    """Chunk gradients of the current round, shared by the PS and all workers of one run."""
+
+    def __init__(self, seed: int, n_chunks: int, dim: int) -> None:
+        self.seed, self.n_chunks, self.dim = seed, n_chunks, dim
+        self._round = -1
+        self._G = np.zeros((n_chunks, dim))
+
+    def of_round(self, rnd: int) -> np.ndarray:
+        if rnd != self._round:
+            self._G = gaussian_chunk_gradients(self.seed, rnd, self.n_chunks, self.dim)
+            self._round = rnd
+        return self._G
+
+
+def _run_one(cfg: RunConfig, scheme: Any, schedule: DelaySchedule, *, latency: float,
+             bandwidth_Bps: float | None, gradients: str, dim: int) -> list[RoundRecord]:
+    m = scheme.m
+    workers: list[Worker] = []
+    if gradients == "gaussian":
+        gg = _GaussianGradients(cfg.seed, scheme.n_chunks, dim)
+        model = np.zeros(dim)
+        lr = 0.0
+        loss_fn = None
+        ps_box: list[ParameterServer] = []
+
+        def verify(w: np.ndarray) -> np.ndarray:
+            return np.asarray(gg.of_round(ps_box[0].round))
+
+        def setup_for(j: int) -> Any:
+            def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
+                return np.asarray(gg.of_round(workers[j].round)[chunk])
+
+            return lambda c: Setup(c, scheme, chunk_gradient)
+
+        verify_fn: Any = verify
+    else:
+        from ..tasks import chunk_grads_fn, make_task
+
+        task = make_task(cfg.task, scheme.n_chunks, cfg.seed)
+        model = task.initial_model()
+        lr = cfg.learning_rate or task.learning_rate
+        loss_fn = task.loss
+        verify_fn = chunk_grads_fn(task)
+
+        def setup_for(j: int) -> Any:
+            return lambda c: Setup(c, scheme, task.chunk_gradient)
+
+        ps_box = []
+    ps = ParameterServer(cfg, scheme=scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
+                         verify_fn=verify_fn, schedule=schedule, nonce_fn=_nonces(1000))
+    ps_box.append(ps)
+    workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j)) for j in range(m))
+    sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
+    sim.run()
+    return list(ps.records)
+
+
+def simulate_protocol(
+    config: RunConfig,
+    schemes: Sequence[str],
+    *,
+    schedule: DelaySchedule | None = None,
+    latency: float = 0.0,
+    bandwidth_Bps: float | None = None,
+    gradients: str = "task",
+    dim: int = 120,
+    built: dict[str, Any] | None = None,
+) -> dict[str, list[RoundRecord]]:
+    """Simulate ``config.rounds`` rounds of each scheme with the real PS and worker cores.
+
+    Parameters
+    ----------
+    config : RunConfig
+        Base configuration; ``scheme`` is replaced by each name (uncoded / ignore-stragglers
+        with ``n_parts = 1``). ``mode`` / ``deadline_s`` apply to every scheme.
+    schemes : sequence of str
+    schedule : DelaySchedule, optional
+        Shared by every scheme; default drawn from ``config`` (``delay``, ``latency``, ``seed``)
+        with ``config.rounds`` rounds.
+    latency : float
+        One-way latency of every frame in the engine (seconds).
+    bandwidth_Bps : float, optional
+        Adds array bytes / bandwidth to array-carrying frames.
+    gradients : {"task", "gaussian"}
+    dim : int
+        Gradient length for ``gradients="gaussian"``.
+    built : dict, optional
+        Pre-built ``{name: scheme}`` matching ``config``.
+
+    Returns
+    -------
+    dict name -> list of RoundRecord (one per round, in order)
+    """
+    if gradients not in GRADIENTS:
+        raise ConfigError("gradients", gradients, "one of " + ", ".join(GRADIENTS))
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ConfigError("dim", dim, "an integer >= 1")
+    sch = built if built is not None else build_schemes(config, schemes)
+    if schedule is None:
+        schedule = schedule_for(config, sch)
+    if schedule.rounds < config.rounds:
+        raise ConfigError("schedule", schedule.rounds, f">= config.rounds={config.rounds} rounds")
+    out: dict[str, list[RoundRecord]] = {}
+    for name in schemes:
+        cfg = simulation_config(scheme_config(config, name))
+        out[name] = _run_one(cfg, sch[name], schedule, latency=float(latency),
+                             bandwidth_Bps=bandwidth_Bps, gradients=gradients, dim=dim)
+    return out
+
+
+def record_arrays(records: Sequence[RoundRecord]) -> dict[str, np.ndarray]:
+    """Per-round arrays of a record list.
+
+    Returns
+    -------
+    dict with keys
+        ``trigger_s`` (t_trigger - t_start, ``inf`` if none), ``completion_s`` (t_end - t_start;
+        ``inf`` for a failed round that timed out), ``status`` (str), ``mse`` (``rel_error**2``;
+        1.0 for a failed round, whose estimate is 0).
+    """
+    trig, comp, mse, status = [], [], [], []
+    for r in records:
+        t0 = r.t_start
+        trig.append(np.inf if r.t_trigger is None else r.t_trigger - t0)
+        timeout = r.status == "failed" and r.end_reason.startswith("round timeout")
+        comp.append(np.inf if timeout or r.t_end is None else r.t_end - t0)
+        mse.append(1.0 if r.status == "failed" else r.rel_error**2)
+        status.append(r.status)
+    return {"trigger_s": np.array(trig), "completion_s": np.array(comp),
+            "mse": np.array(mse), "status": np.array(status)}

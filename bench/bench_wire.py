@@ -1,0 +1,334 @@
+"""Wire benchmark: coded-payload throughput and small-frame round trips over loopback.
+
+Throughput: a client sends ``CodedGradient`` frames (d float32) to a receiver in another
+process; the receiver's ``alloc`` hands the decoder a preallocated row, so the payload lands in
+place. Baseline: the same bytes sent with a blocking socket ``sendall`` to a receiver doing
+``recv_into`` a preallocated buffer. Baseline and subjects are interleaved trial by trial (the
+machine is noisy, see docs: performance.md); medians of ``--trials`` each; the ratio is
+median(subject) / median(raw). Both ends of a framed subject use the same loop.
+
+Round trip: the client sends a ``chunk_report`` and waits for the receiver's ``pong``;
+p50 / p99 over ``--rtt-n`` round trips after a warm-up.
+
+    python bench/bench_wire.py --loop both --trials 7
+    python bench/bench_wire.py --json > wire.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from aiogc.messages import ChunkReport, CodedGradient, Message, Ping, Pong
+from aiogc.net.framing import FramedConnection
+from aiogc.wire import encode_frame
+
+HOST = "127.0.0.1"
+_REQ = struct.Struct(">QQ")  # raw baseline request: frames, frame_bytes
+
+
+def _loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def _coded(d: int) -> CodedGradient:
+    return CodedGradient(epoch=0, round=1, attempt=0, state_digest=b"\x00" * 8, compute_s=0.0,
+                         payload=np.ones(d, dtype="<f4"))
+
+
+# ------------------------------------------------------------------------ receivers (children)
+
+
+def _raw_receiver(ready: Any) -> None:
+    lsock = socket.create_server((HOST, 0))
+    ready.send(lsock.getsockname()[1])
+    buf = bytearray(0)
+    while True:
+        sock, _ = lsock.accept()
+        with sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = sock.recv(_REQ.size, socket.MSG_WAITALL)
+            if len(head) < _REQ.size:
+                continue
+            frames, frame_bytes = _REQ.unpack(head)
+            if frames == 0:  # round-trip baseline: echo until EOF
+                while data := sock.recv(65536):
+                    sock.sendall(data)
+                continue
+            if len(buf) < frame_bytes:
+                buf = bytearray(frame_bytes)
+            view = memoryview(buf)
+            for _ in range(frames):
+                got = 0
+                while got < frame_bytes:
+                    n = sock.recv_into(view[got:frame_bytes])
+                    if n == 0:
+                        break
+                    got += n
+            sock.sendall(b"k")
+
+
+def _framed_receiver(ready: Any, loop_kind: str) -> None:
+    rows: dict[int, np.ndarray] = {}
+
+    def alloc(kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> np.ndarray:
+        row = rows.get(n)
+        if row is None or row.dtype != dtype:
+            row = rows[n] = np.empty(n, dtype)  # the "PS's preallocated row", reused per trial
+        return row
+
+    def factory() -> FramedConnection:
+        state = {"expect": 0, "got": 0}
+
+        def on_message(conn: FramedConnection, msg: Message) -> None:
+            if isinstance(msg, Ping):
+                state["expect"], state["got"] = msg.seq, 0
+            elif isinstance(msg, CodedGradient):
+                state["got"] += 1
+                if state["got"] == state["expect"]:
+                    conn.send(Pong(seq=state["got"]))
+            elif isinstance(msg, ChunkReport):
+                conn.send(Pong(seq=msg.count))
+
+        def on_close(conn: FramedConnection, exc: BaseException | None) -> None:
+            pass
+
+        return FramedConnection(on_message, on_close, alloc=alloc)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(factory, HOST, 0)
+        ready.send(srv.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+
+    with asyncio.Runner(loop_factory=_loop_factory(loop_kind)) as r:
+        r.run(main())
+
+
+# ------------------------------------------------------------------------ senders (parent)
+
+
+def raw_trial(port: int, msg: CodedGradient, frames: int) -> float:
+    parts = encode_frame(msg)
+    frame_bytes = sum(len(p) for p in parts)
+    with socket.create_connection((HOST, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(_REQ.pack(frames, frame_bytes))
+        t0 = time.perf_counter()
+        for _ in range(frames):
+            for p in parts:
+                sock.sendall(p)
+        ack = sock.recv(1)
+        dt = time.perf_counter() - t0
+    assert ack == b"k"
+    return frames * frame_bytes / dt
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.waiter: asyncio.Future[Pong] | None = None
+
+    def on_message(self, conn: FramedConnection, msg: Message) -> None:
+        if isinstance(msg, Pong) and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(msg)
+
+    async def connect(self, port: int) -> FramedConnection:
+        loop = asyncio.get_running_loop()
+        # (both loops set TCP_NODELAY on TCP transports themselves)
+        _, conn = await loop.create_connection(
+            lambda: FramedConnection(self.on_message, lambda c, e: None), HOST, port)
+        return conn
+
+
+async def framed_trial(port: int, msg: CodedGradient, frames: int) -> float:
+    client = _Client()
+    conn = await client.connect(port)
+    frame_bytes = sum(len(p) for p in encode_frame(msg))
+    conn.send(Ping(seq=frames))
+    client.waiter = asyncio.get_running_loop().create_future()
+    t0 = time.perf_counter()
+    for _ in range(frames):
+        conn.send(msg)
+        await conn.drain()
+    pong = await client.waiter
+    dt = time.perf_counter() - t0
+    assert pong.seq == frames
+    conn.close()
+    return frames * frame_bytes / dt
+
+
+def _report(i: int) -> ChunkReport:
+    return ChunkReport(epoch=0, round=1, count=i % 1000, t_worker=0.0, elapsed_s=0.0)
+
+
+class RawRtt:
+    """Baseline: the same chunk_report bytes echoed by a blocking socket peer."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection((HOST, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(_REQ.pack(0, 0))
+
+    def run(self, n: int, start: int) -> list[float]:
+        out = []
+        for i in range(start, start + n):
+            data = encode_frame(_report(i))[0]
+            t0 = time.perf_counter_ns()
+            self.sock.sendall(data)
+            got = 0
+            while got < len(data):
+                got += len(self.sock.recv(65536))
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def rtt_open(port: int) -> tuple[_Client, FramedConnection]:
+    client = _Client()
+    return client, await client.connect(port)
+
+
+async def rtt_run(client: _Client, conn: FramedConnection, n: int, start: int) -> list[float]:
+    """Each round trip includes building the message, encoding, decoding and validating it."""
+    loop = asyncio.get_running_loop()
+    out: list[float] = []
+    for i in range(start, start + n):
+        client.waiter = loop.create_future()
+        t0 = time.perf_counter_ns()
+        conn.send(_report(i))
+        await client.waiter
+        out.append((time.perf_counter_ns() - t0) / 1e3)
+    return out
+
+
+# ------------------------------------------------------------------------ driver
+
+
+def _start(target: Callable[..., None], *args: Any) -> tuple[Any, int]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+    proc.start()
+    port = parent.recv()
+    return proc, port
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loop", choices=["uvloop", "asyncio", "both"], default="both")
+    ap.add_argument("--d", type=float, nargs="+", default=[1e6, 1e7],
+                    help="payload lengths (float32 elements)")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--mb-per-trial", type=float, default=200.0,
+                    help="payload megabytes per throughput trial (frames = this / frame size)")
+    ap.add_argument("--rtt-n", type=int, default=2000)
+    ap.add_argument("--rtt-warmup", type=int, default=200)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args(argv)
+    loops = ["uvloop", "asyncio"] if args.loop == "both" else [args.loop]
+
+    procs = []
+    raw_proc, raw_port = _start(_raw_receiver)
+    procs.append(raw_proc)
+    ports: dict[str, int] = {}
+    for kind in loops:
+        p, ports[kind] = _start(_framed_receiver, kind)
+        procs.append(p)
+    runners = {kind: asyncio.Runner(loop_factory=_loop_factory(kind)) for kind in loops}
+
+    results: dict[str, Any] = {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "cpus": os.cpu_count(), "trials": args.trials, "throughput": [], "rtt": []}
+    try:
+        for d_f in args.d:
+            d = int(d_f)
+            msg = _coded(d)
+            frames = max(1, round(args.mb_per_trial * 1e6 / msg.payload.nbytes))
+            # warm-up (page faults in the receivers' rows, connection paths)
+            raw_trial(raw_port, msg, 1)
+            for kind in loops:
+                runners[kind].run(framed_trial(ports[kind], msg, 1))
+            samples: dict[str, list[float]] = {"raw": [], **{k: [] for k in loops}}
+            for _ in range(args.trials):  # interleaved: raw, then each loop, every trial
+                samples["raw"].append(raw_trial(raw_port, msg, frames))
+                for kind in loops:
+                    samples[kind].append(runners[kind].run(framed_trial(ports[kind], msg,
+                                                                        frames)))
+            raw_med = statistics.median(samples["raw"])
+            for name, xs in samples.items():
+                med = statistics.median(xs)
+                results["throughput"].append({
+                    "d": d, "frame_mb": round(msg.payload.nbytes / 1e6, 1), "frames": frames,
+                    "subject": "raw socket" if name == "raw" else f"FramedConnection/{name}",
+                    "median_gb_s": med / 1e9, "min_gb_s": min(xs) / 1e9,
+                    "max_gb_s": max(xs) / 1e9, "ratio_to_raw": med / raw_med})
+        # round trips, interleaved in blocks: raw, then each loop
+        raw_rtt = RawRtt(raw_port)
+        clients = {kind: runners[kind].run(rtt_open(ports[kind])) for kind in loops}
+        rtts: dict[str, list[float]] = {"raw": [], **{k: [] for k in loops}}
+        block = 100
+        for b in range(-(-args.rtt_warmup // block) - (-args.rtt_n // block)):
+            keep = b * block >= args.rtt_warmup
+            xs = raw_rtt.run(block, b * block)
+            if keep:
+                rtts["raw"] += xs
+            for kind in loops:
+                xs = runners[kind].run(rtt_run(*clients[kind], block, b * block))
+                if keep:
+                    rtts[kind] += xs
+        raw_rtt.close()
+        for kind in loops:
+            clients[kind][1].close()
+        for name, xs in rtts.items():
+            q = np.percentile(xs, [50, 99])
+            results["rtt"].append({
+                "subject": "raw socket echo" if name == "raw" else f"FramedConnection/{name}",
+                "n": len(xs), "p50_us": float(q[0]), "p99_us": float(q[1]),
+                "mean_us": float(np.mean(xs))})
+    finally:
+        for r in runners.values():
+            r.close()
+        for p in procs:
+            p.terminate()
+            p.join()
+
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"python {results['python']}, {results['cpus']} cpus, {args.trials} interleaved "
+          f"trials, medians")
+    print(f"{'d':>10} {'frame MB':>8} {'subject':<26} {'GB/s':>6} {'min':>6} {'max':>6} "
+          f"{'x raw':>6}")
+    for row in results["throughput"]:
+        print(f"{row['d']:>10} {row['frame_mb']:>8} {row['subject']:<26} "
+              f"{row['median_gb_s']:>6.2f} {row['min_gb_s']:>6.2f} {row['max_gb_s']:>6.2f} "
+              f"{row['ratio_to_raw']:>6.2f}")
+    print()
+    print(f"{'round trip, chunk_report -> pong':<36} {'n':>6} {'p50 us':>8} {'p99 us':>8}")
+    for row in results["rtt"]:
+        print(f"{row['subject']:<36} {row['n']:>6} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
