@@ -40,8 +40,10 @@ Invariants
   :class:`~aiogc.errors.FrameTooLarge`) carrying a short ``code``; nothing else escapes from
   decoding peer bytes. A :class:`FrameDecoder` that raised is poisoned: every later call raises
   the same exception (the connection must be closed; there is no resynchronisation).
-* Memory is bounded by the limits: at most ``4 + max_header_bytes`` (plus a small read slack) of
-  buffered header bytes, and one array of at most ``max_array_bytes`` per frame.
+* Memory is bounded by the limits: the header buffer never exceeds ``max_header_bytes + 64 KiB``
+  (read slack), and each frame allocates at most one array of ``max_array_bytes``.
+* Frames are parsed in order and, with ``max_messages=1`` + :meth:`FrameDecoder.next_message`,
+  one at a time: a caller can change ``limits`` or the state ``alloc`` reads between frames.
 * Encoding never copies the array: :func:`encode_frame` returns a memoryview of it. The caller
   must not mutate the array until the transport has flushed it (see ``net.framing``).
 

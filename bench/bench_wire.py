@@ -220,6 +220,10 @@ async def rtt_run(client: _Client, conn: FramedConnection, n: int, start: int) -
     return out
 
 
+async def _aclose(conn: FramedConnection) -> None:
+    conn.close()
+
+
 # ------------------------------------------------------------------------ driver
 
 
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     rtts[kind] += xs
         raw_rtt.close()
         for kind in loops:
-            clients[kind][1].close()
+            runners[kind].run(_aclose(clients[kind][1]))
         for name, xs in rtts.items():
             q = np.percentile(xs, [50, 99])
             results["rtt"].append({

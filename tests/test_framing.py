@@ -137,7 +137,7 @@ async def connect(addr: tuple[str, int], limits: FrameLimits = DEFAULT_LIMITS) -
     peer = Peer()
     _, conn = await asyncio.get_running_loop().create_connection(
         lambda: FramedConnection(peer.on_message, peer.on_close, limits), *addr)
-    peer.conn = conn  # type: ignore[assignment]
+    peer.conn = conn
     return peer
 
 

@@ -19,6 +19,13 @@ Invariants
   A closing connection that does not drain within ``close_timeout_s`` is aborted.
 
 No authentication and no protocol logic here: the core decides what messages mean.
+
+Known imperfections: the Error frame before a close is best effort (if the peer's garbage is
+still unread in our receive buffer when we close, the kernel may answer with RST and the peer
+may never see it). The 3.11 default loop copies the unsent rest of every large write
+(performance.md): prefer uvloop for big payloads. A per-frame read deadline (slowloris) and
+write deadlines are the caller's timers: see ``FrameDecoder.at_frame_boundary`` and
+:meth:`FramedConnection.drain`.
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._high, self._low = write_high_water, write_low_water
         self._close_timeout_s = close_timeout_s
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False  # a close decision was taken (or the transport is gone)
         self._lost = False
         self._close_exc: BaseException | None = None
@@ -99,6 +107,7 @@ class FramedConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass, but has the same API
         self._transport = cast(asyncio.Transport, transport)
+        self._loop = asyncio.get_running_loop()  # connection_made runs as a loop callback
         self.peername = transport.get_extra_info("peername")
         self._transport.set_write_buffer_limits(high=self._high, low=self._low)
 
@@ -240,7 +249,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._closing = True
         self._close_exc = exc
         t = self._transport
-        if t is None:
+        if t is None or self._loop is None:
             return
         if abort or t.get_write_buffer_size() > self._max_pending:
             t.abort()  # unsent bytes are dropped: the peer is not reading them anyway
@@ -254,7 +263,7 @@ class FramedConnection(asyncio.BufferedProtocol):
                 self.frames_out += 1
         t.close()  # flushes what is buffered, then connection_lost
         # ... but a peer that does not read must not keep the connection open.
-        self._abort_handle = asyncio.get_running_loop().call_later(
+        self._abort_handle = self._loop.call_later(
             self._close_timeout_s, t.abort)
 
     def _wake_drainers(self) -> None:

@@ -94,7 +94,8 @@ def _flag_error(exc: ConfigError) -> str:
 def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
     schemes = [s.strip() for s in str(args.schemes).split(",") if s.strip()]
     if not schemes:
-        raise ConfigError("schemes", args.schemes, "a comma-separated list of " + ", ".join(SCHEMES))
+        raise ConfigError("schemes", args.schemes,
+                          "a comma-separated list of " + ", ".join(SCHEMES))
     for s in schemes:
         if s not in SCHEMES:
             raise ConfigError("schemes", s, "one of " + ", ".join(SCHEMES))
@@ -222,7 +223,8 @@ def simulate_summary(cfg: RunConfig, schemes: list[str], rows: list[dict[str, An
     if cfg.mode == "approx" and "partial" in schemes and "original" in schemes:
         ratio = {}
         for t in deadlines:
-            mp = next(r["mse_mean"] for r in rows if r["scheme"] == "partial" and r["deadline"] == t)
+            mp = next(r["mse_mean"] for r in rows
+                      if r["scheme"] == "partial" and r["deadline"] == t)
             mo = next(r["mse_mean"] for r in rows
                       if r["scheme"] == "original" and r["deadline"] == t)
             ratio[str(t)] = mo / mp if mp > 0 else None

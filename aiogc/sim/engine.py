@@ -266,10 +266,10 @@ class Simulation:
         if closing and failed:
             self._worker_lost(worker, now)
             return
-        t = w.next_deadline()
-        if t is not None and t != self._w_timer.get(worker):
-            self._w_timer[worker] = t
-            self._schedule(max(t, now), self._w_timer_fired(worker, t, gen))
+        due = w.next_deadline()
+        if due is not None and due != self._w_timer.get(worker):
+            self._w_timer[worker] = due
+            self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:

@@ -58,8 +58,8 @@ __all__ = [
     "mse_of_states",
     "need_of",
     "outcomes",
-    "scheme_config",
     "schedule_for",
+    "scheme_config",
     "simulate_fast",
     "states_at",
 ]

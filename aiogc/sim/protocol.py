@@ -13,7 +13,8 @@ Everything else (trigger, encoding, decoding, faults) is the live system's code.
 Gradients: ``"task"`` uses the configured learning task (``config.task``); ``"gaussian"`` gives
 i.i.d. ``N(0, I_dim)`` chunk gradients keyed by (seed, round) via
 :func:`aiogc.sim.fast.gaussian_chunk_gradients`, with a zero learning rate, and the PS's
-``rel_error`` is then measured against their exact sum: ``mse = rel_error ** 2``.
+``rel_error_plain`` (``||ĝ - g|| / ||g||``) is then measured against their exact sum:
+``mse = rel_error_plain ** 2``.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ def record_arrays(records: Sequence[RoundRecord]) -> dict[str, np.ndarray]:
     Returns
     -------
     dict with keys
-        ``trigger_s`` (t_trigger - t_start, ``inf`` if none), ``completion_s`` (t_end - t_start;
-        ``inf`` for a failed round that timed out), ``status`` (str), ``mse`` (``rel_error**2``;
-        1.0 for a failed round, whose estimate is 0).
+        ``trigger_s`` (t_trigger - t_start, ``inf`` if none), ``completion_s``
+        (t_end - t_start; ``inf`` for a failed round that timed out), ``status`` (str),
+        ``mse`` (``rel_error_plain**2``; 1.0 for a failed round, whose estimate is 0).
     """
     trig, comp, mse, status = [], [], [], []
     for r in records:
@@ -177,7 +178,7 @@ def record_arrays(records: Sequence[RoundRecord]) -> dict[str, np.ndarray]:
         trig.append(np.inf if r.t_trigger is None else r.t_trigger - t0)
         timeout = r.status == "failed" and r.end_reason.startswith("round timeout")
         comp.append(np.inf if timeout or r.t_end is None else r.t_end - t0)
-        mse.append(1.0 if r.status == "failed" else r.rel_error**2)
+        mse.append(1.0 if r.status == "failed" else r.rel_error_plain**2)
         status.append(r.status)
     return {"trigger_s": np.array(trig), "completion_s": np.array(comp),
             "mse": np.array(mse), "status": np.array(status)}
