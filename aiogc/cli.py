@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -247,10 +248,8 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         task_ = asyncio.create_task(client.run())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task_.cancel)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task_
-        except asyncio.CancelledError:
-            pass
 
     try:
         asyncio.run(main())

@@ -37,11 +37,12 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
 def _check_float(name: str, value: object, lo: float, hi: float, *, optional: bool) -> None:
     if value is None and optional:
         return
+    allowed = f"a number in ({lo}, {hi}]" + (" or None" if optional else "")
     if type(value) not in (int, float) or isinstance(value, bool):
-        raise ConfigError(name, value, f"a number in ({lo}, {hi}]" + (" or None" if optional else ""))
+        raise ConfigError(name, value, allowed)
     v = float(value)  # type: ignore[arg-type]
     if math.isnan(v) or not lo < v <= hi:
-        raise ConfigError(name, value, f"a number in ({lo}, {hi}]" + (" or None" if optional else ""))
+        raise ConfigError(name, value, allowed)
 
 
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -347,11 +347,15 @@ def run_live(
         for name in schemes:
             cfg = scheme_config(config, name)
             bar = Progress(cfg.rounds, name, enabled=progress)
+
+            def tick(_rec: RoundRecord, bar: Progress = bar) -> None:
+                bar.update()
+
             t0 = time.monotonic()
             try:
                 recs = asyncio.run(_run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
                                                verify=verify, recorder=recorder,
-                                               on_round=lambda _r, b=bar: b.update(),
+                                               on_round=tick,
                                                secret=secret))
             finally:
                 bar.close()

@@ -256,12 +256,14 @@ class ParameterServer:
         if now >= rec.t_start + self.config.round_timeout_s:
             self._on_round_timeout(now)
             return
-        if self.phase is PSPhase.COLLECTING and rs.collect_deadline is not None:
-            if now >= rs.collect_deadline:
-                late = sorted(rs.expected - set(rs.received))
-                for w in late:
-                    self._drop_worker(w, "collect_timeout", now)
-                return
+        if (
+            self.phase is PSPhase.COLLECTING
+            and rs.collect_deadline is not None
+            and now >= rs.collect_deadline
+        ):
+            for w in sorted(rs.expected - set(rs.received)):
+                self._drop_worker(w, "collect_timeout", now)
+            return
         if (
             self.phase is PSPhase.COMPUTING
             and self.config.mode == "approx"
@@ -377,7 +379,9 @@ class ParameterServer:
                                      reason=code))
         self._events.append(PeerClosed(peer, code, reason, now))
         info = self._peers.pop(peer, None)
-        if info is not None and info.worker is not None and self._worker_peer.get(info.worker) == peer:
+        if info is not None and info.worker is not None and self._worker_peer.get(
+            info.worker
+        ) == peer:
             del self._worker_peer[info.worker]
             self._last_heard.pop(info.worker, None)
             self._drop_worker(info.worker, code, now)
@@ -470,13 +474,17 @@ class ParameterServer:
             self.stats["report_from_excluded"] += 1
             return
         if msg.count <= rs.state[worker]:
-            self.stats["duplicate_report" if msg.count == rs.state[worker] else "nonmonotone_report"] += 1
+            dup = msg.count == rs.state[worker]
+            self.stats["duplicate_report" if dup else "nonmonotone_report"] += 1
             return
         rs.state[worker] = msg.count
         rs.record.reports.append((now, worker, msg.count, msg.elapsed_s))
-        if self.phase is PSPhase.COMPUTING and not self.scheme.sends_when_done:
-            if self.scheme.is_decodable(rs.state):
-                self._trigger(now, exact=True)
+        if (
+            self.phase is PSPhase.COMPUTING
+            and not self.scheme.sends_when_done
+            and self.scheme.is_decodable(rs.state)
+        ):
+            self._trigger(now, exact=True)
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
         rs = self._current(msg.epoch, msg.round, "coded_gradient")
@@ -487,7 +495,8 @@ class ParameterServer:
             if payload.shape != (self.payload_len,):
                 raise PayloadRejected(f"length {payload.shape[0]} != {self.payload_len}")
             if payload.dtype != self._payload_rows.dtype:
-                raise PayloadRejected(f"dtype {payload.dtype.str} != {self._payload_rows.dtype.str}")
+                want = self._payload_rows.dtype.str
+                raise PayloadRejected(f"dtype {payload.dtype.str} != {want}")
             if not np.isfinite(payload).all():
                 raise PayloadRejected("non-finite values")
         except PayloadRejected as exc:

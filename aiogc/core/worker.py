@@ -201,9 +201,13 @@ class Worker:
         """Release delayed frames, finish due chunks (one per call), send pings, detect a
         silent PS."""
         self._release(now)
-        if self.phase is WorkerPhase.COMPUTING and self._deadlines is not None:
-            if self._count < len(self._deadlines) and now >= self._deadlines[self._count]:
-                self._compute_next(now)
+        if (
+            self.phase is WorkerPhase.COMPUTING
+            and self._deadlines is not None
+            and self._count < len(self._deadlines)
+            and now >= self._deadlines[self._count]
+        ):
+            self._compute_next(now)
         cfg = self.setup.config if self.setup else None
         if cfg is not None and self.phase not in (WorkerPhase.CLOSED,):
             if cfg.dead_after_s is not None and now >= self._last_heard + cfg.dead_after_s:
@@ -375,7 +379,9 @@ class Worker:
         self._attempt_sent = None
         self._t0 = now
         self._net_delay = msg.net_delay_s
-        delays = np.asarray(msg.delays_s[:load], dtype=np.float64) if msg.delays_s else np.zeros(load)
+        delays = (
+            np.asarray(msg.delays_s[:load], dtype=np.float64) if msg.delays_s else np.zeros(load)
+        )
         self._deadlines = now + np.cumsum(delays)
         self._set_phase(WorkerPhase.COMPUTING)
         if load == 0:

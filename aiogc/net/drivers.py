@@ -1,7 +1,7 @@
 """The thin asyncio layer: drive the sans-IO cores over TCP.
 
 A driver only (1) feeds ``receive`` / ``connection_made`` / ``connection_lost`` /
-``handle_timer`` with ``now = loop.time()``, (2) flushes ``messages_to_send()`` to the right
+``handle_timer`` with ``now = time.monotonic()``, (2) flushes ``messages_to_send()`` to the right
 connection, and (3) re-arms one timer at ``next_deadline()``. Protocol decisions live in
 ``aiogc.core``; framing and bounded decoding in :mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
 """
@@ -73,8 +73,14 @@ def install_loop(kind: str = "uvloop") -> str:
     return "asyncio"
 
 
+def _clock() -> float:
+    """The drivers' ``now``: time.monotonic(), not loop.time() — uvloop's loop clock has
+    millisecond resolution, too coarse for round times of a few ms."""
+    return time.monotonic()
+
+
 class _Timer:
-    """One re-armable loop timer."""
+    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
         self._loop = loop
@@ -88,7 +94,7 @@ class _Timer:
         self.cancel()
         if when is not None:
             self._when = when
-            self._handle = self._loop.call_at(when, self._on_fire)
+            self._handle = self._loop.call_later(max(0.0, when - _clock()), self._on_fire)
 
     def _on_fire(self) -> None:
         self._handle = None
@@ -162,7 +168,7 @@ class PSServer:
         """Abort the run (SIGTERM, Ctrl-C): workers are told to shut down."""
         if self._loop is None:
             return
-        self.ps.stop(reason, now=self._loop.time())
+        self.ps.stop(reason, now=_clock())
         self._pump()
 
     async def _flush_and_close(self) -> None:
@@ -201,8 +207,7 @@ class PSServer:
         return conn
 
     def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        return _clock()
 
     def _conn_made(self, conn: FramedConnection) -> None:
         self._conns.add(conn)
@@ -283,8 +288,7 @@ class WorkerClient:
         self.connections = 0
 
     def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        return _clock()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
