@@ -163,7 +163,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
     from .core import ParameterServer, RoundCompleted
-    from .net.drivers import PSServer, install_loop
+    from .net.drivers import PSServer, run_on
     from .records import RunRecorder, summarize
     from .runner import build_manifest, dump_json, format_summary, materialise_for
     from .tasks import chunk_grads_fn as _chunk_grads_fn
@@ -171,7 +171,6 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
-    install_loop(a.loop)
     schedule = materialise_for(config, [a.scheme])
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
@@ -206,7 +205,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
               flush=True)
         await task_
 
-    asyncio.run(main())
+    run_on(a.loop, main())
     summary = summarize({a.scheme: ps.records})
     if recorder is not None:
         recorder.close(summary)
@@ -232,14 +231,13 @@ def add_worker_parser(sub: Any) -> None:
 
 def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .core import Worker
-    from .net.drivers import WorkerClient, install_loop
+    from .net.drivers import WorkerClient, run_on
 
     host, _, port = a.connect.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError("connect", a.connect, "HOST:PORT")
     if a.id < 0:
         raise ConfigError("id", a.id, "an integer >= 0")
-    install_loop(a.loop)
     client = WorkerClient(Worker(a.id, secret=read_secret(a.secret_file)), host, int(port),
                           give_up_after_s=a.give_up_after)
 
@@ -252,7 +250,7 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             await task_
 
     try:
-        asyncio.run(main())
+        run_on(a.loop, main())
     except ConnectionError as exc:
         print(f"aiogc worker: {exc}", file=sys.stderr)
         return 3

@@ -34,7 +34,7 @@ from .config import RunConfig, scheme_digest
 from .core import Event, ParameterServer, RoundCompleted, RoundRecord, Worker
 from .delays import DelaySchedule, materialise
 from .messages import Message
-from .net.drivers import PSServer, WorkerClient, install_loop
+from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
 from .tasks import chunk_grads_fn, make_task
 
 #: Seconds worker processes get to exit after the PS finished before they are terminated.
@@ -152,11 +152,10 @@ def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
                     loop_kind: str) -> None:
     """Entry point of one worker process (module-level so forkserver can import it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
-    install_loop(loop_kind)
     worker = Worker(worker_id, secret=secret)
     client = WorkerClient(worker, host, port)
     try:
-        asyncio.run(client.run())
+        run_on(loop_kind, client.run())
     except ConnectionError as exc:
         print(f"aiogc worker {worker_id}: {exc}", file=sys.stderr)
         sys.exit(3)
@@ -329,7 +328,7 @@ def run_live(
         raise ConfigError("as", mode, "processes or coroutines")
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
-    loop_kind = install_loop(loop)
+    loop_kind, _ = loop_factory(loop)
     if schedule is None:
         schedule = materialise_for(config, schemes)
     if secret is None:
@@ -353,7 +352,7 @@ def run_live(
 
             t0 = time.monotonic()
             try:
-                recs = asyncio.run(_run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
+                recs = run_on(loop_kind, _run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
                                                verify=verify, recorder=recorder,
                                                on_round=tick,
                                                secret=secret))

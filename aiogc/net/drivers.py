@@ -57,20 +57,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def install_loop(kind: str = "uvloop") -> str:
-    """Select the event loop policy; returns the loop kind actually used."""
+def loop_factory(kind: str = "uvloop") -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """``(kind actually used, factory)`` for ``asyncio.Runner(loop_factory=...)``.
+
+    No global event-loop policy is touched, so library users and test runners keep theirs.
+    """
     if kind not in ("uvloop", "asyncio"):
         raise ConfigError("loop", kind, "uvloop or asyncio")
     if kind == "uvloop":
         try:
             import uvloop
 
-            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-            return "uvloop"
+            return "uvloop", uvloop.new_event_loop
         except ImportError:  # pragma: no cover - platform without uvloop
             log.warning("uvloop not installed; using the default asyncio loop")
-    asyncio.set_event_loop_policy(None)
-    return "asyncio"
+    return "asyncio", asyncio.new_event_loop
+
+
+def run_on(kind: str, coro: Any) -> Any:
+    """Run ``coro`` to completion on a fresh loop of ``kind`` (uvloop or asyncio)."""
+    _, factory = loop_factory(kind)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
 def _clock() -> float:
