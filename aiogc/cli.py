@@ -162,23 +162,17 @@ def add_ps_parser(sub: Any) -> None:
 def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
-    from .core import ParameterServer, RoundCompleted
+    from .core import RoundCompleted
     from .net.drivers import PSServer, run_on
     from .records import RunRecorder, summarize
-    from .runner import build_manifest, dump_json, format_summary, materialise_for
-    from .tasks import chunk_grads_fn as _chunk_grads_fn
-    from .tasks import make_task
+    from .runner import build_manifest, dump_json, format_summary, make_ps, materialise_for
 
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
     schedule = materialise_for(config, [a.scheme])
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
-    ps = ParameterServer(config, scheme=scheme, model=task.initial_model(),
-                         learning_rate=config.learning_rate or task.learning_rate,
-                         loss_fn=task.loss, verify_fn=_chunk_grads_fn(task) if a.verify else None,
-                         schedule=schedule, secret=secret, epoch=epoch)
+    ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch)
+    scheme = ps.scheme
     recorder = None
     if a.out:
         recorder = RunRecorder(a.out, build_manifest(config, [a.scheme], schedule,

@@ -145,6 +145,25 @@ class Progress:
             sys.stderr.flush()
 
 
+def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
+            **kwargs: Any) -> tuple[ParameterServer, Any]:
+    """A ParameterServer for ``config`` with its task (initial model, learning rate, loss and,
+    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS."""
+    scheme = config.build_scheme()
+    task = make_task(config.task, scheme.n_chunks, config.seed)
+    ps = ParameterServer(
+        config,
+        scheme=scheme,
+        model=task.initial_model(),
+        learning_rate=config.learning_rate or task.learning_rate,
+        loss_fn=task.loss,
+        verify_fn=chunk_grads_fn(task) if verify else None,
+        schedule=schedule,
+        **kwargs,
+    )
+    return ps, task
+
+
 # ------------------------------------------------------------------ worker processes
 
 
@@ -224,18 +243,8 @@ async def _run_scheme(
     on_round: Callable[[RoundRecord], None] | None,
     secret: bytes | None,
 ) -> list[RoundRecord]:
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
-    ps = ParameterServer(
-        config,
-        scheme=scheme,
-        model=task.initial_model(),
-        learning_rate=config.learning_rate or task.learning_rate,
-        loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task) if verify else None,
-        schedule=schedule,
-        secret=secret,
-    )
+    ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
+    scheme = ps.scheme
     def on_event(ev: Event) -> None:
         if isinstance(ev, RoundCompleted):
             if recorder is not None:

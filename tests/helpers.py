@@ -9,9 +9,9 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, Setup, Worker
-from aiogc.delays import DelaySchedule, materialise
+from aiogc.delays import DelaySchedule
+from aiogc.runner import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
-from aiogc.tasks import chunk_grads_fn, make_task
 
 
 @dataclass
@@ -33,29 +33,11 @@ def build_rig(
     secret: bytes | None = None,
     worker_secret: bytes | None = None,
 ) -> Rig:
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
     if schedule is None:
-        schedule = materialise(
-            config.delay,
-            config.latency,
-            rounds=config.rounds,
-            m=scheme.m,
-            max_chunks=int(np.max(scheme.loads)),
-            seed=config.seed,
-        )
-    ps = ParameterServer(
-        config,
-        scheme=scheme,
-        model=task.initial_model(),
-        learning_rate=config.learning_rate or task.learning_rate,
-        loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task),
-        schedule=schedule,
-        secret=secret,
-        keep_gradients=True,
-        nonce_fn=_counter_nonces(),
-    )
+        schedule = materialise_for(config, [config.scheme])
+    ps, task = make_ps(config, schedule=schedule, secret=secret, keep_gradients=True,
+                       nonce_fn=_counter_nonces())
+    scheme = ps.scheme
 
     def setup(cfg: RunConfig) -> Setup:
         return Setup(cfg, cfg.build_scheme(), task.chunk_gradient)

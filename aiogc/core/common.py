@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections import Counter, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,28 @@ from ..messages import Message
 
 #: Seconds a new connection has to authenticate before it is closed (reliability.md: 2 s).
 AUTH_DEADLINE_S = 2.0
+
+
+class Endpoint:
+    """Outbox, event queue and counters shared by the two state machines."""
+
+    def __init__(self) -> None:
+        self._outbox: list[Outgoing] = []
+        self._events: deque[Event] = deque()
+        self.stats: Counter[str] = Counter()
+
+    def messages_to_send(self) -> list[Outgoing]:
+        """Drain the outbox."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def next_event(self) -> Event | None:
+        """The next event, or None."""
+        return self._events.popleft() if self._events else None
+
+    def statistics(self) -> dict[str, int]:
+        """Counters of dropped, rejected and closed things, by reason."""
+        return dict(self.stats)
 
 
 @dataclass(frozen=True, slots=True)

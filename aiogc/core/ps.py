@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import os
-from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +46,7 @@ from ..messages import (
 )
 from .common import (
     AUTH_DEADLINE_S,
-    Event,
+    Endpoint,
     Finished,
     Outgoing,
     PeerClosed,
@@ -122,7 +121,7 @@ class _RoundState:
     collect_deadline: float | None = None
 
 
-class ParameterServer:
+class ParameterServer(Endpoint):
     """Parameter server core: joins workers, runs rounds, triggers, decodes, updates the model.
 
     Parameters
@@ -157,6 +156,7 @@ class ParameterServer:
         nonce_fn: Callable[[], bytes] = lambda: os.urandom(16),
         keep_gradients: bool = False,
     ) -> None:
+        super().__init__()
         self.config = config
         self.scheme = scheme if scheme is not None else config.build_scheme()
         self.m: int = self.scheme.m
@@ -179,13 +179,10 @@ class ParameterServer:
         self._peers: dict[Hashable, _Peer] = {}
         self._worker_peer: dict[int, Hashable] = {}
         self._last_heard: dict[int, float] = {}
-        self._outbox: list[Outgoing] = []
-        self._events: deque[Event] = deque()
         self._round: _RoundState | None = None
         self._round_no = -1
         self._join_deadline: float | None = None
         self.records: list[RoundRecord] = []
-        self.stats: Counter[str] = Counter()
         # payload buffers: one row per worker, reused across rounds (the network layer
         # receives each payload straight into its row: performance.md pitfall 4)
         self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.payload_dtype)
@@ -292,14 +289,6 @@ class ParameterServer:
                 times.append(rs.record.t_start + self.config.deadline_s)
         return min(times) if times else None
 
-    def messages_to_send(self) -> list[Outgoing]:
-        """Drain the outbox."""
-        out, self._outbox = self._outbox, []
-        return out
-
-    def next_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
-
     # ================================================================== public helpers
 
     @property
@@ -350,9 +339,6 @@ class ParameterServer:
         """Whether ``peer`` completed the handshake (the driver then raises its frame limits)."""
         info = self._peers.get(peer)
         return info is not None and info.worker is not None
-
-    def statistics(self) -> dict[str, int]:
-        return dict(self.stats)
 
     def stop(self, reason: str, *, now: float) -> None:
         """Abort the run (e.g. SIGTERM): tell the workers and finish."""

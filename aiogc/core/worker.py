@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,7 +48,7 @@ from .common import (
     ChunkComputed,
     CodedSent,
     ConnectionFailed,
-    Event,
+    Endpoint,
     Outgoing,
     RoundEnded,
     ShutdownRequested,
@@ -125,7 +125,7 @@ def default_setup(config: RunConfig) -> Setup:
     return Setup(config, scheme, task.chunk_gradient)
 
 
-class Worker:
+class Worker(Endpoint):
     """Worker core.
 
     Parameters
@@ -147,16 +147,14 @@ class Worker:
         setup: Callable[[RunConfig], Setup] = default_setup,
         nonce_fn: Callable[[], bytes] = lambda: os.urandom(16),
     ) -> None:
+        super().__init__()
         self.worker_id = worker_id
         self.secret = secret
         self._setup_fn = setup
         self._nonce_fn = nonce_fn
         self.phase = WorkerPhase.CLOSED
         self.setup: Setup | None = None
-        self.stats: Counter[str] = Counter()
-        self._outbox: list[Outgoing] = []
         self._delayed: deque[tuple[float, Message]] = deque()
-        self._events: deque[Event] = deque()
         self._epoch = 0
         self._nonce = b""
         self._last_sent = 0.0
@@ -237,13 +235,6 @@ class Worker:
                 times.append(self._last_sent + cfg.heartbeat_s)
         return min(times) if times else None
 
-    def messages_to_send(self) -> list[Outgoing]:
-        out, self._outbox = self._outbox, []
-        return out
-
-    def next_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
-
     # ================================================================== helpers
 
     @property
@@ -254,9 +245,6 @@ class Worker:
     def count(self) -> int:
         """Chunk gradients computed and stored in the current round."""
         return self._count
-
-    def statistics(self) -> dict[str, int]:
-        return dict(self.stats)
 
     def _set_phase(self, new: WorkerPhase) -> None:
         if (self.phase, new) not in _TRANSITIONS:
