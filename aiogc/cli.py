@@ -60,6 +60,10 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--dtype", default=d.dtype, help="payload dtype: float64 | float32")
     g.add_argument("--report-every", type=_positive_int, default=d.report_every,
                    help="report the chunk count after every k chunks")
+    g.add_argument("--max-predicted-error", type=float, default=d.max_predicted_error,
+                   help="refuse a decoding matrix B whose cond(B)*eps(dtype) exceeds this")
+    g.add_argument("--on-ill-conditioned", default=d.on_ill_conditioned,
+                   help="raise | warn, when --max-predicted-error is exceeded")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     g.add_argument("--round-timeout", type=float, default=d.round_timeout_s,
                    help="seconds before a round that cannot decode is declared failed")
@@ -79,6 +83,7 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
         assignment=a.assignment, ordering=a.ordering, decoding=a.decoding, k=a.k,
         mode=a.mode, deadline_s=a.deadline, rounds=a.rounds, seed=a.seed, task=a.task,
         delay=a.delay, latency=a.latency, dtype=a.dtype, report_every=a.report_every,
+        max_predicted_error=a.max_predicted_error, on_ill_conditioned=a.on_ill_conditioned,
         learning_rate=a.lr, round_timeout_s=a.round_timeout, collect_timeout_s=a.collect_timeout,
         heartbeat_s=a.heartbeat, dead_after_s=a.dead_after, join_timeout_s=a.join_timeout,
     )

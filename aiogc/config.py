@@ -87,6 +87,8 @@ class RunConfig:
     latency: str = "none"
     dtype: str = "float64"
     report_every: int = 1
+    max_predicted_error: float = 1e-3
+    on_ill_conditioned: str = "raise"
     learning_rate: float | None = None
     heartbeat_s: float | None = 1.0
     dead_after_s: float | None = 5.0
@@ -126,6 +128,8 @@ class RunConfig:
                 raise ConfigError(name, v, "a non-empty spec string of at most 512 chars")
         _check_choice("dtype", self.dtype, DTYPES)
         _check_int("report_every", self.report_every, 1, 10**6)
+        _check_float("max_predicted_error", self.max_predicted_error, 0.0, 1e6, optional=False)
+        _check_choice("on_ill_conditioned", self.on_ill_conditioned, ("raise", "warn"))
         _check_float("learning_rate", self.learning_rate, 0.0, 1e6, optional=True)
         _check_float("heartbeat_s", self.heartbeat_s, 0.0, 3600.0, optional=True)
         _check_float("dead_after_s", self.dead_after_s, 0.0, 3600.0, optional=True)

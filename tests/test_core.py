@@ -296,3 +296,16 @@ def test_config_validation_names_field() -> None:
         RunConfig(mode="approx")
     with pytest.raises(ConfigError, match="seed"):
         RunConfig(seed=True)  # type: ignore[arg-type]
+
+
+def test_ill_conditioned_decoding_matrix_is_refused_or_warned() -> None:
+    """Spec §2: the PS refuses (or warns about) a B whose predicted error exceeds the bound."""
+    cfg = _cfg(workers=20, delta=6, n_parts=3, decoding="gaussian", dtype="float32",
+               max_predicted_error=1e-6)
+    with pytest.raises(ConfigError, match="max_predicted_error"):
+        build_rig(cfg)
+    with pytest.warns(UserWarning, match="ill-conditioned"):
+        rig = build_rig(cfg.replace(on_ill_conditioned="warn"))
+    assert rig.ps.predicted_error > 1e-6
+    ok = build_rig(cfg.replace(decoding="frame", max_predicted_error=1e-4))
+    assert ok.ps.predicted_error <= 1e-4

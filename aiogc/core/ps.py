@@ -19,12 +19,18 @@ import enum
 import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ..config import RunConfig, scheme_digest
-from ..errors import LocalProtocolError, PayloadRejected, RemoteProtocolError
+from ..errors import (
+    CodingError,
+    ConfigError,
+    LocalProtocolError,
+    PayloadRejected,
+    RemoteProtocolError,
+)
 from ..messages import (
     Bye,
     Challenge,
@@ -174,6 +180,8 @@ class ParameterServer(Endpoint):
         self._digest = scheme_digest(self.scheme)
         self._welcome_config = {**config.to_wire(), "scheme_digest": self._digest}
         self._loads = np.asarray(self.scheme.loads, dtype=np.int64)
+        #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
+        self.predicted_error = self._check_conditioning()
 
         self.phase = PSPhase.JOINING
         self._peers: dict[Hashable, _Peer] = {}
@@ -346,6 +354,26 @@ class ParameterServer(Endpoint):
             self._finish(reason, now)
 
     # ================================================================== internals
+
+    def _check_conditioning(self) -> float:
+        """Refuse (or warn about) a decoding matrix B whose worst ℓ-subset condition number
+        predicts more relative error than ``config.max_predicted_error`` for the payload dtype.
+        """
+        B = getattr(self.scheme, "B", None)
+        if B is None or self.scheme.n_parts == 1:
+            return float(np.finfo(self.config.payload_dtype).eps)  # B = 1ᵀ, condition 1
+        from ..coding import check_conditioning
+
+        mode: Literal["raise", "warn"] = (
+            "raise" if self.config.on_ill_conditioned == "raise" else "warn"
+        )
+        try:
+            return check_conditioning(self.scheme.A, B, self.scheme.n_parts,
+                                      self.config.payload_dtype,
+                                      tol=self.config.max_predicted_error, on_fail=mode)
+        except CodingError as exc:
+            raise ConfigError("max_predicted_error", self.config.max_predicted_error,
+                              f"a bound the decoding matrix meets ({exc})") from exc
 
     def _set_phase(self, new: PSPhase) -> None:
         if (self.phase, new) not in _TRANSITIONS:
