@@ -180,9 +180,13 @@ def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
         sys.exit(3)
 
 
-def _mp_context() -> Any:
+def _mp_context(start_method: str = "forkserver") -> Any:
     methods = mp.get_all_start_methods()
-    if "forkserver" in methods:
+    if start_method not in ("forkserver", "spawn"):
+        from .errors import ConfigError
+
+        raise ConfigError("start_method", start_method, "forkserver or spawn")
+    if start_method == "forkserver" and "forkserver" in methods:
         ctx = mp.get_context("forkserver")
         # preloaded once in the fork server, shared copy-on-write by every worker
         ctx.set_forkserver_preload(["aiogc.runner", "numpy", "scipy.linalg", "msgpack"])
@@ -242,6 +246,7 @@ async def _run_scheme(
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     secret: bytes | None,
+    start_method: str = "forkserver",
 ) -> list[RoundRecord]:
     ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
     scheme = ps.scheme
@@ -285,7 +290,7 @@ async def _run_scheme(
                 for t in pending:
                     t.cancel()
             else:
-                ctx = _mp_context()
+                ctx = _mp_context(start_method)
                 with _single_thread_blas_env():
                     for j in range(scheme.m):
                         p = ctx.Process(target=_worker_process, name=f"aiogc-worker-{j}",
@@ -317,6 +322,7 @@ def run_live(
     argv: Sequence[str] | None = None,
     secret: bytes | None = None,
     plots: bool = True,
+    start_method: str = "forkserver",
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -325,6 +331,8 @@ def run_live(
     config : RunConfig
         Base configuration; ``scheme`` is replaced by each entry of ``schemes``.
     mode : {"coroutines", "processes"}
+    start_method : {"forkserver", "spawn"}
+        How worker processes start (processes mode); forkserver preloads the package.
     out_dir : path, optional
         Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
         reports.csv, summary.json, trace.json, PNGs). None: no files.
@@ -364,7 +372,7 @@ def run_live(
                 recs = run_on(loop_kind, _run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
                                                verify=verify, recorder=recorder,
                                                on_round=tick,
-                                               secret=secret))
+                                               secret=secret, start_method=start_method))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
