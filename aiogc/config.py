@@ -136,6 +136,9 @@ class RunConfig:
         _check_float("collect_timeout_s", self.collect_timeout_s, 0.0, 3600.0, optional=False)
         _check_float("round_timeout_s", self.round_timeout_s, 0.0, 1e6, optional=False)
         _check_float("join_timeout_s", self.join_timeout_s, 0.0, 1e6, optional=False)
+        if self.deadline_s is not None and self.deadline_s >= self.round_timeout_s:
+            raise ConfigError("deadline_s", self.deadline_s,
+                              f"< round_timeout_s={self.round_timeout_s}")
 
     # ------------------------------------------------------------------ derived values
 
@@ -191,6 +194,9 @@ class RunConfig:
         unknown = sorted(set(data) - names - {"scheme_digest"})
         if unknown:
             raise ConfigError("config", unknown, "known RunConfig fields")
+        missing = sorted(names - set(data))
+        if missing:  # exact schema: a default must not stand in for what the PS meant
+            raise ConfigError("config", missing, "every RunConfig field present")
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
@@ -202,7 +208,11 @@ def scheme_digest(scheme: Any) -> str:
     for o in scheme.orders:
         h.update(np.ascontiguousarray(o, dtype="<i8").tobytes())
         h.update(b"|")
-    B = getattr(scheme, "B", None)
-    if B is not None:
-        h.update(np.ascontiguousarray(B, dtype="<f8").tobytes())
+    # B (partial) or the encoding matrix E (original: Tandon's random construction); both are
+    # drawn from the seed, and a worker that drew differently must not pass the check
+    for name in ("B", "E"):
+        M = getattr(scheme, name, None)
+        if M is not None:
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(M, dtype="<f8").tobytes())
     return h.hexdigest()[:32]

@@ -84,6 +84,13 @@ def _blob(kind: str, name: str, v: object) -> bytes:
     return v
 
 
+def _nonce(kind: str, name: str, v: object) -> bytes:
+    # fresh nonces must be long enough not to repeat: 16..64 bytes
+    if type(v) is not bytes or not 16 <= len(v) <= MAX_BLOB:
+        raise _fail(kind, name, v, f"bytes of 16 to {MAX_BLOB}")
+    return v
+
+
 def _int_list(kind: str, name: str, v: object) -> tuple[int, ...]:
     if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
         raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} ints")
@@ -209,7 +216,7 @@ _WORKER = _int(0, MAX_WORKERS - 1)
 # ----------------------------------------------------------------------- handshake (both ways)
 
 
-@_kind("challenge", nonce=_blob, epoch=_EPOCH)
+@_kind("challenge", nonce=_nonce, epoch=_EPOCH)
 @dataclass(frozen=True, slots=True)
 class Challenge(Message):
     """PS -> worker, first frame on a connection: a fresh nonce to MAC, and the PS epoch."""
@@ -218,7 +225,7 @@ class Challenge(Message):
     epoch: int
 
 
-@_kind("hello", worker=_WORKER, nonce=_blob, mac=_blob, epoch=_EPOCH)
+@_kind("hello", worker=_WORKER, nonce=_nonce, mac=_blob, epoch=_EPOCH)
 @dataclass(frozen=True, slots=True)
 class Hello(Message):
     """Worker -> PS: who I am, my own nonce for the PS to MAC, and my MAC of the PS's nonce.

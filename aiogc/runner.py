@@ -6,8 +6,9 @@ the scheme differs. Worker processes come from a ``forkserver`` that preloads th
 (starting 64 workers: ~0.5 s instead of ~4.5 s with ``spawn``), with BLAS limited to one thread
 each (performance.md pitfall 5).
 
-Shutdown: Ctrl-C or SIGTERM stops the PS, which tells the workers to exit; worker processes
-still alive after a grace period are terminated, then killed. No process outlives the runner.
+Shutdown: Ctrl-C or SIGTERM stops the PS, which tells the workers to exit, and ends the whole
+run (no further scheme starts); worker processes still alive after a grace period are
+terminated, then killed. No process outlives the runner.
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ async def _run_scheme(
     on_round: Callable[[RoundRecord], None] | None,
     secret: bytes | None,
     start_method: str = "forkserver",
+    interrupted: list[str] | None = None,
 ) -> list[RoundRecord]:
+    """One scheme, live. SIGTERM / SIGINT stop the PS gracefully (it tells every worker to
+    shut down) and the signal's name is appended to ``interrupted``."""
     ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
     scheme = ps.scheme
     def on_event(ev: Event) -> None:
@@ -269,9 +273,17 @@ async def _run_scheme(
     procs: list[Any] = []
     loop = asyncio.get_running_loop()
     stop_handlers = []
-    for sig in (signal.SIGTERM,):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, server.stop, "SIGTERM")
+    stopped_by = interrupted if interrupted is not None else []
+
+    def on_signal(name: str) -> None:
+        stopped_by.append(name)
+        server.stop(name)  # idempotent: a repeated signal changes nothing
+
+    # SIGINT too: left to asyncio.Runner it cancels this task, which closes the connections
+    # before the PS could tell the workers to stop (they were then terminated after the grace)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig.name)
             stop_handlers.append(sig)
     try:
         async with asyncio.TaskGroup() as tg:
@@ -336,6 +348,12 @@ def run_live(
     out_dir : path, optional
         Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
         reports.csv, summary.json, trace.json, PNGs). None: no files.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        SIGINT or SIGTERM stopped the run: the running scheme's PS told its workers to shut
+        down, no further scheme started, and what was recorded is written (no plots).
     """
     from .records import RunRecorder, summarize
 
@@ -359,6 +377,7 @@ def run_live(
         recorder = RunRecorder(out, manifest)
         recorder.write_schedule(schedule)
         result.out_dir = out
+    interrupted: list[str] = []
     try:
         for name in schemes:
             cfg = scheme_config(config, name)
@@ -372,16 +391,22 @@ def run_live(
                 recs = run_on(loop_kind, _run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
                                                verify=verify, recorder=recorder,
                                                on_round=tick,
-                                               secret=secret, start_method=start_method))
+                                               secret=secret, start_method=start_method,
+                                               interrupted=interrupted))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
             result.records[name] = recs
+            if interrupted:
+                break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
         result.summary = summarize(result.records)
         result.summary["wall_s"] = result.wall_s
     finally:
         if recorder is not None:
             recorder.close(result.summary or None)
+    if interrupted:
+        # after the records were written; the CLI reports it and exits with 130
+        raise KeyboardInterrupt(f"run stopped by {interrupted[0]}")
     if out_dir is not None and plots:
         try:
             from .plots import plot_run

@@ -252,7 +252,7 @@ def test_future_round_closes_and_stale_round_counts() -> None:
 
 def test_hello_after_auth_and_unsolicited_coded_are_handled() -> None:
     rig = _joined_rig()
-    ev = _closes(rig, rig.sim._peer(2), Hello(worker=2, nonce=b"x", mac=b"", epoch=0))
+    ev = _closes(rig, rig.sim._peer(2), Hello(worker=2, nonce=b"x" * 16, mac=b"", epoch=0))
     assert ev.code == "bad_kind"
     # a coded vector while the PS is not collecting is stale, not decoded
     payload = np.zeros(rig.ps.payload_len)
@@ -282,7 +282,7 @@ def test_newest_connection_wins() -> None:
     rig = _joined_rig()
     old = rig.sim._peer(4)
     rig.ps.connection_made("intruder", now=rig.sim.now)
-    rig.ps.receive("intruder", Hello(worker=4, nonce=b"n", mac=b"", epoch=0), now=rig.sim.now)
+    rig.ps.receive("intruder", Hello(worker=4, nonce=b"n" * 16, mac=b"", epoch=0), now=rig.sim.now)
     closed = [e for e in iter(rig.ps.next_event, None) if isinstance(e, PeerClosed)]
     assert closed and closed[0].peer == old and closed[0].code == "replaced"
 
@@ -309,3 +309,57 @@ def test_ill_conditioned_decoding_matrix_is_refused_or_warned() -> None:
     assert rig.ps.predicted_error > 1e-6
     ok = build_rig(cfg.replace(decoding="frame", max_predicted_error=1e-4))
     assert ok.ps.predicted_error <= 1e-4
+
+
+def test_replaced_connection_leaves_the_running_round() -> None:
+    rig = _joined_rig()
+    rig.ps.receive(rig.sim._peer(4), ChunkReport(epoch=0, round=0, count=1, t_worker=0.0,
+                                                 elapsed_s=0.0), now=rig.sim.now)
+    rig.ps.connection_made("new", now=rig.sim.now)
+    rig.ps.receive("new", Hello(worker=4, nonce=b"n" * 16, mac=b"", epoch=0), now=rig.sim.now)
+    drops = [e for e in iter(rig.ps.next_event, None) if isinstance(e, WorkerDropped)]
+    assert [(e.worker, e.reason) for e in drops] == [(4, "replaced")]
+    assert rig.ps._round is not None and rig.ps._round.state[4] == 0
+
+
+def test_stale_vector_with_nan_does_not_drop_its_sender() -> None:
+    rig = _joined_rig()
+    bad = np.full(rig.ps.payload_len, np.nan)
+    rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=5,
+                                                   state_digest=b"x" * 8, compute_s=0.0,
+                                                   payload=bad), now=rig.sim.now)
+    stats = rig.ps.statistics()
+    assert stats.get("payload_rejected", 0) == 0 and stats["stale_attempt_coded"] == 1
+    assert 3 not in rig.ps._round.excluded  # type: ignore[union-attr]
+
+
+def test_collect_timeout_with_several_missing_broadcasts_once() -> None:
+    """Two expected workers go silent after the trigger: one re-broadcast, not two."""
+    cfg = _cfg(rounds=1, collect_timeout_s=0.5, delay="const:0.1", workers=6, delta=3)
+    ref = build_rig(cfg, latency=0.01)
+    ref.sim.run()
+    t_trig = ref.ps.records[0].t_trigger
+    rig = build_rig(cfg, latency=0.01)
+    rig.sim.kill(1, at=t_trig + 0.005, silent=True)
+    rig.sim.kill(2, at=t_trig + 0.005, silent=True)
+    rig.sim.run()
+    triggers = [e for e in rig.sim.ps_events if isinstance(e, Triggered)]
+    assert [e.attempt for e in triggers] == [0, 1]
+    assert rig.ps.records[0].status == "exact"
+
+
+def test_welcome_config_is_an_exact_schema() -> None:
+    wire = RunConfig().to_wire()
+    del wire["seed"]
+    with pytest.raises(ConfigError, match="seed"):
+        RunConfig.from_wire(wire)
+
+
+def test_scheme_digest_covers_the_encoding_matrix() -> None:
+    from aiogc.config import scheme_digest
+
+    a = RunConfig(scheme="original", workers=6, delta=3).build_scheme()
+    b = RunConfig(scheme="original", workers=6, delta=3).build_scheme()
+    assert scheme_digest(a) == scheme_digest(b)
+    b.E = b.E * 1.0000001
+    assert scheme_digest(a) != scheme_digest(b)

@@ -269,7 +269,7 @@ def test_random_bytes_and_truncation_then_eof(run: Callable[..., None]) -> None:
             assert only_error(data).code
             await ping_pong(honest, i)
         # a truncated frame, then EOF from the client: typed error, Error frame best effort
-        hello = encode_frame_bytes(Hello(worker=1, nonce=b"n", mac=b"m", epoch=0))
+        hello = encode_frame_bytes(Hello(worker=1, nonce=b"n" * 16, mac=b"m", epoch=0))
         data = await raw_exchange(addr, hello[:-3], eof=True)
         peer = await srv.accepted.get()
         exc = await peer.closed

@@ -44,7 +44,7 @@ from aiogc.wire import (
 _small_float = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)
 _text = st.text(max_size=40)
 _FIELD_STRATEGIES: dict[str, Any] = {
-    "nonce": st.binary(max_size=MAX_BLOB),
+    "nonce": st.binary(min_size=16, max_size=MAX_BLOB),
     "mac": st.binary(max_size=MAX_BLOB),
     "state_digest": st.binary(max_size=MAX_BLOB),
     "epoch": st.integers(0, MAX_INT),
@@ -543,8 +543,9 @@ def test_array_on_a_kind_without_array() -> None:
 
 
 def test_context_free_ranges() -> None:
-    base = {"v": 1, "kind": "hello", "worker": 0, "nonce": b"", "mac": b"", "epoch": 0}
+    base = {"v": 1, "kind": "hello", "worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
     assert decode_frame_bytes(frame(base)).kind == "hello"
+    rejects(frame({**base, "nonce": b"short"}), "bad_field")
     rejects(frame({**base, "worker": MAX_WORKERS}), "bad_field")
     rejects(frame({**base, "nonce": "text"}), "bad_field")
     rejects(frame({**base, "epoch": -1}), "bad_field")

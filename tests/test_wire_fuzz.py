@@ -31,7 +31,9 @@ _LIMITS = (DEFAULT_LIMITS, PREAUTH_LIMITS, _SMALL_LIMITS)
 
 def _value(rng: np.random.Generator, name: str) -> Any:
     r = rng.integers
-    if name in ("nonce", "mac", "state_digest"):
+    if name == "nonce":
+        return rng.bytes(int(r(16, MAX_BLOB + 1)))
+    if name in ("mac", "state_digest"):
         return rng.bytes(int(r(0, MAX_BLOB + 1)))
     if name in ("epoch", "round", "attempt", "seq"):
         return int(r(0, 2**53)) if rng.random() < 0.2 else int(r(0, 100))

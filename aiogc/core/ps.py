@@ -217,7 +217,7 @@ class ParameterServer(Endpoint):
         if self._worker_peer.get(info.worker) == peer:
             del self._worker_peer[info.worker]
             self._last_heard.pop(info.worker, None)
-            self._drop_worker(info.worker, "disconnected", now)
+            self._drop_workers([info.worker], "disconnected", now)
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
         """Feed one decoded message from ``peer``. Garbage closes that peer only."""
@@ -243,7 +243,7 @@ class ParameterServer(Endpoint):
         if dead_after is not None:
             for worker, t in list(self._last_heard.items()):
                 if now >= t + dead_after:
-                    self._drop_worker(worker, "heartbeat_timeout", now)
+                    self._drop_workers([worker], "heartbeat_timeout", now)
                     peer = self._worker_peer.pop(worker, None)
                     self._last_heard.pop(worker, None)
                     if peer is not None:
@@ -266,8 +266,7 @@ class ParameterServer(Endpoint):
             and rs.collect_deadline is not None
             and now >= rs.collect_deadline
         ):
-            for w in sorted(rs.expected - set(rs.received)):
-                self._drop_worker(w, "collect_timeout", now)
+            self._drop_workers(sorted(rs.expected - set(rs.received)), "collect_timeout", now)
             return
         if (
             self.phase is PSPhase.COMPUTING
@@ -398,7 +397,7 @@ class ParameterServer(Endpoint):
         ) == peer:
             del self._worker_peer[info.worker]
             self._last_heard.pop(info.worker, None)
-            self._drop_worker(info.worker, code, now)
+            self._drop_workers([info.worker], code, now)
 
     # ------------------------------------------------------------------ handshake
 
@@ -420,9 +419,8 @@ class ParameterServer(Endpoint):
             mac = b""
         old = self._worker_peer.get(msg.worker)
         if old is not None and old != peer:
-            # newest authenticated connection wins (the old one is probably half-dead)
-            self._peers[old].worker = None
-            del self._worker_peer[msg.worker]
+            # newest authenticated connection wins (the old one is probably half-dead); the
+            # worker leaves the running round: the new connection joins at the next one
             self._close(old, "replaced", "a newer connection authenticated as this worker", now)
         info.worker = msg.worker
         self._worker_peer[msg.worker] = peer
@@ -438,7 +436,8 @@ class ParameterServer(Endpoint):
     def _dispatch(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         allowed = _ACCEPTS.get(msg.kind)
         if allowed is None:
-            raise RemoteProtocolError(f"{msg.kind} is not a worker message", code="bad_kind")
+            what = "a second hello" if msg.kind == "hello" else f"{msg.kind} from a worker"
+            raise RemoteProtocolError(f"{what} is not allowed", code="bad_kind")
         if self.phase not in allowed:
             raise RemoteProtocolError(f"{msg.kind} not allowed in {self.phase.value}",
                                       code="bad_kind")
@@ -504,40 +503,41 @@ class ParameterServer(Endpoint):
         rs = self._current(msg.epoch, msg.round, "coded_gradient")
         if rs is None:
             return
-        payload = msg.payload
-        try:
-            if payload.shape != (self.payload_len,):
-                raise PayloadRejected(f"length {payload.shape[0]} != {self.payload_len}")
-            if payload.dtype != self._payload_rows.dtype:
-                want = self._payload_rows.dtype.str
-                raise PayloadRejected(f"dtype {payload.dtype.str} != {want}")
-            if not np.isfinite(payload).all():
-                raise PayloadRejected("non-finite values")
-        except PayloadRejected as exc:
-            # the contribution is rejected, the connection kept: the worker is a straggler
-            self.stats["payload_rejected"] += 1
-            rs.record.dropped[worker] = f"payload_rejected: {exc.reason}"
-            self._drop_worker(worker, "payload_rejected", now)
+        # 1. is this a vector we are waiting for? (stale ones are dropped whatever they hold)
+        if worker in rs.excluded or worker in rs.received:
+            self.stats["late_or_duplicate_coded"] += 1
             return
         if self.scheme.sends_when_done:
-            if self.phase is not PSPhase.COMPUTING or worker in rs.received:
+            if self.phase is not PSPhase.COMPUTING:
                 self.stats["late_or_duplicate_coded"] += 1
                 return
-            if rs.state[worker] < self._loads[worker]:
-                # it finished everything even if the last reports are still in flight
-                rs.state[worker] = self._loads[worker]
         else:
-            if (
-                self.phase is not PSPhase.COLLECTING
-                or msg.attempt != rs.attempt
-                or worker not in rs.expected
-                or worker in rs.received
+            if self.phase is not PSPhase.COLLECTING or msg.attempt != rs.attempt or (
+                worker not in rs.expected
             ):
                 self.stats["stale_attempt_coded"] += 1
                 return
             if msg.state_digest != rs.digest:
                 raise RemoteProtocolError("coded vector encoded against another state",
                                           code="bad_state_digest")
+        # 2. is it usable? A bad payload is a rejected contribution, not a closed connection:
+        # the worker counts as a straggler this round (reliability.md, "payload").
+        payload = msg.payload
+        problem = None
+        if payload.shape != (self.payload_len,):
+            problem = f"length {payload.shape[0]} != {self.payload_len}"
+        elif payload.dtype != self._payload_rows.dtype:
+            problem = f"dtype {payload.dtype.str} != {self._payload_rows.dtype.str}"
+        elif not np.isfinite(payload).all():
+            problem = "non-finite values"
+        if problem is not None:
+            self.stats["payload_rejected"] += 1
+            rs.record.dropped[worker] = f"payload_rejected: {problem}"
+            self._drop_workers([worker], "payload_rejected", now)
+            return
+        if self.scheme.sends_when_done and rs.state[worker] < self._loads[worker]:
+            # it finished everything even if its last reports are still in flight
+            rs.state[worker] = self._loads[worker]
         row = self._payload_rows[worker]
         if payload.ctypes.data != row.ctypes.data:
             row[:] = payload  # not received in place (tests, simulator): copy into the row
@@ -613,25 +613,25 @@ class ParameterServer(Endpoint):
             st[w] = self._loads[w]
         return st
 
-    def _drop_worker(self, worker: int, reason: str, now: float) -> None:
-        """Take ``worker`` out of the running round; re-broadcast or resume if needed."""
+    def _drop_workers(self, workers: list[int], reason: str, now: float) -> None:
+        """Take ``workers`` out of the running round, then re-broadcast or resume once."""
         rs = self._round
         if rs is None or self.phase not in (PSPhase.COMPUTING, PSPhase.COLLECTING):
             return
-        if worker in rs.excluded:
-            return
-        rs.excluded.add(worker)
-        rs.record.dropped.setdefault(worker, reason)
-        self._events.append(WorkerDropped(worker, rs.record.round, reason, now))
-        self.stats["dropped"] += 1
-        if self.scheme.sends_when_done:
-            # a vector already received stays valid: it does not depend on the others
-            return
-        had_work = rs.state[worker] > 0
-        rs.state[worker] = 0
-        if self.phase is not PSPhase.COLLECTING or worker not in rs.expected:
-            return
-        if not had_work:
+        lost_expected = False
+        for worker in workers:
+            if worker in rs.excluded:
+                continue
+            rs.excluded.add(worker)
+            rs.record.dropped.setdefault(worker, reason)
+            self._events.append(WorkerDropped(worker, rs.record.round, reason, now))
+            self.stats["dropped"] += 1
+            if self.scheme.sends_when_done:
+                continue  # a vector already received stays valid: it depends on no one else
+            if rs.state[worker] > 0 and worker in rs.expected:
+                lost_expected = True
+            rs.state[worker] = 0
+        if self.phase is not PSPhase.COLLECTING or not lost_expected:
             return
         if self.scheme.is_decodable(rs.state):
             self._trigger(now, exact=True)

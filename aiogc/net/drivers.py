@@ -24,6 +24,7 @@ from ..core import (
     Finished,
     ParameterServer,
     ShutdownRequested,
+    Welcomed,
     Worker,
 )
 from ..errors import ConfigError
@@ -37,7 +38,8 @@ log = logging.getLogger("aiogc.net")
 #: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
 POSTAUTH_MAX_HEADER = 1 << 20
 #: Codes after which a worker does not reconnect: retrying cannot succeed.
-FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id"})
+FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
+                         "bad_version"})
 
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
@@ -293,6 +295,7 @@ class WorkerClient:
         self._timer: _Timer | None = None
         self._shutdown = False
         self._fatal: ConnectionFailed | None = None
+        self._welcomed = False
         self.connections = 0
 
     def _now(self) -> float:
@@ -322,6 +325,9 @@ class WorkerClient:
                 assert self._closed is not None
                 await self._closed
                 last_ok = time.monotonic()
+                if self._welcomed:
+                    delay = self._backoff[0]  # a working session resets the backoff
+                    self._welcomed = False
                 if self._fatal is not None:
                     raise ConnectionError(
                         f"worker {self.worker.worker_id}: {self._fatal.code}: {self._fatal.reason}"
@@ -385,6 +391,8 @@ class WorkerClient:
         while (ev := w.next_event()) is not None:
             if isinstance(ev, ShutdownRequested):
                 self._shutdown = True
+            elif isinstance(ev, Welcomed):
+                self._welcomed = True
             elif isinstance(ev, ConnectionFailed) and ev.code in FATAL_CODES:
                 self._fatal = ev
             if self._on_event is not None:

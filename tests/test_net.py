@@ -1,0 +1,448 @@
+"""The PS and workers over loopback TCP (port 0), under the default loop and uvloop.
+
+The same scenarios as ``test_core`` (virtual clock), here through the real asyncio drivers
+(:class:`~aiogc.net.drivers.PSServer`, :class:`~aiogc.net.drivers.WorkerClient`): every scheme
+trains R rounds exactly; authentication; garbage peers while honest workers train; float32
+payloads. Connection-level garbage against a bare :class:`FramedConnection` is covered in
+``test_framing``; here the garbage hits a *running PS* and the honest rounds are checked.
+
+Rules: no fixed ports, no sleeps for synchronisation (waits are on core events), no
+wall-clock assertions (``asyncio.timeout`` only guards against hangs), deterministic seeds, and
+a test fails when its event loop logged an unhandled exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.core import (
+    Event,
+    Finished,
+    ParameterServer,
+    PeerClosed,
+    RoundCompleted,
+    RoundRecord,
+    Worker,
+)
+from aiogc.delays import DelaySchedule, materialise
+from aiogc.errors import ConfigError
+from aiogc.messages import ChunkReport, Hello
+from aiogc.net.drivers import PSServer, WorkerClient
+from aiogc.tasks import chunk_grads_fn, make_task
+from aiogc.wire import encode_frame_bytes
+from tests.helpers import build_rig
+
+HOST = "127.0.0.1"
+#: Hang guard for one whole scenario (never an assertion on duration).
+GUARD_S = 30.0
+#: Hang guard for one awaited condition inside a scenario.
+STEP_S = 15.0
+TASK = "linreg:samples=240,dim=12"
+#: Fast reconnects: tests that restart or kill things must not wait out the default backoff.
+FAST_BACKOFF = (0.01, 0.1)
+
+
+# ------------------------------------------------------------------ loops and the error fixture
+
+
+def loop_factories() -> list[Any]:
+    out: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+
+        out.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
+    except ImportError:  # pragma: no cover - platform without uvloop
+        pass
+    return out
+
+
+Runner = Callable[[Callable[[], Coroutine[Any, Any, Any]]], Any]
+
+
+def make_runner(loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> Runner:
+    """``run(async_fn)``: run ``async_fn()`` on a fresh loop of the given kind under a hang
+    guard; fail if the loop's exception handler was called (unhandled task exceptions,
+    callback errors, 'Task exception was never retrieved')."""
+
+    def run(async_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        errors: list[dict[str, Any]] = []
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.get_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+
+            async def guarded() -> Any:
+                async with asyncio.timeout(GUARD_S):
+                    return await async_fn()
+
+            try:
+                result = runner.run(guarded())
+            finally:
+                gc.collect()  # a failed task that nobody awaited reports itself when collected
+                runner.run(asyncio.sleep(0))  # let such reports run before the loop closes
+        assert not errors, [
+            f"{c.get('message')}: {c.get('exception')!r}" for c in errors]
+        return result
+
+    return run
+
+
+@pytest.fixture(params=loop_factories())
+def run(request: pytest.FixtureRequest) -> Runner:
+    return make_runner(request.param)
+
+
+# ------------------------------------------------------------------ scenario helpers
+
+
+def cfg(**kw: Any) -> RunConfig:
+    base: dict[str, Any] = dict(
+        workers=6, delta=3, n_parts=1, rounds=3, seed=11, task=TASK, delay="exp:0.005",
+        heartbeat_s=1.0, dead_after_s=5.0, join_timeout_s=15.0, round_timeout_s=15.0,
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def spaced_schedule(config: RunConfig, *, gap_s: float) -> DelaySchedule:
+    """A scripted schedule whose chunk completions (all workers, one round) fall on distinct
+    multiples of ``gap_s``: the order of reports at the PS, hence each round's trigger state,
+    does not depend on scheduling jitter smaller than ``gap_s``. Seeded by ``config.seed``."""
+    scheme = config.build_scheme()
+    loads = [int(x) for x in scheme.loads]
+    m, k_max = scheme.m, max(loads)
+    rng = np.random.default_rng([config.seed, 0x5ACED])
+    comp = np.zeros((config.rounds, m, k_max))
+    for r in range(config.rounds):
+        slots = (rng.permutation(sum(loads)) + 1) * gap_s
+        i = 0
+        for j, load in enumerate(loads):
+            finish = np.sort(slots[i:i + load])
+            i += load
+            comp[r, j, :load] = np.diff(np.concatenate(([0.0], finish)))
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((config.rounds, m)),
+                         seed=config.seed, compute_spec=f"scripted-gap:{gap_s}",
+                         network_spec="none")
+
+
+def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
+            secret: bytes | None = None, epoch: int = 0) -> ParameterServer:
+    """A PS assembled as ``runner._run_scheme`` does, with verification and kept gradients."""
+    scheme = config.build_scheme()
+    task = make_task(config.task, scheme.n_chunks, config.seed)
+    if schedule is None:
+        schedule = materialise(config.delay, config.latency, rounds=config.rounds, m=scheme.m,
+                               max_chunks=int(np.max(scheme.loads)), seed=config.seed)
+    return ParameterServer(
+        config, scheme=scheme, model=task.initial_model(),
+        learning_rate=config.learning_rate or task.learning_rate, loss_fn=task.loss,
+        verify_fn=chunk_grads_fn(task), schedule=schedule, secret=secret, epoch=epoch,
+        keep_gradients=True)
+
+
+class EventLog:
+    """Collects core events (an ``on_event`` sink) and lets a coroutine wait for a condition
+    on them: no polling, no sleeps."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, ev: Event) -> None:
+        self.events.append(ev)
+        self._changed.set()
+
+    def poke(self) -> None:
+        """Wake waiters after an external change (e.g. a raw connection's outcome)."""
+        self._changed.set()
+
+    async def wait_for(self, pred: Callable[[], bool], timeout: float = STEP_S) -> None:
+        async with asyncio.timeout(timeout):
+            while not pred():
+                self._changed.clear()
+                await self._changed.wait()
+
+    def of(self, cls: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    def rounds_completed(self) -> int:
+        return len(self.of(RoundCompleted))
+
+
+@dataclass
+class Cluster:
+    """One PS served on loopback and its in-process worker clients."""
+
+    ps: ParameterServer
+    server: PSServer
+    log: EventLog
+    clients: list[WorkerClient] = field(default_factory=list)
+    client_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    serve_task: asyncio.Task[None] | None = None
+
+    def add_worker(self, worker_id: int, *, secret: bytes | None = None,
+                   backoff_s: tuple[float, float] = FAST_BACKOFF,
+                   give_up_after_s: float = 10.0) -> asyncio.Task[None]:
+        client = WorkerClient(Worker(worker_id, secret=secret), HOST, self.server.port,
+                              backoff_s=backoff_s, give_up_after_s=give_up_after_s)
+        task = asyncio.create_task(client.run(), name=f"worker-{worker_id}")
+        self.clients.append(client)
+        self.client_tasks.append(task)
+        return task
+
+    async def finish(self, timeout: float = GUARD_S) -> list[RoundRecord]:
+        """Wait for the PS to finish and every worker client to return; re-raise a client's
+        error."""
+        assert self.serve_task is not None
+        async with asyncio.timeout(timeout):
+            await self.serve_task
+            results = await asyncio.gather(*self.client_tasks, return_exceptions=True)
+        for t, res in zip(self.client_tasks, results, strict=True):
+            if isinstance(res, BaseException):
+                raise AssertionError(f"{t.get_name()} failed: {res!r}") from res
+        return self.ps.records
+
+
+async def start_cluster(ps: ParameterServer, *, workers: int | None = None,
+                        secret: bytes | None = None, port: int = 0,
+                        frame_log: Any = None) -> Cluster:
+    """Serve ``ps`` on 127.0.0.1 and start ``workers`` (default m) worker clients."""
+    log = EventLog()
+    server = PSServer(ps, host=HOST, port=port, on_event=log, frame_log=frame_log)
+    cl = Cluster(ps, server, log)
+    cl.serve_task = asyncio.create_task(server.serve(), name="ps-serve")
+    async with asyncio.timeout(STEP_S):
+        await server.started.wait()
+    for j in range(ps.m if workers is None else workers):
+        cl.add_worker(j, secret=secret)
+    return cl
+
+
+def assert_exact_rounds(records: list[RoundRecord], rounds: int, *, tol: float) -> None:
+    assert [r.round for r in records] == list(range(rounds))
+    for rec in records:
+        assert rec.status == "exact", (rec.round, rec.status, rec.end_reason)
+        assert rec.rel_error <= tol, (rec.round, rec.rel_error)
+        assert np.isfinite(rec.loss)
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    """Read until the PS closed the connection (EOF, or a reset when the PS closed with our
+    bytes still unread: that is a close too)."""
+    data = bytearray()
+    try:
+        while chunk := await reader.read(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return bytes(data)
+
+
+# ------------------------------------------------------------------ every scheme trains
+
+SCHEMES = [
+    pytest.param(dict(scheme="partial", n_parts=1), id="partial-l1"),
+    pytest.param(dict(scheme="partial", n_parts=2), id="partial-l2"),
+    pytest.param(dict(scheme="original", n_parts=1), id="original-l1"),
+    pytest.param(dict(scheme="original", n_parts=2, delta=3), id="original-l2-d3"),
+    pytest.param(dict(scheme="uncoded", delta=1), id="uncoded"),
+    pytest.param(dict(scheme="ignore-stragglers", k=4), id="ignore-stragglers"),
+]
+
+
+@pytest.mark.parametrize("kw", SCHEMES)
+def test_scheme_trains_over_loopback(run: Runner, kw: dict[str, Any]) -> None:
+    config = cfg(**kw)
+
+    async def scenario() -> tuple[list[RoundRecord], Cluster]:
+        cl = await start_cluster(make_ps(config))
+        return await cl.finish(), cl
+
+    records, cl = run(scenario)
+    assert cl.ps.finished
+    fin = cl.log.of(Finished)
+    assert len(fin) == 1 and fin[0].reason == "all rounds done"
+    assert all(t.done() and t.result() is None for t in cl.client_tasks)
+    assert [r.round for r in records] == [0, 1, 2]
+    if config.scheme == "ignore-stragglers":
+        # k = 4 of 6 finished workers: an approximation, with a bounded, recorded error
+        for rec in records:
+            assert rec.status in ("approximate", "exact")
+            assert np.isfinite(rec.rel_error) and np.isfinite(rec.loss)
+            assert sum(1 for c in rec.state if c > 0) >= config.effective_k
+    else:
+        assert_exact_rounds(records, 3, tol=1e-9)
+    # nobody was dropped or closed for a protocol reason in a clean run
+    stats = cl.ps.statistics()
+    assert stats.get("joined") == config.workers
+    assert not any(k.startswith("closed_") for k in stats), stats
+    assert not cl.log.of(PeerClosed)
+
+
+def test_float32_payloads(run: Runner) -> None:
+    config = cfg(scheme="partial", n_parts=2, dtype="float32")
+
+    async def scenario() -> list[RoundRecord]:
+        return await (await start_cluster(make_ps(config))).finish()
+
+    records = run(scenario)
+    assert_exact_rounds(records, 3, tol=1e-5)
+    # float32 rounding is visible (the payload really was float32) but within the goal
+    assert max(r.rel_error for r in records) > 1e-12
+
+
+# ------------------------------------------------------------------ authentication
+
+
+def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> None:
+    secret = b"right-secret-0123456789abcdef-xx"
+    # const delays: rounds last long enough for the impostor to arrive mid-run
+    config = cfg(workers=4, delta=2, rounds=6, delay="const:0.02")
+
+    async def scenario() -> tuple[Cluster, BaseException | None]:
+        cl = await start_cluster(make_ps(config, secret=secret), secret=secret)
+        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
+        # an impostor claiming an honest worker's id, with the wrong secret
+        impostor = WorkerClient(Worker(1, secret=b"wrong-secret-0123456789abcdef-xx"), HOST,
+                                cl.server.port, backoff_s=FAST_BACKOFF)
+        outcome: BaseException | None = None
+        try:
+            async with asyncio.timeout(STEP_S):
+                await impostor.run()
+        except ConnectionError as exc:  # fatal: auth_failed is not retried
+            outcome = exc
+        await cl.finish()
+        return cl, outcome
+
+    cl, outcome = run(scenario)
+    assert outcome is not None and "auth_failed" in str(outcome)
+    assert cl.ps.statistics().get("closed_auth_failed") == 1
+    closed = cl.log.of(PeerClosed)
+    assert [e.code for e in closed] == ["auth_failed"]
+    # the honest worker 1 was not replaced: no round lost anyone
+    assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
+    assert all(not r.dropped for r in cl.ps.records)
+
+
+def test_auth_secret_everywhere_trains(run: Runner) -> None:
+    secret = os.urandom(32)
+    config = cfg(scheme="partial", n_parts=2)
+
+    async def scenario() -> list[RoundRecord]:
+        return await (await start_cluster(make_ps(config, secret=secret),
+                                          secret=secret)).finish()
+
+    assert_exact_rounds(run(scenario), 3, tol=1e-9)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.invalid"])
+def test_non_loopback_bind_without_secret_refused(host: str) -> None:
+    ps = make_ps(cfg())
+    with pytest.raises(ConfigError, match="secret"):
+        PSServer(ps, host=host, port=0)
+    # with a secret the same address is accepted (nothing is bound until serve())
+    PSServer(make_ps(cfg(), secret=b"k" * 32), host=host, port=0)
+    # loopback needs none
+    PSServer(ps, host="127.0.0.1", port=0)
+    PSServer(ps, host="::1", port=0)
+    PSServer(ps, host="localhost", port=0)
+
+
+# ------------------------------------------------------------------ garbage peers while training
+
+
+def _garbage_blobs(config: RunConfig) -> dict[str, bytes]:
+    rng = np.random.default_rng(1234)
+    return {
+        "http": b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: curl/8\r\n\r\n",
+        "tls_client_hello": bytes.fromhex("16030100a5010000a10303") + rng.bytes(160),
+        "random": rng.bytes(4096),
+        "hello_id_out_of_range": encode_frame_bytes(
+            Hello(worker=config.workers + 7, nonce=b"n" * 16, mac=b"", epoch=0)),
+        "oversized_prefix": b"\xff\xff\xff\xff" + rng.bytes(64),
+        "over_preauth_cap": (100_000).to_bytes(4, "big") + rng.bytes(1000),
+        "zero_length_header": b"\x00\x00\x00\x00",
+        "report_before_auth": encode_frame_bytes(
+            ChunkReport(epoch=0, round=0, count=1, t_worker=0.0, elapsed_s=0.0)),
+        "truncated_hello_then_eof": encode_frame_bytes(
+            Hello(worker=0, nonce=b"n" * 16, mac=b"", epoch=0))[:-5],
+    }
+
+
+async def _bad_peer(port: int, payload: bytes, *, eof_after: bool) -> bytes:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(payload)
+        if eof_after:
+            writer.write_eof()
+        await writer.drain()
+    except ConnectionResetError:
+        pass
+    try:
+        async with asyncio.timeout(5.0):  # auth deadline (2 s) + slack: the PS must close us
+            return await read_until_closed(reader)
+    finally:
+        writer.close()
+
+
+def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
+    """Bad connections while 4 honest workers train: each is closed, with a typed reason
+    counted by the PS; the honest rounds are exact and identical (trigger states and losses)
+    to a clean run with the same seed, served at the same time by a second PS."""
+    # ~3.5 s of training: the slowloris must be closed by the 2 s auth deadline mid-run,
+    # not by the shutdown
+    config = cfg(workers=4, delta=2, n_parts=1, rounds=16)
+    # completions 50 ms apart: each round's trigger state is fixed by the schedule
+    schedule = spaced_schedule(config, gap_s=0.05)
+    blobs = _garbage_blobs(config)
+
+    async def scenario() -> tuple[Cluster, Cluster, dict[str, bytes], bool]:
+        clean = await start_cluster(make_ps(config, schedule=schedule))
+        dirty = await start_cluster(make_ps(config, schedule=schedule))
+        await dirty.log.wait_for(lambda: dirty.log.rounds_completed() >= 1)
+        port = dirty.server.port
+        names = list(blobs)
+        coros = [_bad_peer(port, blobs[n], eof_after=n.endswith("then_eof")) for n in names]
+        # slowloris: one byte of a length prefix, then nothing (closed by the auth deadline)
+        names.append("slowloris")
+        coros.append(_bad_peer(port, b"\x00", eof_after=False))
+        # a peer that connects and says nothing at all
+        names.append("silent")
+        coros.append(_bad_peer(port, b"", eof_after=False))
+        got = await asyncio.gather(*coros)
+        during_training = not dirty.ps.finished
+        await clean.finish()
+        await dirty.finish()
+        return clean, dirty, dict(zip(names, got, strict=True)), during_training
+
+    clean, dirty, got, during_training = run(scenario)
+    # every bad connection was closed by the PS while the honest rounds were still running
+    assert during_training
+    assert set(got) == set(blobs) | {"slowloris", "silent"}
+    stats = dirty.ps.statistics()
+    # the core closed the handshake-level offenders with typed, counted reasons
+    assert stats.get("closed_bad_worker_id") == 1
+    assert stats.get("closed_unexpected_kind") == 1
+    assert stats.get("closed_auth_timeout") == 2  # slowloris + silent
+    assert stats.get("joined") == config.workers
+    # the honest rounds: exact, and the same decodes as the clean run
+    assert_exact_rounds(clean.ps.records, config.rounds, tol=1e-9)
+    assert_exact_rounds(dirty.ps.records, config.rounds, tol=1e-9)
+    for a, b in zip(clean.ps.records, dirty.ps.records, strict=True):
+        assert a.state == b.state
+        assert not a.dropped and not b.dropped
+        assert a.loss == b.loss
+        assert a.gradient is not None and b.gradient is not None
+        np.testing.assert_array_equal(a.gradient, b.gradient)
+    np.testing.assert_array_equal(clean.ps.model, dirty.ps.model)
+    # and the same trigger states as the virtual-clock driver on this schedule (habit 10)
+    rig = build_rig(config, schedule=schedule)
+    rig.sim.run()
+    assert [r.state for r in rig.ps.records] == [r.state for r in clean.ps.records]
