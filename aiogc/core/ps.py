@@ -28,7 +28,6 @@ from ..errors import (
     CodingError,
     ConfigError,
     LocalProtocolError,
-    PayloadRejected,
     RemoteProtocolError,
 )
 from ..messages import (
