@@ -190,7 +190,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             r = ev.record
             print(f"round {r.round}: {r.status} in {r.duration_s:.4f} s", file=sys.stderr)
             if recorder is not None:
-                recorder.round(a.scheme, r, m=scheme.m, loads=list(scheme.loads))
+                recorder.round(a.scheme, r, m=scheme.m, loads=list(scheme.loads),
+                               trigger_scheme=not scheme.sends_when_done)
 
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
 

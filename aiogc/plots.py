@@ -126,6 +126,11 @@ def _colour(i: int) -> str:
     return f"C{i % 10}"
 
 
+def _ecdf(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step-plot points of the empirical CDF of sorted ``x``, rising from 0 at ``x[0]``."""
+    return np.r_[x[0], x], np.arange(x.size + 1) / x.size
+
+
 def _plot_cdf(recs: Mapping[str, Sequence[RoundRecord]], path: Path) -> Path:
     fig = _new_figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
@@ -133,14 +138,11 @@ def _plot_cdf(recs: Mapping[str, Sequence[RoundRecord]], path: Path) -> Path:
         ok = [r for r in rs if r.status != "failed" and r.t_end is not None]
         d = np.sort([r.duration_s for r in ok])
         if d.size:
-            y = np.arange(1, d.size + 1) / d.size
-            ax.step(d, y, where="post", color=_colour(i), label=f"{scheme} (n={d.size})")
+            ax.step(*_ecdf(d), where="post", color=_colour(i), label=f"{scheme} (n={d.size})")
         o = np.sort([r.oracle_elapsed_s for r in ok if r.oracle_elapsed_s is not None])
         if o.size:
-            y = np.arange(1, o.size + 1) / o.size
             ax.step(
-                o,
-                y,
+                *_ecdf(o),
                 where="post",
                 color=_colour(i),
                 linestyle="--",

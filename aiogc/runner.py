@@ -257,7 +257,8 @@ async def _run_scheme(
     def on_event(ev: Event) -> None:
         if isinstance(ev, RoundCompleted):
             if recorder is not None:
-                recorder.round(config.scheme, ev.record, m=scheme.m, loads=list(scheme.loads))
+                recorder.round(config.scheme, ev.record, m=scheme.m, loads=list(scheme.loads),
+                               trigger_scheme=not scheme.sends_when_done)
             if on_round is not None:
                 on_round(ev.record)
 
