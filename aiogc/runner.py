@@ -254,6 +254,7 @@ async def _run_scheme(
     shut down) and the signal's name is appended to ``interrupted``."""
     ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
     scheme = ps.scheme
+
     def on_event(ev: Event) -> None:
         if isinstance(ev, RoundCompleted):
             if recorder is not None:

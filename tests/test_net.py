@@ -33,11 +33,12 @@ from aiogc.core import (
     RoundRecord,
     Worker,
 )
-from aiogc.delays import DelaySchedule, materialise
+from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
 from aiogc.messages import ChunkReport, Hello
 from aiogc.net.drivers import PSServer, WorkerClient
-from aiogc.tasks import chunk_grads_fn, make_task
+from aiogc.runner import make_ps as runner_make_ps
+from aiogc.runner import materialise_for
 from aiogc.wire import encode_frame_bytes
 from tests.helpers import build_rig
 
@@ -134,17 +135,13 @@ def spaced_schedule(config: RunConfig, *, gap_s: float) -> DelaySchedule:
 
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
             secret: bytes | None = None, epoch: int = 0) -> ParameterServer:
-    """A PS assembled as ``runner._run_scheme`` does, with verification and kept gradients."""
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
+    """A PS assembled as the runner assembles it (``runner.make_ps``), with verification (the
+    per-round ``rel_error``) and the decoded gradients kept for comparisons."""
     if schedule is None:
-        schedule = materialise(config.delay, config.latency, rounds=config.rounds, m=scheme.m,
-                               max_chunks=int(np.max(scheme.loads)), seed=config.seed)
-    return ParameterServer(
-        config, scheme=scheme, model=task.initial_model(),
-        learning_rate=config.learning_rate or task.learning_rate, loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task), schedule=schedule, secret=secret, epoch=epoch,
-        keep_gradients=True)
+        schedule = materialise_for(config, [config.scheme])
+    ps, _ = runner_make_ps(config, schedule=schedule, verify=True, secret=secret, epoch=epoch,
+                           keep_gradients=True)
+    return ps
 
 
 class EventLog:
@@ -185,13 +182,18 @@ class Cluster:
     log: EventLog
     clients: list[WorkerClient] = field(default_factory=list)
     client_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: one EventLog per started client (worker-side events: Welcomed, RoundEnded, ...)
+    worker_logs: list[EventLog] = field(default_factory=list)
     serve_task: asyncio.Task[None] | None = None
 
     def add_worker(self, worker_id: int, *, secret: bytes | None = None,
                    backoff_s: tuple[float, float] = FAST_BACKOFF,
                    give_up_after_s: float = 10.0) -> asyncio.Task[None]:
+        wlog = EventLog()
         client = WorkerClient(Worker(worker_id, secret=secret), HOST, self.server.port,
-                              backoff_s=backoff_s, give_up_after_s=give_up_after_s)
+                              on_event=wlog, backoff_s=backoff_s,
+                              give_up_after_s=give_up_after_s)
+        self.worker_logs.append(wlog)
         task = asyncio.create_task(client.run(), name=f"worker-{worker_id}")
         self.clients.append(client)
         self.client_tasks.append(task)
