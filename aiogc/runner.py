@@ -189,8 +189,11 @@ def _mp_context(start_method: str = "forkserver") -> Any:
         raise ConfigError("start_method", start_method, "forkserver or spawn")
     if start_method == "forkserver" and "forkserver" in methods:
         ctx = mp.get_context("forkserver")
-        # preloaded once in the fork server, shared copy-on-write by every worker
-        ctx.set_forkserver_preload(["aiogc.runner", "numpy", "scipy.linalg", "msgpack"])
+        # preloaded once in the fork server, shared copy-on-write by every worker;
+        # aiogc.coding too: build_scheme imports it lazily, which otherwise blocks each worker's
+        # loop for ~0.1 s (seconds on a loaded machine) when the welcome arrives
+        ctx.set_forkserver_preload(["aiogc.runner", "aiogc.coding", "numpy", "scipy.linalg",
+                                    "msgpack"])
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - platforms without forkserver
 

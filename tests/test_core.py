@@ -141,9 +141,25 @@ def test_worker_killed_after_reporting_rebroadcast_exact() -> None:
 
 
 def test_worker_killed_when_coverage_breaks_resumes() -> None:
-    """delta=2, ell=2: every holder of a chunk is needed, so a death after the trigger makes
-    the state non-decodable: the PS resumes; the round fails at its timeout (the dead worker's
-    chunks have no other holders), never decodes a wrong gradient, and the run goes on."""
+    """delta=3, ell=2: a death after the trigger breaks coverage, but the survivors' third
+    chunks can restore it, so the PS resumes and later decodes exactly."""
+    cfg = _cfg(workers=6, delta=3, n_parts=2, rounds=1, delay="const:1.0")
+    ref = build_rig(cfg, latency=0.01)
+    ref.sim.run(until=2.5)
+    t_trig = next(e.time for e in ref.sim.ps_events if isinstance(e, Triggered))
+    rig = build_rig(cfg, latency=0.01)
+    rig.sim.kill(1, at=t_trig + 0.005)
+    rig.sim.run()
+    assert any(isinstance(e, RoundResumed) for e in rig.sim.ps_events)
+    rec = rig.ps.records[0]
+    assert rec.status == "exact" and rec.rel_error <= 1e-9
+    assert rec.state[1] == 0 and rec.attempts >= 2
+
+
+def test_hopeless_round_fails_at_once() -> None:
+    """delta=2, ell=2: every holder of a chunk is needed; a death makes the round hopeless.
+    The PS says so at once (no wait for the round timeout), applies no update, and the run
+    goes on."""
     cfg = _cfg(workers=4, delta=2, n_parts=2, rounds=2, round_timeout_s=20.0,
                delay="const:1.0")
     ref = build_rig(cfg, latency=0.01)
@@ -152,13 +168,12 @@ def test_worker_killed_when_coverage_breaks_resumes() -> None:
     rig = build_rig(cfg, latency=0.01)
     rig.sim.kill(1, at=t_trig + 0.005)
     rig.sim.run()
-    ev = rig.sim.ps_events
-    assert any(isinstance(e, RoundResumed) for e in ev)
     first, second = rig.ps.records
-    assert first.status == "failed" and "timeout" in first.end_reason
-    # worker 1 is gone for good; round 2 cannot be exact either
-    assert second.status == "failed"
+    assert first.status == "failed" and "cannot decode" in first.end_reason
+    assert first.t_end == pytest.approx(t_trig + 0.005)
     assert np.isnan(first.rel_error)
+    # worker 1 is gone for good: round 2 cannot be exact either (it ends at its timeout)
+    assert second.status == "failed"
 
 
 def test_silent_worker_detected_by_heartbeat() -> None:
@@ -173,9 +188,10 @@ def test_silent_worker_detected_by_heartbeat() -> None:
     rec = rig.ps.records[0]
     assert rec.status == "exact"
     assert rec.dropped.get(5) == "heartbeat_timeout"
-    # detected within the bound: it was last heard before t_kill, dead_after is 1 s
+    # detected within the bound: last heard before t_kill; dead_after is 1 s and liveness is
+    # swept every dead_after/4, so the bound is 1.25 * dead_after
     drop = next(e for e in rig.sim.ps_events if isinstance(e, WorkerDropped))
-    assert drop.time <= t_kill + 1.0 + 1e-9
+    assert drop.time <= t_kill + 1.25 + 1e-9
 
 
 def test_paused_worker_rejoins_next_round() -> None:
@@ -363,3 +379,15 @@ def test_scheme_digest_covers_the_encoding_matrix() -> None:
     assert scheme_digest(a) == scheme_digest(b)
     b.E = b.E * 1.0000001
     assert scheme_digest(a) != scheme_digest(b)
+
+
+def test_uncoded_round_fails_at_once_when_a_needed_worker_dies() -> None:
+    """Uncoded needs every worker: a death makes the round hopeless, reported at once rather
+    than after round_timeout_s; no update is applied."""
+    cfg = _cfg(scheme="uncoded", rounds=1, round_timeout_s=60.0, delay="const:1.0")
+    rig = build_rig(cfg)
+    rig.sim.kill(2, at=0.5)
+    rig.sim.run()
+    rec = rig.ps.records[0]
+    assert rec.status == "failed" and "cannot decode" in rec.end_reason
+    assert rec.t_end == pytest.approx(0.5)

@@ -106,7 +106,6 @@ _ACCEPTS: dict[str, frozenset[PSPhase]] = {
 @dataclass
 class _Peer:
     nonce: bytes
-    auth_deadline: float
     worker: int | None = None
     ready: bool = False
 
@@ -186,6 +185,8 @@ class ParameterServer(Endpoint):
         self._peers: dict[Hashable, _Peer] = {}
         self._worker_peer: dict[int, Hashable] = {}
         self._last_heard: dict[int, float] = {}
+        self._pending: dict[Hashable, float] = {}  # unauthenticated peer -> auth deadline
+        self._sweep_at: float | None = None  # next liveness sweep
         self._round: _RoundState | None = None
         self._round_no = -1
         self._join_deadline: float | None = None
@@ -198,12 +199,12 @@ class ParameterServer(Endpoint):
 
     def connection_made(self, peer: Hashable, *, now: float) -> None:
         """A new connection: send it a challenge; it has AUTH_DEADLINE_S to answer."""
-        pending = sum(1 for p in self._peers.values() if p.worker is None)
-        if pending >= MAX_PENDING_CONNECTIONS:
+        if len(self._pending) >= MAX_PENDING_CONNECTIONS:
             self._close(peer, "too_many_connections", "pending connection cap reached", now)
             return
         nonce = self._nonce_fn()
-        self._peers[peer] = _Peer(nonce=nonce, auth_deadline=now + AUTH_DEADLINE_S)
+        self._peers[peer] = _Peer(nonce=nonce)
+        self._pending[peer] = now + AUTH_DEADLINE_S
         if self._join_deadline is None:
             self._join_deadline = now + self.config.join_timeout_s
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
@@ -211,6 +212,7 @@ class ParameterServer(Endpoint):
     def connection_lost(self, peer: Hashable, *, now: float) -> None:
         """The transport closed (EOF, reset, or after we closed it)."""
         info = self._peers.pop(peer, None)
+        self._pending.pop(peer, None)
         if info is None or info.worker is None:
             return
         if self._worker_peer.get(info.worker) == peer:
@@ -235,18 +237,23 @@ class ParameterServer(Endpoint):
 
     def handle_timer(self, *, now: float) -> None:
         """Process every deadline that is due at ``now``."""
-        for peer, info in list(self._peers.items()):
-            if info.worker is None and now >= info.auth_deadline:
+        for peer, deadline in list(self._pending.items()):
+            if now >= deadline:
                 self._close(peer, "auth_timeout", "no valid hello within the deadline", now)
         dead_after = self.config.dead_after_s
-        if dead_after is not None:
-            for worker, t in list(self._last_heard.items()):
-                if now >= t + dead_after:
-                    self._drop_workers([worker], "heartbeat_timeout", now)
-                    peer = self._worker_peer.pop(worker, None)
-                    self._last_heard.pop(worker, None)
-                    if peer is not None:
-                        self._close(peer, "heartbeat_timeout", "silent too long", now)
+        if dead_after is not None and self._sweep_at is not None and now >= self._sweep_at:
+            # liveness is swept every dead_after/4 rather than tracked per worker, so that
+            # next_deadline() stays O(1) per message: a silent worker is declared dead between
+            # dead_after and 1.25 * dead_after after it was last heard
+            self._sweep_at = now + dead_after / 4 if self._last_heard else None
+            dead = [w for w, t in self._last_heard.items() if now >= t + dead_after]
+            if dead:
+                self._drop_workers(dead, "heartbeat_timeout", now)
+            for worker in dead:
+                peer = self._worker_peer.pop(worker, None)
+                self._last_heard.pop(worker, None)
+                if peer is not None:
+                    self._close(peer, "heartbeat_timeout", "silent too long", now)
         if self.phase is PSPhase.JOINING:
             if self._join_deadline is not None and now >= self._join_deadline:
                 self._finish(
@@ -277,9 +284,11 @@ class ParameterServer(Endpoint):
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``handle_timer`` has something to do, or None."""
-        times: list[float] = [p.auth_deadline for p in self._peers.values() if p.worker is None]
-        if self.config.dead_after_s is not None:
-            times.extend(t + self.config.dead_after_s for t in self._last_heard.values())
+        times: list[float] = []
+        if self._pending:
+            times.append(min(self._pending.values()))
+        if self.config.dead_after_s is not None and self._sweep_at is not None:
+            times.append(self._sweep_at)
         if self.phase is PSPhase.JOINING and self._join_deadline is not None:
             times.append(self._join_deadline)
         rs = self._round
@@ -391,6 +400,7 @@ class ParameterServer(Endpoint):
                                      reason=code))
         self._events.append(PeerClosed(peer, code, reason, now))
         info = self._peers.pop(peer, None)
+        self._pending.pop(peer, None)
         if info is not None and info.worker is not None and self._worker_peer.get(
             info.worker
         ) == peer:
@@ -422,8 +432,11 @@ class ParameterServer(Endpoint):
             # worker leaves the running round: the new connection joins at the next one
             self._close(old, "replaced", "a newer connection authenticated as this worker", now)
         info.worker = msg.worker
+        self._pending.pop(peer, None)
         self._worker_peer[msg.worker] = peer
         self._last_heard[msg.worker] = now
+        if self._sweep_at is None and self.config.dead_after_s is not None:
+            self._sweep_at = now + self.config.dead_after_s / 4
         self._send(
             peer, Welcome(epoch=self.epoch, worker=msg.worker, mac=mac, config=self._welcome_config)
         )
@@ -630,6 +643,12 @@ class ParameterServer(Endpoint):
             if rs.state[worker] > 0 and worker in rs.expected:
                 lost_expected = True
             rs.state[worker] = 0
+        if self._hopeless(rs):
+            # not even every remaining worker finishing everything could decode exactly: say
+            # so now instead of waiting for the round timeout (approx mode waits for its
+            # deadline, which decodes what there is)
+            self._end_round_failed(now, f"cannot decode: workers {sorted(rs.excluded)} gone")
+            return
         if self.phase is not PSPhase.COLLECTING or not lost_expected:
             return
         if self.scheme.is_decodable(rs.state):
@@ -650,6 +669,16 @@ class ParameterServer(Endpoint):
             self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
             # rs.broadcast is None again, so the next trigger keeps this attempt number
             # (the resume itself consumed one)
+
+    def _hopeless(self, rs: _RoundState) -> bool:
+        """Exact mode, and the round cannot decode even if every worker still in it finishes."""
+        if self.config.mode != "exact":
+            return False
+        best = self._loads.copy()
+        best[list(rs.excluded)] = 0
+        for w in rs.received:
+            best[w] = self._loads[w]
+        return not self.scheme.is_decodable(best)
 
     def _on_approx_deadline(self, now: float) -> None:
         rs = self._round

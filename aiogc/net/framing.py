@@ -16,13 +16,15 @@ Invariants
 * After a close decision no further message is delivered and ``send`` is a no-op.
 * Writes are bounded: once the transport's write buffer exceeds ``max_pending_bytes`` the peer
   is a slow consumer and the connection is aborted (no Error frame: it would not be read).
-  A closing connection that does not drain within ``close_timeout_s`` is aborted.
+  A close is a lingering close: half-close (FIN after the buffered bytes), then discard what
+  the peer still sends until its EOF, so that our last frames (Shutdown, Error) are not
+  destroyed by an RST; a closing connection whose peer does not drain or does not close
+  within ``close_timeout_s`` is aborted.
 
 No authentication and no protocol logic here: the core decides what messages mean.
 
-Known imperfections: the Error frame before a close is best effort (if the peer's garbage is
-still unread in our receive buffer when we close, the kernel may answer with RST and the peer
-may never see it). The 3.11 default loop copies the unsent rest of every large write
+Known imperfections: the Error frame before a close is best effort (a peer that neither reads
+nor closes within ``close_timeout_s`` is aborted, and the abort's RST may destroy it). The 3.11 default loop copies the unsent rest of every large write
 (performance.md): prefer uvloop for big payloads. A per-frame read deadline (slowloris) and
 write deadlines are the caller's timers: see ``FrameDecoder.at_frame_boundary`` and
 :meth:`FramedConnection.drain`.
@@ -45,6 +47,9 @@ __all__ = ["FramedConnection"]
 #: queued (a broadcast still draining while the next one is sent); beyond that the peer is not
 #: reading and the PS must not buffer for it without bound.
 MAX_PENDING_BYTES: Final = 2 * DEFAULT_LIMITS.max_array_bytes + (1 << 20)
+#: Frames up to this size are joined into one write (header + array): a copy of a few KiB
+#: is cheaper than a second syscall and wake-up; larger payloads are written from a memoryview.
+JOIN_BELOW_BYTES: Final = 64 * 1024
 #: Write-buffer high-water mark: pause_writing above it (drain() then waits).
 WRITE_HIGH_WATER: Final = 256 * 1024
 #: Low-water mark: drain() returns once the buffer is at or below it.
@@ -177,7 +182,11 @@ class FramedConnection(asyncio.BufferedProtocol):
         t = self._transport
         if self._closing or t is None or t.is_closing():
             return
-        for part in encode_frame(msg):
+        parts = encode_frame(msg)
+        if len(parts) > 1 and sum(len(p) for p in parts) <= JOIN_BELOW_BYTES:
+            # a small frame: one write, one syscall, one wake-up of the peer
+            parts = [b"".join(parts)]
+        for part in parts:
             # One write per part (not writelines): on the 3.11 default loop writelines joins
             # the parts into a new bytes object, i.e. copies the whole payload.
             t.write(part)
@@ -261,8 +270,16 @@ class FramedConnection(asyncio.BufferedProtocol):
                                                reason=reason[:_MAX_REASON])):
                     t.write(part)
                 self.frames_out += 1
-        t.close()  # flushes what is buffered, then connection_lost
-        # ... but a peer that does not read must not keep the connection open.
+        if t.can_write_eof():
+            # Lingering close: half-close (FIN after what is buffered) and keep reading, into
+            # the scratch buffer, until the peer's EOF (eof_received then closes the transport).
+            # Closing the socket outright while the peer is still sending makes our kernel
+            # answer its bytes with RST, and the peer's next write then fails before it has
+            # read our last frames (Shutdown, Error): they were lost.
+            t.write_eof()
+        else:
+            t.close()  # flushes what is buffered, then connection_lost
+        # ... but a peer that does not read or does not close must not keep the connection.
         self._abort_handle = self._loop.call_later(
             self._close_timeout_s, t.abort)
 
