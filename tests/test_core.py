@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aiogc.config import RunConfig
-from aiogc.core import PeerClosed, PSPhase, RoundResumed, Triggered, WorkerDropped
+from aiogc.core import Finished, PeerClosed, PSPhase, RoundResumed, Triggered, WorkerDropped
 from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
 from aiogc.messages import ChunkReport, CodedGradient, Hello, state_digest
@@ -168,12 +168,15 @@ def test_hopeless_round_fails_at_once() -> None:
     rig = build_rig(cfg, latency=0.01)
     rig.sim.kill(1, at=t_trig + 0.005)
     rig.sim.run()
-    first, second = rig.ps.records
+    (first,) = rig.ps.records
     assert first.status == "failed" and "cannot decode" in first.end_reason
     assert first.t_end == pytest.approx(t_trig + 0.005)
     assert np.isnan(first.rel_error)
-    # worker 1 is gone for good: round 2 cannot be exact either (it ends at its timeout)
-    assert second.status == "failed"
+    # worker 1 is gone for good: round 2 is not started hopeless; the PS waits join_timeout_s
+    # for enough ready workers, then ends the run with the reason
+    fin = next(e for e in rig.sim.ps_events if isinstance(e, Finished))
+    assert "ready for round 1" in fin.reason
+    assert fin.time == pytest.approx(first.t_end + cfg.join_timeout_s)
 
 
 def test_silent_worker_detected_by_heartbeat() -> None:

@@ -33,13 +33,15 @@ from aiogc.core import (
     RoundRecord,
     Worker,
 )
+from aiogc.core.ps import MAX_PENDING_CONNECTIONS
 from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.messages import ChunkReport, Hello
+from aiogc.messages import ChunkReport, Error, Hello, Ping, Shutdown
 from aiogc.net.drivers import PSServer, WorkerClient
+from aiogc.net.framing import FramedConnection
 from aiogc.runner import make_ps as runner_make_ps
 from aiogc.runner import materialise_for
-from aiogc.wire import encode_frame_bytes
+from aiogc.wire import DEFAULT_LIMITS, FrameDecoder, encode_frame_bytes
 from tests.helpers import build_rig
 
 HOST = "127.0.0.1"
@@ -156,10 +158,6 @@ class EventLog:
         self.events.append(ev)
         self._changed.set()
 
-    def poke(self) -> None:
-        """Wake waiters after an external change (e.g. a raw connection's outcome)."""
-        self._changed.set()
-
     async def wait_for(self, pred: Callable[[], bool], timeout: float = STEP_S) -> None:
         async with asyncio.timeout(timeout):
             while not pred():
@@ -208,7 +206,16 @@ class Cluster:
             results = await asyncio.gather(*self.client_tasks, return_exceptions=True)
         for t, res in zip(self.client_tasks, results, strict=True):
             if isinstance(res, BaseException):
-                raise AssertionError(f"{t.get_name()} failed: {res!r}") from res
+                closes = [(e.code, e.reason, self.ps.worker_of(e.peer))
+                          for e in self.log.of(PeerClosed)]
+                j = self.client_tasks.index(t)
+                wev = [type(e).__name__ + str(getattr(e, "round", getattr(e, "code", "")))
+                       for e in self.worker_logs[j].events]
+                raise AssertionError(
+                    f"{t.get_name()} failed: {res!r}; PS statistics {self.ps.statistics()}; "
+                    f"closes {closes}; rounds {len(self.ps.records)}; worker events {wev}; "
+                    f"worker stats {self.clients[j].worker.statistics()}; "
+                    f"connections {self.clients[j].connections}") from res
         return self.ps.records
 
 
@@ -306,7 +313,7 @@ def test_float32_payloads(run: Runner) -> None:
 def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> None:
     secret = b"right-secret-0123456789abcdef-xx"
     # const delays: rounds last long enough for the impostor to arrive mid-run
-    config = cfg(workers=4, delta=2, rounds=6, delay="const:0.02")
+    config = cfg(workers=4, delta=2, rounds=10, delay="const:0.02")
 
     async def scenario() -> tuple[Cluster, BaseException | None]:
         cl = await start_cluster(make_ps(config, secret=secret), secret=secret)
@@ -328,6 +335,9 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
     assert cl.ps.statistics().get("closed_auth_failed") == 1
     closed = cl.log.of(PeerClosed)
     assert [e.code for e in closed] == ["auth_failed"]
+    # ... while the run was going on: rounds completed after the rejection
+    at = cl.log.events.index(closed[0])
+    assert any(isinstance(e, RoundCompleted) for e in cl.log.events[at:])
     # the honest worker 1 was not replaced: no round lost anyone
     assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
     assert all(not r.dropped for r in cl.ps.records)
@@ -398,11 +408,12 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
     """Bad connections while 4 honest workers train: each is closed, with a typed reason
     counted by the PS; the honest rounds are exact and identical (trigger states and losses)
     to a clean run with the same seed, served at the same time by a second PS."""
-    # ~3.5 s of training: the slowloris must be closed by the 2 s auth deadline mid-run,
+    # ~3.6 s of training: the slowloris must be closed by the 2 s auth deadline mid-run,
     # not by the shutdown
-    config = cfg(workers=4, delta=2, n_parts=1, rounds=16)
-    # completions 50 ms apart: each round's trigger state is fixed by the schedule
-    schedule = spaced_schedule(config, gap_s=0.05)
+    config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
+    # completions 80 ms apart: each round's trigger state is fixed by the schedule (unless
+    # the machine stalls the loop for that long)
+    schedule = spaced_schedule(config, gap_s=0.08)
     blobs = _garbage_blobs(config)
 
     async def scenario() -> tuple[Cluster, Cluster, dict[str, bytes], bool]:
@@ -428,6 +439,14 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
     # every bad connection was closed by the PS while the honest rounds were still running
     assert during_training
     assert set(got) == set(blobs) | {"slowloris", "silent"}
+    # the offenders whose bytes the PS consumed were told why (best effort for the others:
+    # closing with their bytes unread may reset the connection before the Error frame is read)
+    for name, code in [("hello_id_out_of_range", "bad_worker_id"),
+                       ("report_before_auth", "unexpected_kind"),
+                       ("slowloris", "auth_timeout"), ("silent", "auth_timeout")]:
+        msgs = FrameDecoder(DEFAULT_LIMITS).feed(got[name])
+        assert [m.kind for m in msgs] == ["challenge", "error"], (name, msgs)
+        assert isinstance(msgs[1], Error) and msgs[1].code == code
     stats = dirty.ps.statistics()
     # the core closed the handshake-level offenders with typed, counted reasons
     assert stats.get("closed_bad_worker_id") == 1
@@ -448,3 +467,86 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
     rig = build_rig(config, schedule=schedule)
     rig.sim.run()
     assert [r.state for r in rig.ps.records] == [r.state for r in clean.ps.records]
+
+
+def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
+    """More silent connections at once than the PS admits unauthenticated: the surplus is
+    refused at once (too_many_connections), the rest closed at the auth deadline; the honest
+    (authenticated) workers are not affected and every round is exact."""
+    config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
+    schedule = spaced_schedule(config, gap_s=0.08)
+    n_flood = MAX_PENDING_CONNECTIONS + 16
+
+    async def scenario() -> tuple[Cluster, list[bytes], bool]:
+        cl = await start_cluster(make_ps(config, schedule=schedule))
+        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
+        got = await asyncio.gather(
+            *[_bad_peer(cl.server.port, b"", eof_after=False) for _ in range(n_flood)])
+        during_training = not cl.ps.finished
+        await cl.finish()
+        return cl, got, during_training
+
+    cl, got, during_training = run(scenario)
+    assert during_training and len(got) == n_flood
+    stats = cl.ps.statistics()
+    assert stats.get("closed_too_many_connections") == n_flood - MAX_PENDING_CONNECTIONS
+    assert stats.get("closed_auth_timeout") == MAX_PENDING_CONNECTIONS
+    assert stats.get("joined") == config.workers
+    assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
+    assert all(not r.dropped for r in cl.ps.records)
+    rig = build_rig(config, schedule=schedule)
+    rig.sim.run()
+    assert [r.state for r in rig.ps.records] == [r.state for r in cl.ps.records]
+
+
+def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
+    """Regression: the PS sends shutdown and closes while a straggler is still sending (its
+    late report and coded vector). Closing the socket outright made the kernel answer those
+    bytes with RST, the straggler's next write failed before it had read the shutdown, and it
+    went on reconnecting to a PS that was gone (seen with ignore-stragglers on a loaded
+    machine; deterministic on the default loop with this timing). A lingering close keeps
+    reading until the peer's EOF, so the last frames always arrive."""
+
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        lost = 0
+        trials = 50
+        for _ in range(trials):
+            server_side: list[FramedConnection] = []
+            got: list[str] = []
+            closed: asyncio.Future[None] = loop.create_future()
+
+            def on_close(c: FramedConnection, e: BaseException | None,
+                         closed: asyncio.Future[None] = closed) -> None:
+                if not closed.done():
+                    closed.set_result(None)
+
+            def make_server_side(server_side: list[FramedConnection] = server_side
+                                 ) -> FramedConnection:
+                c = FramedConnection(lambda c, m: None, lambda c, e: None)
+                server_side.append(c)
+                return c
+
+            server = await loop.create_server(make_server_side, HOST, 0)
+            port = server.sockets[0].getsockname()[1]
+            def make_client(got: list[str] = got, on_close: Any = on_close
+                            ) -> FramedConnection:
+                return FramedConnection(lambda c, m: got.append(m.kind), on_close)
+
+            _, client = await loop.create_connection(make_client, HOST, port)
+            async with asyncio.timeout(STEP_S):
+                while not server_side:
+                    await asyncio.sleep(0)
+                server_side[0].send(Shutdown(reason="all rounds done"))
+                server_side[0].close()
+                await asyncio.sleep(0)  # the close happens; the client has not read yet
+                for seq in range(3):  # ... and keeps sending: late report, coded vector
+                    client.send(Ping(seq=seq))
+                await closed
+            lost += "shutdown" not in got
+            server.close()
+            await server.wait_closed()
+        return lost, trials
+
+    lost, trials = run(scenario)
+    assert lost == 0, f"shutdown lost in {lost} of {trials} closes"

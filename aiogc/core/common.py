@@ -18,8 +18,10 @@ import numpy as np
 
 from ..messages import Message
 
-#: Seconds a new connection has to authenticate before it is closed (reliability.md: 2 s).
-AUTH_DEADLINE_S = 2.0
+#: Seconds a new connection has to authenticate before it is closed. reliability.md asks for
+#: every bad connection to be closed within 2 s; timer latency adds up to ~30 ms under load
+#: (measured in bench/soak_socket_fuzz.py), so the deadline itself sits a little below.
+AUTH_DEADLINE_S = 1.9
 
 
 class Endpoint:

@@ -72,7 +72,7 @@ MAX_PENDING_CONNECTIONS = 64
 
 
 class PSPhase(enum.Enum):
-    JOINING = "joining"  # waiting for all m workers before round 0
+    JOINING = "joining"  # waiting for enough ready workers (all m before round 0)
     COMPUTING = "computing"  # round running, workers computing and reporting
     COLLECTING = "collecting"  # encode_and_transmit broadcast, waiting for coded vectors
     FINISHED = "finished"
@@ -85,6 +85,8 @@ _TRANSITIONS: frozenset[tuple[PSPhase, PSPhase]] = frozenset(
         (PSPhase.COMPUTING, PSPhase.COLLECTING),
         (PSPhase.COMPUTING, PSPhase.COMPUTING),  # next round
         (PSPhase.COMPUTING, PSPhase.FINISHED),
+        (PSPhase.COMPUTING, PSPhase.JOINING),  # next round needs workers that are not ready
+        (PSPhase.COLLECTING, PSPhase.JOINING),
         (PSPhase.COLLECTING, PSPhase.COMPUTING),  # resume, or next round
         (PSPhase.COLLECTING, PSPhase.COLLECTING),  # re-broadcast with a new attempt
         (PSPhase.COLLECTING, PSPhase.FINISHED),
@@ -209,8 +211,14 @@ class ParameterServer(Endpoint):
             self._join_deadline = now + self.config.join_timeout_s
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
 
-    def connection_lost(self, peer: Hashable, *, now: float) -> None:
-        """The transport closed (EOF, reset, or after we closed it)."""
+    def connection_lost(self, peer: Hashable, *, now: float, code: str | None = None) -> None:
+        """The transport closed (EOF, reset, or after we closed it).
+
+        ``code``: the typed reason when the *transport* closed it (malformed frame, slow
+        consumer...), which the core never saw as a message; counted as ``closed_{code}``.
+        """
+        if code is not None:
+            self.stats[f"closed_{code}"] += 1
         info = self._peers.pop(peer, None)
         self._pending.pop(peer, None)
         if info is None or info.worker is None:
@@ -257,7 +265,9 @@ class ParameterServer(Endpoint):
         if self.phase is PSPhase.JOINING:
             if self._join_deadline is not None and now >= self._join_deadline:
                 self._finish(
-                    f"only {len(self._ready_workers())} of {self.m} workers joined in time", now
+                    f"only {len(self._ready_workers())} of {self.m} workers ready for round "
+                    f"{self._round_no + 1} within join_timeout_s={self.config.join_timeout_s}",
+                    now,
                 )
             return
         rs = self._round
@@ -459,7 +469,7 @@ class ParameterServer(Endpoint):
             if msg.epoch != self.epoch:
                 raise RemoteProtocolError(f"ready for epoch {msg.epoch}", code="stale_epoch")
             self._peers[peer].ready = True
-            if self.phase is PSPhase.JOINING and len(self._ready_workers()) == self.m:
+            if self.phase is PSPhase.JOINING and self._can_start(self._round_no + 1):
                 self._start_round(now)
         elif isinstance(msg, CodedGradient):
             self._on_coded(worker, msg, now)
@@ -566,12 +576,33 @@ class ParameterServer(Endpoint):
 
     # ------------------------------------------------------------------ rounds
 
+    def _can_start(self, r: int) -> bool:
+        """Round 0 waits for all m workers; later rounds for enough ready workers to decode
+        (exact mode) or at least one (approx mode), so that a round is never started hopeless
+        and burnt while workers reconnect."""
+        ready = self._ready_workers()
+        if r == 0:
+            return len(ready) == self.m
+        if self.config.mode != "exact":
+            return bool(ready)
+        best = np.zeros(self.m, dtype=np.int64)
+        for w in ready:
+            best[w] = self._loads[w]
+        return bool(self.scheme.is_decodable(best))
+
     def _start_round(self, now: float) -> None:
-        self._round_no += 1
-        r = self._round_no
+        r = self._round_no + 1
         if r >= self.config.rounds:
+            self._round_no = r
             self._finish("all rounds done", now)
             return
+        if not self._can_start(r):
+            if self.phase is not PSPhase.JOINING:
+                self._set_phase(PSPhase.JOINING)
+                self._round = None
+                self._join_deadline = now + self.config.join_timeout_s
+            return
+        self._round_no = r
         self._set_phase(PSPhase.COMPUTING)
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         self._round = _RoundState(record=rec, state=np.zeros(self.m, dtype=np.int64))

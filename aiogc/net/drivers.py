@@ -27,7 +27,7 @@ from ..core import (
     Welcomed,
     Worker,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message
 from ..wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits, encode_frame
 from .framing import FramedConnection
@@ -237,7 +237,8 @@ class PSServer:
         self._conns.discard(conn)
         if exc is not None:
             log.debug("connection %s closed: %r", conn.peername, exc)
-        self.ps.connection_lost(conn, now=self._now())
+        code = exc.code if isinstance(exc, RemoteProtocolError) else None
+        self.ps.connection_lost(conn, now=self._now(), code=code)
         self._pump()
 
     def _on_timer(self) -> None:
