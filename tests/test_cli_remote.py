@@ -1,0 +1,89 @@
+"""`aiogc ps` and `aiogc worker` as separate processes, as on different machines (loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.processes
+
+#: Hang guard only (no assertion on durations).
+GUARD_S = 120
+
+
+def test_ps_and_workers_as_separate_processes(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
+         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        assert ps.stderr is not None
+        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
+        match = re.search(r"listening on ([\d.]+):(\d+)", line)
+        assert match, line
+        addr = f"{match.group(1)}:{match.group(2)}"
+        workers = [
+            subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
+                              "--id", str(j), "--secret-file", str(secret)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for j in range(4)
+        ]
+        ps_out, ps_err = ps.communicate(timeout=GUARD_S)
+        codes = [w.wait(timeout=GUARD_S) for w in workers]
+    finally:
+        for p in [ps, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    assert codes == [0, 0, 0, 0]
+    summary = json.loads((out / "summary.json").read_text())
+    s = summary["schemes"]["partial"]
+    assert s["rounds"] == 3 and s["rounds_failed"] == 0
+    assert s["max_rel_decode_error"] <= 1e-9
+    assert "partial" in ps_out
+
+
+def test_worker_with_wrong_secret_exits_with_error(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    good.write_bytes(b"g" * 32)
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"b" * 32)
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "1", "--delta", "1",
+         "--rounds", "1", "--secret-file", str(good), "--join-timeout", "20"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert ps.stderr is not None
+        match = re.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
+        assert match
+        w = subprocess.run(
+            [sys.executable, "-m", "aiogc", "worker", "--connect",
+             f"{match.group(1)}:{match.group(2)}", "--id", "0", "--secret-file", str(bad)],
+            capture_output=True, text=True, timeout=GUARD_S)
+    finally:
+        ps.kill()
+        ps.wait()
+    assert w.returncode == 3
+    assert "auth_failed" in w.stderr
+
+
+def test_non_loopback_bind_without_secret_is_refused() -> None:
+    r = subprocess.run([sys.executable, "-m", "aiogc", "ps", "--host", "0.0.0.0", "--port", "0",
+                        "--workers", "2", "--delta", "1"],
+                       capture_output=True, text=True, timeout=GUARD_S,
+                       env={k: v for k, v in os.environ.items() if k != "AIOGC_SECRET"})
+    assert r.returncode == 2
+    assert "secret" in r.stderr
