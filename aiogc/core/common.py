@@ -18,6 +18,10 @@ import numpy as np
 
 from ..messages import Message
 
+#: Close codes after which a worker does not reconnect: retrying cannot succeed.
+FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
+                         "bad_version"})
+
 #: Seconds a new connection has to authenticate before it is closed. reliability.md asks for
 #: every bad connection to be closed within 2 s; timer latency adds up to ~30 ms under load
 #: (measured in bench/soak_socket_fuzz.py), so the deadline itself sits a little below.
@@ -249,3 +253,5 @@ class ConnectionFailed(Event):
     code: str
     reason: str
     time: float
+    #: True when reconnecting cannot help (wrong secret, config or version): stop the worker
+    fatal: bool = False

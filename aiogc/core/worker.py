@@ -45,6 +45,7 @@ from ..messages import (
     state_digest,
 )
 from .common import (
+    FATAL_CODES,
     ChunkComputed,
     CodedSent,
     ConnectionFailed,
@@ -272,7 +273,7 @@ class Worker(Endpoint):
         self.stats[f"failed_{code}"] += 1
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
-        self._events.append(ConnectionFailed(code, reason, now))
+        self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
         self.phase = WorkerPhase.CLOSED
         self._delayed.clear()
         self._deadlines = None

@@ -37,9 +37,6 @@ log = logging.getLogger("aiogc.net")
 #: Header bound after authentication: the largest header is round_start with a delay row or
 #: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
 POSTAUTH_MAX_HEADER = 1 << 20
-#: Codes after which a worker does not reconnect: retrying cannot succeed.
-FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
-                         "bad_version"})
 
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
@@ -394,7 +391,7 @@ class WorkerClient:
                 self._shutdown = True
             elif isinstance(ev, Welcomed):
                 self._welcomed = True
-            elif isinstance(ev, ConnectionFailed) and ev.code in FATAL_CODES:
+            elif isinstance(ev, ConnectionFailed) and ev.fatal:
                 self._fatal = ev
             if self._on_event is not None:
                 self._on_event(ev)
