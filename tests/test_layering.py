@@ -42,3 +42,13 @@ def test_no_global_numpy_seeding() -> None:
         src = path.read_text()
         assert "np.random.seed(" not in src, path
         assert "np.random.rand(" not in src and "np.random.randn(" not in src, path
+
+
+def test_transition_tables_agree_with_message_directions() -> None:
+    """The core's per-phase acceptance tables and messages.py's direction sets are one truth."""
+    from aiogc.core import ps, worker
+    from aiogc.messages import KINDS, PS_TO_WORKER, WORKER_TO_PS
+
+    assert set(ps._ACCEPTS) | {"hello"} == set(WORKER_TO_PS)
+    assert set(worker._ACCEPTS) == set(PS_TO_WORKER)
+    assert set(WORKER_TO_PS) | set(PS_TO_WORKER) == set(KINDS)

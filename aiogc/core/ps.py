@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -324,9 +324,6 @@ class ParameterServer(Endpoint):
     def finished(self) -> bool:
         return self.phase is PSPhase.FINISHED
 
-    def connected_workers(self) -> list[int]:
-        return sorted(self._worker_peer)
-
     def _ready_workers(self) -> dict[int, Hashable]:
         """Authenticated workers that said ``ready`` (they take part in the next round)."""
         return {w: p for w, p in self._worker_peer.items() if self._peers[p].ready}
@@ -585,10 +582,7 @@ class ParameterServer(Endpoint):
             return len(ready) == self.m
         if self.config.mode != "exact":
             return bool(ready)
-        best = np.zeros(self.m, dtype=np.int64)
-        for w in ready:
-            best[w] = self._loads[w]
-        return bool(self.scheme.is_decodable(best))
+        return bool(self.scheme.is_decodable(self._finished_state(ready)))
 
     def _start_round(self, now: float) -> None:
         r = self._round_no + 1
@@ -648,12 +642,13 @@ class ParameterServer(Endpoint):
             self._decode_and_advance(now, exact=False, reason="no_contributors")
 
     def _decodable_received(self, rs: _RoundState) -> bool:
-        return bool(self.scheme.is_decodable(self._received_state(rs)))
+        return bool(self.scheme.is_decodable(self._finished_state(rs.received)))
 
-    def _received_state(self, rs: _RoundState) -> np.ndarray:
+    def _finished_state(self, workers: Iterable[int]) -> np.ndarray:
+        """State vector in which exactly ``workers`` finished all their chunks; shape (m,)."""
         st = np.zeros(self.m, dtype=np.int64)
-        for w in rs.received:
-            st[w] = self._loads[w]
+        idx = list(workers)
+        st[idx] = self._loads[idx]
         return st
 
     def _drop_workers(self, workers: list[int], reason: str, now: float) -> None:
@@ -705,11 +700,8 @@ class ParameterServer(Endpoint):
         """Exact mode, and the round cannot decode even if every worker still in it finishes."""
         if self.config.mode != "exact":
             return False
-        best = self._loads.copy()
-        best[list(rs.excluded)] = 0
-        for w in rs.received:
-            best[w] = self._loads[w]
-        return not self.scheme.is_decodable(best)
+        alive = (set(range(self.m)) - rs.excluded) | set(rs.received)
+        return not self.scheme.is_decodable(self._finished_state(alive))
 
     def _on_approx_deadline(self, now: float) -> None:
         rs = self._round
@@ -738,7 +730,7 @@ class ParameterServer(Endpoint):
         assert rs is not None
         rec = rs.record
         if self.scheme.sends_when_done:
-            state = self._received_state(rs)
+            state = self._finished_state(rs.received)
         else:
             assert rs.broadcast is not None
             state = np.asarray(rs.broadcast, dtype=np.int64)
