@@ -122,6 +122,42 @@ class PartialScheme(SchemeBase):
         """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
         return q_max(self.A, self.orders, self.n_parts)
 
+    def contributors(self, states: np.ndarray) -> np.ndarray:
+        """Workers with ``c_j > 0``: bool, shape (R, m)."""
+        return np.asarray(states) > 0
+
+    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None:
+        """Every contributing worker's vector into ``out[j]``, each chunk factorised once.
+
+        ``chunk_grads`` is (N, d) by chunk index; ``out`` is (m, ceil(d / ell)).
+        """
+        c = self.check_state(state)
+        thetas = self.all_coefficients(c)
+        for j in np.flatnonzero(c > 0).tolist():
+            out[j] = encode_rows(thetas[j], chunk_grads[self.orders[j][: c[j]]], self.n_parts)
+
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """Earliest time every chunk has ``ell`` reported holders, per trial.
+
+        ``max_i`` of the ``ell``-th smallest ``arrivals[r, j, p_j(i) - 1]`` over the holders
+        ``j`` of chunk ``i`` (``p_j(i)``: 1-based position of ``i`` in ``orders[j]``).
+
+        Parameters
+        ----------
+        arrivals : ndarray, shape (R, m, K)
+
+        Returns
+        -------
+        t : ndarray of float64, shape (R,); ``inf`` where never decodable
+        """
+        a = self._check_arrivals(arrivals)
+        pad = self._HP == np.iinfo(np.int64).max
+        T = a[:, self._H, np.where(pad, 1, self._HP) - 1]  # (R, N, gmax)
+        T[:, pad] = np.inf
+        ell = self.n_parts
+        kth = np.partition(T, ell - 1, axis=2)[:, :, ell - 1]
+        return np.asarray(kth.max(axis=1))
+
     # ---- coefficients -------------------------------------------------------------------
     def _masked(self, chunks: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Padded ``B_U^T`` stacks, shape (len(chunks), gmax, ell), and coverage masks."""

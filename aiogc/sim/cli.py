@@ -11,11 +11,13 @@ import json
 import math
 import sys
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
-from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, SCHEMES, RunConfig
+from ..coding.registry import scheme_names, scheme_spec
+from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
 from ..errors import ConfigError
 
 __all__ = ["register", "run_simulate", "simulate_summary"]
@@ -47,7 +49,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--delta", type=int, default=4, help="chunks per worker (default 4)")
     p.add_argument("--ell", type=int, default=1, help="communication split ℓ (default 1)")
     p.add_argument("--schemes", default="partial,original",
-                   help=f"comma-separated subset of {', '.join(SCHEMES)}")
+                   help="comma-separated subset of: " + "; ".join(
+                       f"{n} (waits for {scheme_spec(n).waiting})" for n in scheme_names()))
     p.add_argument("--delay", default="exp:1.0",
                    help="chunk compute-time model (delays.py spec, e.g. exp:1.0, pareto:1.5, "
                    "shiftexp:0.5,0.5, straggle:0.2,5,exp:1.0)")
@@ -93,12 +96,13 @@ def _flag_error(exc: ConfigError) -> str:
 
 def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
     schemes = [s.strip() for s in str(args.schemes).split(",") if s.strip()]
+    names = scheme_names()
     if not schemes:
         raise ConfigError("schemes", args.schemes,
-                          "a comma-separated list of " + ", ".join(SCHEMES))
+                          "a comma-separated list of " + ", ".join(names))
     for s in schemes:
-        if s not in SCHEMES:
-            raise ConfigError("schemes", s, "one of " + ", ".join(SCHEMES))
+        if s not in names:
+            raise ConfigError("schemes", s, "one of " + ", ".join(names))
     if len(set(schemes)) != len(schemes):
         raise ConfigError("schemes", args.schemes, "distinct scheme names")
     if args.engine not in ("fast", "protocol"):
@@ -134,18 +138,19 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
     from ..delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
+    # the base config carries the configured ell; each scheme then sees its own view
+    # (RunConfig.for_scheme), so the base must be a scheme that accepts any ell
+    base = next((s for s in schemes if scheme_spec(s).forced_n_parts is None), "partial")
     cfg = RunConfig(
-        scheme=schemes[0] if schemes[0] not in ("uncoded", "ignore-stragglers") else "partial",
+        scheme=base,
         workers=args.workers, delta=args.delta, n_parts=args.ell, assignment=args.assignment,
         ordering=args.ordering, decoding=args.decoding, k=args.k, mode=args.mode,
         deadline_s=deadlines[0] if deadlines else None, rounds=args.trials, seed=args.seed,
         delay=str(args.delay), latency=spec, dtype=args.dtype,
         heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
     )
-    from .fast import scheme_config
-
     for s in schemes:  # validate every scheme's view of the config up front
-        scheme_config(cfg, s)
+        cfg.for_scheme(s)
     return cfg, schemes, latency, deadlines
 
 
@@ -178,11 +183,20 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  deadlines: list[float] | None = None, engine: str = "fast",
                  dim: int = 120) -> list[dict[str, Any]]:
     """Result rows (one per scheme, or per scheme and deadline in approx mode)."""
-    from .fast import build_schemes, schedule_for, simulate_fast
+    from .fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
     from .protocol import record_arrays, simulate_protocol
 
     built = build_schemes(cfg, schemes)
     schedule = schedule_for(cfg, built)
+    if engine == "fast":
+        ties = max(tie_fraction(arrival_times(s, schedule, latency=latency))
+                   for s in built.values())
+        if ties > 0:
+            warnings.warn(
+                f"--delay {cfg.delay!r}: {100 * ties:.1f}% of trials have arrival ties (a delay "
+                "law with atoms); the fast engine counts tied arrivals together while the "
+                "protocol engine takes them one at a time, so decoding states and statuses "
+                "may differ: use --engine protocol for this law", stacklevel=2)
     rows: list[dict[str, Any]] = []
     runs = [(cfg, None)] if cfg.mode == "exact" else [
         (cfg.replace(deadline_s=t), t) for t in (deadlines or [])
@@ -198,7 +212,7 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
             recs = simulate_protocol(c, schemes, schedule=schedule, latency=latency,
                                      gradients="gaussian", dim=dim, built=built)
             for name in schemes:
-                a = record_arrays(recs[name])
+                a = record_arrays(recs[name], mode=c.mode)
                 rows.append(_row(name, c.mode, t, a["completion_s"], a["status"],
                                  a["mse"] if c.mode == "approx" else None))
     return rows
