@@ -30,7 +30,8 @@ class RoundStatus(StrEnum):
         try:
             return cls(value)
         except ValueError:
-            raise ConfigError("status", value, "one of " + ", ".join(m.value for m in cls)) from None
+            raise ConfigError("status", value,
+                              "one of " + ", ".join(m.value for m in cls)) from None
 
 
 class EndReason(StrEnum):

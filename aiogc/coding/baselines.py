@@ -404,7 +404,7 @@ class IgnoreStragglersScheme(UncodedScheme):
     def exact_states(self, states: np.ndarray) -> np.ndarray:
         """Exact only when every worker finished: shape (R,)."""
         S = np.asarray(states, dtype=np.int64)
-        return np.asarray((S == self.loads[None, :]).all(axis=1))
+        return np.asarray((self.loads[None, :] == S).all(axis=1))
 
     def decode_result(
         self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int

@@ -151,7 +151,7 @@ class PartialScheme(SchemeBase):
         t : ndarray of float64, shape (R,); ``inf`` where never decodable
         """
         a = self._check_arrivals(arrivals)
-        pad = self._HP == np.iinfo(np.int64).max
+        pad = np.iinfo(np.int64).max == self._HP
         T = a[:, self._H, np.where(pad, 1, self._HP) - 1]  # (R, N, gmax)
         T[:, pad] = np.inf
         ell = self.n_parts

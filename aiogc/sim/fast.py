@@ -32,8 +32,9 @@ here by "arrived at or before"; the event-driven engine processes them one at a 
 delay laws with atoms (``const:``, or a ``straggle:`` / ``markov:`` law whose factors make two
 sums equal) the *state* at a tied trigger can differ: :func:`tie_fraction` measures how often
 that happens on a schedule, and ``aiogc simulate --engine fast`` warns when it does. Continuous
-laws have no ties (almost surely). A round that can never complete (dead workers) has time ``inf``; the
-protocol engine instead fails it at ``round_timeout_s``.
+laws have no ties (almost surely). A round that can never complete (dead workers) has time
+``inf``; the protocol engine fails it (early, or at ``round_timeout_s``), which
+:func:`aiogc.sim.protocol.record_arrays` also reports as ``inf`` in exact mode.
 
 MSE: chunk gradients are i.i.d. ``N(0, I_d)`` drawn by :func:`gaussian_chunk_gradients` keyed by
 (seed, round), the coded vectors come from the schemes' real ``encode`` and the estimate from
