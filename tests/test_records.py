@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -13,7 +14,9 @@ import pytest
 
 from aiogc.core.common import RoundRecord
 from aiogc.inspect_run import inspect_round
+from aiogc.errors import ConfigError
 from aiogc.records import (
+    COLUMN_TYPES,
     REPORT_COLUMNS,
     ROUND_COLUMNS,
     WORKER_COLUMNS,
@@ -51,6 +54,7 @@ def partial_round(
         residual=1e-15,
         amplification=1.5,
         rel_error=rel,
+        rel_error_plain=2e-7 if rel == rel else NAN,  # rel == rel: not NaN
         loss=loss,
         oracle_elapsed_s=oracle,
         reports=[
@@ -226,33 +230,34 @@ def test_run_directory_files_exist_and_parse(tmp_path, records):
 
 
 def test_floats_round_trip_exactly(tmp_path, records):
+    """Every field of every RoundRecord comes back from the files (the gradient is not
+    written), floats bit for bit, NaN as NaN; the field list is the dataclass's own."""
     write_run(tmp_path, records)
     run = load_run(tmp_path)
     back = records_from_run(run)
     assert list(back) == ["partial", "original"]
+    compared = [f.name for f in dataclasses.fields(RoundRecord) if f.name != "gradient"]
+    assert "rel_error_plain" in compared
+    assert run["rounds"][0]["rel_error_plain"] == 2e-7  # typed, not the string '2e-07'
     for scheme, recs in records.items():
         for a, b in zip(recs, back[scheme], strict=True):
-            for f in (
-                "round",
-                "t_start",
-                "t_trigger",
-                "t_end",
-                "status",
-                "end_reason",
-                "attempts",
-                "state",
-                "coverage_min",
-                "oracle_elapsed_s",
-                "reports",
-                "arrivals",
-                "compute_s",
-                "dropped",
-            ):
-                assert getattr(a, f) == getattr(b, f), (scheme, a.round, f)
-            for f in ("residual", "amplification", "rel_error", "loss"):
+            for f in compared:
                 x, y = getattr(a, f), getattr(b, f)
-                assert x == y or (math.isnan(x) and math.isnan(y))
+                if isinstance(x, float) and math.isnan(x):
+                    assert isinstance(y, float) and math.isnan(y), (scheme, a.round, f)
+                else:
+                    assert x == y and type(x) is type(y) or (f == "status" and x == y), (
+                        scheme, a.round, f, x, y)
     assert run["summary"]["speedup"] == pytest.approx(1.75)
+
+
+def test_column_types_come_from_the_dataclasses():
+    assert tuple(COLUMN_TYPES["workers.csv"]) == WORKER_COLUMNS
+    assert tuple(COLUMN_TYPES["reports.csv"]) == REPORT_COLUMNS
+    assert set(COLUMN_TYPES["rounds.csv"]) == set(ROUND_COLUMNS)
+    assert COLUMN_TYPES["rounds.csv"]["rel_error_plain"] is float
+    assert COLUMN_TYPES["rounds.csv"]["oracle_s"] is float
+    assert COLUMN_TYPES["rounds.csv"]["state"] is tuple
 
 
 def test_worker_rows_by_hand(tmp_path, records):
@@ -299,7 +304,11 @@ def test_send_when_done_arrival_counts_as_all_chunks():
 
 def test_is_trigger_scheme():
     assert is_trigger_scheme("partial") and is_trigger_scheme("partial-random")
-    assert not any(map(is_trigger_scheme, ("original", "uncoded", "ignore-stragglers")))
+    assert is_trigger_scheme("partial:natural")
+    assert not any(map(is_trigger_scheme, ("original", "uncoded", "ignore-stragglers",
+                                           "ignore-stragglers-k4", "original-fr")))
+    with pytest.raises(ConfigError, match="scheme='mystery'"):
+        is_trigger_scheme("mystery")
 
 
 # ------------------------------------------------------------------------------ summary
@@ -441,7 +450,8 @@ def test_load_run_missing_dir(tmp_path):
 
 
 def test_plot_run_writes_three_pngs(tmp_path, records):
-    pytest.importorskip("matplotlib")
+    # one policy with test_experiments.py: the plot extra is a test dependency (CI installs
+    # '.[dev,plot]'), so a missing matplotlib fails here instead of skipping
     from aiogc.plots import plot_run, representative_round
 
     write_run(tmp_path / "run", records)

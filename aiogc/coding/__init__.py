@@ -50,6 +50,7 @@ from aiogc.coding.registry import (
     scheme_names,
     scheme_spec,
     sends_when_done,
+    spec_of_label,
     unregister_scheme,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "scheme_names",
     "scheme_spec",
     "sends_when_done",
+    "spec_of_label",
     "unregister_scheme",
     "validate_assignment",
     "worst_condition_number",

@@ -42,6 +42,7 @@ __all__ = [
     "scheme_names",
     "scheme_spec",
     "sends_when_done",
+    "spec_of_label",
     "unregister_scheme",
 ]
 
@@ -179,6 +180,19 @@ def scheme_spec(name: str) -> SchemeSpec:
     if spec is None:
         raise ConfigError("scheme", name, "one of " + ", ".join(_REGISTRY))
     return spec
+
+
+def spec_of_label(label: str) -> SchemeSpec:
+    """The spec a record label names: a registered name, or one followed by ``-variant`` or
+    ``:variant`` (``partial-random``: the random-ordering variant of partial); the longest
+    registered name that prefixes the label decides. ConfigError if none does."""
+    if label in _REGISTRY:
+        return _REGISTRY[label]
+    prefixes = [n for n in _REGISTRY if label.startswith((n + "-", n + ":"))]
+    if not prefixes:
+        raise ConfigError("scheme", label, "a registered scheme name, optionally with "
+                          "-variant: " + ", ".join(_REGISTRY))
+    return _REGISTRY[max(prefixes, key=len)]
 
 
 def sends_when_done(name: str) -> bool:
