@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
-from aiogc.inspect_run import inspect_round
 from aiogc.errors import ConfigError
+from aiogc.inspect_run import inspect_round
 from aiogc.records import (
     COLUMN_TYPES,
     REPORT_COLUMNS,
@@ -246,7 +246,7 @@ def test_floats_round_trip_exactly(tmp_path, records):
                 if isinstance(x, float) and math.isnan(x):
                     assert isinstance(y, float) and math.isnan(y), (scheme, a.round, f)
                 else:
-                    assert x == y and type(x) is type(y) or (f == "status" and x == y), (
+                    assert (x == y and type(x) is type(y)) or (f == "status" and x == y), (
                         scheme, a.round, f, x, y)
     assert run["summary"]["speedup"] == pytest.approx(1.75)
 
