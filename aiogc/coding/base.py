@@ -77,28 +77,8 @@ class Scheme(Protocol):
     def q_max(self) -> int: ...
     def states_at(self, arrivals: np.ndarray, t: np.ndarray) -> np.ndarray: ...
     def decode_times(self, arrivals: np.ndarray) -> np.ndarray: ...
-    def contributors(self, states: np.ndarray) -> np.ndarray:
-        """:meth:`contributes` of every worker for each state: bool, shape (R, m)."""
-        S = np.asarray(states, dtype=np.int64)
-        return np.array([[self.contributes(j, c) for j in range(self.m)] for c in S],
-                        dtype=bool).reshape(S.shape)
-
-    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None:
-        """Coded vectors of every contributing worker into ``out[j]``.
-
-        Parameters
-        ----------
-        state : array_like of int, shape (m,)
-        chunk_grads : ndarray, shape (N, d)
-            Chunk gradients by chunk index (not processing order).
-        out : ndarray, shape (m, ceil(d / ell))
-            Rows of non-contributing workers are left untouched.
-        """
-        c = self.check_state(state)
-        for j in range(self.m):
-            if self.contributes(j, c):
-                out[j] = self.encode(j, c, chunk_grads[self.orders[j]])
-
+    def contributors(self, states: np.ndarray) -> np.ndarray: ...
+    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None: ...
     def exact_states(self, states: np.ndarray) -> np.ndarray: ...
 
 
@@ -197,6 +177,13 @@ def combine(
                 np.matmul(Dc[:, a:b], coded[a:b], out=tmp)
                 out += tmp
         return out.reshape(-1)[:dim]
+    return _combine_mapping(D, rows, coded, dim, p)
+
+
+def _combine_mapping(D: np.ndarray, rows: np.ndarray, coded: Mapping[int, np.ndarray], dim: int,
+                     p: int) -> np.ndarray:
+    """:func:`combine` for payloads given as ``{worker: (p,) array}``."""
+    ell = D.shape[0]
     out_m: np.ndarray | None = None
     for j in rows.tolist():
         if j not in coded:

@@ -184,6 +184,27 @@ class _FixedCodeScheme(SchemeBase):
         return DecodeResult(grad, exact, res, self._amplification(D, used), int(used.size))
 
 
+def _check_original_args(Av: np.ndarray, s: object, n_parts: object, construction: str) -> int:
+    """Validate OriginalScheme's arguments; returns ``ell``."""
+    m = Av.shape[1]
+    if isinstance(s, bool) or not isinstance(s, int | np.integer) or not 0 <= s < m:
+        raise CodingError(f"s={s!r} is out of range: expected an int in [0, {m - 1}]")
+    if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer) or n_parts < 1:
+        raise CodingError(f"n_parts={n_parts!r} must be an int >= 1")
+    if construction not in CONSTRUCTIONS:
+        raise CodingError(f"construction={construction!r} not in {CONSTRUCTIONS}")
+    return int(n_parts)
+
+
+def _auto_construction(Av: np.ndarray, s: int, ell: int) -> str:
+    """"fr" / "tandon" when the assignment is that structure with groups / delta of s + 1."""
+    if ell == 1 and is_fractional_repetition(Av) == s + 1:
+        return "fr"
+    if ell == 1 and is_cyclic(Av) == s + 1:
+        return "tandon"
+    return "polynomial"
+
+
 class OriginalScheme(_FixedCodeScheme):
     """Original gradient coding (Tandon et al. 2017; Ye and Abbe 2018 for ell > 1).
 
@@ -217,22 +238,10 @@ class OriginalScheme(_FixedCodeScheme):
         alphas: np.ndarray | None = None,
     ) -> None:
         Av = validate_assignment(A)
-        m = Av.shape[1]
-        if isinstance(s, bool) or not isinstance(s, int | np.integer) or not 0 <= s < m:
-            raise CodingError(f"s={s!r} is out of range: expected an int in [0, {m - 1}]")
-        if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer) or n_parts < 1:
-            raise CodingError(f"n_parts={n_parts!r} must be an int >= 1")
-        if construction not in CONSTRUCTIONS:
-            raise CodingError(f"construction={construction!r} not in {CONSTRUCTIONS}")
-        ell = int(n_parts)
+        ell = _check_original_args(Av, s, n_parts, construction)
         self.s = int(s)
         if construction == "auto":
-            if ell == 1 and is_fractional_repetition(Av) == self.s + 1:
-                construction = "fr"
-            elif ell == 1 and is_cyclic(Av) == self.s + 1:
-                construction = "tandon"
-            else:
-                construction = "polynomial"
+            construction = _auto_construction(Av, self.s, ell)
         self.construction = construction
         super().__init__(Av, ell, natural_order(Av))
         gen = rng if rng is not None else np.random.default_rng(0)
@@ -257,12 +266,12 @@ class OriginalScheme(_FixedCodeScheme):
         # "fr"; for "polynomial" when the group size is s + ell (no extra roots among holders).
         g = is_fractional_repetition(Av)
         self.groups: list[np.ndarray] | None = None
+        self._group_of = np.zeros(self.m, dtype=np.int64)
         if g is not None and (construction == "fr" or g == self.s + ell):
             first: dict[bytes, list[int]] = {}
             for j in range(self.m):
                 first.setdefault(Av[:, j].tobytes(), []).append(j)
             self.groups = [np.asarray(v, dtype=np.int64) for v in first.values()]
-            self._group_of = np.empty(self.m, dtype=np.int64)
             for gi, members in enumerate(self.groups):
                 self._group_of[members] = gi
 

@@ -94,47 +94,60 @@ def _flag_error(exc: ConfigError) -> str:
     return f"aiogc simulate: error: {flag}: {exc.value!r} is invalid: expected {exc.allowed}"
 
 
-def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
-    schemes = [s.strip() for s in str(args.schemes).split(",") if s.strip()]
+def _parse_schemes(text: str) -> list[str]:
+    schemes = [s.strip() for s in str(text).split(",") if s.strip()]
     names = scheme_names()
     if not schemes:
-        raise ConfigError("schemes", args.schemes,
-                          "a comma-separated list of " + ", ".join(names))
+        raise ConfigError("schemes", text, "a comma-separated list of " + ", ".join(names))
     for s in schemes:
         if s not in names:
             raise ConfigError("schemes", s, "one of " + ", ".join(names))
     if len(set(schemes)) != len(schemes):
-        raise ConfigError("schemes", args.schemes, "distinct scheme names")
+        raise ConfigError("schemes", text, "distinct scheme names")
+    return schemes
+
+
+def _parse_latency(text: str) -> tuple[float, str]:
+    """``(one-way seconds, "none")`` for a number, ``(0.0, spec)`` for a delays.py spec."""
+    try:
+        latency = float(text)
+    except ValueError:
+        from ..delays import parse_delay
+
+        parse_delay(str(text), field="latency")
+        return 0.0, str(text)
+    if not math.isfinite(latency) or latency < 0:
+        raise ConfigError("latency", text, "seconds >= 0 or a delays.py spec")
+    return latency, "none"
+
+
+def _parse_deadlines(mode: str, text: str | None) -> list[float]:
+    if mode != "approx":
+        return []
+    if not text:
+        raise ConfigError("deadline_s", text, "T1,T2,... (seconds > 0) in approx mode")
+    deadlines: list[float] = []
+    for tok in str(text).split(","):
+        try:
+            t = float(tok)
+        except ValueError:
+            raise ConfigError("deadline_s", tok, "a number of seconds > 0") from None
+        if not (math.isfinite(t) and t > 0):
+            raise ConfigError("deadline_s", tok, "a number of seconds in (0, 1e6]")
+        deadlines.append(t)
+    return deadlines
+
+
+def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
+    schemes = _parse_schemes(args.schemes)
     if args.engine not in ("fast", "protocol"):
         raise ConfigError("engine", args.engine, "fast or protocol")
     if type(args.trials) is not int or not 1 <= args.trials <= MAX_TRIALS:
         raise ConfigError("rounds", args.trials, f"an integer in [1, {MAX_TRIALS}]")
     if not 1 <= args.dim <= 1_000_000:
         raise ConfigError("dim", args.dim, "an integer in [1, 1000000]")
-    latency = 0.0
-    spec = "none"
-    try:
-        latency = float(args.latency)
-    except ValueError:
-        spec = str(args.latency)
-        from ..delays import parse_delay
-
-        parse_delay(spec, field="latency")
-    else:
-        if not math.isfinite(latency) or latency < 0:
-            raise ConfigError("latency", args.latency, "seconds >= 0 or a delays.py spec")
-    deadlines: list[float] = []
-    if args.mode == "approx":
-        if not args.deadline:
-            raise ConfigError("deadline_s", args.deadline, "T1,T2,... (seconds > 0) in approx mode")
-        for tok in str(args.deadline).split(","):
-            try:
-                t = float(tok)
-            except ValueError:
-                raise ConfigError("deadline_s", tok, "a number of seconds > 0") from None
-            if not (math.isfinite(t) and t > 0):
-                raise ConfigError("deadline_s", tok, "a number of seconds in (0, 1e6]")
-            deadlines.append(t)
+    latency, spec = _parse_latency(args.latency)
+    deadlines = _parse_deadlines(args.mode, args.deadline)
     from ..delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
