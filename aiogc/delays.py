@@ -667,7 +667,7 @@ class DelaySchedule:
         Dead = first chunk ``inf`` (computes nothing) or network delay ``inf`` (nothing it
         sends ever arrives, e.g. ``--latency fail:...``).
         """
-        return np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s)
+        return np.asarray(np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s))
 
     def rows(self) -> Iterator[dict[str, float | int]]:
         """Tidy rows, one per (round, worker, chunk), keys :data:`CSV_COLUMNS`."""

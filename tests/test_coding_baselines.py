@@ -133,7 +133,7 @@ def _poly_error(m: int, ell: int, s: int, dtype: type) -> tuple[float, float]:
     sc = OriginalScheme(cyclic_assignment(m, s + ell), s, ell)
     rng = np.random.default_rng(m)
     d = 64 * ell
-    G = rng.standard_normal((m, d)).astype(dtype)
+    G: np.ndarray = rng.standard_normal((m, d)).astype(dtype)
     truth = G.astype(np.float64).sum(axis=0)
     worst, amp = 0.0, 0.0
     for _ in range(20):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,8 +83,8 @@ BASELINES = [
 
 
 @pytest.mark.parametrize(("kw", "construction"), BASELINES)
-def test_fixed_code_baselines_decode_at_their_earliest_moment(kw: dict, construction: str | None
-                                                              ) -> None:
+def test_fixed_code_baselines_decode_at_their_earliest_moment(kw: dict[str, Any],
+                                                              construction: str | None) -> None:
     """For every arrival order, the scheme's decode time is the first prefix from which the
     best linear decoder is exact, and its decode there is exact (and not before)."""
     name = kw.pop("name")
@@ -146,8 +147,9 @@ def test_ignore_stragglers_decodes_at_the_kth_arrival() -> None:
 
 @pytest.mark.parametrize("kw", [dict(m=6, delta=3, n_parts=1), dict(m=6, delta=3, n_parts=2),
                                 dict(m=8, delta=3, n_parts=2, assignment="regular")])
-def test_partial_closed_form_equals_generic_rule(kw: dict) -> None:
+def test_partial_closed_form_equals_generic_rule(kw: dict[str, Any]) -> None:
     sc = make_scheme("partial", rng=np.random.default_rng(5), **kw)
+    assert isinstance(sc, SchemeBase)
     rng = np.random.default_rng(6)
     a = np.cumsum(rng.exponential(size=(40, sc.m, int(sc.loads.max()))), axis=2)
     np.testing.assert_array_equal(sc.decode_times(a), SchemeBase.decode_times(sc, a))

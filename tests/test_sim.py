@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import io
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_protocol_times_are_the_order_statistics(assignment: str, workers: int, 
     ],
 )
 @pytest.mark.parametrize("deadline", [None, 1.5, 3.0])
-def test_fast_path_equals_protocol_engine(kw: dict, latency: float,
+def test_fast_path_equals_protocol_engine(kw: dict[str, Any], latency: float,
                                           deadline: float | None) -> None:
     mode = "exact" if deadline is None else "approx"
     cfg = _cfg(mode=mode, deadline_s=deadline, **kw)

@@ -93,7 +93,7 @@ def fractional_repetition_assignment(m: int, s: int) -> np.ndarray:
             f"fractional repetition needs (s+1) | m: s+1={s + 1} does not divide m={m}"
         )
     g = np.arange(m) // (s + 1)
-    return g[:, None] == g[None, :]
+    return np.asarray(g[:, None] == g[None, :])
 
 
 def regular_assignment(m: int, delta: int, rng: np.random.Generator) -> np.ndarray:

@@ -119,7 +119,7 @@ def encode_rows(theta: np.ndarray, chunk_grads: np.ndarray, n_parts: int) -> np.
     if c == 0:
         return v
     if d == p * n_parts and Xc.flags.c_contiguous:
-        return th.reshape(-1) @ Xc.reshape(c * n_parts, p)
+        return np.asarray(th.reshape(-1) @ Xc.reshape(c * n_parts, p))
     for k in range(n_parts):
         lo, hi = k * p, min((k + 1) * p, d)
         if hi > lo:
@@ -176,7 +176,7 @@ def combine(
             for a, b in rr[1:]:
                 np.matmul(Dc[:, a:b], coded[a:b], out=tmp)
                 out += tmp
-        return out.reshape(-1)[:dim]
+        return np.asarray(out.reshape(-1)[:dim])
     return _combine_mapping(D, rows, coded, dim, p)
 
 

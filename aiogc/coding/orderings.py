@@ -122,10 +122,10 @@ def q_max_per_chunk(A: np.ndarray, orders: Sequence[np.ndarray], n_parts: int = 
     held = P > 0
     base = loads.sum() - (held * loads[None, :]).sum(axis=1) + np.where(held, P - 1, 0).sum(axis=1)
     if ell == 1:
-        return base
+        return np.asarray(base)
     gain = np.where(held, loads[None, :] - P + 1, -1)
     gain.sort(axis=1)
-    return base + gain[:, ::-1][:, : ell - 1].sum(axis=1)
+    return np.asarray(base + gain[:, ::-1][:, : ell - 1].sum(axis=1))
 
 
 def q_max(A: np.ndarray, orders: Sequence[np.ndarray], n_parts: int = 1) -> int:

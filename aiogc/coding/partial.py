@@ -208,7 +208,7 @@ class PartialScheme(SchemeBase):
         X, mask = self._masked(chunks, c)
         th = self._theta(X, mask)
         own = np.argmax(self._H[chunks] == j, axis=1)
-        return th[np.arange(chunks.size), own]
+        return np.asarray(th[np.arange(chunks.size), own])
 
     def all_coefficients(self, state: object) -> list[np.ndarray]:
         """:meth:`coefficients` of every worker, each chunk factorised once; list of (c_j, ell)."""
