@@ -422,7 +422,8 @@ def test_load_events_filters_and_skips_truncated_line(tmp_path: Path, records: R
     assert len(load_events(tmp_path, limit=2)) == 2
 
 
-def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path: Path, records: Records) -> None:
+def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path: Path,
+                                                               records: Records) -> None:
     rec = RunRecorder(tmp_path / "r", {"x": 1}, trace=False)
     rec.round("partial", records["partial"][0], m=M, loads=LOADS)
     rec.close()
@@ -470,7 +471,8 @@ def test_plot_run_writes_three_pngs(tmp_path: Path, records: Records) -> None:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_run_without_matplotlib(tmp_path: Path, records: Records, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_run_without_matplotlib(tmp_path: Path, records: Records,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from aiogc.plots import PlotUnavailable, plot_run
 
     write_run(tmp_path, records)
