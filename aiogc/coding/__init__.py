@@ -12,7 +12,6 @@ from aiogc.coding.assignments import (
     is_cyclic,
     is_fractional_repetition,
     is_regular,
-    load_assignment,
     regular_assignment,
     validate_assignment,
 )
@@ -77,7 +76,6 @@ __all__ = [
     "is_cyclic",
     "is_fractional_repetition",
     "is_regular",
-    "load_assignment",
     "make_scheme",
     "natural_order",
     "optimal_order",
