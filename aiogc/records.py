@@ -1,7 +1,7 @@
 """Experiment records: one run directory per run, tidy CSV + JSON, readable without aiogc.
 
-A :class:`RunRecorder` writes these files into its directory (architecture.md, "Experiment
-records"):
+A :class:`RunRecorder` writes these files into its directory, so a run can be analysed,
+plotted and replayed from the files alone:
 
 ``manifest.json``
     Whatever the caller passes (version, git sha, argv, config, seed, assignment, B ...), written

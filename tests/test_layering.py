@@ -1,4 +1,7 @@
-"""The layering rule of architecture.md, enforced: the math and the protocol core are pure."""
+"""The layering rule, enforced: the math (coding/) and the protocol core (core/) are pure:
+no clock, sockets, files, processes, dynamic imports or global randomness; they get time,
+bytes and arrays from their drivers (net/, sim/), which is what lets one core run on both
+asyncio and the virtual clock."""
 
 from __future__ import annotations
 

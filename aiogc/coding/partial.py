@@ -1,4 +1,4 @@
-"""The partial-straggler gradient coding scheme (spec section 2).
+"""The partial-straggler gradient coding scheme (Ramamoorthy, Meng and Girimaji, NeurIPS 2024).
 
 Given the broadcast state ``c``, chunk ``i`` is covered by ``U_i(c)``; its coefficient matrix is
 ``Theta_i = pinv(B_U)`` (|U| x ell), the min-norm least-squares solution of ``B_U Theta = I``.
