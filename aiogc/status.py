@@ -10,10 +10,20 @@ internal state, never as a status.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 from .errors import ConfigError
 
 __all__ = ["EndReason", "RoundStatus"]
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _parse(cls: type[_E], field: str, value: str) -> _E:
+    try:
+        return cls(value)
+    except ValueError:
+        raise ConfigError(field, value, "one of " + ", ".join(m.value for m in cls)) from None
 
 
 class RoundStatus(StrEnum):
@@ -27,11 +37,7 @@ class RoundStatus(StrEnum):
     @classmethod
     def parse(cls, value: str) -> RoundStatus:
         """The member whose value is ``value``; ConfigError naming the allowed values."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError("status", value,
-                              "one of " + ", ".join(m.value for m in cls)) from None
+        return _parse(cls, "status", value)
 
 
 class EndReason(StrEnum):
@@ -58,8 +64,4 @@ class EndReason(StrEnum):
     @classmethod
     def parse(cls, value: str) -> EndReason:
         """The member whose value is ``value``; ConfigError naming the allowed values."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError("end_reason", value,
-                              "one of " + ", ".join(m.value for m in cls)) from None
+        return _parse(cls, "end_reason", value)

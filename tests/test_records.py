@@ -514,3 +514,15 @@ def test_inspect_round_tells_the_story(tmp_path: Path, records: Records) -> None
     assert "dropped" in both and "timeout" in both and "no trigger" in both
     with pytest.raises(KeyError, match=r"rounds 0\.\.2"):
         inspect_round(tmp_path, 9)
+
+
+def test_status_enums_parse_and_name_the_allowed_values() -> None:
+    from aiogc.status import EndReason, RoundStatus
+
+    assert RoundStatus.parse("exact") is RoundStatus.EXACT
+    assert str(RoundStatus.EXACT) == "exact"  # written to rounds.csv as its value
+    assert EndReason.parse("deadline") is EndReason.DEADLINE
+    with pytest.raises(ConfigError, match=r"status='approx-pending'.*exact, approximate"):
+        RoundStatus.parse("approx-pending")
+    with pytest.raises(ConfigError, match="end_reason='why'"):
+        EndReason.parse("why")

@@ -140,15 +140,8 @@ class PartialScheme(SchemeBase):
         """Earliest time every chunk has ``ell`` reported holders, per trial.
 
         ``max_i`` of the ``ell``-th smallest ``arrivals[r, j, p_j(i) - 1]`` over the holders
-        ``j`` of chunk ``i`` (``p_j(i)``: 1-based position of ``i`` in ``orders[j]``).
-
-        Parameters
-        ----------
-        arrivals : ndarray, shape (R, m, K)
-
-        Returns
-        -------
-        t : ndarray of float64, shape (R,); ``inf`` where never decodable
+        ``j`` of chunk ``i`` (``p_j(i)``: 1-based position of ``i`` in ``orders[j]``); shapes
+        as :meth:`SchemeBase.decode_times` (``(R, m, K)`` -> ``(R,)``).
         """
         a = self._check_arrivals(arrivals)
         pad = np.iinfo(np.int64).max == self._HP
