@@ -64,6 +64,7 @@ import numpy as np
 
 from .coding.registry import spec_of_label
 from .core.common import RoundRecord
+from .delays import DelaySchedule
 from .status import RoundStatus
 
 __all__ = [
@@ -380,7 +381,7 @@ class RunRecorder:
 
     # writers ----------------------------------------------------------------------------
 
-    def write_schedule(self, schedule: Any) -> None:
+    def write_schedule(self, schedule: DelaySchedule) -> None:
         """Write ``delays.csv`` through ``schedule.to_csv(path)``."""
         schedule.to_csv(self.out_dir / "delays.csv")
 

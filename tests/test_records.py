@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
+from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
 from aiogc.inspect_run import inspect_round
 from aiogc.records import (
@@ -121,9 +122,8 @@ def records() -> dict[str, list[RoundRecord]]:
     return {"partial": partial, "original": original}
 
 
-class FakeSchedule:
-    def to_csv(self, path: Path) -> None:
-        Path(path).write_text("round,worker,chunk,compute_s,network_s\n0,0,0,0.1,0.0\n")
+def tiny_schedule() -> DelaySchedule:
+    return DelaySchedule(np.full((1, 1, 1), 0.1), np.zeros((1, 1)))
 
 
 def write_run(run_dir: Path, records: dict[str, list[RoundRecord]]) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def write_run(run_dir: Path, records: dict[str, list[RoundRecord]]) -> dict[str,
     manifest = {"seed": np.int64(7), "B": np.eye(2), "cond": np.float64(np.inf), "path": run_dir}
     with RunRecorder(run_dir, manifest) as rec:
         assert (run_dir / "manifest.json").exists()  # written at once
-        rec.write_schedule(FakeSchedule())
+        rec.write_schedule(tiny_schedule())
         for scheme, recs in records.items():
             for r in recs:
                 if scheme == "partial" and r.round == 1:

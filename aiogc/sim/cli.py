@@ -35,7 +35,7 @@ _FLAGS = {
 MAX_TRIALS = 1_000_000
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``simulate`` and ``experiment`` to an argparse subparsers object."""
     p = subparsers.add_parser(
         "simulate",
