@@ -320,3 +320,18 @@ def test_test_scheme_trains_over_loopback(first_holder: str) -> None:
         assert rec.scheme == first_holder
         assert rec.status == "exact", (rec.status, rec.end_reason)
         assert rec.rel_error < 1e-9
+
+
+@pytest.mark.parametrize("kw", [dict(name="partial", m=6, delta=3, n_parts=2),
+                                dict(name="original", m=6, delta=3, assignment="fr"),
+                                dict(name="original", m=6, delta=3, n_parts=2),
+                                dict(name="uncoded", m=5, delta=1)])
+def test_vectorised_exact_states_equal_is_decodable(kw: dict[str, Any]) -> None:
+    name = kw.pop("name")
+    sc = make_scheme(name, rng=np.random.default_rng(7), **kw)
+    assert isinstance(sc, SchemeBase)
+    rng = np.random.default_rng(8)
+    S = rng.integers(0, sc.loads + 1, size=(300, sc.m))
+    if sc.sends_when_done:  # only finished-or-nothing states occur
+        S = np.where(S == sc.loads, sc.loads, 0)
+    np.testing.assert_array_equal(sc.exact_states(S), SchemeBase.exact_states(sc, S))

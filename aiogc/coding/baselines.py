@@ -125,6 +125,12 @@ class _FixedCodeScheme(SchemeBase):
         """True iff at least the required number of workers finished all their chunks."""
         return self._finished_count_rule(state, self._need())
 
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state, vectorised: shape (R,)."""
+        S = np.asarray(states, dtype=np.int64)
+        fin = (S == self.loads[None, :]) & (self.loads[None, :] > 0)
+        return np.asarray(fin.sum(axis=1) >= self._need())
+
     def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
         """The ``need``-th smallest vector arrival per trial: shape (R,); ``inf`` if never."""
         done = self.done_times(arrivals)
@@ -285,6 +291,15 @@ class OriginalScheme(_FixedCodeScheme):
         F = self.finished(state)
         per_group = np.bincount(self._group_of[F], minlength=len(self.groups))
         return bool(per_group.min() >= self.n_parts)
+
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state, vectorised: shape (R,)."""
+        if self.groups is None:
+            return super().exact_states(states)
+        S = np.asarray(states, dtype=np.int64)
+        fin = (S == self.loads[None, :]) & (self.loads[None, :] > 0)
+        per_group = np.stack([fin[:, g].sum(axis=1) for g in self.groups], axis=1)
+        return np.asarray(per_group.min(axis=1) >= self.n_parts)
 
     def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
         """Closed form of :meth:`is_decodable` per trial: shape (R,); ``inf`` if never.

@@ -122,6 +122,13 @@ class PartialScheme(SchemeBase):
         """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
         return q_max(self.A, self.orders, self.n_parts)
 
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state (every chunk has ``ell`` covering holders),
+        vectorised: shape (R,)."""
+        S = np.asarray(states, dtype=np.int64)
+        T = self._HP[None, :, :] <= S[:, self._H]  # (R, N, gmax); padding never covers
+        return np.asarray(T.sum(axis=2).min(axis=1) >= self.n_parts)
+
     def contributors(self, states: np.ndarray) -> np.ndarray:
         """Workers with ``c_j > 0``: bool, shape (R, m)."""
         return np.asarray(states) > 0
