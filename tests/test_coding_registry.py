@@ -333,5 +333,5 @@ def test_vectorised_exact_states_equal_is_decodable(kw: dict[str, Any]) -> None:
     rng = np.random.default_rng(8)
     S = rng.integers(0, sc.loads + 1, size=(300, sc.m))
     if sc.sends_when_done:  # only finished-or-nothing states occur
-        S = np.where(S == sc.loads, sc.loads, 0)
+        S = np.where(sc.loads == S, sc.loads, 0)
     np.testing.assert_array_equal(sc.exact_states(S), SchemeBase.exact_states(sc, S))

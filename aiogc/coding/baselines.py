@@ -128,7 +128,7 @@ class _FixedCodeScheme(SchemeBase):
     def exact_states(self, states: np.ndarray) -> np.ndarray:
         """:meth:`is_decodable` of each state, vectorised: shape (R,)."""
         S = np.asarray(states, dtype=np.int64)
-        fin = (S == self.loads[None, :]) & (self.loads[None, :] > 0)
+        fin = (self.loads[None, :] == S) & (self.loads[None, :] > 0)
         return np.asarray(fin.sum(axis=1) >= self._need())
 
     def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
@@ -297,7 +297,7 @@ class OriginalScheme(_FixedCodeScheme):
         if self.groups is None:
             return super().exact_states(states)
         S = np.asarray(states, dtype=np.int64)
-        fin = (S == self.loads[None, :]) & (self.loads[None, :] > 0)
+        fin = (self.loads[None, :] == S) & (self.loads[None, :] > 0)
         per_group = np.stack([fin[:, g].sum(axis=1) for g in self.groups], axis=1)
         return np.asarray(per_group.min(axis=1) >= self.n_parts)
 
