@@ -16,17 +16,24 @@ from .errors import ConfigError
 
 __all__ = ["EndReason", "RoundStatus"]
 
-_E = TypeVar("_E", bound=StrEnum)
+_E = TypeVar("_E", bound="_Vocabulary")
+
+#: The record field each vocabulary fills (named in parse errors).
+_FIELD = {"RoundStatus": "status", "EndReason": "end_reason"}
 
 
-def _parse(cls: type[_E], field: str, value: str) -> _E:
-    try:
-        return cls(value)
-    except ValueError:
-        raise ConfigError(field, value, "one of " + ", ".join(m.value for m in cls)) from None
+class _Vocabulary(StrEnum):
+    @classmethod
+    def parse(cls: type[_E], value: str) -> _E:
+        """The member whose value is ``value``; ConfigError naming the allowed values."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(_FIELD[cls.__name__], value,
+                              "one of " + ", ".join(m.value for m in cls)) from None
 
 
-class RoundStatus(StrEnum):
+class RoundStatus(_Vocabulary):
     """How a round ended (``RUNNING`` until it does)."""
 
     RUNNING = "running"
@@ -34,13 +41,8 @@ class RoundStatus(StrEnum):
     APPROXIMATE = "approximate"
     FAILED = "failed"
 
-    @classmethod
-    def parse(cls, value: str) -> RoundStatus:
-        """The member whose value is ``value``; ConfigError naming the allowed values."""
-        return _parse(cls, "status", value)
 
-
-class EndReason(StrEnum):
+class EndReason(_Vocabulary):
     """Why a round ended (the code; details such as which workers went away are separate).
 
     Decoded rounds: ``DECODABLE`` (the waiting rule was met), ``ALL_EXPECTED`` (every vector
@@ -60,8 +62,3 @@ class EndReason(StrEnum):
     NOTHING_COMPUTED = "nothing_computed"
     TIMEOUT = "timeout"
     NONFINITE = "nonfinite"
-
-    @classmethod
-    def parse(cls, value: str) -> EndReason:
-        """The member whose value is ``value``; ConfigError naming the allowed values."""
-        return _parse(cls, "end_reason", value)
