@@ -189,11 +189,15 @@ def test_stragglers_tolerated_comes_from_the_registry() -> None:
 # ------------------------------------------------------------------ a scheme from a test module
 
 
-class FirstHolderScheme(SchemeBase):
-    """A trigger scheme defined only here: each chunk is sent, uncoded, by the lowest-index
-    holder that has computed it; decodable once every chunk has been computed by someone."""
+class DoubleCoverScheme(SchemeBase):
+    """A trigger scheme defined only here, with a waiting rule unlike the partial scheme's:
+    it waits until every chunk has been computed by *two* holders (say, to cross-check them),
+    although one would do: chunk ``i`` enters with weight ``1 / cov_i`` from each of its
+    ``cov_i`` covering holders, and the PS sums the vectors. A core that re-derived the
+    partial trigger (every chunk covered ``ell = 1`` times) instead of asking this scheme
+    would trigger too early, and the engines would disagree."""
 
-    name = "test-first-holder"
+    name = "test-double-cover"
     sends_when_done = False
 
     def __init__(self, A: np.ndarray) -> None:
@@ -202,12 +206,11 @@ class FirstHolderScheme(SchemeBase):
         for j, o in enumerate(self.orders):
             self._pos[o, j] = np.arange(1, len(o) + 1)
 
-    def _owner(self, c: np.ndarray) -> np.ndarray:
-        done = (self._pos > 0) & (self._pos <= c[None, :])  # (N, m)
-        return np.where(done.any(axis=1), np.argmax(done, axis=1), -1)
+    def _covered(self, c: np.ndarray) -> np.ndarray:
+        return (self._pos > 0) & (self._pos <= c[None, :])  # (N, m)
 
     def is_decodable(self, state: object) -> bool:
-        return bool((self.coverage(state) >= 1).all())
+        return bool((self._covered(self.check_state(state)).sum(axis=1) >= 2).all())
 
     def contributes(self, worker: int, state: object) -> bool:
         return bool(self.check_state(state)[self._check_worker(worker)] > 0)
@@ -215,16 +218,17 @@ class FirstHolderScheme(SchemeBase):
     def encode(self, worker: int, state: object, chunk_grads: np.ndarray) -> np.ndarray:
         c = self.check_state(state)
         j = self._check_worker(worker)
-        own = self._owner(c)[self.orders[j][: c[j]]] == j
+        cov = self._covered(c).sum(axis=1)
+        w = 1.0 / cov[self.orders[j][: c[j]]]
         X = np.asarray(chunk_grads)[: c[j]]
-        return np.asarray(own.astype(X.dtype) @ X if X.shape[0] else np.zeros(X.shape[1]))
+        return np.asarray(w @ X if X.shape[0] else np.zeros(X.shape[1]))
 
     def decode_result(self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object,
                       dim: int) -> DecodeResult:
         c = self.check_state(state)
         rows = np.flatnonzero(c > 0)
         grad = combine(np.ones((1, self.m)), rows, coded, self._check_dim(dim))
-        missing = int((self._owner(c) < 0).sum())
+        missing = int((self._covered(c).sum(axis=1) == 0).sum())
         return DecodeResult(grad, missing == 0, float(np.sqrt(missing / self.n_chunks)), 1.0,
                             int(rows.size))
 
@@ -233,12 +237,13 @@ class FirstHolderScheme(SchemeBase):
 
 
 @pytest.fixture
-def first_holder() -> Iterator[str]:
+def test_scheme() -> Iterator[str]:
     spec = SchemeSpec(
-        name=FirstHolderScheme.name,
-        build=lambda p: FirstHolderScheme(build_assignment(p)),
-        sends_when_done=False, waiting="every chunk computed by one holder",
-        exactness="exact at the trigger", decoder="plain sum", forced_n_parts=1)
+        name=DoubleCoverScheme.name,
+        build=lambda p: DoubleCoverScheme(build_assignment(p)),
+        sends_when_done=False, waiting="every chunk computed by two holders",
+        exactness="exact at the trigger", decoder="plain sum of 1/cov-weighted vectors",
+        forced_n_parts=1)
     register_scheme(spec)
     try:
         yield spec.name
@@ -250,12 +255,46 @@ def _params() -> SchemeParams:
     return SchemeParams(m=6, delta=2)
 
 
-def test_test_scheme_builds_and_is_exact(first_holder: str) -> None:
-    sc = make_scheme(first_holder, m=6, delta=2)
-    assert isinstance(sc, Scheme) and isinstance(sc, FirstHolderScheme)
-    assert scheme_spec(first_holder).build(_params()).name == first_holder
+@pytest.mark.parametrize("kw", [dict(name="partial", m=6, delta=3, n_parts=1),
+                                dict(name="partial", m=8, delta=3, n_parts=2,
+                                     assignment="regular")])
+def test_progress_tracker_follows_is_decodable(kw: dict[str, Any]) -> None:
+    """Random report / drop sequences: the incremental tracker (partial's coverage counters,
+    or the generic one) says decodable exactly when ``is_decodable`` does."""
+    name = kw.pop("name")
+    schemes: list[SchemeBase] = [make_scheme(name, rng=np.random.default_rng(9), **kw),
+                                 DoubleCoverScheme(build_assignment(SchemeParams(m=6, delta=3)))]
+    rng = np.random.default_rng(10)
+    for sc in schemes:
+        for _ in range(20):
+            tr = sc.progress_tracker()
+            c = np.zeros(sc.m, dtype=np.int64)
+            for _ in range(40):
+                j = int(rng.integers(sc.m))
+                if rng.random() < 0.1 and c[j] > 0:
+                    tr.remove(j, int(c[j]))
+                    c[j] = 0
+                elif c[j] < sc.loads[j]:
+                    new = int(rng.integers(c[j] + 1, sc.loads[j] + 1))
+                    tr.add(j, int(c[j]), new)
+                    c[j] = new
+                assert (tr.deficit == 0) == sc.is_decodable(c), (type(sc).__name__, c)
+
+
+def test_test_scheme_builds_and_is_exact(test_scheme: str) -> None:
+    sc = make_scheme(test_scheme, m=6, delta=2)
+    assert isinstance(sc, Scheme) and isinstance(sc, DoubleCoverScheme)
+    assert scheme_spec(test_scheme).build(_params()).name == test_scheme
     G = np.random.default_rng(0).standard_normal((6, 4))
     c = np.array([2, 0, 2, 1, 2, 0])  # every chunk computed by someone (chunk 3 twice)
+    assert not sc.is_decodable(c)  # its rule wants two copies of every chunk
+    assert sc.progress_tracker().deficit != 0
+    V = np.zeros((6, 4))
+    sc.encode_all(c, G, V)
+    r = sc.decode_result(V, c, 4)
+    assert r.exact  # ... although one copy already decodes
+    np.testing.assert_allclose(r.gradient, G.sum(axis=0))
+    c = np.array([2, 2, 2, 2, 2, 2])
     assert sc.is_decodable(c)
     V = np.zeros((6, 4))
     sc.encode_all(c, G, V)
@@ -265,15 +304,15 @@ def test_test_scheme_builds_and_is_exact(first_holder: str) -> None:
 
 
 @pytest.mark.parametrize("deadline", [None, 0.8])
-def test_test_scheme_fast_path_equals_protocol_engine(first_holder: str,
+def test_test_scheme_fast_path_equals_protocol_engine(test_scheme: str,
                                                       deadline: float | None) -> None:
     from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
     from aiogc.sim.protocol import record_arrays, simulate_protocol
 
     mode = "exact" if deadline is None else "approx"
-    cfg = RunConfig(scheme=first_holder, workers=6, delta=2, rounds=10, seed=3,
+    cfg = RunConfig(scheme=test_scheme, workers=6, delta=3, rounds=10, seed=3,
                     delay="exp:0.5", mode=mode, deadline_s=deadline)
-    names = [first_holder, "partial"]
+    names = [test_scheme, "partial"]
     built = build_schemes(cfg, names)
     sched = schedule_for(cfg, built)
     fast = simulate_fast(cfg, names, schedule=sched, built=built, dim=6)
@@ -286,16 +325,24 @@ def test_test_scheme_fast_path_equals_protocol_engine(first_holder: str,
         if f.mse is not None:
             np.testing.assert_allclose(a["mse"], f.mse, rtol=1e-6, atol=1e-12)
     if mode == "exact":
-        assert (fast[first_holder].status == "exact").all()
+        assert (fast[test_scheme].status == "exact").all()
+    # its own rule, not the partial scheme's: the trigger states need two copies of each chunk
+    sc = built[test_scheme]
+    hit = fast[test_scheme].status == "exact"
+    assert hit.any()
+    for st in np.array([r.state for r in proto[test_scheme]])[hit]:
+        assert sc.is_decodable(st)
+        assert (DoubleCoverScheme._covered(sc, st).sum(axis=1) >= 2).all()
 
 
-def test_test_scheme_trains_over_loopback(first_holder: str) -> None:
-    """PS and m workers over real loopback TCP: every round exact, the loss goes down."""
+def test_test_scheme_trains_over_loopback(test_scheme: str) -> None:
+    """PS and m workers over real loopback TCP: every round exact, triggered by the scheme's
+    own rule (every chunk reported by two holders at the trigger)."""
     from aiogc.core import Worker
     from aiogc.net.drivers import PSServer, WorkerClient
     from aiogc.runner import make_ps, materialise_for
 
-    config = RunConfig(scheme=first_holder, workers=4, delta=2, rounds=3, seed=2,
+    config = RunConfig(scheme=test_scheme, workers=4, delta=3, rounds=3, seed=2,
                        task="linreg:samples=120,dim=6", delay="exp:0.002", heartbeat_s=1.0,
                        dead_after_s=5.0, join_timeout_s=15.0, round_timeout_s=15.0)
     ps, _ = make_ps(config, schedule=materialise_for(config, [config.scheme]), verify=True)
@@ -316,10 +363,12 @@ def test_test_scheme_trains_over_loopback(first_holder: str) -> None:
 
     asyncio.run(guarded())
     assert [r.round for r in ps.records] == [0, 1, 2]
+    sc = config.build_scheme()
     for rec in ps.records:
-        assert rec.scheme == first_holder
+        assert rec.scheme == test_scheme
         assert rec.status == "exact", (rec.status, rec.end_reason)
         assert rec.rel_error < 1e-9
+        assert sc.is_decodable(np.array(rec.state))
 
 
 @pytest.mark.parametrize("kw", [dict(name="partial", m=6, delta=3, n_parts=2),

@@ -21,7 +21,8 @@ import numpy as np
 
 from aiogc.errors import CodingError
 
-__all__ = ["DecodeResult", "Scheme", "SchemeBase", "combine", "encode_rows", "runs"]
+__all__ = ["DecodeResult", "ProgressTracker", "Scheme", "SchemeBase", "combine", "encode_rows",
+           "runs"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,44 @@ class DecodeResult:
     residual: float
     amplification: float
     n_contributions: int
+
+
+class ProgressTracker(Protocol):
+    """Incremental waiting rule of a trigger scheme, for the PS's per-report hot path.
+
+    Holds the reported counts of one round; ``deficit == 0`` iff the state is decodable
+    (:meth:`Scheme.is_decodable`). The PS calls :meth:`add` when a worker's count grows from
+    ``old`` to ``new`` and :meth:`remove` when a worker with count ``old`` drops out (its
+    count becomes 0).
+    """
+
+    deficit: int
+
+    def add(self, worker: int, old: int, new: int) -> None: ...
+    def remove(self, worker: int, old: int) -> None: ...
+
+
+class _StateTracker:
+    """Generic :class:`ProgressTracker`: keeps the counts and asks ``is_decodable``."""
+
+    __slots__ = ("_scheme", "_state", "deficit")
+
+    def __init__(self, scheme: SchemeBase) -> None:
+        self._scheme = scheme
+        self._state = np.zeros(scheme.m, dtype=np.int64)
+        self.deficit = 1
+        self._update()
+
+    def _update(self) -> None:
+        self.deficit = 0 if self._scheme.is_decodable(self._state) else 1
+
+    def add(self, worker: int, old: int, new: int) -> None:
+        self._state[worker] = new
+        self._update()
+
+    def remove(self, worker: int, old: int) -> None:
+        self._state[worker] = 0
+        self._update()
 
 
 @runtime_checkable
@@ -79,6 +118,7 @@ class Scheme(Protocol):
     def decode_times(self, arrivals: np.ndarray) -> np.ndarray: ...
     def contributors(self, states: np.ndarray) -> np.ndarray: ...
     def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None: ...
+    def progress_tracker(self) -> ProgressTracker: ...
     def exact_states(self, states: np.ndarray) -> np.ndarray: ...
 
 
@@ -298,6 +338,14 @@ class SchemeBase:
     def _finished_count_rule(self, state: object, need: int) -> bool:
         c = self.check_state(state)
         return int(((c == self.loads) & (self.loads > 0)).sum()) >= need
+
+    def progress_tracker(self) -> ProgressTracker:
+        """A fresh :class:`ProgressTracker` of this scheme's waiting rule (all counts 0).
+
+        Generic: re-evaluates :meth:`is_decodable` on every update; schemes with an
+        incremental form of their rule override it.
+        """
+        return _StateTracker(self)
 
     # ---- vectorised rules (the fast path asks these instead of re-deriving them) ----------
     #

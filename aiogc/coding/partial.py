@@ -23,10 +23,41 @@ from aiogc.coding.decoding_matrix import decoding_matrix
 from aiogc.coding.orderings import optimal_order, q_max, validate_orders
 from aiogc.errors import CodingError
 
-__all__ = ["PartialScheme"]
+__all__ = ["CoverageTracker", "PartialScheme"]
 
 #: Relative singular-value / R-diagonal threshold below which B_U counts as rank deficient.
 RANK_RTOL = 1e-12
+
+
+class CoverageTracker:
+    """Incremental exact trigger of the partial scheme (a :class:`ProgressTracker`).
+
+    ``cov[i]`` counts the holders of chunk ``i`` whose reported count covers it; ``deficit``
+    the chunks with ``cov < ell``, so the state is decodable iff ``deficit == 0``. Each update
+    costs O(chunks moved), against O(N * gamma) for :meth:`PartialScheme.is_decodable`.
+    """
+
+    __slots__ = ("_ell", "_orders", "cov", "deficit")
+
+    def __init__(self, orders: list[list[int]], n_chunks: int, ell: int) -> None:
+        self._orders = orders
+        self._ell = ell
+        self.cov = [0] * n_chunks
+        self.deficit = n_chunks
+
+    def add(self, worker: int, old: int, new: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][old:new]:
+            cov[i] += 1
+            if cov[i] == ell:
+                self.deficit -= 1
+
+    def remove(self, worker: int, old: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][:old]:
+            if cov[i] == ell:
+                self.deficit += 1
+            cov[i] -= 1
 
 
 class PartialScheme(SchemeBase):
@@ -121,6 +152,14 @@ class PartialScheme(SchemeBase):
     def q_max(self) -> int:
         """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
         return q_max(self.A, self.orders, self.n_parts)
+
+    def progress_tracker(self) -> CoverageTracker:
+        """Incremental form of :meth:`is_decodable` (see :class:`CoverageTracker`)."""
+        orders = self.__dict__.get("_order_lists")
+        if orders is None:
+            orders = [o.tolist() for o in self.orders]
+            self.__dict__["_order_lists"] = orders
+        return CoverageTracker(orders, self.n_chunks, self.n_parts)
 
     def exact_states(self, states: np.ndarray) -> np.ndarray:
         """:meth:`is_decodable` of each state (every chunk has ``ell`` covering holders),
