@@ -262,8 +262,9 @@ def test_progress_tracker_follows_is_decodable(kw: dict[str, Any]) -> None:
     """Random report / drop sequences: the incremental tracker (partial's coverage counters,
     or the generic one) says decodable exactly when ``is_decodable`` does."""
     name = kw.pop("name")
-    schemes: list[SchemeBase] = [make_scheme(name, rng=np.random.default_rng(9), **kw),
-                                 DoubleCoverScheme(build_assignment(SchemeParams(m=6, delta=3)))]
+    built = make_scheme(name, rng=np.random.default_rng(9), **kw)
+    assert isinstance(built, SchemeBase)
+    schemes = [built, DoubleCoverScheme(build_assignment(SchemeParams(m=6, delta=3)))]
     rng = np.random.default_rng(10)
     for sc in schemes:
         for _ in range(20):
@@ -328,11 +329,12 @@ def test_test_scheme_fast_path_equals_protocol_engine(test_scheme: str,
         assert (fast[test_scheme].status == "exact").all()
     # its own rule, not the partial scheme's: the trigger states need two copies of each chunk
     sc = built[test_scheme]
+    assert isinstance(sc, DoubleCoverScheme)
     hit = fast[test_scheme].status == "exact"
     assert hit.any()
     for st in np.array([r.state for r in proto[test_scheme]])[hit]:
         assert sc.is_decodable(st)
-        assert (DoubleCoverScheme._covered(sc, st).sum(axis=1) >= 2).all()
+        assert (sc._covered(st).sum(axis=1) >= 2).all()
 
 
 def test_test_scheme_trains_over_loopback(test_scheme: str) -> None:
