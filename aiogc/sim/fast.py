@@ -3,7 +3,8 @@
 One *trial* is one round ``r`` of a materialised :class:`~aiogc.delays.DelaySchedule`. Everything
 here is a pure function of the scheme, the schedule and (for the MSE) a seed, and reproduces, trial
 by trial, what the state-machine simulation (:mod:`aiogc.sim.protocol`) records on the same
-schedule; ``tests/test_sim.py`` checks that.
+schedule; ``tests/test_sim.py`` and the seeded property in ``tests/test_sim_property.py``
+check that.
 
 Timing model (times relative to the PS's round start ``t_start``; ``L`` = one-way per-frame
 latency of the engine, ``net_j`` = the schedule's per-(round, worker) hold on frames worker ``j``
@@ -29,8 +30,8 @@ sends):
 
 Ties (two reports arriving at the same instant, or a report exactly at the deadline) are resolved
 here by "arrived at or before"; the event-driven engine processes them one at a time, so for
-delay laws with atoms (``const:``, or a ``straggle:`` / ``markov:`` law whose factors make two
-sums equal) the *state* at a tied trigger can differ: :func:`tie_fraction` measures how often
+delay laws with atoms (``const:``, ``none``, or a law built on them) the *state* at a tied
+trigger can differ: :func:`tie_fraction` measures how often
 that happens on a schedule, and ``aiogc simulate --engine fast`` warns when it does. Continuous
 laws have no ties (almost surely). A round that can never complete (dead workers) has time
 ``inf``; the protocol engine fails it (early, or at ``round_timeout_s``), which
