@@ -8,6 +8,10 @@ Network latency per frame comes from ``latency`` (seconds, or a callable) plus, 
 
 Faults: :meth:`Simulation.kill` (connection reset, seen at once by the PS) or
 ``kill(..., silent=True)`` (a paused process: only the heartbeat notices).
+
+Application work takes no virtual time: chunk gradients are computed inline when a worker
+asks (``next_work``), scheme and task are built (once per configuration, shared by every
+worker) when a worker needs them, and the PS's decode runs at the instant the round ends.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import (
@@ -25,10 +28,12 @@ from ..core import (
     Finished,
     Outgoing,
     ParameterServer,
+    SetupNeeded,
     ShutdownRequested,
     Worker,
 )
 from ..messages import Message
+from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 
 LatencyFn = Callable[[int, str, Message], float]
 
@@ -38,11 +43,10 @@ RECONNECT_DELAY_S = 0.5
 MAX_STEPS_DEFAULT = 50_000_000
 
 
-@dataclass(order=True)
-class _Item:
-    time: float
-    seq: int
-    action: Callable[[float], None] = field(compare=False)
+def _counter_nonces(salt: int) -> Callable[[], bytes]:
+    """Deterministic, distinct 16-byte nonces (a simulation must replay exactly)."""
+    counter = itertools.count(1)
+    return lambda: (salt * 1_000_003 + next(counter)).to_bytes(16, "big")
 
 
 class Simulation:
@@ -69,14 +73,22 @@ class Simulation:
         bandwidth_Bps: float | None = None,
         start_time: float = 0.0,
         reconnect: bool = True,
+        setups: SetupCache | None = None,
     ) -> None:
         self.ps = ps
         self.workers = workers
+        # the simulated workers run the PS's own configuration: its task is theirs to build
+        self._setups = setups or SetupCache(TaskPolicy(task=ps.config.task))
+        if ps.nonce_fn is None:
+            ps.nonce_fn = _counter_nonces(1_000_000)
+        for w in workers:
+            if w.nonce_fn is None:
+                w.nonce_fn = _counter_nonces(w.worker_id)
         self.now = start_time
         self._latency = latency
         self._bandwidth = bandwidth_Bps
         self._reconnect = reconnect
-        self._heap: list[_Item] = []
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
         self._ps_timer: float | None = None
         self._w_timer: dict[int, float | None] = {}
@@ -92,7 +104,8 @@ class Simulation:
     # ------------------------------------------------------------------ public
 
     def start(self) -> None:
-        """Open every worker's connection at the current time."""
+        """Start the PS (its join deadline runs from now) and open every worker's connection."""
+        self.ps.start(now=self.now)
         for w in self.workers:
             self._connect(w.worker_id, self.now)
 
@@ -102,12 +115,13 @@ class Simulation:
             self.start()
         steps = 0
         while self._heap and not self.finished:
-            if until is not None and self._heap[0].time > until:
+            if until is not None and self._heap[0][0] > until:
                 self.now = until
                 return
-            item = heapq.heappop(self._heap)
-            self.now = max(self.now, item.time)
-            item.action(self.now)
+            t, _, action = heapq.heappop(self._heap)
+            if t > self.now:
+                self.now = t
+            action(self.now)
             steps += 1
             if steps > max_steps:
                 raise RuntimeError(f"simulation exceeded {max_steps} steps")
@@ -139,7 +153,7 @@ class Simulation:
     # ------------------------------------------------------------------ plumbing
 
     def _schedule(self, t: float, action: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, _Item(t, next(self._seq), action))
+        heapq.heappush(self._heap, (t, next(self._seq), action))
 
     def _peer(self, worker: int) -> Hashable:
         return (worker, self._gen.get(worker, 0))
@@ -173,6 +187,10 @@ class Simulation:
         ps = self.ps
         for out in ps.messages_to_send():
             self._route_down(out, now)
+        while ps.has_pending():
+            ps.run_pending(lambda: now)
+            for out in ps.messages_to_send():
+                self._route_down(out, now)
         while (ev := ps.next_event()) is not None:
             self.ps_events.append(ev)
             if isinstance(ev, Finished):
@@ -237,6 +255,24 @@ class Simulation:
         w = self.workers[worker]
         gen = self._gen[worker]
         closing = False
+        failed = False
+        events = self.worker_events[worker]
+        while True:
+            progressed = False
+            while (ev := w.next_event()) is not None:
+                events.append(ev)
+                failed = failed or isinstance(ev, ConnectionFailed)
+                if isinstance(ev, SetupNeeded):
+                    self._setup(w, ev, now)
+                    progressed = True
+            while (item := w.next_work()) is not None:
+                assert w.setup is not None
+                fn = w.setup.chunk_gradient
+                w.chunks_done(item.round, item.first, [fn(c, item.model) for c in item.chunks],
+                              now=now)
+                progressed = True
+            if not progressed:
+                break
         for out in w.messages_to_send():
             t = self._arrival(worker, "up", now, out.message)
             if out.message is not None:
@@ -259,10 +295,6 @@ class Simulation:
                         self._pump_ps(at)
 
                 self._schedule(t, eof)
-        failed = False
-        while (ev := w.next_event()) is not None:
-            self.worker_events[worker].append(ev)
-            failed = failed or isinstance(ev, ConnectionFailed)
         if closing and failed:
             self._worker_lost(worker, now)
             return
@@ -285,6 +317,16 @@ class Simulation:
             self._pump_worker(worker, now)
 
         return act
+
+    def _setup(self, w: Worker, ev: SetupNeeded, now: float) -> None:
+        try:
+            setup = w.setup_fn(ev.config) if w.setup_fn is not None else self._setups.get(
+                ev.config)
+        except Exception as exc:  # the worker reports it and closes
+            code, reason = setup_error_code(exc)
+            w.setup_failed(code, reason, now=now)
+            return
+        w.setup_ready(setup, now=now)
 
     # ------------------------------------------------------------------ results
 
