@@ -32,7 +32,7 @@ import numpy as np
 
 from . import __version__
 from .config import RunConfig, scheme_digest
-from .core import Event, ParameterServer, RoundCompleted, RoundRecord, Worker
+from .core import Event, ParameterServer, RoundCompleted, RoundRecord, Worker, derive_worker_key
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
@@ -168,12 +168,17 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
 # ------------------------------------------------------------------ worker processes
 
 
-def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
-                    loop_kind: str) -> None:
-    """Entry point of one worker process (module-level so forkserver can import it)."""
+def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | None,
+                    loop_kind: str, task: str | None = None) -> None:
+    """Entry point of one worker process (module-level so forkserver can import it).
+
+    ``worker_key`` is this worker's own key k_j (never the run's master secret); ``task`` the
+    task its operator (the runner) allows it to build."""
+    from .worker_setup import TaskPolicy
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
-    worker = Worker(worker_id, secret=secret)
-    client = WorkerClient(worker, host, port)
+    worker = Worker(worker_id, worker_key=worker_key)
+    client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task))
     try:
         run_on(loop_kind, client.run())
     except ConnectionError as exc:
@@ -295,9 +300,15 @@ async def _run_scheme(
             serving = tg.create_task(server.serve())
             await server.started.wait()
             if mode == "coroutines":
+                from .worker_setup import SetupCache, TaskPolicy
+
+                # one scheme + task for all in-process workers, built once (off the loop)
+                setups = SetupCache(TaskPolicy(task=config.task))
                 clients = [
-                    tg.create_task(_guarded(WorkerClient(Worker(j, secret=secret), "127.0.0.1",
-                                                         server.port)))
+                    tg.create_task(_guarded(WorkerClient(
+                        Worker(j, worker_key=None if secret is None
+                               else derive_worker_key(secret, j)),
+                        "127.0.0.1", server.port, setups=setups)))
                     for j in range(scheme.m)
                 ]
                 await serving
@@ -310,8 +321,10 @@ async def _run_scheme(
                 ctx = _mp_context(start_method)
                 with _single_thread_blas_env():
                     for j in range(scheme.m):
+                        key = None if secret is None else derive_worker_key(secret, j)
                         p = ctx.Process(target=_worker_process, name=f"aiogc-worker-{j}",
-                                        args=(j, "127.0.0.1", server.port, secret, loop_kind),
+                                        args=(j, "127.0.0.1", server.port, key, loop_kind,
+                                              config.task),
                                         daemon=True)
                         p.start()
                         procs.append(p)

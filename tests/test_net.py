@@ -14,6 +14,7 @@ a test fails when its event loop logged an unhandled exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from collections.abc import Callable, Coroutine
@@ -105,6 +106,10 @@ def run(request: pytest.FixtureRequest) -> Runner:
 # ------------------------------------------------------------------ scenario helpers
 
 
+#: handshake deadline of the test PSs (seconds)
+AUTH_DEADLINE_TEST_S = 0.5
+
+
 def cfg(**kw: Any) -> RunConfig:
     base: dict[str, Any] = dict(
         workers=6, delta=3, n_parts=1, rounds=3, seed=11, task=TASK, delay="exp:0.005",
@@ -141,8 +146,10 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
     per-round ``rel_error``) and the decoded gradients kept for comparisons."""
     if schedule is None:
         schedule = materialise_for(config, [config.scheme])
+    # auth_deadline_s: a short handshake deadline keeps the tests that wait for bad peers
+    # to be timed out fast (the default is 1.9 s)
     ps, _ = runner_make_ps(config, schedule=schedule, verify=True, secret=secret, epoch=epoch,
-                           keep_gradients=True)
+                           keep_gradients=True, auth_deadline_s=AUTH_DEADLINE_TEST_S)
     return ps
 
 
@@ -550,3 +557,57 @@ def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
 
     lost, trials = run(scenario)
     assert lost == 0, f"shutdown lost in {lost} of {trials} closes"
+
+
+def test_worker_refuses_a_non_loopback_ps_without_a_secret() -> None:
+    with pytest.raises(ConfigError, match="secret"):
+        WorkerClient(Worker(0), "192.0.2.1", 9)
+    WorkerClient(Worker(0, secret=b"s" * 32), "192.0.2.1", 9)  # with one: fine
+    WorkerClient(Worker(0), HOST, 9)  # loopback: fine
+
+
+def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner) -> None:
+    """A man in the middle that relays the handshake untouched and then alters one byte of a
+    worker's frame: the PS closes that connection with bad_tag (nothing forged is applied),
+    the worker reconnects and the run completes exactly."""
+    secret = b"relay-secret-0123456789abcdef-xx"
+    config = cfg(workers=4, delta=2, rounds=6, delay="const:0.01")
+
+    async def scenario() -> tuple[Cluster, int]:
+        cl = await start_cluster(make_ps(config, secret=secret), workers=3, secret=secret)
+        tampered = [0]
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       tamper: bool) -> None:
+            seen = 0
+            with contextlib.suppress(ConnectionError):
+                while data := await reader.read(65536):
+                    if tamper and tampered[0] == 0 and seen > 300:
+                        b = bytearray(data)
+                        b[-1] ^= 1  # the last byte is a tag byte (frames end with tags)
+                        data = bytes(b)
+                        tampered[0] += 1
+                    seen += len(data)
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        async def relay(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            pr, pw = await asyncio.open_connection(HOST, cl.server.port)
+            await asyncio.gather(pipe(cr, pw, True), pipe(pr, cw, False))
+
+        mitm = await asyncio.start_server(relay, HOST, 0)
+        port = mitm.sockets[0].getsockname()[1]
+        client = WorkerClient(Worker(3, secret=secret), HOST, port, backoff_s=FAST_BACKOFF)
+        cl.clients.append(client)
+        cl.client_tasks.append(asyncio.create_task(client.run()))
+        cl.worker_logs.append(EventLog())
+        recs = await cl.finish()
+        mitm.close()
+        assert recs
+        return cl, tampered[0]
+
+    cl, tampered = run(scenario)
+    assert tampered == 1
+    assert cl.ps.statistics().get("closed_bad_tag") == 1
+    assert_exact_rounds(cl.ps.records, 6, tol=1e-9)

@@ -229,6 +229,11 @@ class Worker(Endpoint):
         self.session = None
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
+        if self.phase is WorkerPhase.CLOSED:
+            # we closed this connection (frames still in flight, e.g. the PS's answer to
+            # our Error): nothing on it matters any more
+            self.stats["after_close"] += 1
+            return
         try:
             self._receive(msg, now)
         except RemoteProtocolError as exc:

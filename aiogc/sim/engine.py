@@ -91,7 +91,8 @@ class Simulation:
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
         self._ps_timer: float | None = None
-        self._w_timer: dict[int, float | None] = {}
+        #: per worker, the (deadline, connection generation) its timer is armed for
+        self._w_timer: dict[int, tuple[float, int] | None] = {}
         self._gen: dict[int, int] = {}  # connection generation per worker
         self._link_free: dict[tuple[int, str], float] = {}
         self._dead: set[int] = set()
@@ -100,18 +101,21 @@ class Simulation:
         self.worker_events: dict[int, list[Event]] = {w.worker_id: [] for w in workers}
         self.finished = False
         self.frames = 0
+        self._started = False
 
     # ------------------------------------------------------------------ public
 
     def start(self) -> None:
         """Start the PS (its join deadline runs from now) and open every worker's connection."""
+        self._started = True
         self.ps.start(now=self.now)
+        self._pump_ps(self.now)
         for w in self.workers:
             self._connect(w.worker_id, self.now)
 
     def run(self, *, until: float | None = None, max_steps: int = MAX_STEPS_DEFAULT) -> None:
         """Process actions until the PS finished, ``until``, or nothing is left."""
-        if not self._gen:
+        if not self._started:
             self.start()
         steps = 0
         while self._heap and not self.finished:
@@ -236,6 +240,9 @@ class Simulation:
             def eof(at: float) -> None:
                 if worker in self._dead or self._gen.get(worker) != gen:
                     return
+                if worker in self._paused:  # a stopped process sees the EOF when it resumes
+                    self._schedule(at + 1e-3, eof)
+                    return
                 self._worker_lost(worker, at)
 
             self._schedule(t, eof)
@@ -247,7 +254,18 @@ class Simulation:
         if self._reconnect and not self.finished and worker not in self._dead:
             stopped = any(isinstance(e, ShutdownRequested) for e in self.worker_events[worker])
             if not stopped:
-                self._schedule(now + RECONNECT_DELAY_S, lambda at: self._connect(worker, at))
+                self._schedule(now + RECONNECT_DELAY_S, self._reconnect_action(worker))
+
+    def _reconnect_action(self, worker: int) -> Callable[[float], None]:
+        def act(at: float) -> None:
+            if worker in self._dead or self.finished:
+                return
+            if worker in self._paused:
+                self._schedule(at + 1e-3, act)
+                return
+            self._connect(worker, at)
+
+        return act
 
     def _pump_worker(self, worker: int, now: float) -> None:
         if worker in self._dead or worker in self._paused:
@@ -268,8 +286,12 @@ class Simulation:
             while (item := w.next_work()) is not None:
                 assert w.setup is not None
                 fn = w.setup.chunk_gradient
-                w.chunks_done(item.round, item.first, [fn(c, item.model) for c in item.chunks],
-                              now=now)
+                try:
+                    grads = [fn(c, item.model) for c in item.chunks]
+                except Exception as exc:  # the worker closes with the reason, reconnects
+                    w.work_failed(exc, now=now)
+                else:
+                    w.chunks_done(item.round, item.first, grads, now=now)
                 progressed = True
             if not progressed:
                 break
@@ -299,13 +321,13 @@ class Simulation:
             self._worker_lost(worker, now)
             return
         due = w.next_deadline()
-        if due is not None and due != self._w_timer.get(worker):
-            self._w_timer[worker] = due
+        if due is not None and (due, gen) != self._w_timer.get(worker):
+            self._w_timer[worker] = (due, gen)
             self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:
-            if self._w_timer.get(worker) != armed or self._gen.get(worker) != gen:
+            if self._w_timer.get(worker) != (armed, gen) or self._gen.get(worker) != gen:
                 return
             if worker in self._dead:
                 return
