@@ -709,3 +709,17 @@ def test_setup_is_built_once_per_configuration() -> None:
     sim.run()
     assert rig.ps.records[0].status == "exact"
     assert cache.builds == 1
+
+
+def test_worker_gives_up_on_a_silent_handshake() -> None:
+    """A connection on which the PS never speaks (accept-queue overflow: the client's TCP
+    handshake completed, the server dropped it) is abandoned, and the worker reconnects."""
+    w = Worker(0, nonce_fn=lambda: b"n" * 16, handshake_timeout_s=4.0)
+    w.connection_made(now=1.0)
+    assert w.next_deadline() == pytest.approx(5.0)
+    w.handle_timer(now=4.9)
+    assert not list(iter(w.next_event, None))
+    w.handle_timer(now=5.0)
+    failed = [e for e in iter(w.next_event, None) if isinstance(e, ConnectionFailed)]
+    assert [(e.code, e.fatal) for e in failed] == [("handshake_timeout", False)]
+    assert [o.close for o in w.messages_to_send()] == [True]

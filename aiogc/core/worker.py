@@ -72,6 +72,10 @@ from .common import (
 
 PS_PEER = "ps"
 
+#: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
+#: gives up on that connection and reconnects.
+HANDSHAKE_TIMEOUT_S = 10.0
+
 
 class WorkerPhase(enum.Enum):
     CONNECTING = "connecting"  # transport up, waiting for challenge
@@ -101,6 +105,7 @@ _TRANSITIONS = frozenset(
 )
 
 _RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
+_HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
 
 #: kind -> phases in which the worker accepts it from the PS
 _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
@@ -166,6 +171,7 @@ class Worker(Endpoint):
         worker_key: bytes | None = None,
         setup: Callable[[RunConfig], Setup] | None = None,
         nonce_fn: Callable[[], bytes] | None = None,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ) -> None:
         super().__init__()
         if secret is not None and worker_key is not None:
@@ -177,6 +183,8 @@ class Worker(Endpoint):
         )
         self.setup_fn = setup
         self.nonce_fn = nonce_fn
+        self.handshake_timeout_s = float(handshake_timeout_s)
+        self._connected_at = 0.0
         self.phase = WorkerPhase.CLOSED
         self.setup: Setup | None = None
         #: keys of the current session (after a verified welcome), or None without a secret
@@ -217,6 +225,7 @@ class Worker(Endpoint):
         self.session = None
         self._last_heard = now
         self._last_sent = now
+        self._connected_at = now
         self._round = -1
 
     def connection_lost(self, *, now: float) -> None:
@@ -299,6 +308,8 @@ class Worker(Endpoint):
             t = self._deadline_list[self._count]
             if t != float("inf"):
                 times.append(t)
+        if self.phase in _HANDSHAKING:
+            times.append(self._connected_at + self.handshake_timeout_s)
         cfg = self.setup.config if self.setup else self._pending_config
         if cfg is not None and self.phase is not WorkerPhase.CLOSED:
             if cfg.dead_after_s is not None:
@@ -358,6 +369,12 @@ class Worker(Endpoint):
 
     def _handle_timer(self, now: float) -> None:
         self._release(now)
+        if self.phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
+            # e.g. a connection the PS's kernel completed but its accept queue dropped: the
+            # PS will never speak on it, and without a config there is no liveness timer yet
+            self._fail("handshake_timeout", "no challenge/welcome from the PS in time", now,
+                       send_error=False)
+            return
         if (
             self.phase is WorkerPhase.COMPUTING
             and self._requested == self._count

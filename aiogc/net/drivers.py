@@ -34,6 +34,7 @@ from ..core import (
     Welcomed,
     Worker,
 )
+from ..core.ps import MAX_PENDING_CONNECTIONS
 from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message, Welcome
 from ..wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits, encode_frame
@@ -175,7 +176,12 @@ class PSServer:
         self._loop = loop
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer)
-        server = await loop.create_server(self._protocol, self.host, self.port)
+        # a backlog for every worker connecting at once: when the accept queue overflows,
+        # Linux completes the client's handshake but drops the connection server-side, and
+        # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
+        backlog = min(4096, max(128, 2 * self.ps.m + MAX_PENDING_CONNECTIONS))
+        server = await loop.create_server(self._protocol, self.host, self.port,
+                                          backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
         self.ps.start(now=self._now())
         self.started.set()
