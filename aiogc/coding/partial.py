@@ -315,11 +315,14 @@ class PartialScheme(SchemeBase):
                 table.append((b[j], rows))
             self.__dict__["_enc_table"] = table
         bj, rows = table[worker]
-        theta = np.empty((cj, 1))
+        theta = []
         for k in range(cj):
             den = 0.0
             for h, p, b2 in rows[k]:
                 if p <= c[h]:
                     den += b2
-            theta[k, 0] = bj / den if den > 0 else 0.0
-        return encode_rows(theta, chunk_grads, 1)
+            theta.append(bj / den if den > 0 else 0.0)
+        X = chunk_grads[:cj]
+        if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
+            return np.array(theta) @ X  # encode_rows' product for ell = 1, without its checks
+        return encode_rows(np.array(theta)[:, None], chunk_grads, 1)

@@ -89,6 +89,10 @@ class PSPhase(enum.Enum):
     COLLECTING = "collecting"  # encode_and_transmit broadcast, waiting for coded vectors
     FINISHED = "finished"
 
+    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
+    # phase checks run on every message)
+    __hash__ = object.__hash__
+
 
 _TRANSITIONS: frozenset[tuple[PSPhase, PSPhase]] = frozenset(
     {
@@ -163,6 +167,7 @@ class _RoundState:
     record: RoundRecord
     state: list[int]  # (m,) latest accepted counts
     cover: _Coverage | None = None  # trigger schemes only
+    finished: np.ndarray | None = None  # send-when-done: (m,) loads of the received workers
     attempt: int = 0
     broadcast: tuple[int, ...] | None = None
     digest: bytes = b""
@@ -695,6 +700,8 @@ class ParameterServer(Endpoint):
         if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
             # it finished everything (send-when-done workers send no chunk reports)
             rs.state[worker] = self._loads_list[worker]
+        if rs.finished is not None:
+            rs.finished[worker] = self._loads_list[worker]
         row = self._rows[worker]
         if payload is not row:
             row[:] = payload  # not received in place (tests, simulator): copy into the row
@@ -797,7 +804,9 @@ class ParameterServer(Endpoint):
             self._end_round(now, exact=False, reason="no_contributors")
 
     def _decodable_received(self, rs: _RoundState) -> bool:
-        return bool(self.scheme.is_decodable(self._finished_state(rs.received)))
+        if rs.finished is None:
+            rs.finished = self._finished_state(rs.received)
+        return bool(self.scheme.is_decodable(rs.finished))
 
     def _finished_state(self, workers: Iterable[int]) -> np.ndarray:
         """State vector in which exactly ``workers`` finished all their chunks; shape (m,)."""
@@ -1035,13 +1044,20 @@ class ParameterServer(Endpoint):
         coverage counters the trigger uses.
         """
         if self._sends_when_done:
+            # decodability only grows with the finished set: binary search over the workers
+            # in order of their finish times
             fin = sorted((e, w) for w, e in rec.compute_s.items())
-            done: list[int] = []
-            for elapsed, w in fin:
-                done.append(w)
-                if self.scheme.is_decodable(self._finished_state(done)):
-                    return float(elapsed)
-            return None
+            order = [w for _, w in fin]
+            if not fin or not self.scheme.is_decodable(self._finished_state(order)):
+                return None
+            lo, hi = 1, len(order)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.scheme.is_decodable(self._finished_state(order[:mid])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return float(fin[lo - 1][0])
         cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
         st = [0] * self.m
         for _, w, c, elapsed in sorted(rec.reports, key=lambda x: x[3]):

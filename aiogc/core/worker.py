@@ -22,6 +22,7 @@ Invariants
 from __future__ import annotations
 
 import enum
+import operator
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..coding.base import encode_rows
 from ..config import RunConfig, scheme_digest
 from ..errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from ..messages import (
@@ -86,6 +88,10 @@ class WorkerPhase(enum.Enum):
     WAITING = "waiting"  # stopped computing (all done, or told to encode), round not over
     CLOSED = "closed"
 
+    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
+    # phase checks run on every message)
+    __hash__ = object.__hash__
+
 
 _TRANSITIONS = frozenset(
     {
@@ -106,6 +112,7 @@ _TRANSITIONS = frozenset(
 
 _RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
 _HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
+_INF = float("inf")
 
 #: kind -> phases in which the worker accepts it from the PS
 _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
@@ -142,6 +149,22 @@ class Setup:
     def __post_init__(self) -> None:
         if not self.digest:
             self.digest = scheme_digest(self.scheme)
+
+
+def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
+    """A send-when-done scheme's (load, ell) encoding coefficients of ``worker`` (they do not
+    depend on the state), or None when the scheme does not expose them."""
+    if not scheme.sends_when_done:
+        return None
+    coef = getattr(scheme, "coefficients", None)
+    if coef is None:
+        return None
+    try:
+        theta = np.asarray(coef(worker), dtype=np.float64)
+    except TypeError:
+        return None
+    load = int(scheme.loads[worker])
+    return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
 
 class Worker(Endpoint):
@@ -207,13 +230,13 @@ class Worker(Endpoint):
         self._requested = 0  # positions handed to the driver as work
         self._reported = 0
         self._t0 = 0.0
-        self._deadlines: np.ndarray | None = None  # absolute completion times per position
         self._deadline_list: list[float] = []
         self._net_delay = 0.0
         self._compute_s = 0.0
         self._attempt_sent: int | None = None
         self._loads: list[int] = []
         self._order: list[int] = []
+        self._fixed_theta: np.ndarray | None = None
 
     # ================================================================== driver contract
 
@@ -234,7 +257,7 @@ class Worker(Endpoint):
             self.phase = WorkerPhase.CLOSED
         self._delayed.clear()
         self._work.clear()
-        self._deadlines = None
+        self._deadline_list = []
         self.session = None
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
@@ -297,26 +320,25 @@ class Worker(Endpoint):
             self._fail(code, reason, now, send_error=True)
 
     def next_deadline(self) -> float | None:
-        times: list[float] = []
+        # called after every pump: no list, no min() over a list
+        phase = self.phase
+        best = _INF
         if self._delayed:
-            times.append(self._delayed[0][0])
-        if (
-            self.phase is WorkerPhase.COMPUTING
-            and self._requested == self._count
-            and self._count < len(self._deadline_list)
-        ):
-            t = self._deadline_list[self._count]
-            if t != float("inf"):
-                times.append(t)
-        if self.phase in _HANDSHAKING:
-            times.append(self._connected_at + self.handshake_timeout_s)
-        cfg = self.setup.config if self.setup else self._pending_config
-        if cfg is not None and self.phase is not WorkerPhase.CLOSED:
-            if cfg.dead_after_s is not None:
-                times.append(self._last_heard + cfg.dead_after_s)
-            if cfg.heartbeat_s is not None:
-                times.append(self._last_sent + cfg.heartbeat_s)
-        return min(times) if times else None
+            best = self._delayed[0][0]
+        if phase is WorkerPhase.COMPUTING and self._requested == self._count:
+            dl = self._deadline_list
+            if self._count < len(dl) and dl[self._count] < best:
+                best = dl[self._count]
+        elif phase in _HANDSHAKING:
+            best = min(best, self._connected_at + self.handshake_timeout_s)
+        if phase is not WorkerPhase.CLOSED:
+            cfg = self.setup.config if self.setup else self._pending_config
+            if cfg is not None:
+                if cfg.dead_after_s is not None:
+                    best = min(best, self._last_heard + cfg.dead_after_s)
+                if cfg.heartbeat_s is not None:
+                    best = min(best, self._last_sent + cfg.heartbeat_s)
+        return None if best == _INF else best
 
     # ================================================================== helpers
 
@@ -359,7 +381,7 @@ class Worker(Endpoint):
         self.phase = WorkerPhase.CLOSED
         self._delayed.clear()
         self._work.clear()
-        self._deadlines = None
+        self._deadline_list = []
 
     def _internal_error(self, exc: Exception, now: float) -> None:
         if self.phase is WorkerPhase.CLOSED:
@@ -469,6 +491,7 @@ class Worker(Endpoint):
         if self._pending_digest != setup.digest:
             raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
         self.setup = setup
+        self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
         self._loads = [int(x) for x in setup.scheme.loads]
         self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
         self._pending_config = None
@@ -508,11 +531,15 @@ class Worker(Endpoint):
         self._work.clear()
         self._t0 = now
         self._net_delay = msg.net_delay_s
-        delays = (
-            np.asarray(msg.delays_s[:load], dtype=np.float64) if msg.delays_s else np.zeros(load)
-        )
-        self._deadlines = now + np.cumsum(delays)
-        self._deadline_list = self._deadlines.tolist()
+        # absolute deadlines now + (d_0 + ... + d_k), summed left to right (as np.cumsum does)
+        dl: list[float] = []
+        acc = 0.0
+        delays = msg.delays_s
+        for k in range(load):
+            if delays:
+                acc += delays[k]
+            dl.append(now + acc)
+        self._deadline_list = dl
         self._set_phase(WorkerPhase.COMPUTING)
         if load == 0:
             self._after_all_computed(now)
@@ -544,7 +571,7 @@ class Worker(Endpoint):
         if first + n > self._requested:
             raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
                                      "were requested")
-        assert self._deadlines is not None and self.setup is not None
+        assert self.setup is not None
         order = self._order
         dl = self._deadline_list
         for i in range(n):
@@ -589,7 +616,12 @@ class Worker(Endpoint):
         scheme = self.setup.scheme
         c = state[self.worker_id]
         fast = getattr(scheme, "encode_trusted", None)
-        if fast is not None:
+        if self._fixed_theta is not None:
+            # send-when-done: the coefficients do not depend on the state (computed once)
+            if c != self._loads[self.worker_id] or c == 0:
+                return
+            vec = encode_rows(self._fixed_theta, self._grads[:c], scheme.n_parts)
+        elif fast is not None:
             if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
                 return
             vec = fast(self.worker_id, state, self._grads[:c])
@@ -629,10 +661,10 @@ class Worker(Endpoint):
                 code="bad_state",
             )
         loads = self._loads
-        for j in range(len(state)):
-            if state[j] > loads[j]:
-                raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
-                                          code="bad_state")
+        if any(map(operator.gt, state, loads)):
+            j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
+            raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
+                                      code="bad_state")
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
@@ -645,15 +677,15 @@ class Worker(Endpoint):
         if msg.round != self._round or self.phase is not WorkerPhase.WAITING:
             self.stats["stale_resume"] += 1
             return
-        assert self._deadlines is not None
         self._attempt_sent = None
-        if self._count < len(self._deadlines):
+        dl = self._deadline_list
+        if self._count < len(dl):
             # restart the chunk that was in flight: its full duration counts again from now
-            starts = np.concatenate(([self._t0], self._deadlines[:-1]))
-            durations = self._deadlines - starts
-            rest = durations[self._count:]
-            self._deadlines[self._count:] = now + np.cumsum(rest)
-            self._deadline_list = self._deadlines.tolist()
+            starts = [self._t0, *dl[:-1]]
+            acc = 0.0
+            for k in range(self._count, len(dl)):
+                acc += dl[k] - starts[k]
+                dl[k] = now + acc
             self._requested = self._count
             self._work.clear()
             self._set_phase(WorkerPhase.COMPUTING)
@@ -666,7 +698,6 @@ class Worker(Endpoint):
         if msg.round != self._round:
             self.stats["stale_round_end"] += 1
             return
-        self._deadlines = None
         self._deadline_list = []
         self._work.clear()
         self._set_phase(WorkerPhase.IDLE)
