@@ -47,6 +47,14 @@ class Endpoint:
         """The next event, or None."""
         return self._events.popleft() if self._events else None
 
+    def drain_events(self) -> list[Event]:
+        """Every queued event, in order (one call instead of ``next_event`` until None)."""
+        if not self._events:
+            return []
+        out = list(self._events)
+        self._events.clear()
+        return out
+
     def statistics(self) -> dict[str, int]:
         """Counters of dropped, rejected and closed things, by reason."""
         return dict(self.stats)

@@ -414,6 +414,12 @@ class ParameterServer(Endpoint):
             self._run_stage2()
         return super().next_event()
 
+    def drain_events(self) -> list[Event]:
+        """Every queued event (runs queued analytics first if the driver did not)."""
+        while self._stage2 and self._stage1 is None:
+            self._run_stage2()
+        return super().drain_events()
+
     def session_keys(self, peer: Hashable) -> SessionKeys | None:
         """GMAC keys of ``peer``'s session (set once it authenticated with a secret)."""
         info = self._peers.get(peer)

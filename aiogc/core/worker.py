@@ -285,6 +285,14 @@ class Worker(Endpoint):
         """The next work item for the driver, or None."""
         return self._work.popleft() if self._work else None
 
+    def drain_work(self) -> list[ComputeChunks]:
+        """Every queued work item, in order."""
+        if not self._work:
+            return []
+        out = list(self._work)
+        self._work.clear()
+        return out
+
     def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
         """The driver computed the gradients of a :class:`ComputeChunks` item.
 

@@ -306,7 +306,7 @@ class PSServer:
             # decode / analytics after the frames above left; the next round_start first
             ps.run_pending(_clock)
             self._flush_outbox()
-        while (ev := ps.next_event()) is not None:
+        for ev in ps.drain_events():
             if self._on_event is not None:
                 self._on_event(ev)
             if isinstance(ev, Finished) and self._done is not None and not self._done.done():
@@ -496,7 +496,7 @@ class WorkerClient:
                         conn.close()
                 conn.flush()
             progressed = False
-            while (ev := w.next_event()) is not None:
+            for ev in w.drain_events():
                 if isinstance(ev, ShutdownRequested):
                     self._shutdown = True
                 elif isinstance(ev, Welcomed):
@@ -508,7 +508,7 @@ class WorkerClient:
                     progressed = True
                 if self._on_event is not None:
                     self._on_event(ev)
-            while (item := w.next_work()) is not None:
+            for item in w.drain_work():
                 # the gradients, computed here (the core only asked); a fresh now afterwards
                 setup = w.setup
                 assert setup is not None

@@ -195,7 +195,7 @@ class Simulation:
             ps.run_pending(lambda: now)
             for out in ps.messages_to_send():
                 self._route_down(out, now)
-        while (ev := ps.next_event()) is not None:
+        for ev in ps.drain_events():
             self.ps_events.append(ev)
             if isinstance(ev, Finished):
                 self.finished = True
@@ -277,13 +277,14 @@ class Simulation:
         events = self.worker_events[worker]
         while True:
             progressed = False
-            while (ev := w.next_event()) is not None:
+            for ev in w.drain_events():
                 events.append(ev)
-                failed = failed or isinstance(ev, ConnectionFailed)
-                if isinstance(ev, SetupNeeded):
+                if isinstance(ev, ConnectionFailed):
+                    failed = True
+                elif isinstance(ev, SetupNeeded):
                     self._setup(w, ev, now)
                     progressed = True
-            while (item := w.next_work()) is not None:
+            for item in w.drain_work():
                 assert w.setup is not None
                 fn = w.setup.chunk_gradient
                 try:
