@@ -298,8 +298,8 @@ class PartialScheme(SchemeBase):
         """
         cj = c[worker]
         if self.n_parts != 1:
-            theta = self.coefficients(worker, np.asarray(c, dtype=np.int64))
-            return encode_rows(theta, chunk_grads, self.n_parts)
+            th = self.coefficients(worker, np.asarray(c, dtype=np.int64))
+            return encode_rows(th, chunk_grads, self.n_parts)
         table = self.__dict__.get("_enc_table")
         if table is None:
             b = self.B[0].tolist()
@@ -315,14 +315,14 @@ class PartialScheme(SchemeBase):
                 table.append((b[j], rows))
             self.__dict__["_enc_table"] = table
         bj, rows = table[worker]
-        theta = []
+        coef: list[float] = []
         for k in range(cj):
             den = 0.0
             for h, p, b2 in rows[k]:
                 if p <= c[h]:
                     den += b2
-            theta.append(bj / den if den > 0 else 0.0)
+            coef.append(bj / den if den > 0 else 0.0)
         X = chunk_grads[:cj]
         if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
-            return np.array(theta) @ X  # encode_rows' product for ell = 1, without its checks
-        return encode_rows(np.array(theta)[:, None], chunk_grads, 1)
+            return np.array(coef) @ X  # encode_rows' product for ell = 1, without its checks
+        return encode_rows(np.array(coef)[:, None], chunk_grads, 1)
