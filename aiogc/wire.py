@@ -413,6 +413,13 @@ class FrameDecoder:
             src = src[k:]
         return out
 
+    def release(self) -> None:
+        """Drop the allocator and the buffers (the connection is gone); later calls raise."""
+        self._alloc = None
+        # a fresh error: the one that poisoned us holds a traceback whose frames reference
+        # the connection (a cycle)
+        self._poison(MalformedFrame("decoder released", code="closed"))
+
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Writable memoryview where the next received bytes must be placed (non-empty)."""
         self._check_poisoned()

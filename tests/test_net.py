@@ -611,3 +611,47 @@ def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner)
     assert tampered == 1
     assert cl.ps.statistics().get("closed_bad_tag") == 1
     assert_exact_rounds(cl.ps.records, 6, tol=1e-9)
+
+
+def test_closed_connections_are_freed_without_the_cyclic_gc(run: Runner) -> None:
+    """A burst of connections that never authenticate (silent, garbage, EOF): once the PS has
+    closed them all, none is still alive with the cyclic GC disabled (no class per
+    connection, no reference cycle through a connection)."""
+    config = cfg(workers=4, delta=2, rounds=1, join_timeout_s=30.0)
+
+    async def scenario() -> tuple[int, int]:
+        cl = await start_cluster(make_ps(config), workers=0)
+        port = cl.server.port
+        sink = cl.server._on_event
+        cl.server._on_event = None  # the test's EventLog would keep PeerClosed(peer=conn)
+        gc.collect()
+        gc.disable()
+        try:
+            writers = []
+            for i in range(150):
+                _, w = await asyncio.open_connection(HOST, port)
+                if i % 3 == 1:
+                    w.write(b"\x00\x00\x00\x05garbage")
+                elif i % 3 == 2:
+                    w.write_eof()
+                writers.append(w)
+            for w in writers:
+                w.close()
+            # every connection is closed by the PS (cap, garbage, EOF, auth deadline); poll
+            # its table (a hang guard only, no timing asserted)
+            async with asyncio.timeout(GUARD_S):
+                while cl.server._conns:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)  # the transports' last close callbacks
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, FramedConnection))
+        finally:
+            gc.enable()
+            cl.server._on_event = sink
+        for j in range(config.workers):
+            cl.add_worker(j)
+        await cl.finish()
+        return alive, len(cl.ps.records)
+
+    alive, rounds = run(scenario)
+    assert alive == 0
+    assert rounds == 1

@@ -220,21 +220,13 @@ class PSServer:
     # ------------------------------------------------------------------ protocol plumbing
 
     def _protocol(self) -> FramedConnection:
-        server = self
+        return FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
+                                on_made=self._conn_made, conn_alloc=self._alloc)
 
-        class _Conn(FramedConnection):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                super().connection_made(transport)
-                server._conn_made(self)
-
-        ps = self.ps
-
-        def alloc(kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> Any:
-            # zero-copy receive: a payload lands in the PS's row for this worker
-            return ps.payload_buffer(conn, dtype, n)
-
-        conn = _Conn(self._on_message, self._on_close, limits=PREAUTH_LIMITS, alloc=alloc)
-        return conn
+    def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
+               dtype: np.dtype, n: int) -> Any:
+        # zero-copy receive: a payload lands in the PS's row for this worker
+        return self.ps.payload_buffer(conn, dtype, n)
 
     def _now(self) -> float:
         return _clock()
@@ -409,16 +401,10 @@ class WorkerClient:
                 self._conn.abort()
 
     def _protocol(self) -> FramedConnection:
-        client = self
-
-        class _Conn(FramedConnection):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                super().connection_made(transport)
-                client._conn_made(self)
-
         # frames from the PS: arrays are models of bounded size; the PS is who we chose to
         # trust, but a confused PS still must not make us allocate without bound
-        return _Conn(self._on_message, self._on_close, limits=DEFAULT_LIMITS)
+        return FramedConnection(self._on_message, self._on_close, limits=DEFAULT_LIMITS,
+                                on_made=self._conn_made)
 
     def _conn_made(self, conn: FramedConnection) -> None:
         assert self._loop is not None

@@ -68,6 +68,10 @@ _MAX_REASON: Final = 200
 
 OnMessage = Callable[["FramedConnection", Message], None]
 OnClose = Callable[["FramedConnection", "BaseException | None"], None]
+OnMade = Callable[["FramedConnection"], None]
+#: ``alloc(conn, kind, header_fields, dtype, n)``: like :data:`aiogc.wire.AllocFn`, with the
+#: connection passed in (so that no per-connection closure is needed)
+ConnAllocFn = Callable[["FramedConnection", str, dict[str, Any], Any, int], Any]
 
 
 class FramedConnection(asyncio.BufferedProtocol):
@@ -81,6 +85,13 @@ class FramedConnection(asyncio.BufferedProtocol):
     limits : frame limits; raise them with :meth:`set_limits` after authentication.
     alloc : destination allocator for array bodies (see :data:`aiogc.wire.AllocFn`).
     max_pending_bytes : slow-consumer cut-off on the write buffer.
+    on_made : called as ``on_made(conn)`` once the transport is up (no subclass needed).
+    conn_alloc : like ``alloc``, called with the connection first.
+
+    Memory: one instance per connection, no class per connection, and every reference cycle
+    through the connection (decoder -> allocator -> connection) is broken when it is lost, so
+    a closed connection is freed by reference counting, without waiting for the cyclic GC;
+    its 64 KiB header buffer is released at once.
     """
 
     def __init__(
@@ -94,9 +105,18 @@ class FramedConnection(asyncio.BufferedProtocol):
         write_high_water: int = WRITE_HIGH_WATER,
         write_low_water: int = WRITE_LOW_WATER,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
+        on_made: OnMade | None = None,
+        conn_alloc: ConnAllocFn | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_close = on_close
+        self._on_made = on_made
+        if conn_alloc is not None:
+            ca = conn_alloc
+
+            def alloc(kind: str, header: dict[str, Any], dtype: Any, n: int) -> Any:
+                return ca(self, kind, header, dtype, n)  # cycle broken in connection_lost
+
         self._decoder = FrameDecoder(limits, alloc)
         self._max_pending = max_pending_bytes
         self._high, self._low = write_high_water, write_low_water
@@ -125,6 +145,8 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()  # connection_made runs as a loop callback
         self.peername = transport.get_extra_info("peername")
         self._transport.set_write_buffer_limits(high=self._high, low=self._low)
+        if self._on_made is not None:
+            self._on_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._closing:
@@ -175,6 +197,13 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._wake_drainers()
         cause = self._close_exc if self._close_exc is not None else exc
         self._on_close(self, cause)
+        # break the cycles through this connection and free its buffers now (the close
+        # exception's traceback references this connection's frames)
+        self._close_exc = None
+        self._decoder.release()
+        self._wq = []
+        self._on_made = None
+        self._transport = None
 
     def pause_writing(self) -> None:
         self._paused = True
