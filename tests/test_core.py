@@ -723,3 +723,37 @@ def test_worker_gives_up_on_a_silent_handshake() -> None:
     failed = [e for e in iter(w.next_event, None) if isinstance(e, ConnectionFailed)]
     assert [(e.code, e.fatal) for e in failed] == [("handshake_timeout", False)]
     assert [o.close for o in w.messages_to_send()] == [True]
+
+
+def test_pings_are_rate_limited() -> None:
+    from aiogc.core.ps import PING_BURST
+    from aiogc.messages import Ping, Pong
+
+    rig = _joined_rig()
+    rig.ps.messages_to_send()
+    peer = rig.sim._peer(1)
+    for i in range(100):
+        rig.ps.receive(peer, Ping(seq=i + 1), now=rig.sim.now)
+    pongs = [o for o in rig.ps.messages_to_send() if isinstance(o.message, Pong)]
+    assert len(pongs) == int(PING_BURST)
+    assert rig.ps.statistics()["ping_dropped"] == 100 - int(PING_BURST)
+    # the bucket refills with time: an honest heartbeat is always answered
+    rig.ps.receive(peer, Ping(seq=1000), now=rig.sim.now + 1.0)
+    assert [o.message.seq for o in rig.ps.messages_to_send()  # type: ignore[union-attr]
+            if isinstance(o.message, Pong)] == [1000]
+
+
+def test_pending_cap_evicts_the_oldest_unauthenticated_connection() -> None:
+    from aiogc.core.ps import MAX_PENDING_CONNECTIONS
+
+    rig = build_rig(_cfg(rounds=1))
+    ps = rig.ps
+    ps.nonce_fn = lambda: b"n" * 16
+    for i in range(MAX_PENDING_CONNECTIONS):
+        ps.connection_made(("hog", i), now=float(i) * 1e-3)
+    ps.connection_made("worker", now=0.5)
+    closed = [e for e in ps.drain_events() if isinstance(e, PeerClosed)]
+    assert [(e.peer, e.code) for e in closed] == [(("hog", 0), "too_many_connections")]
+    ps.receive("worker", Hello(worker=0, nonce=b"w" * 16, mac=b"", epoch=0), now=0.501)
+    assert ps.is_authenticated("worker")
+    assert ps.statistics()["evicted_pending"] == 1

@@ -33,6 +33,7 @@ from aiogc.core import (
     RoundCompleted,
     RoundRecord,
     Worker,
+    WorkerJoined,
 )
 from aiogc.core.ps import MAX_PENDING_CONNECTIONS
 from aiogc.delays import DelaySchedule
@@ -477,8 +478,8 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
 
 
 def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
-    """More silent connections at once than the PS admits unauthenticated: the surplus is
-    refused at once (too_many_connections), the rest closed at the auth deadline; the honest
+    """More silent connections at once than the PS admits unauthenticated: the oldest pending
+    ones are evicted (too_many_connections), the rest closed at the auth deadline; the honest
     (authenticated) workers are not affected and every round is exact."""
     config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
     schedule = spaced_schedule(config, gap_s=0.08)
@@ -497,6 +498,7 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     assert during_training and len(got) == n_flood
     stats = cl.ps.statistics()
     assert stats.get("closed_too_many_connections") == n_flood - MAX_PENDING_CONNECTIONS
+    assert stats.get("evicted_pending") == n_flood - MAX_PENDING_CONNECTIONS
     assert stats.get("closed_auth_timeout") == MAX_PENDING_CONNECTIONS
     assert stats.get("joined") == config.workers
     assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
@@ -655,3 +657,71 @@ def test_closed_connections_are_freed_without_the_cyclic_gc(run: Runner) -> None
     alive, rounds = run(scenario)
     assert alive == 0
     assert rounds == 1
+
+
+def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
+    """Lock-out attempt without the secret: more idle connections than the pending cap, each
+    reopened as soon as the PS closes it. Eight workers still join and train, and a worker
+    whose connection drops mid-run gets back in (the oldest pending connection is evicted
+    for a new one, and an honest worker answers its challenge at once)."""
+    config = cfg(workers=8, delta=3, rounds=40, delay="const:0.02")
+
+    async def scenario() -> tuple[Cluster, int]:
+        cl = await start_cluster(make_ps(config), workers=0)
+        stop = asyncio.Event()
+        opened = [0]
+
+        async def hog() -> None:
+            while not stop.is_set():
+                try:
+                    reader, writer = await asyncio.open_connection(HOST, cl.server.port)
+                except OSError:
+                    continue
+                opened[0] += 1
+                with contextlib.suppress(OSError):
+                    await reader.read()  # idle until the PS closes it, then reopen
+                writer.close()
+
+        hogs = [asyncio.create_task(hog()) for _ in range(MAX_PENDING_CONNECTIONS + 8)]
+        async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
+            while len(cl.ps._pending) < MAX_PENDING_CONNECTIONS:
+                await asyncio.sleep(0.01)
+        for j in range(config.workers):
+            cl.add_worker(j)
+        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 3, timeout=GUARD_S)
+        conn = cl.clients[3]._conn
+        assert conn is not None
+        conn.abort()  # worker 3 drops mid-run and must get back in
+        await cl.log.wait_for(
+            lambda: sum(1 for e in cl.log.of(WorkerJoined) if e.worker == 3) >= 2,
+            timeout=GUARD_S)
+        await cl.finish()
+        stop.set()
+        for h in hogs:
+            h.cancel()
+        await asyncio.gather(*hogs, return_exceptions=True)
+        return cl, opened[0]
+
+    cl, opened = run(scenario)
+    recs = cl.ps.records
+    assert len(recs) == config.rounds
+    assert all(r.status == "exact" for r in recs)
+    assert opened > MAX_PENDING_CONNECTIONS
+    rejoined = [e for e in cl.log.of(WorkerJoined) if e.worker == 3][1]
+    assert any(r.t_start > rejoined.time and r.state[3] > 0 for r in recs)
+
+
+def test_limits_after_auth_follow_the_run() -> None:
+    """The post-auth header cap fits the largest legal worker header (an error with two
+    MAX_TEXT strings) and nothing much larger; the send-queue cap follows the model size."""
+    from aiogc.messages import MAX_TEXT
+    from aiogc.net.drivers import WORKER_MAX_HEADER, send_queue_cap
+    from aiogc.wire import encode_frame
+
+    worst = Error(code="é" * MAX_TEXT, reason="é" * MAX_TEXT)
+    assert len(encode_frame(worst)[0]) - 4 <= WORKER_MAX_HEADER < 16 * 1024
+    config = cfg(task="linreg:samples=240,dim=600")
+    server = PSServer(make_ps(config), host=HOST)
+    assert server._post_auth.max_header_bytes == WORKER_MAX_HEADER
+    model = 600 * 8
+    assert send_queue_cap(model) <= server._max_pending <= send_queue_cap(model + 65536)

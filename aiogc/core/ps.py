@@ -80,7 +80,15 @@ from .common import (
 )
 
 #: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
+#: When they are all taken, a new connection evicts the *oldest* pending one (an honest worker
+#: answers its challenge within milliseconds, so holding the slots takes a flood faster than
+#: that, not a handful of idle sockets).
 MAX_PENDING_CONNECTIONS = 64
+#: Pings answered per worker: a bucket of PING_BURST tokens refilled at
+#: max(PING_MIN_RATE, 4 / heartbeat_s) per second; pings beyond it are dropped unanswered
+#: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
+PING_BURST = 20.0
+PING_MIN_RATE = 10.0
 
 
 class PSPhase(enum.Enum):
@@ -250,6 +258,7 @@ class ParameterServer(Endpoint):
         self._stage2: list[tuple[RoundRecord, np.ndarray | None, np.ndarray, np.ndarray]] = []
         self._deferred_events: list[Event] = []
         self._analysing: int | None = None
+        self._ping_bucket: dict[int, tuple[float, float]] = {}
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
         self.predicted_error = self._check_conditioning()
 
@@ -281,8 +290,10 @@ class ParameterServer(Endpoint):
         """A new connection: send it a challenge; it has ``auth_deadline_s`` to answer."""
         self._catch_up(now)
         if len(self._pending) >= MAX_PENDING_CONNECTIONS:
-            self._close(peer, "too_many_connections", "pending connection cap reached", now)
-            return
+            oldest = next(iter(self._pending))  # insertion order: the oldest pending first
+            self.stats["evicted_pending"] += 1
+            self._close(oldest, "too_many_connections",
+                        "pending connection cap reached: oldest unauthenticated evicted", now)
         if self.nonce_fn is None:
             raise LocalProtocolError("no nonce_fn: the driver must install one")
         nonce = self.nonce_fn()
@@ -621,12 +632,24 @@ class ParameterServer(Endpoint):
             if self.phase is PSPhase.JOINING and self._can_start(self._round_no + 1):
                 self._start_round(now)
         elif isinstance(msg, Ping):
-            self._send(peer, Pong.trusted(msg.seq))
+            if self._ping_allowed(worker, now):
+                self._send(peer, Pong.trusted(msg.seq))
+            else:
+                self.stats["ping_dropped"] += 1
         elif isinstance(msg, Pong):
             pass
         elif isinstance(msg, (Bye, Error)):
             self.stats[f"peer_{msg.kind}"] += 1
             self._close(peer, "bye", getattr(msg, "reason", ""), now)
+
+    def _ping_allowed(self, worker: int, now: float) -> bool:
+        tokens, last = self._ping_bucket.get(worker, (PING_BURST, now))
+        hb = self.config.heartbeat_s
+        rate = max(PING_MIN_RATE, 4.0 / hb) if hb else PING_MIN_RATE
+        tokens = min(PING_BURST, tokens + (now - last) * rate)
+        ok = tokens >= 1.0
+        self._ping_bucket[worker] = (tokens - 1.0 if ok else tokens, now)
+        return ok
 
     def _current(self, epoch: int, rnd: int, kind: str) -> _RoundState | None:
         """The running round if (epoch, round) match it; else count and return None."""

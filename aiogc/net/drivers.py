@@ -37,7 +37,7 @@ from ..core import (
 from ..core.ps import MAX_PENDING_CONNECTIONS
 from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message, Welcome
-from ..wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits, encode_frame
+from ..wire import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits, encode_frame
 from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 from .framing import FramedConnection
 
@@ -46,6 +46,18 @@ log = logging.getLogger("aiogc.net")
 #: Header bound after authentication: the largest header is round_start with a delay row or
 #: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
 POSTAUTH_MAX_HEADER = 1 << 20
+
+#: Header bound for frames *from* an authenticated worker: the largest legal worker header is
+#: an ``error`` / ``bye`` with a reason of MAX_TEXT characters (4 UTF-8 bytes each) plus a
+#: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed (a 1 MiB
+#: header cost the PS ~100 ms of CPU).
+WORKER_MAX_HEADER = 2 * MAX_STR_BYTES + 512
+
+
+def send_queue_cap(frame_bytes: int) -> int:
+    """Slow-consumer cut-off for a connection whose largest frame is ``frame_bytes``: two of
+    them (one still draining while the next is queued) plus 1 MiB of small frames."""
+    return 2 * frame_bytes + (1 << 20)
 
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
@@ -163,7 +175,11 @@ class PSServer:
         self._timer: _Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         itemsize = ps.config.payload_dtype.itemsize
-        self._post_auth = FrameLimits(POSTAUTH_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        # the largest frame the PS sends is a round_start: the model plus a header whose delay
+        # row has at most max(loads) entries (9 bytes each)
+        model_bytes = ps.dim * itemsize + 9 * int(max(ps.scheme.loads)) + 4096
+        self._max_pending = send_queue_cap(model_bytes)
         if ps.nonce_fn is None:
             ps.nonce_fn = _nonce16
         self.started = asyncio.Event()
@@ -221,7 +237,8 @@ class PSServer:
 
     def _protocol(self) -> FramedConnection:
         return FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
-                                on_made=self._conn_made, conn_alloc=self._alloc)
+                                on_made=self._conn_made, conn_alloc=self._alloc,
+                                max_pending_bytes=self._max_pending)
 
     def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
                dtype: np.dtype, n: int) -> Any:
