@@ -725,3 +725,41 @@ def test_limits_after_auth_follow_the_run() -> None:
     assert server._post_auth.max_header_bytes == WORKER_MAX_HEADER
     model = 600 * 8
     assert send_queue_cap(model) <= server._max_pending <= send_queue_cap(model + 65536)
+
+
+def test_a_slow_setup_never_blocks_other_handshakes(run: Runner) -> None:
+    """Scheme and task are built once per configuration in an executor thread: while one
+    (slow) build runs, the loop keeps serving every other worker's handshake."""
+    import time as _time
+
+    from aiogc.worker_setup import SetupCache, TaskPolicy
+
+    config = cfg(workers=6, delta=3, rounds=2)
+
+    class SlowCache(SetupCache):
+        def get(self, c: RunConfig) -> Any:
+            if self.peek(c) is None:
+                _time.sleep(1.5)  # a slow build (in the executor thread, not on the loop)
+            return super().get(c)
+
+    async def scenario() -> tuple[list[str], int]:
+        seen: list[str] = []
+
+        def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
+            if direction == "in":
+                seen.append(msg.kind)
+
+        cl = await start_cluster(make_ps(config), workers=0, frame_log=frame_log)
+        cache = SlowCache(TaskPolicy(task=config.task))
+        for j in range(config.workers):
+            client = WorkerClient(Worker(j), HOST, cl.server.port, setups=cache)
+            cl.clients.append(client)
+            cl.client_tasks.append(asyncio.create_task(client.run()))
+            cl.worker_logs.append(EventLog())
+        await cl.finish()
+        return seen, cache.builds
+
+    seen, builds = run(scenario)
+    assert builds == 1
+    first_ready = seen.index("ready")
+    assert seen[:first_ready].count("hello") == 6  # every handshake before the first ready
