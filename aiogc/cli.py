@@ -223,6 +223,13 @@ def add_worker_parser(sub: Any) -> None:
     p.add_argument("--connect", required=True, help="HOST:PORT of the PS")
     p.add_argument("--id", type=int, required=True, help="worker id in [0, m)")
     p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
+    p.add_argument("--worker-key-file", default=None,
+                   help="this worker's own key k_j (hex) instead of the master secret")
+    p.add_argument("--task", default=None,
+                   help="a task this worker may build (plug-ins and data files are never "
+                        "taken from the PS otherwise)")
+    p.add_argument("--data-dir", action="append", default=None,
+                   help="directory whose data files a logreg:PATH task may name (repeatable)")
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
     p.add_argument("--give-up-after", type=float, default=30.0,
                    help="seconds without reaching the PS before exiting with an error")
@@ -238,8 +245,24 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         raise ConfigError("connect", a.connect, "HOST:PORT")
     if a.id < 0:
         raise ConfigError("id", a.id, "an integer >= 0")
-    client = WorkerClient(Worker(a.id, secret=read_secret(a.secret_file)), host, int(port),
-                          give_up_after_s=a.give_up_after)
+    from .worker_setup import TaskPolicy
+
+    # no code from the wire: only built-in tasks, this worker's own --task, or data files
+    # inside its own --data-dir directories (docs/protocol.md §4.5)
+    policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
+    if a.worker_key_file is not None:
+        try:  # hex of k_j = aiogc.core.derive_worker_key(S, j): 64 hex digits
+            key = bytes.fromhex(Path(a.worker_key_file).read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise ConfigError("worker-key-file", a.worker_key_file,
+                              f"a readable file with 64 hex digits ({exc})") from None
+        if len(key) != 32:
+            raise ConfigError("worker-key-file", a.worker_key_file, "64 hex digits")
+        worker = Worker(a.id, worker_key=key)
+    else:
+        worker = Worker(a.id, secret=read_secret(a.secret_file))
+    client = WorkerClient(worker, host, int(port), give_up_after_s=a.give_up_after,
+                          policy=policy)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
