@@ -340,6 +340,8 @@ def run_live(
     secret: bytes | None = None,
     plots: bool = True,
     start_method: str = "forkserver",
+    backend: str = "local",
+    address: str | None = None,
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -353,6 +355,9 @@ def run_live(
     out_dir : path, optional
         Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
         reports.csv, summary.json, trace.json, PNGs). None: no files.
+    backend : {"local", "ray"}
+        ``"ray"``: the PS and one actor per worker on a Ray cluster (``mode`` and ``loop`` do
+        not apply; see :func:`aiogc.cluster.ray_backend.run_ray`, which gets ``address``).
 
     Raises
     ------
@@ -362,6 +367,20 @@ def run_live(
     """
     from .records import RunRecorder, summarize
 
+    if backend == "ray":
+        from .cluster.ray_backend import run_ray
+
+        return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
+                       progress=progress, schedule=schedule, argv=argv, secret=secret,
+                       plots=plots)
+    if backend != "local":
+        from .errors import ConfigError
+
+        raise ConfigError("backend", backend, "local or ray")
+    if address is not None:
+        from .errors import ConfigError
+
+        raise ConfigError("address", address, "no address with --backend local")
     if mode not in ("coroutines", "processes"):
         from .errors import ConfigError
 
