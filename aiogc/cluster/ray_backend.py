@@ -197,8 +197,8 @@ class _PSActor:
 
     async def drain(self) -> dict[str, list[Any]]:
         """Frames, round records and placements since the previous call."""
-        out = {"frames": self._frames[:], "rounds": self._rounds[:],
-               "placements": self._placements[:]}
+        out: dict[str, list[Any]] = {"frames": self._frames[:], "rounds": self._rounds[:],
+                                     "placements": self._placements[:]}
         del self._frames[:], self._rounds[:], self._placements[:]
         return out
 
@@ -270,7 +270,7 @@ def _stop_signals(interrupted: list[str]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old: dict[int, Any] = {}
+    old: dict[signal.Signals, Any] = {}
 
     def handler(signum: int, _frame: Any) -> None:
         interrupted.append(signal.Signals(signum).name)
@@ -458,7 +458,7 @@ class _Driver:
     def _join_workers(self, runs: list[Any]) -> None:
         """Workers exit on the PS's shutdown; say which did not, or failed, and why."""
         ray = self.ray
-        ready, pending = ray.wait(runs, num_returns=len(runs), timeout=PROCESS_GRACE_S)
+        _, pending = ray.wait(runs, num_returns=len(runs), timeout=PROCESS_GRACE_S)
         for j, ref in enumerate(runs):
             if ref in pending:
                 print(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after the PS "

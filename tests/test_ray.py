@@ -1,0 +1,201 @@
+"""`aiogc run --backend ray` on a local Ray instance with 2 CPUs (the ray extra).
+
+Skipped, with the reason, when Ray is not installed -- unless AIOGC_REQUIRE_RAY=1 (set by
+.ci/run), where a missing Ray fails the test instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiogc.cli import main
+from aiogc.config import RunConfig
+from aiogc.core import RoundRecord
+from aiogc.delays import DelaySchedule
+from aiogc.records import load_run
+
+if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
+    import ray
+else:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed "
+                                            "(pip install -e '.[ray]')")
+
+from aiogc.cluster.ray_backend import NODE_COLUMNS, RaySchemeRun, cpus_per_actor, run_ray
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+RECORD_FILES = ["manifest.json", "delays.csv", "events.jsonl", "rounds.csv", "workers.csv",
+                "reports.csv", "summary.json", "trace.json", "nodes.csv"]
+#: Columns of rounds.csv that do not depend on timing (decisions and numerics only).
+DECISION_COLUMNS = ("round", "scheme", "status", "attempts", "state", "coverage_min", "residual",
+                    "amplification", "rel_error", "rel_error_plain", "loss")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray instance with 2 CPUs for this module; always shut down."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+    assert not ray.is_initialized()
+
+
+def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
+    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the live decisions do
+    not depend on scheduling jitter well below ``gap_s`` (same idea as tests/test_runner.py)."""
+    rng = np.random.default_rng(11)
+    comp = np.empty((rounds, m, k))
+    for r in range(rounds):
+        perm = rng.permutation(m)
+        finish = np.array([[gap_s * (pos * m + perm[j] + 1) for pos in range(k)]
+                           for j in range(m)])
+        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
+                         compute_spec="spaced", network_spec="none")
+
+
+def decision_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "rounds.csv").open() as fh:
+        return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
+
+
+def read_nodes(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "nodes.csv").open() as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == NODE_COLUMNS
+        return list(reader)
+
+
+def test_cpus_per_actor() -> None:
+    assert cpus_per_actor(2.0, 5) == 0.4
+    assert cpus_per_actor(64.0, 5) == 1.0
+    assert cpus_per_actor(2.0, 3) == 0.6666
+    with pytest.raises(Exception, match=r"0\.0001"):
+        cpus_per_actor(0.0, 5)
+
+
+def test_cli_ray_backend_matches_local_run(local_ray: None, tmp_path: Path) -> None:
+    """4 workers x 3 rounds of partial through `aiogc run --backend ray`: the same record files
+    as a local run (plus nodes.csv), the same summary keys, and -- on a schedule whose
+    decisions do not depend on timing -- the same state vectors, losses and errors bit for bit."""
+    m, k, rounds = 4, 2, 3
+    delays = tmp_path / "delays_in.csv"
+    spaced_schedule(m, k, rounds, gap_s=0.05).to_csv(delays)
+    common = ["--workers", str(m), "--delta", str(k), "--rounds", str(rounds),
+              "--schemes", "partial", "--delay", f"replay:{delays}", "--seed", "3",
+              "--task", "linreg:samples=120,dim=6", "--no-plots", "--no-progress"]
+    out = tmp_path / "ray"
+    assert main(["run", "--backend", "ray", "--out", str(out), *common]) == 0
+    local = tmp_path / "local"
+    assert main(["run", "--as", "coroutines", "--out", str(local), *common]) == 0
+
+    for name in RECORD_FILES:
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    local_summary = json.loads((local / "summary.json").read_text())
+    assert summary.keys() == local_summary.keys()
+    s, ls = summary["schemes"]["partial"], local_summary["schemes"]["partial"]
+    assert s.keys() == ls.keys()
+    assert s["rounds"] == rounds and s["rounds_failed"] == 0
+    assert s["max_rel_decode_error"] <= 1e-9
+    assert s["final_loss"] == ls["final_loss"]  # bit for bit
+    assert decision_rows(out) == decision_rows(local)
+
+    run, local_run = load_run(out), load_run(local)
+    assert len(run["rounds"]) == rounds and len(run["workers"]) == rounds * m
+    assert len(run["reports"]) == len(local_run["reports"])
+    with (out / "events.jsonl").open() as fh:
+        kinds = {json.loads(line)["kind"] for line in fh}
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "round_end", "shutdown"} <= kinds
+    # the frames are on the PS's clock, as the round records are
+    first = run["rounds"][0]
+    with (out / "events.jsonl").open() as fh:
+        t0 = min(json.loads(line)["t_ns"] for line in fh) / 1e9
+    assert t0 <= first["start_s"]
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mode"] == "ray"
+    assert manifest["cluster"]["backend"] == "ray"
+    assert manifest["cluster"]["cpus_per_actor"] == 0.4  # 2 CPUs, 5 actors
+    assert "secret" not in json.dumps(manifest).lower()
+
+    nodes = read_nodes(out)
+    ps_rows = [r for r in nodes if r["role"] == "ps"]
+    assert len(ps_rows) == 1
+    host = ps_rows[0]["address"].rsplit(":", 1)[0]
+    assert not ipaddress.ip_address(host).is_loopback  # the PS bound a reachable address
+    workers = sorted(int(r["worker"]) for r in nodes if r["role"] == "worker")
+    assert workers == list(range(m))
+    for r in nodes:
+        assert r["node_id"] and r["node_ip"] and int(r["pid"]) > 0 and r["incarnation"] == "1"
+
+
+def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: None, tmp_path: Path) -> None:
+    """SIGKILL worker 0's process after round 0: Ray restarts the actor, its run is retried,
+    the new process joins through the normal handshake and sends coded vectors again."""
+    cfg = RunConfig(workers=4, delta=2, rounds=60, seed=5, task="linreg:samples=120,dim=6",
+                    delay="const:0.02")
+    killed: list[int] = []
+    rejoined: list[int] = []
+
+    def on_round(rec: RoundRecord, run: RaySchemeRun) -> None:
+        zero = [p for p in run.placements if p["role"] == "worker" and p["worker"] == 0]
+        if not killed and rec.round == 0:
+            pid = int(zero[0]["pid"])
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        elif killed and not rejoined and len(zero) == 2 and 0 in rec.arrivals:
+            rejoined.append(rec.round)
+            run.ps.stop.remote("test: worker 0 rejoined")  # no need for the other rounds
+
+    res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round)
+    assert killed and rejoined, (killed, rejoined)
+    recs = res.records["partial"]
+    # every round before the test stopped the PS decoded exactly, with or without worker 0
+    done = [r for r in recs if r.round <= rejoined[0]]
+    assert [r.status for r in done] == ["exact"] * len(done)
+    assert max(r.rel_error for r in done) <= 1e-9
+    assert any(0 not in r.arrivals for r in done)  # the rounds worker 0 missed
+    nodes = [r for r in read_nodes(tmp_path) if r["role"] == "worker" and r["worker"] == "0"]
+    assert [r["incarnation"] for r in nodes] == ["1", "2"]
+    assert int(nodes[0]["pid"]) == killed[0] != int(nodes[1]["pid"])
+    with (tmp_path / "events.jsonl").open() as fh:
+        welcomes = [e for e in map(json.loads, fh)
+                    if e["kind"] == "welcome" and e["worker"] == 0]
+    assert len(welcomes) == 2  # two handshakes: the first process and the restarted one
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    """ray.init's failure becomes a ClusterError naming the address (the real one takes ~20 s
+    of retries, so Ray is stood in for here)."""
+    from aiogc.cluster import ray_backend
+
+    class Unreachable:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kwargs: object) -> None:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    with pytest.raises(ray_backend.ClusterError, match=r"address='10\.0\.0\.9:6379'"):
+        ray_backend._connect(Unreachable(), "10.0.0.9:6379")
+
+
+def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--backend", "slurm", "--workers", "2", "--delta", "1", "--rounds", "1"])
+    assert rc == 2
+    assert "backend='slurm'" in capsys.readouterr().err
