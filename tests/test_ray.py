@@ -52,14 +52,18 @@ def local_ray() -> Iterator[None]:
 
 
 def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
-    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the live decisions do
-    not depend on scheduling jitter well below ``gap_s`` (same idea as tests/test_runner.py)."""
+    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
+    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
+    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
     rng = np.random.default_rng(11)
     comp = np.empty((rounds, m, k))
     for r in range(rounds):
-        perm = rng.permutation(m)
-        finish = np.array([[gap_s * (pos * m + perm[j] + 1) for pos in range(k)]
-                           for j in range(m)])
+        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
+        finish = np.empty((m, k))
+        done = np.zeros(m, dtype=int)
+        for slot, j in enumerate(order):
+            finish[j, done[j]] = gap_s * (slot + 1)
+            done[j] += 1
         comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
     return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
                          compute_spec="spaced", network_spec="none")
