@@ -41,11 +41,12 @@ DECISION_COLUMNS = ("round", "scheme", "status", "attempts", "state", "coverage_
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A local Ray instance with 2 CPUs for this module; always shut down."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
+def local_ray() -> Iterator[Path]:
+    """A local Ray instance with 2 CPUs for this module (yields its session directory, where
+    its logs are); always shut down."""
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
     try:
-        yield
+        yield Path(ctx.address_info["session_dir"])
     finally:
         ray.shutdown()
     assert not ray.is_initialized()
@@ -89,7 +90,7 @@ def test_cpus_per_actor() -> None:
         cpus_per_actor(0.0, 5)
 
 
-def test_cli_ray_backend_matches_local_run(local_ray: None, tmp_path: Path) -> None:
+def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> None:
     """4 workers x 3 rounds of partial through `aiogc run --backend ray`: the same record files
     as a local run (plus nodes.csv), the same summary keys, and -- on a schedule whose
     decisions do not depend on timing -- the same state vectors, losses and errors bit for bit."""
@@ -146,9 +147,12 @@ def test_cli_ray_backend_matches_local_run(local_ray: None, tmp_path: Path) -> N
         assert r["node_id"] and r["node_ip"] and int(r["pid"]) > 0 and r["incarnation"] == "1"
 
 
-def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: None, tmp_path: Path) -> None:
+def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
     """SIGKILL worker 0's process after round 0: Ray restarts the actor, its run is retried,
-    the new process joins through the normal handshake and sends coded vectors again."""
+    the new process joins through the normal handshake and sends coded vectors again. The
+    secret handed to the actors appears in no output, record or Ray log."""
+    secret = f"aiogc-test-secret-{os.getpid()}-{id(tmp_path):x}".encode()
     cfg = RunConfig(workers=4, delta=2, rounds=60, seed=5, task="linreg:samples=120,dim=6",
                     delay="const:0.02")
     killed: list[int] = []
@@ -164,7 +168,8 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: None, tmp_path:
             rejoined.append(rec.round)
             run.ps.stop.remote("test: worker 0 rejoined")  # no need for the other rounds
 
-    res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round)
+    res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round,
+                  secret=secret)
     assert killed and rejoined, (killed, rejoined)
     recs = res.records["partial"]
     # every round before the test stopped the PS decoded exactly, with or without worker 0
@@ -179,6 +184,11 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: None, tmp_path:
         welcomes = [e for e in map(json.loads, fh)
                     if e["kind"] == "welcome" and e["worker"] == 0]
     assert len(welcomes) == 2  # two handshakes: the first process and the restarted one
+    captured = capfd.readouterr()
+    assert secret.decode() not in captured.out + captured.err
+    assert _files_containing(tmp_path, secret) == []
+    assert (local_ray / "logs").is_dir()
+    assert _files_containing(local_ray / "logs", secret) == []
 
 
 def test_unreachable_cluster_is_a_clear_error() -> None:
@@ -203,3 +213,7 @@ def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None
     rc = main(["run", "--backend", "slurm", "--workers", "2", "--delta", "1", "--rounds", "1"])
     assert rc == 2
     assert "backend='slurm'" in capsys.readouterr().err
+
+
+def _files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [f for f in root.rglob("*") if f.is_file() and needle in f.read_bytes()]
