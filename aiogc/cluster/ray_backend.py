@@ -331,6 +331,29 @@ def _write_nodes(path: Path, rows: Sequence[dict[str, Any]]) -> None:
                         for c in NODE_COLUMNS])
 
 
+class _Drain:
+    """At most one ``drain`` call to the PS in flight: a call that has not answered yet is
+    waited for again, never replaced (its answer holds records the PS already handed over)."""
+
+    def __init__(self, ray: Any, ps: Any) -> None:
+        self._ray = ray
+        self._ps = ps
+        self._ref: Any | None = None
+
+    def poll(self, *, timeout_s: float) -> dict[str, list[Any]] | None:
+        if self._ref is None:
+            self._ref = self._ps.drain.remote()
+        ready, _ = self._ray.wait([self._ref], timeout=timeout_s)
+        if not ready:
+            return None
+        ref, self._ref = self._ref, None
+        try:
+            return dict(self._ray.get(ref))
+        except Exception as exc:  # the PS actor is gone; wait() says why
+            print(f"aiogc: ray: could not collect records from the PS: {exc}", file=sys.stderr)
+            return None
+
+
 class _Driver:
     """One run on a connected Ray cluster (all schemes)."""
 
@@ -414,10 +437,14 @@ class _Driver:
         ray = self.ray
         guard = time.monotonic() + _guard_s(cfg)
         stop_deadline: float | None = None
+        drain = _Drain(ray, ps)
         while True:
             ready, _ = ray.wait([done], timeout=POLL_S)
-            self._drain(cfg, scheme, ps, ctx, bar)
+            self._write(drain.poll(timeout_s=0.0), cfg, scheme, ctx, bar)
             if ready:
+                # the pending poll may predate the end: collect it, then everything after it
+                self._write(drain.poll(timeout_s=30.0), cfg, scheme, ctx, bar)
+                self._write(drain.poll(timeout_s=30.0), cfg, scheme, ctx, bar)
                 try:
                     return dict(ray.get(done))
                 except Exception as exc:
@@ -434,12 +461,10 @@ class _Driver:
                 raise ClusterError(f"the {cfg.scheme} PS ran past {_guard_s(cfg):.0f} s, longer "
                                    "than its own timeouts allow")
 
-    def _drain(self, cfg: RunConfig, scheme: Any, ps: Any, ctx: RaySchemeRun,
-               bar: Progress) -> None:
-        try:
-            got = self.ray.get(ps.drain.remote(), timeout=30.0)
-        except Exception:
-            return  # the PS actor is gone: wait() reports why
+    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Any,
+               ctx: RaySchemeRun, bar: Progress) -> None:
+        if got is None:
+            return
         for row in got["placements"]:
             row = {**row, "scheme": cfg.scheme}
             self.placements.append(row)
