@@ -83,11 +83,14 @@ def read_nodes(run_dir: Path) -> list[dict[str, str]]:
 
 
 def test_cpus_per_actor() -> None:
-    assert cpus_per_actor(2.0, 5) == 0.4
-    assert cpus_per_actor(64.0, 5) == 1.0
-    assert cpus_per_actor(2.0, 3) == 0.6666
+    assert cpus_per_actor([2.0], 5) == 0.4
+    assert cpus_per_actor([64.0], 5) == 1.0
+    assert cpus_per_actor([2.0], 3) == 0.6666
+    assert cpus_per_actor([1.0, 1.0, 1.0], 5) == 0.5  # 0.6 (= 3 CPUs / 5) would not pack
+    assert cpus_per_actor([2.0, 2.0, 2.0], 5) == 1.0
+    assert cpus_per_actor([4.0, 0.5], 9) == 0.5
     with pytest.raises(Exception, match=r"0\.0001"):
-        cpus_per_actor(0.0, 5)
+        cpus_per_actor([0.0], 5)
 
 
 def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> None:

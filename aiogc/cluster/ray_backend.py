@@ -234,23 +234,38 @@ class _WorkerActor:
 # ------------------------------------------------------------------ driver
 
 
-def cpus_per_actor(available_cpus: float, n_actors: int) -> float:
-    """CPUs each actor asks for: one, or an equal share when the cluster has fewer.
+def cpus_per_actor(node_cpus: Sequence[float], n_actors: int) -> float:
+    """CPUs each actor asks for: one, or the largest equal share that still packs ``n_actors``
+    bundles onto nodes with these CPU counts.
 
     Workers mostly wait (on injected delays and the network), so a share below one CPU is
-    fine; asking for whole CPUs would make a 2-CPU cluster refuse 4 workers. Ray accounts
-    resources in units of 1e-4.
+    fine; asking for whole CPUs would make a 2-CPU cluster refuse 4 workers. The share is
+    chosen per node, not from the cluster total: three 1-CPU nodes hold five actors of 0.5
+    CPU, but only three of 0.6. Ray accounts resources in units of 1e-4.
 
     Raises
     ------
     ClusterError
-        Fewer than 1e-4 CPUs per actor.
+        The nodes cannot hold ``n_actors`` actors of at least 1e-4 CPU each.
     """
-    share = math.floor(available_cpus / max(1, n_actors) * 1e4) / 1e4
-    if share < 1e-4:
-        raise ClusterError(f"the Ray cluster has {available_cpus} CPUs available; "
-                           f"{n_actors} actors need at least 0.0001 each")
-    return min(1.0, share)
+    n = max(1, n_actors)
+
+    def fits(share: float) -> bool:
+        return sum(math.floor(c / share + 1e-9) for c in node_cpus) >= n
+
+    # the best share is 1 or some node's CPUs divided by a whole number of actors on it
+    candidates = sorted({1.0, *(c / k for c in node_cpus if c > 0 for k in range(1, n + 1))},
+                        reverse=True)
+    for share in candidates:
+        share = math.floor(min(1.0, share) * 1e4) / 1e4
+        if share >= 1e-4 and fits(share):
+            return share
+    raise ClusterError(f"the Ray cluster's nodes have {list(node_cpus)} CPUs; they cannot hold "
+                       f"{n} actors of at least 0.0001 CPU each")
+
+
+def _node_cpus(ray: Any) -> list[float]:
+    return [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
 
 
 @dataclass
@@ -563,7 +578,7 @@ def run_ray(
         with _stop_signals(interrupted):
             started = _connect(ray, address)
             n_actors = config.workers + 1
-            cpus = cpus_per_actor(float(ray.available_resources().get("CPU", 0.0)), n_actors)
+            cpus = cpus_per_actor(_node_cpus(ray), n_actors)
             if out_dir is not None:
                 manifest = build_manifest(config, schemes, schedule, mode="ray",
                                           loop="asyncio", verify=verify, argv=argv)
