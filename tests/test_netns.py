@@ -18,22 +18,31 @@ where that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib.util
 import json
 import os
 import re
 import secrets
+import select
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from aiogc.config import RunConfig
 from aiogc.delays import DelaySchedule
+from aiogc.runner import run_live
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -51,6 +60,13 @@ DECISION_COLUMNS = ("round", "scheme", "status", "attempts", "state", "coverage_
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
                           check=False)
+
+
+def _ns_pids(names: Iterable[str]) -> set[int]:
+    out: set[int] = set()
+    for name in names:
+        out |= {int(x) for x in _ip("netns", "pids", name).stdout.split()}
+    return out
 
 
 def _unavailable() -> str | None:
@@ -76,6 +92,10 @@ class Hosts:
     def tx_bytes(self, host: str) -> int:
         out = _ip("-n", self.ns[host], "-j", "-s", "link", "show", "e0")
         return int(json.loads(out.stdout)[0]["stats64"]["tx"]["bytes"])
+
+    def pids(self) -> set[int]:
+        """Every process in the test's namespaces (only ones this test started)."""
+        return _ns_pids(self.ns.values())
 
 
 @pytest.fixture
@@ -119,6 +139,10 @@ def hosts() -> Iterator[Hosts]:
             assert r.returncode == 0, (step, r.stderr)
         yield Hosts(ns)
     finally:
+        # a failed test may leave a process it started in a namespace: end it by its id
+        for pid in _ns_pids(made):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for name in made:
             _ip("netns", "del", name)  # removes its interfaces; a veth's peer goes with it
         left = _ip("netns", "list").stdout
@@ -213,3 +237,126 @@ def test_three_namespace_hosts_equal_loopback_bit_for_bit(hosts: Hosts, tmp_path
     rows = decision_rows(tmp_path / "netns")
     assert len(rows) == ROUNDS
     assert rows == decision_rows(tmp_path / "loopback")  # floats in repr form: bit for bit
+
+
+# ------------------------------------------------------------------ a Ray cluster of three nodes
+
+
+class OutputWatcher:
+    """Collects a process's output in a thread; :meth:`wait_for` blocks until text appears."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.text = ""
+        self._cond = threading.Condition()
+        self._eof = False
+        assert proc.stdout is not None
+        self._fd = proc.stdout.fileno()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self._fd, 65536):
+            with self._cond:
+                self.text += chunk.decode(errors="replace")
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def wait_for(self, needle: str, timeout_s: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s)
+            return needle in self.text
+
+
+def wait_all_exit(pids: set[int], timeout_s: float) -> None:
+    """Wait on pidfds (not by sleeping) until every pid exited or ``timeout_s`` passed."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds[os.pidfd_open(pid)] = pid
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
+                                                                tmp_path: Path) -> None:
+    """`ray start --head` in "ps", `ray start --address` in "w1" and "w2" (2 CPUs each), then
+    `aiogc run --backend ray --address 198.18.0.1:6379` from "ps": the actors spread over the
+    nodes, the PS binds its node's address, workers on other nodes reach it across the bridge,
+    and the decisions equal a local run bit for bit."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
+            pytest.fail("AIOGC_REQUIRE_RAY=1 but ray is not installed")
+        pytest.skip("the ray extra is not installed (pip install -e '.[ray]')")
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    spaced_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
+    # Ray's own token authentication, with a token made for this test (not ~/.ray's); the
+    # session directory is short because Ray's Unix socket paths must fit in 107 bytes
+    temp = tempfile.mkdtemp(prefix="aiogcr")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    # port 6379 is inside the test's own namespace: nothing else can hold it
+    gcs = f"{PS_ADDR}:6379"
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        for host, addr in HOSTS.items():
+            join = (["--head", "--port", "6379", "--include-dashboard", "false",
+                     "--temp-dir", temp] if host == "ps" else ["--address", gcs])
+            proc = subprocess.Popen(
+                [*hosts.exec_prefix(host), ray_bin, "start", *join, "--node-ip-address", addr,
+                 "--num-cpus", "2", "--block"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            nodes.append(proc)
+            watcher = OutputWatcher(proc)
+            assert watcher.wait_for("Ray runtime started", GUARD_S), watcher.text[-3000:]
+        out = tmp_path / "ray"
+        driver = subprocess.run(
+            [*hosts.exec_prefix("ps"), sys.executable, "-m", "aiogc", "run", "--backend", "ray",
+             "--address", gcs, "--workers", str(M), "--delta", str(K), "--rounds", str(ROUNDS),
+             "--schemes", "partial", "--seed", "3", "--delay", f"replay:{tmp_path / 'delays.csv'}",
+             "--task", "linreg:samples=120,dim=6", "--out", str(out), "--no-plots",
+             "--no-progress"],
+            capture_output=True, text=True, env=env, timeout=GUARD_S * 2)
+        assert driver.returncode == 0, driver.stderr[-3000:]
+    finally:
+        for proc in nodes:  # `ray start --block` stops its node's processes on SIGTERM
+            proc.terminate()
+        for proc in nodes:
+            try:
+                proc.wait(timeout=GUARD_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=GUARD_S)
+        wait_all_exit(hosts.pids(), timeout_s=GUARD_S / 2)
+        left = hosts.pids()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"processes left in the namespaces: {sorted(left)}"
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(n["node_ip"] for n in manifest["cluster"]["nodes"]) == sorted(HOSTS.values())
+    assert manifest["cluster"]["cpus_per_actor"] == 1.0  # 5 actors on 3 nodes of 2 CPUs
+    with (out / "nodes.csv").open() as fh:
+        placed = list(csv.DictReader(fh))
+    ps_row = next(r for r in placed if r["role"] == "ps")
+    # the PS binds the address of whichever node Ray put it on
+    assert ps_row["address"].rsplit(":", 1)[0] == ps_row["node_ip"] in HOSTS.values()
+    ips = {r["node_ip"] for r in placed}
+    assert ips <= set(HOSTS.values()) and len(ips) >= 2, placed  # spread over nodes
+    assert any(r["node_ip"] != ps_row["node_ip"] for r in placed if r["role"] == "worker")
+
+    local = run_live(RunConfig(workers=M, delta=K, rounds=ROUNDS, seed=3,
+                               task="linreg:samples=120,dim=6",
+                               delay=f"replay:{tmp_path / 'delays.csv'}"),
+                     ["partial"], mode="coroutines", out_dir=tmp_path / "local", plots=False,
+                     loop="asyncio")
+    assert local.summary["schemes"]["partial"]["rounds_failed"] == 0
+    assert decision_rows(out) == decision_rows(tmp_path / "local")  # bit for bit
