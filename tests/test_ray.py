@@ -29,7 +29,7 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
 
-from aiogc.cluster.ray_backend import NODE_COLUMNS, RaySchemeRun, cpus_per_actor, run_ray
+from aiogc.cluster.ray_backend import NODE_COLUMNS, RaySchemeRun, run_ray
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -80,17 +80,6 @@ def read_nodes(run_dir: Path) -> list[dict[str, str]]:
         reader = csv.DictReader(fh)
         assert tuple(reader.fieldnames or ()) == NODE_COLUMNS
         return list(reader)
-
-
-def test_cpus_per_actor() -> None:
-    assert cpus_per_actor([2.0], 5) == 0.4
-    assert cpus_per_actor([64.0], 5) == 1.0
-    assert cpus_per_actor([2.0], 3) == 0.6666
-    assert cpus_per_actor([1.0, 1.0, 1.0], 5) == 0.5  # 0.6 (= 3 CPUs / 5) would not pack
-    assert cpus_per_actor([2.0, 2.0, 2.0], 5) == 1.0
-    assert cpus_per_actor([4.0, 0.5], 9) == 0.5
-    with pytest.raises(Exception, match=r"0\.0001"):
-        cpus_per_actor([0.0], 5)
 
 
 def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> None:
@@ -192,30 +181,6 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     assert _files_containing(tmp_path, secret) == []
     assert (local_ray / "logs").is_dir()
     assert _files_containing(local_ray / "logs", secret) == []
-
-
-def test_unreachable_cluster_is_a_clear_error() -> None:
-    """ray.init's failure becomes a ClusterError naming the address (the real one takes ~20 s
-    of retries, so Ray is stood in for here)."""
-    from aiogc.cluster import ray_backend
-
-    class Unreachable:
-        @staticmethod
-        def is_initialized() -> bool:
-            return False
-
-        @staticmethod
-        def init(**kwargs: object) -> None:
-            raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
-
-    with pytest.raises(ray_backend.ClusterError, match=r"address='10\.0\.0\.9:6379'"):
-        ray_backend._connect(Unreachable(), "10.0.0.9:6379")
-
-
-def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["run", "--backend", "slurm", "--workers", "2", "--delta", "1", "--rounds", "1"])
-    assert rc == 2
-    assert "backend='slurm'" in capsys.readouterr().err
 
 
 def _files_containing(root: Path, needle: bytes) -> list[Path]:

@@ -1,8 +1,9 @@
-"""`aiogc run --backend ray` as a command: Ctrl-C on the driver tears everything down.
+"""`aiogc run --backend ray` as a command: flags, errors, and Ctrl-C on the driver.
 
-The driver starts its own local Ray instance here (no --address), so every Ray process of the
-run descends from it and the test can check that none outlives it. Skipped, with the reason,
-when Ray is not installed -- unless AIOGC_REQUIRE_RAY=1 (set by .ci/run).
+The Ctrl-C test lets the driver start its own local Ray instance (no --address), so every Ray
+process of the run descends from it and the test can check that none outlives it; it is
+skipped, with the reason, when Ray is not installed -- unless AIOGC_REQUIRE_RAY=1 (set by
+.ci/run). The other tests need no Ray.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("AIOGC_REQUIRE_RAY") != "1":
-    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
-
-pytestmark = [pytest.mark.processes, pytest.mark.slow]
+from aiogc.cli import main
+from aiogc.cluster import ray_backend
+from aiogc.cluster.ray_backend import cpus_per_actor
 
 #: Hang guard only (no assertion on durations).
 GUARD_S = 180
@@ -106,7 +106,12 @@ class StderrWatcher:
             self._cond.wait_for(lambda: self._eof, timeout_s)
 
 
+@pytest.mark.processes
+@pytest.mark.slow
 def test_ctrl_c_on_the_driver_tears_everything_down(tmp_path: Path) -> None:
+    if os.environ.get("AIOGC_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray", reason="the ray extra is not installed "
+                                          "(pip install -e '.[ray]')")
     out = tmp_path / "run"
     rounds = 400  # far more than can finish before the interrupt
     stdout = (tmp_path / "stdout").open("wb")
@@ -144,3 +149,42 @@ def test_ctrl_c_on_the_driver_tears_everything_down(tmp_path: Path) -> None:
     assert 2 <= summary["schemes"]["partial"]["rounds"] < rounds
     assert (out / "nodes.csv").read_text().count("\npartial,worker,") == 3
     assert "original" not in (tmp_path / "stdout").read_text()
+
+
+def test_cpus_per_actor() -> None:
+    assert cpus_per_actor([2.0], 5) == 0.4
+    assert cpus_per_actor([64.0], 5) == 1.0
+    assert cpus_per_actor([2.0], 3) == 0.6666
+    assert cpus_per_actor([1.0, 1.0, 1.0], 5) == 0.5  # 0.6 (= 3 CPUs / 5) would not pack
+    assert cpus_per_actor([2.0, 2.0, 2.0], 5) == 1.0
+    assert cpus_per_actor([4.0, 0.5], 9) == 0.5
+    with pytest.raises(Exception, match=r"0\.0001"):
+        cpus_per_actor([0.0], 5)
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    """ray.init's failure becomes a ClusterError naming the address (the real one takes ~20 s
+    of retries, so Ray is stood in for here)."""
+    class Unreachable:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kwargs: object) -> None:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    with pytest.raises(ray_backend.ClusterError, match=r"address='10\.0\.0\.9:6379'"):
+        ray_backend._connect(Unreachable(), "10.0.0.9:6379")
+
+
+def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--backend", "slurm", "--workers", "2", "--delta", "1", "--rounds", "1"])
+    assert rc == 2
+    assert "backend='slurm'" in capsys.readouterr().err
+
+
+def test_address_needs_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--address", "auto", "--workers", "2", "--delta", "1", "--rounds", "1"])
+    assert rc == 2
+    assert "address='auto'" in capsys.readouterr().err
