@@ -75,6 +75,11 @@ def decision_rows(run_dir: Path) -> list[dict[str, str]]:
         return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
 
 
+def frame_kinds(run_dir: Path) -> set[str]:
+    with (run_dir / "events.jsonl").open() as fh:
+        return {json.loads(line)["kind"] for line in fh}
+
+
 def read_nodes(run_dir: Path) -> list[dict[str, str]]:
     with (run_dir / "nodes.csv").open() as fh:
         reader = csv.DictReader(fh)
@@ -112,10 +117,11 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     run, local_run = load_run(out), load_run(local)
     assert len(run["rounds"]) == rounds and len(run["workers"]) == rounds * m
     assert len(run["reports"]) == len(local_run["reports"])
-    with (out / "events.jsonl").open() as fh:
-        kinds = {json.loads(line)["kind"] for line in fh}
-    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
-            "encode_and_transmit", "coded_gradient", "round_end", "shutdown"} <= kinds
+    kinds = frame_kinds(out)
+    heartbeats = {"ping", "pong"}  # sent after a silence, so they depend on timing
+    assert kinds - heartbeats == frame_kinds(local) - heartbeats  # the same protocol
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "encode_and_transmit",
+            "coded_gradient", "shutdown"} <= kinds
     # the frames are on the PS's clock, as the round records are
     first = run["rounds"][0]
     with (out / "events.jsonl").open() as fh:
@@ -145,8 +151,10 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     the new process joins through the normal handshake and sends coded vectors again. The
     secret handed to the actors appears in no output, record or Ray log."""
     secret = f"aiogc-test-secret-{os.getpid()}-{id(tmp_path):x}".encode()
-    cfg = RunConfig(workers=4, delta=2, rounds=60, seed=5, task="linreg:samples=120,dim=6",
-                    delay="const:0.02")
+    # enough rounds for the restart (~2 s here) and the rejoin; the test stops the PS once
+    # worker 0 is back, so they are an upper bound, not the run's length
+    cfg = RunConfig(workers=4, delta=2, rounds=200, seed=5, task="linreg:samples=120,dim=6",
+                    delay="const:0.03")
     killed: list[int] = []
     rejoined: list[int] = []
 
@@ -175,7 +183,9 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     with (tmp_path / "events.jsonl").open() as fh:
         welcomes = [e for e in map(json.loads, fh)
                     if e["kind"] == "welcome" and e["worker"] == 0]
-    assert len(welcomes) == 2  # two handshakes: the first process and the restarted one
+    # the first process's handshake, then the restarted one's (more than one if its first
+    # session was closed before it was ready; it reconnects through the handshake again)
+    assert len(welcomes) >= 2
     captured = capfd.readouterr()
     assert secret.decode() not in captured.out + captured.err
     assert _files_containing(tmp_path, secret) == []
