@@ -370,6 +370,11 @@ def run_live(
     if backend == "ray":
         from .cluster.ray_backend import run_ray
 
+        if mode == "coroutines":
+            from .errors import ConfigError
+
+            raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
+                                          "actor process)")
         return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
                        progress=progress, schedule=schedule, argv=argv, secret=secret,
                        plots=plots)

@@ -188,3 +188,10 @@ def test_address_needs_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> No
     rc = main(["run", "--address", "auto", "--workers", "2", "--delta", "1", "--rounds", "1"])
     assert rc == 2
     assert "address='auto'" in capsys.readouterr().err
+
+
+def test_coroutines_do_not_apply_to_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--backend", "ray", "--as", "coroutines", "--workers", "2", "--delta", "1",
+               "--rounds", "1"])
+    assert rc == 2
+    assert "as='coroutines'" in capsys.readouterr().err
