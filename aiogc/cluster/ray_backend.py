@@ -203,11 +203,10 @@ class _PSActor:
         return out
 
     async def wait(self) -> dict[str, Any]:
-        """Return when the PS finished: every record, and its counters."""
+        """Return when the PS finished, with every round record."""
         assert self._serving is not None and self._server is not None
         await self._serving
-        ps = self._server.ps
-        return {"records": ps.records, "statistics": ps.statistics()}
+        return {"records": self._server.ps.records}
 
     async def stop(self, reason: str) -> None:
         if self._server is not None:
