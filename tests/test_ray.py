@@ -29,7 +29,7 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
 
-from aiogc.cluster.ray_backend import NODE_COLUMNS, RaySchemeRun, run_ray
+from aiogc.cluster.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -134,6 +134,7 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     assert manifest["cluster"]["cpus_per_actor"] == 0.4  # 2 CPUs, 5 actors
     assert "secret" not in json.dumps(manifest).lower()
 
+    assert all_placement_groups_removed()
     nodes = read_nodes(out)
     ps_rows = [r for r in nodes if r["role"] == "ps"]
     assert len(ps_rows) == 1
@@ -191,6 +192,24 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     assert _files_containing(tmp_path, secret) == []
     assert (local_ray / "logs").is_dir()
     assert _files_containing(local_ray / "logs", secret) == []
+
+
+def test_ps_that_cannot_bind_is_a_clear_error_and_nothing_is_left(local_ray: Path,
+                                                                    tmp_path: Path) -> None:
+    """The PS actor cannot bind an address this host does not have (TEST-NET-2): the run
+    stops with the address in the message, and every placement group is removed."""
+    cfg = RunConfig(workers=2, delta=1, rounds=1, seed=1, task="linreg:samples=40,dim=3",
+                    scheme="uncoded", n_parts=1)
+    with pytest.raises(ClusterError, match=r"198\.51\.100\.7"):
+        run_ray(cfg, ["uncoded"], bind="198.51.100.7", out_dir=tmp_path, plots=False)
+    assert all_placement_groups_removed()
+    assert (tmp_path / "manifest.json").exists() and (tmp_path / "nodes.csv").exists()
+
+
+def all_placement_groups_removed() -> bool:
+    from ray.util.placement_group import placement_group_table
+
+    return all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
 
 
 def _files_containing(root: Path, needle: bytes) -> list[Path]:
