@@ -377,7 +377,7 @@ def run_live(
                                           "actor process)")
         return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
                        progress=progress, schedule=schedule, argv=argv, secret=secret,
-                       plots=plots)
+                       plots=plots, loop=loop)
     if backend != "local":
         from .errors import ConfigError
 

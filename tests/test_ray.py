@@ -144,6 +144,7 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     assert workers == list(range(m))
     for r in nodes:
         assert r["node_id"] and r["node_ip"] and int(r["pid"]) > 0 and r["incarnation"] == "1"
+        assert r["loop"] == "uvloop"  # --loop's default, which is also Ray's
 
 
 def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path: Path,
@@ -170,7 +171,7 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
             run.ps.stop.remote("test: worker 0 rejoined")  # no need for the other rounds
 
     res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round,
-                  secret=secret)
+                  secret=secret, loop="asyncio")
     assert killed and rejoined, (killed, rejoined)
     recs = res.records["partial"]
     # every round before the test stopped the PS decoded exactly, with or without worker 0
@@ -180,6 +181,7 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     assert any(0 not in r.arrivals for r in done)  # the rounds worker 0 missed
     nodes = [r for r in read_nodes(tmp_path) if r["role"] == "worker" and r["worker"] == "0"]
     assert [r["incarnation"] for r in nodes] == ["1", "2"]
+    assert {r["loop"] for r in read_nodes(tmp_path)} == {"asyncio"}  # restarted one too
     assert int(nodes[0]["pid"]) == killed[0] != int(nodes[1]["pid"])
     with (tmp_path / "events.jsonl").open() as fh:
         welcomes = [e for e in map(json.loads, fh)

@@ -59,7 +59,7 @@ from ..core import Event, RoundCompleted, RoundRecord, Worker
 from ..delays import DelaySchedule
 from ..errors import AiogcError
 from ..messages import Message
-from ..net.drivers import PSServer, WorkerClient
+from ..net.drivers import PSServer, WorkerClient, loop_factory
 from ..runner import (
     PROCESS_GRACE_S,
     Progress,
@@ -87,7 +87,7 @@ PLACEMENT_TIMEOUT_S: Final = 120.0
 POLL_S: Final = 0.25
 #: nodes.csv columns.
 NODE_COLUMNS: Final = ("scheme", "role", "worker", "incarnation", "node_id", "node_ip",
-                       "hostname", "pid", "address", "ps_time")
+                       "hostname", "pid", "loop", "address", "ps_time")
 
 
 
@@ -120,7 +120,8 @@ def _import_ray() -> Any:
 
 
 def _where() -> dict[str, Any]:
-    """Where the calling actor runs (its node as Ray names it, IP, host name, process id)."""
+    """Where the calling actor runs (its node as Ray names it, IP, host name, process id) and
+    on which event loop (Ray runs async actors on uvloop when it is installed)."""
     import ray
 
     return {
@@ -128,6 +129,7 @@ def _where() -> dict[str, Any]:
         "node_ip": ray.util.get_node_ip_address(),
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
     }
 
 
@@ -373,7 +375,8 @@ class _Driver:
 
     def __init__(self, ray: Any, *, schedule: DelaySchedule, secret: bytes, verify: bool,
                  recorder: Any | None, progress: bool, cpus: float, max_restarts: int,
-                 placement_timeout_s: float, bind: str | None, interrupted: list[str],
+                 placement_timeout_s: float, bind: str | None, loop: str,
+                 interrupted: list[str],
                  on_round: Callable[[RoundRecord, RaySchemeRun], None] | None) -> None:
         self.ray = ray
         self.schedule = schedule
@@ -385,6 +388,7 @@ class _Driver:
         self.max_restarts = max_restarts
         self.placement_timeout_s = placement_timeout_s
         self.bind = bind
+        self.loop = loop
         self.interrupted = interrupted
         self.on_round = on_round
         self.placements: list[dict[str, Any]] = []
@@ -406,18 +410,22 @@ class _Driver:
                    interrupted=self.interrupted,
                    what=f"placing {m + 1} actors of {self.cpus} CPU (strategy SPREAD)")
 
-            # No runtime_env: Ray then reuses its pre-started worker processes (a runtime_env
-            # made workers join ~10 s later here), and it already sets OMP_NUM_THREADS to the
-            # actor's CPUs (checked: 1 for actors of 0.4 and of 1 CPU), so BLAS is
-            # single-threaded as in a local run.
+            # No runtime_env by default: Ray then reuses its pre-started worker processes (a
+            # runtime_env made workers join ~10 s later here), it already sets
+            # OMP_NUM_THREADS to the actor's CPUs (checked: 1 for actors of 0.4 and of 1 CPU),
+            # so BLAS is single-threaded as in a local run, and it runs async actors on uvloop.
+            # Only --loop asyncio needs one: RAY_USE_UVLOOP=0 in fresh actor processes.
             def opts(bundle: int, restarts: int) -> dict[str, Any]:
-                return {
+                o: dict[str, Any] = {
                     "num_cpus": self.cpus,
                     "max_restarts": restarts,
                     "max_task_retries": restarts,
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=bundle),
                 }
+                if self.loop == "asyncio":
+                    o["runtime_env"] = {"env_vars": {"RAY_USE_UVLOOP": "0"}}
+                return o
 
             ps = self.ps_cls.options(**opts(m, 0)).remote(
                 cfg, self.schedule, self.secret, self.verify, 0, self.bind)
@@ -524,6 +532,7 @@ def run_ray(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     bind: str | None = None,
+    loop: str = "uvloop",
     on_round: Callable[[RoundRecord, RaySchemeRun], None] | None = None,
 ) -> RunResult:
     """Run each scheme on a Ray cluster over the same schedule; write the run directory.
@@ -545,6 +554,9 @@ def run_ray(
         Times Ray restarts a worker actor whose process died.
     bind : str, optional
         Address the PS binds (default: its node's IP address as Ray knows it).
+    loop : {"uvloop", "asyncio"}
+        Event loop of the actors: uvloop is Ray's own default (when installed); asyncio starts
+        the actors with ``RAY_USE_UVLOOP=0``. ``nodes.csv`` records the loop each actor ran.
     on_round : callable, optional
         ``on_round(record, run)`` in the driver after each round was written.
 
@@ -561,6 +573,7 @@ def run_ray(
         from ..errors import ConfigError
 
         raise ConfigError("max_restarts", max_restarts, "an integer >= 0")
+    loop_kind, _ = loop_factory(loop)  # validates the name
     ray = _import_ray()
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
@@ -580,7 +593,7 @@ def run_ray(
             cpus = cpus_per_actor(_node_cpus(ray), n_actors)
             if out_dir is not None:
                 manifest = build_manifest(config, schemes, schedule, mode="ray",
-                                          loop="asyncio", verify=verify, argv=argv)
+                                          loop=loop_kind, verify=verify, argv=argv)
                 manifest["cluster"] = {
                     "backend": "ray",
                     "ray_version": ray.__version__,
@@ -597,7 +610,8 @@ def run_ray(
             driver = _Driver(ray, schedule=schedule, secret=secret, verify=verify,
                              recorder=recorder, progress=progress, cpus=cpus,
                              max_restarts=max_restarts, placement_timeout_s=placement_timeout_s,
-                             bind=bind, interrupted=interrupted, on_round=on_round)
+                             bind=bind, loop=loop_kind, interrupted=interrupted,
+                             on_round=on_round)
             for name in schemes:
                 cfg = scheme_config(config, name)
                 t0 = time.monotonic()
