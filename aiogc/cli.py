@@ -123,6 +123,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                    help="write PNGs (needs the plot extra)")
+    p.add_argument("--backend", default="local",
+                   help="local (processes on this machine) | ray (actors on a Ray cluster, "
+                        "needs the ray extra; see docs/cluster.md)")
+    p.add_argument("--address", default=None,
+                   help="--backend ray: auto | HOST:PORT of the cluster's GCS "
+                        "(default: start a local Ray instance for this run)")
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -134,7 +140,8 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     base = config_from_args(a, schemes[0])
     progress = sys.stderr.isatty() if a.progress is None else a.progress
     result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
-                      progress=progress, argv=argv, plots=a.plots)
+                      progress=progress, argv=argv, plots=a.plots, backend=a.backend,
+                      address=a.address)
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):

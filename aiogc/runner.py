@@ -353,6 +353,8 @@ def run_live(
     secret: bytes | None = None,
     plots: bool = True,
     start_method: str = "forkserver",
+    backend: str = "local",
+    address: str | None = None,
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -366,6 +368,9 @@ def run_live(
     out_dir : path, optional
         Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
         reports.csv, summary.json, trace.json, PNGs). None: no files.
+    backend : {"local", "ray"}
+        ``"ray"``: the PS and one actor per worker on a Ray cluster (``mode`` and ``loop`` do
+        not apply; see :func:`aiogc.cluster.ray_backend.run_ray`, which gets ``address``).
 
     Raises
     ------
@@ -375,6 +380,25 @@ def run_live(
     """
     from .records import RunRecorder, summarize
 
+    if backend == "ray":
+        from .cluster.ray_backend import run_ray
+
+        if mode == "coroutines":
+            from .errors import ConfigError
+
+            raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
+                                          "actor process)")
+        return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
+                       progress=progress, schedule=schedule, argv=argv, secret=secret,
+                       plots=plots, loop=loop)
+    if backend != "local":
+        from .errors import ConfigError
+
+        raise ConfigError("backend", backend, "local or ray")
+    if address is not None:
+        from .errors import ConfigError
+
+        raise ConfigError("address", address, "no address with --backend local")
     if mode not in ("coroutines", "processes"):
         from .errors import ConfigError
 
