@@ -19,7 +19,7 @@ import pytest
 
 from aiogc.cli import main
 from aiogc.config import RunConfig
-from aiogc.core import RoundRecord
+from aiogc.core import RoundRecord, derive_worker_key
 from aiogc.delays import DelaySchedule
 from aiogc.records import load_run
 
@@ -194,6 +194,10 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     assert _files_containing(tmp_path, secret) == []
     assert (local_ray / "logs").is_dir()
     assert _files_containing(local_ray / "logs", secret) == []
+    for j in range(cfg.workers):  # nor does any worker's own key
+        key = derive_worker_key(secret, j)
+        assert _files_containing(tmp_path, key) == []
+        assert _files_containing(local_ray / "logs", key) == []
 
 
 def test_ps_that_cannot_bind_is_a_clear_error_and_nothing_is_left(local_ray: Path,

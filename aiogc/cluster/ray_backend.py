@@ -20,8 +20,10 @@ Per scheme of a comparison:
   into the usual run directory as they come (a crashed run keeps every finished round), plus
   ``nodes.csv``: which node, host and process each PS / worker incarnation ran on.
 
-A fresh random secret is generated per run (unless the caller passes one) and handed to the
-actors as an argument; it is never printed or logged (:class:`_Secret` has a redacted repr).
+A fresh random secret is generated per run (unless the caller passes one) and handed to the PS
+actor; worker actor j gets only its own key k_j derived from it (so it cannot authenticate as
+another worker), and the task spec the driver runs (the only task it may build). Neither is
+printed or logged (:class:`_Secret` has a redacted repr).
 
 Clocks: every time in the records is taken on one host's monotonic clock and only differences
 on that same clock are ever formed. Round times, trigger / arrival times, ``reports.csv``'s
@@ -55,7 +57,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..config import RunConfig
-from ..core import Event, RoundCompleted, RoundRecord, Worker
+from ..core import Event, RoundCompleted, RoundRecord, Worker, derive_worker_key
 from ..delays import DelaySchedule
 from ..errors import AiogcError
 from ..messages import Message
@@ -69,6 +71,7 @@ from ..runner import (
     materialise_for,
     scheme_config,
 )
+from ..worker_setup import TaskPolicy
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",
@@ -216,18 +219,25 @@ class _PSActor:
 
 
 class _WorkerActor:
-    """Runs worker ``worker_id``'s :class:`WorkerClient` inside an async Ray actor."""
+    """Runs worker ``worker_id``'s :class:`WorkerClient` inside an async Ray actor.
 
-    def __init__(self, worker_id: int, secret: _Secret, give_up_after_s: float) -> None:
+    It holds only its own key k_j, never the run's master secret, and builds only the task the
+    driver (its operator) names: no code is taken from the wire.
+    """
+
+    def __init__(self, worker_id: int, worker_key: _Secret, task: str,
+                 give_up_after_s: float) -> None:
         self._id = worker_id
-        self._secret = secret
+        self._key = worker_key
+        self._task = task
         self._give_up = give_up_after_s
 
     async def run(self, host: str, port: int, ps: Any) -> dict[str, Any]:
         info = {**_where(), "role": "worker", "worker": self._id}
         incarnation = await ps.register.remote(info)
-        client = WorkerClient(Worker(self._id, secret=self._secret.value), host, port,
-                              give_up_after_s=self._give_up)
+        client = WorkerClient(Worker(self._id, worker_key=self._key.value), host, port,
+                              give_up_after_s=self._give_up,
+                              policy=TaskPolicy(task=self._task))
         await client.run()  # a fatal handshake error raises ConnectionError: the driver says so
         return {**info, "incarnation": incarnation, "connections": client.connections}
 
@@ -437,7 +447,8 @@ class _Driver:
             host, port = info["address"].rsplit(":", 1)
             give_up = max(30.0, cfg.join_timeout_s)
             workers = [self.worker_cls.options(**opts(j, self.max_restarts)).remote(
-                j, self.secret, give_up) for j in range(m)]
+                j, _Secret(derive_worker_key(self.secret.value, j)), cfg.task, give_up)
+                for j in range(m)]
             actors.extend(workers)
             ctx = RaySchemeRun(cfg.scheme, ps, workers, info["address"])
             runs = [w.run.remote(host, int(port), ps) for w in workers]
