@@ -235,6 +235,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .net.drivers import PSServer, run_on
     from .records import RunRecorder, summarize
     from .runner import (
+        ALL_ROUNDS_DONE,
         _started,
         build_manifest,
         dump_json,
@@ -242,6 +243,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         make_ps,
         materialise_for,
         run_complete,
+        run_end_reason,
     )
 
     config = config_from_args(a, a.scheme)
@@ -303,9 +305,12 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             run_on(a.loop, main())
     finally:
-        end_reason = (ended[0] if ended else
-                      f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
-        summary = summarize({a.scheme: ps.records}, end_reasons={a.scheme: end_reason})
+        ps_reason = (ended[0] if ended else
+                     f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
+        summary = summarize({a.scheme: ps.records}, end_reasons={a.scheme: ps_reason})
+        end_reason = ps_reason
+        if ps_reason == ALL_ROUNDS_DONE:
+            end_reason = run_end_reason({a.scheme: ps_reason}, (), summary)
         summary["end_reason"] = end_reason
         summary["interrupted_by"] = stopped[0] if stopped else None
         if recorder is not None:

@@ -232,6 +232,12 @@ async def _watched(client: WorkerClient, parent_alive: Any, died: list[bool]) ->
         loop.remove_reader(fd)
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write: many worker processes share the runner's stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
                     loop_kind: str, parent_alive: Any = None) -> None:
     """Entry point of one worker process (module-level so forkserver can import it).
@@ -250,13 +256,13 @@ def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
         else:
             run_on(loop_kind, _watched(client, parent_alive, died))
     except ConnectionError as exc:
-        print(f"aiogc worker {worker_id}: exiting: {exc}", file=sys.stderr)
+        _say(f"aiogc worker {worker_id}: exiting: {exc}")
         sys.exit(3)
     if died:
-        print(f"aiogc worker {worker_id}: exiting: parent process died", file=sys.stderr)
+        _say(f"aiogc worker {worker_id}: exiting: parent process died")
         sys.exit(EXIT_PARENT_DIED)
     if why.early:
-        print(f"aiogc worker {worker_id}: exiting: {why.describe()}", file=sys.stderr)
+        _say(f"aiogc worker {worker_id}: exiting: {why.describe()}")
 
 
 def _mp_context(start_method: str = "forkserver") -> Any:
@@ -521,9 +527,9 @@ def run_live(
             result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
         raise
     finally:
-        if not result.end_reason:
-            result.end_reason = run_end_reason(result.end_reasons, interrupted)
         result.summary = summarize(result.records, end_reasons=result.end_reasons)
+        if not result.end_reason:
+            result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
         result.summary["wall_s"] = result.wall_s
         result.summary["end_reason"] = result.end_reason
         result.summary["interrupted_by"] = interrupted[0] if interrupted else None
@@ -551,15 +557,27 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = ()) -> str:
-    """One line saying why a run ended: the signal, the first scheme that ended early, or
-    ``"all rounds done"``."""
+def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
+                   summary: dict[str, Any] | None = None) -> str:
+    """One line saying why a run ended: the signal, the first scheme that ended early, the
+    first non-finite failure or failed rounds (with ``summary``), or ``"all rounds done"``."""
     if interrupted:
         return f"stopped by {interrupted[0]}"
     for name, why in end_reasons.items():
         if why != ALL_ROUNDS_DONE:
             return f"{name}: {why}"
-    return ALL_ROUNDS_DONE if end_reasons else "no scheme ran"
+    if not end_reasons:
+        return "no scheme ran"
+    for name, s in (summary or {}).get("schemes", {}).items():
+        if s.get("failure"):
+            return f"all rounds ran, but {name} failed: {s['failure']}"
+        n_failed = s.get("rounds_failed") or 0
+        if n_failed:
+            first = (s.get("failed_rounds") or [{}])[0]
+            return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
+                    f"{name} rounds failed (first: round {first.get('round')}: "
+                    f"{first.get('reason')})")
+    return ALL_ROUNDS_DONE
 
 
 def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = "exact") -> bool:
