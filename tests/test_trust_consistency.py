@@ -11,6 +11,7 @@ import pytest
 from aiogc.coding.consistency import (
     REDUNDANCY_SAFETY,
     NormGuard,
+    RoundGuard,
     model_bound,
     model_check,
     oracle_check,
@@ -201,3 +202,81 @@ def test_tolerance_follows_dtype_and_conditioning() -> None:
     v32 = redundancy_check(s32, V32, range(8), d32)
     assert v64 is not None and v32 is not None
     assert v32.bound > 100 * v64.bound  # float32 payloads get float32 room
+
+
+# ------------------------------------------------------------------------------ RoundGuard
+
+
+def _train(cfg: RunConfig, rounds: int, attack: dict[int, str]) -> tuple[RoundGuard, list[str],
+                                                                          np.ndarray]:
+    """A GD loop through encode -> decode -> RoundGuard; ``attack[r]`` corrupts worker 1."""
+    scheme = cfg.build_scheme()
+    task = make_task(cfg.task, scheme.n_chunks, cfg.seed)
+    w = task.initial_model()
+    guard = RoundGuard(w, predicted_error=1e-15)
+    outcomes = []
+    state = np.asarray(scheme.loads, dtype=np.int64)
+    old: np.ndarray | None = None
+    for r in range(rounds):
+        V = np.zeros((scheme.m, scheme.payload_len(w.size)))
+        for j in range(scheme.m):
+            V[j] = scheme.encode(j, state, chunk_gradients(task, scheme.orders[j], w))
+        kind = attack.get(r)
+        if kind == "scale3":
+            V[1] *= 3
+        elif kind == "huge":
+            V[1] = 1e300
+        elif kind == "replay" and old is not None:
+            V[1] = old[1]
+        old = V.copy()
+        res = scheme.decode_result(V, state, w.size)
+        bad, new = guard.check(scheme=scheme, coded=V, received=range(scheme.m), dim=w.size,
+                               gradient=res.gradient, model=w,
+                               learning_rate=task.learning_rate, exact=res.exact)
+        if bad is None:
+            assert new is not None
+            w = new
+            guard.accept()
+            outcomes.append("applied")
+        else:
+            outcomes.append(bad.check)
+    return guard, outcomes, w
+
+
+def test_round_guard_original_scheme_rejects_every_attack() -> None:
+    cfg = RunConfig(**ORIGINAL)
+    attacks = {3: "scale3", 6: "replay", 9: "huge", 12: "scale3"}
+    guard, outcomes, w = _train(cfg, 15, attacks)
+    for r, out in enumerate(outcomes):
+        assert (out != "applied") == (r in attacks), (r, out)
+    assert outcomes[9] in ("norm", "redundancy")
+    assert sum(guard.rejected.values()) == 4 and np.isfinite(w).all()
+
+
+def test_round_guard_partial_scheme_stops_blowup_and_keeps_model_finite() -> None:
+    # the partial scheme has no redundancy check: the norm guard and the model bound remain
+    cfg = RunConfig(workers=8, delta=3, n_parts=2, task="linreg:samples=400,dim=12")
+    guard, outcomes, w = _train(cfg, 12, {8: "huge"})
+    assert outcomes[8] == "norm" and outcomes.count("applied") == 11
+    assert np.isfinite(w).all() and guard.rejected == {"norm": 1}
+
+
+def test_round_guard_oracle_and_model_bound() -> None:
+    cfg = RunConfig(**ORIGINAL)
+    scheme = cfg.build_scheme()
+    w0 = np.ones(3)
+    guard = RoundGuard(w0, predicted_error=1e-16)
+    V = np.zeros((8, 3))
+    bad, new = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
+                           gradient=np.array([0.1, 0.0, 0.0]), model=w0, learning_rate=1.0,
+                           exact=True, rel_error=0.44)
+    assert bad is not None and bad.check == "oracle" and new is None
+    bad2, _ = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
+                          gradient=np.array([-5e6, 0.0, 0.0]), model=w0, learning_rate=1.0,
+                          exact=True)
+    assert bad2 is not None and bad2.check == "model"
+    ok, new = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
+                          gradient=np.array([0.5, 0.0, 0.0]), model=w0, learning_rate=1.0,
+                          exact=True, rel_error=1e-15)
+    assert ok is None and new is not None and new[0] == 0.5 and w0[0] == 1.0
+    assert guard.rejected == {"oracle": 1, "model": 1} and guard.checked == 3

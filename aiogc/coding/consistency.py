@@ -41,6 +41,7 @@ from aiogc.errors import ConfigError
 
 __all__ = [
     "NormGuard",
+    "RoundGuard",
     "Verdict",
     "model_bound",
     "model_check",
@@ -351,3 +352,98 @@ def model_check(model: np.ndarray, bound: float) -> Verdict:
         return Verdict(False, "model", f"model max |w| would be {top:.3g} > bound {bound:.3g}",
                        top, bound)
     return Verdict.passed("model", top, bound)
+
+
+# ------------------------------------------------------------------------------ all together
+
+
+class RoundGuard:
+    """The checks above in the order a PS runs them on each decoded gradient.
+
+    One instance per run. :meth:`check` returns the first failing :class:`Verdict` (the round
+    is then recorded as rejected and the model left unchanged) or None with the model the step
+    would produce; :meth:`accept` records an applied step. ``rejected`` counts rejections by
+    check, for the PS's statistics.
+
+    Parameters
+    ----------
+    initial_model : ndarray, shape (d,)
+        Sets :func:`model_bound`.
+    predicted_error : float
+        The PS's predicted worst relative decode error (``cond(B) * eps``), for the oracle.
+    initial_scale : float, optional
+        Norm of the true gradient at the initial model, when known (see :class:`NormGuard`).
+    norm_guard : NormGuard, optional
+        Default ``NormGuard(initial_scale=initial_scale)``.
+    """
+
+    def __init__(
+        self,
+        initial_model: np.ndarray,
+        *,
+        predicted_error: float,
+        initial_scale: float | None = None,
+        norm_guard: NormGuard | None = None,
+    ) -> None:
+        self.bound = model_bound(initial_model)
+        self.predicted_error = float(predicted_error)
+        self.norms = norm_guard if norm_guard is not None else NormGuard(
+            initial_scale=initial_scale)
+        self.rejected: dict[str, int] = {}
+        self.checked = 0
+        self.last_norm = float("nan")
+
+    def check(
+        self,
+        *,
+        scheme: object,
+        coded: np.ndarray | Mapping[int, np.ndarray],
+        received: Iterable[int],
+        dim: int,
+        gradient: np.ndarray,
+        model: np.ndarray,
+        learning_rate: float,
+        exact: bool,
+        rel_error: float = float("nan"),
+    ) -> tuple[Verdict | None, np.ndarray | None]:
+        """Run every applicable check; ``(failure, None)`` or ``(None, new_model)``.
+
+        Parameters
+        ----------
+        scheme, coded, received, dim
+            As for :func:`redundancy_check` (``received``: workers whose vectors were used or
+            arrived in this round).
+        gradient : ndarray, shape (d,)
+            The decoded gradient.
+        model : ndarray, shape (d,)
+            The model before the step (not modified).
+        learning_rate : float
+        exact : bool
+            Whether the decoder reports the round as exact.
+        rel_error : float
+            The PS's decode error against its own uncoded gradient (NaN: not verified).
+        """
+        self.checked += 1
+        g = np.asarray(gradient, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = float(np.linalg.norm(g))
+        self.last_norm = norm
+        verdicts: list[Verdict | None] = [self.norms.check(norm)]
+        if verdicts[0] is not None and verdicts[0].ok:
+            verdicts.append(redundancy_check(scheme, coded, received, dim))
+            verdicts.append(oracle_check(rel_error, self.predicted_error, exact=exact))
+        for v in verdicts:
+            if v is not None and not v.ok:
+                self.rejected[v.check] = self.rejected.get(v.check, 0) + 1
+                return v, None
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = np.asarray(model, dtype=np.float64) - learning_rate * g
+        mv = model_check(new, self.bound)
+        if not mv.ok:
+            self.rejected[mv.check] = self.rejected.get(mv.check, 0) + 1
+            return mv, None
+        return None, new
+
+    def accept(self, gradient_norm: float | None = None) -> None:
+        """The step was applied: its norm (default: the last checked) joins the history."""
+        self.norms.accept(self.last_norm if gradient_norm is None else gradient_norm)
