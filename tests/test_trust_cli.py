@@ -254,3 +254,32 @@ def test_sigkill_of_run_leaves_no_worker(tmp_path: Path) -> None:
         run.wait()
     died = [ln for ln in lines if "exiting: parent process died" in ln]
     assert len(died) == 3, "".join(lines)[-2000:]
+
+
+@pytest.mark.processes
+def test_run_sigterm_writes_summary_and_exits_143(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = _aiogc("run", "--as", "coroutines", "--rounds", "20000", "--schemes", "partial",
+                 "--no-plots", "--loop", "asyncio", "--out", str(out), "--workers", "2",
+                 "--delta", "1", "--task", "linreg:samples=40,dim=3", "--delay", "exp:0.002")
+    try:
+        rounds = out / "rounds.csv"
+        ready = threading.Event()
+        while not ready.is_set():  # poll the file the runner flushes every round
+            if run.poll() is not None:
+                pytest.fail(run.communicate()[1][-2000:])
+            if rounds.exists() and len(rounds.read_text().splitlines()) > 2:
+                ready.set()
+            else:
+                ready.wait(0.05)
+        run.send_signal(signal.SIGTERM)
+        stdout, err = run.communicate(timeout=GUARD_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "end reason: stopped by SIGTERM" in err and "partial" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["end_reason"] == "stopped by SIGTERM"
+    assert summary["schemes"]["partial"]["rounds"] >= 1
