@@ -12,12 +12,12 @@ worker's data; each returns a :class:`Verdict` (``ok`` or the reason to reject t
   are encoded for the broadcast state, so a subset of them decodes nothing: there the check
   returns ``None`` (not applicable).
 * :class:`NormGuard` -- the decoded gradient's norm against recent accepted rounds: at most
-  ``factor`` times the median of the last ``window`` accepted norms; before ``min_history``
-  rounds were accepted, at most ``warmup_factor`` times the initial gradient scale (the norm of
-  the gradient at the initial model when the PS can compute it, else the first accepted norm
-  is bounded only by ``absolute_max``). Full-batch gradient descent shrinks the norm smoothly,
-  so an honest run stays far below these multiples; a scaled, replayed or blown-up vector that
-  leaves them is rejected.
+  ``factor`` times the median of the last ``window`` accepted nonzero norms; before
+  ``min_history`` such rounds, at most ``warmup_factor`` times the initial gradient scale (the
+  norm of the gradient at the initial model when the PS can compute it, else the first
+  accepted norm is bounded only by ``absolute_max``). Full-batch gradient descent shrinks the
+  norm smoothly, so an honest run stays far below these multiples; a scaled, replayed or
+  blown-up vector that leaves them is rejected.
 * :func:`oracle_check` -- when the PS computes the uncoded gradient anyway (``--verify``), a
   round the decoder calls exact must match it within the predicted decode error (times a
   safety factor). This catches everything, at the price of the PS computing the gradient.
@@ -267,20 +267,25 @@ class NormGuard:
         """Accepted norms, oldest first (at most ``window``)."""
         return tuple(self._accepted)
 
+    def _scale_history(self) -> list[float]:
+        # a zero gradient carries no scale: a converged (or idle) stretch must not make the
+        # next nonzero gradient look infinitely large
+        return [x for x in self._accepted if x > 0]
+
     def bound(self) -> float:
         """The largest norm the next round may have."""
-        if len(self._accepted) >= self.min_history:
-            b = self.factor * float(np.median(self._accepted))
-        elif self.initial_scale is not None:
+        hist = self._scale_history()
+        if len(hist) >= self.min_history:
+            b = self.factor * float(np.median(hist))
+        elif self.initial_scale is not None and self.initial_scale > 0:
             b = self.warmup_factor * self.initial_scale
-            if self._accepted:
-                b = max(b, self.warmup_factor * float(np.median(self._accepted)))
-        elif self._accepted:
-            b = self.warmup_factor * float(np.median(self._accepted))
+            if hist:
+                b = max(b, self.warmup_factor * float(np.median(hist)))
+        elif hist:
+            b = self.warmup_factor * float(np.median(hist))
         else:
             b = self.absolute_max
-        # an exactly-zero history (converged) must not reject the next round's rounding noise
-        return min(max(b, np.finfo(np.float64).tiny), self.absolute_max)
+        return min(b, self.absolute_max)
 
     def check(self, norm: float) -> Verdict:
         """Whether a gradient of this norm may be applied (does not record it)."""
@@ -298,9 +303,10 @@ class NormGuard:
         self._accepted.append(float(norm))
 
     def _describe(self) -> str:
-        if len(self._accepted) >= self.min_history:
-            return f"{self.factor:g} x median of the last {len(self._accepted)} accepted norms"
-        if self.initial_scale is not None or self._accepted:
+        hist = self._scale_history()
+        if len(hist) >= self.min_history:
+            return f"{self.factor:g} x median of the last {len(hist)} accepted nonzero norms"
+        if (self.initial_scale is not None and self.initial_scale > 0) or hist:
             return f"{self.warmup_factor:g} x the initial gradient scale"
         return "absolute maximum"
 
