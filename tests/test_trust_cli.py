@@ -138,8 +138,11 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path) -> None:
     real = runner.Worker
 
     class WrongSecret(real):  # type: ignore[misc, valid-type]
-        def __init__(self, worker_id: int, *, secret: bytes | None = None) -> None:
-            super().__init__(worker_id, secret=b"wrong" * 8)
+        def __init__(self, worker_id: int, **kw: object) -> None:
+            # whatever key the runner hands over (master secret or k_j), make it wrong
+            kw = {k: (b"wrong" * 8 if k in ("secret", "worker_key") else v)
+                  for k, v in kw.items()}
+            super().__init__(worker_id, **kw)
 
     runner.Worker = WrongSecret  # type: ignore[misc]
     try:
