@@ -14,8 +14,8 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
   file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
 * 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
   (wrong secret, config mismatch, task not allowed); the message says which.
-* 128 + signal number (130 SIGINT, 143 SIGTERM) -- stopped by a signal; ``run`` / ``ps`` still
-  write ``summary.json`` with the ``end_reason``.
+* 130 -- stopped by SIGINT or SIGTERM (``aiogc: interrupted by ...`` on stderr); ``run`` /
+  ``ps`` still write ``summary.json`` with the ``end_reason``.
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
 
 
+#: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
+EXIT_STOPPED = 130
+
+
 def _signal_exit(name: str) -> int:
-    """128 + the signal's number (the shell convention)."""
-    return 128 + int(getattr(signal, name, signal.SIGTERM))
+    """The exit status after a stop signal: 130 for SIGINT and SIGTERM alike."""
+    return EXIT_STOPPED
 
 
 def _port(s: str) -> int:
@@ -193,6 +197,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
         print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
+        print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
         return _signal_exit(exc.signal_name)
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
@@ -320,6 +325,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     print(format_summary(summary))
     print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
     if stopped:
+        print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
     return EXIT_OK if run_complete(summary, config.rounds, mode=config.mode) else EXIT_INCOMPLETE
 
