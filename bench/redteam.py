@@ -48,7 +48,6 @@ from aiogc.delays import materialise
 from aiogc.messages import CodedGradient
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.runner import make_ps
-from aiogc.tasks import make_task
 
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
 
