@@ -23,12 +23,14 @@ Invariants
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from ..coding.consistency import RoundGuard
 from ..config import RunConfig, scheme_digest
 from ..errors import (
     CodingError,
@@ -208,6 +210,11 @@ class ParameterServer(Endpoint):
         Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
     auth_deadline_s : float
         Seconds a new connection has to complete the handshake.
+    guard : bool
+        Check every decoded gradient before applying it (norm guard, two-way redundancy
+        decode, the oracle when ``verify_fn`` is set, model bound; see
+        :class:`aiogc.coding.consistency.RoundGuard`). A rejected round is recorded as failed
+        with the reason and counted as ``rejected_<check>``; the model is left unchanged.
     """
 
     def __init__(
@@ -225,6 +232,7 @@ class ParameterServer(Endpoint):
         nonce_fn: Callable[[], bytes] | None = None,
         keep_gradients: bool = False,
         auth_deadline_s: float = AUTH_DEADLINE_S,
+        guard: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
@@ -261,6 +269,10 @@ class ParameterServer(Endpoint):
         self._ping_bucket: dict[int, tuple[float, float]] = {}
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
         self.predicted_error = self._check_conditioning()
+        # verify_fn is not called here (it may read PS state that does not exist yet): with it,
+        # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
+        self.guard: RoundGuard | None = (
+            RoundGuard(self.model, predicted_error=self.predicted_error) if guard else None)
 
         self.phase = PSPhase.JOINING
         self._peers: dict[Hashable, _Peer] = {}
@@ -981,13 +993,39 @@ class ParameterServer(Endpoint):
                 rec.end_reason = reason
                 if self.keep_gradients:
                     rec.gradient = grad.copy()
-                self.model = w_prev - self.learning_rate * grad
+                if self.guard is None:
+                    self.model = w_prev - self.learning_rate * grad
+                elif not self._guarded_step(rec, grad, w_prev, state):
+                    grad = None
         self.records.append(rec)
         self._stage2.append((rec, grad, w_prev, self.model))
         # the next round starts now, after the decode: its t_start is a fresh clock reading
         now = now_fn()
         if self.phase is PSPhase.JOINING and self._round is None:
             self._after_round(rec, now)
+
+    def _guarded_step(self, rec: RoundRecord, grad: np.ndarray, w_prev: np.ndarray,
+                      state: np.ndarray) -> bool:
+        """Apply ``grad`` only if the round guard vouches for it; else fail the round."""
+        assert self.guard is not None
+        if self.verify_fn is not None:
+            # a PS that verifies never applies an unverified step: the oracle runs here,
+            # before the update, rather than with the analytics
+            rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
+        bad, new = self.guard.check(
+            scheme=self.scheme, coded=self._payload_rows, received=np.flatnonzero(state > 0),
+            dim=self.dim, gradient=grad, model=w_prev, learning_rate=self.learning_rate,
+            exact=rec.status == "exact", rel_error=rec.rel_error)
+        if bad is not None:
+            self.stats[f"rejected_{bad.check}"] += 1
+            self.stats["failed_rounds"] += 1
+            rec.status = "failed"
+            rec.end_reason = f"rejected by {bad.check} check: {bad.reason}"
+            return False
+        assert new is not None
+        self.guard.accept()
+        self.model = new
+        return True
 
     def _after_round(self, rec: RoundRecord, now: float) -> None:
         self._start_round(now)
@@ -1001,7 +1039,7 @@ class ParameterServer(Endpoint):
         self._analysing = rec.round
         try:
             if grad is not None:
-                if self.verify_fn is not None:
+                if self.verify_fn is not None and math.isnan(rec.rel_error):
                     rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
                 rec.oracle_elapsed_s = self._oracle(rec)
             if self.loss_fn is not None:
