@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aiogc.coding.partial import CoverageTracker
 from aiogc.config import RunConfig
 from aiogc.core import (
     ConnectionFailed,
@@ -590,14 +591,12 @@ def test_chunks_due_at_one_wakeup_give_one_cumulative_report() -> None:
 
 
 def test_coverage_counters_match_the_scheme() -> None:
-    from aiogc.core.ps import _Coverage
-
     cfg = _cfg(workers=12, delta=4, n_parts=2)
     scheme = cfg.build_scheme()
-    orders = [[int(c) for c in o] for o in scheme.orders]
     rng = np.random.default_rng(5)
     for _ in range(50):
-        cov = _Coverage(orders, scheme.n_chunks, scheme.n_parts)
+        cov = scheme.progress_tracker()  # the scheme's own incremental rule
+        assert isinstance(cov, CoverageTracker)
         state = [0] * scheme.m
         for _ in range(40):
             j = int(rng.integers(scheme.m))

@@ -399,5 +399,5 @@ class PartialScheme(SchemeBase):
             coef.append(bj / den if den > 0 else 0.0)
         X = chunk_grads[:cj]
         if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
-            return np.array(coef) @ X  # encode_rows' product for ell = 1, without its checks
+            return np.asarray(np.array(coef) @ X)  # encode_rows' product for ell = 1, unchecked
         return encode_rows(np.array(coef)[:, None], chunk_grads, 1)
