@@ -97,14 +97,21 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
     compute_s = time.monotonic() - t0
     back = read_csv(path / f"{name}.csv")
     head = exp.summarise(back)
-    exp.plot(back, path / f"{name}.png")
+    png: str | None = f"{name}.png"
+    try:
+        exp.plot(back, path / f"{name}.png")
+    except ImportError as exc:  # the plot extra is optional; the CSV and JSON still stand
+        print(f"aiogc experiment {name}: figure skipped ({exc}); install the 'plot' extra",
+              file=sys.stderr)
+        png = None
     meta = {
         "experiment": name,
         "command": f"aiogc experiment {name} --out {path}" + (" --quick" if quick else "")
                    + f" --seed {seed}",
         "quick": quick, "seed": seed, "grid": exp.grid,
         "wall_s": round(time.monotonic() - t0, 2), "compute_s": round(compute_s, 2),
-        "rows": len(rows), "python": sys.version.split()[0], "platform": platform.platform(),
+        "rows": len(rows), "csv": f"{name}.csv", "png": png,
+        "python": sys.version.split()[0], "platform": platform.platform(),
         "headline": head,
     }
     (path / f"{name}.json").write_text(json.dumps(_json_safe(meta), indent=2) + "\n")

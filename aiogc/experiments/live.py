@@ -4,6 +4,7 @@ the machine, not bit for bit; the simulated halves are deterministic."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ from ._common import (
     boot_rng,
     code_rng,
     delay_seed,
-    mean_ci,
     plt,
     ratio_of_means_ci,
     save,
@@ -359,7 +359,8 @@ def train_plot(rows: list[Row], path: Path) -> None:
     colors = {"partial": "C0", "original": "C3", "uncoded": "C7", "ignore-stragglers": "C2"}
     for ax, key in zip(axes, ("loss", "accuracy"), strict=True):
         for name, curve in _curves(rows, key, t).items():
-            with np.errstate(all="ignore"):
+            with warnings.catch_warnings():  # before a seed's first round ends: all-NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
                 ax.plot(t, np.nanmedian(curve, axis=0), color=colors[name], label=name)
                 ax.fill_between(t, np.nanmin(curve, axis=0), np.nanmax(curve, axis=0),
                                 color=colors[name], alpha=0.2, lw=0)
@@ -403,4 +404,3 @@ TRAINING = Experiment(
     "ℓ=1, straggle:0.25,4,exp:0.01, 60 rounds, partial / original / uncoded / "
     "ignore-stragglers, worker processes on loopback, 3 seeds (quick: m=6, 4 rounds, 1 seed)")
 
-__all__ = ["LATENCY", "LIVE_VS_SIM", "TRAINING", "mean_ci"]

@@ -269,8 +269,8 @@ def partial_decode_error(Bu: np.ndarray, digits: int, rng: np.random.Generator) 
     the float64 entries of ``B_U`` are exact rationals)."""
     n = Bu.shape[0]
     x = [Fraction(int(v), 1000) for v in rng.integers(-1000, 1001, size=n)]
-    F = [[Fraction(float(v)) for v in row] for row in Bu]
-    b = [sum(F[i][j] * x[j] for j in range(n)) for i in range(n)]
+    F = [[Fraction(float(Bu[i, j])) for j in range(n)] for i in range(n)]
+    b = [sum((F[i][j] * x[j] for j in range(n)), Fraction(0)) for i in range(n)]
     ctx = Context(prec=digits)
     with localcontext(ctx):
         est = _solve([[_dec(v, ctx) for v in row] for row in F], [_dec(v, ctx) for v in b], ctx)
@@ -317,7 +317,8 @@ def digits_plot(rows: list[Row], path: Path) -> None:
                            marker="o", ms=3, color=f"C{i}",
                            label=f"{'polynomial' if name[0] == 'o' else 'partial'}, "
                                  f"m={sel[0]['m']} (degree {deg})")[0]
-            ax.fill_between(d, [max(r["rel_error_min"], 1e-70) for r in sel],
+            # an error of exactly 0 (the solve happened to be exact) has no place on a log axis
+            ax.fill_between(d, [r["rel_error_min"] or r["rel_error_median"] for r in sel],
                             [min(max(r["rel_error_max"], 1e-70), 1e3) for r in sel],
                             color=line.get_color(), alpha=0.15, lw=0)
     ax.axvline(15.95, color="grey", lw=0.8, ls="--")
