@@ -268,7 +268,7 @@ def partial_decode_error(Bu: np.ndarray, digits: int, rng: np.random.Generator) 
     """Relative error of solving ``B_U x = b`` at ``digits`` digits (exact ``x`` chosen first;
     the float64 entries of ``B_U`` are exact rationals)."""
     n = Bu.shape[0]
-    x = [Fraction(int(v), 1000) for v in rng.integers(-1000, 1001, size=n)]
+    x = [Fraction(int(v), 1000) for v in np.asarray(rng.integers(-1000, 1001, size=n)).tolist()]
     F = [[Fraction(float(Bu[i, j])) for j in range(n)] for i in range(n)]
     b = [sum((F[i][j] * x[j] for j in range(n)), Fraction(0)) for i in range(n)]
     ctx = Context(prec=digits)
