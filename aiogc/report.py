@@ -100,7 +100,7 @@ def _csv_table(path: Path, limit: int = MAX_ROWS) -> str:
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, [])
-        rows = []
+        rows: list[list[str]] = []
         total = 0
         for r in reader:
             total += 1
