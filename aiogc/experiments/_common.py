@@ -230,3 +230,14 @@ def band(ax: Any, x: Sequence[float], est: Sequence[float], lo: Sequence[float],
 
 def col(rows: Sequence[Row], key: str) -> list[Any]:
     return [r[key] for r in rows]
+
+
+def mse_floor(ax: Any, means: Sequence[float]) -> None:
+    """Put a log axis' floor a decade under the smallest mean MSE above round-off.
+
+    A round in which the exact trigger fired has an MSE of ~1e-31 (round-off); intervals that
+    reach it would squash every other curve, so the axis stops at the floor (said in the
+    docs)."""
+    real = [m for m in means if m is not None and m > 1e-20]
+    if real:
+        ax.set_ylim(bottom=max(1e-12, 0.1 * min(real)))

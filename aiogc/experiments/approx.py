@@ -23,6 +23,7 @@ from ._common import (
     code_rng,
     delay_seed,
     mean_ci,
+    mse_floor,
     plt,
     ratio_of_means_ci,
     save,
@@ -92,6 +93,8 @@ def _plot_cells(rows: list[Row], path: Path, panels: list[tuple[str, dict[str, A
         ax.set_title(label)
         ax.set_xlabel("deadline T (s)")
         ax.legend()
+    mse_floor(axes[0, 0], [r["mse_mean"] for r in rows])  # shared y axis
+    axes[0, 0].set_ylim(top=2.0)
     axes[0, 0].set_ylabel("mean MSE  ||ĝ-g||²/||g||²")
     fig.suptitle(title)
     save(fig, path)

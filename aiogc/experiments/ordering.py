@@ -23,6 +23,7 @@ from ._common import (
     code_rng,
     delay_seed,
     mean_ci,
+    mse_floor,
     plt,
     ratio_of_means_ci,
     save,
@@ -141,6 +142,8 @@ def plot(rows: list[Row], path: Path) -> None:
         axes[a, 1].set_xlabel("ℓ")
         for k, ell in enumerate(MSE_ELLS):
             axes[a, 2 + k].set_yscale("log")
+            mse_floor(axes[a, 2 + k], [r["mse_mean"] for r in select(
+                rows, m=m, delta=delta, family=family, kind="mse", ell=ell)])
             axes[a, 2 + k].set_title(f"MSE vs T, ℓ={ell}")
             axes[a, 2 + k].set_xlabel("T (s)")
         axes[a, 0].legend()
