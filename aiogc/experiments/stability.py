@@ -32,7 +32,7 @@ from ._common import Experiment, Row, code_rng, delay_seed, plt, save, select
 # ------------------------------------------------------------------------------ stability
 
 VARIANTS = (("original", "polynomial"), ("partial", "frame"), ("partial", "gaussian"))
-COND_GRID = ((20, 6, 3), (40, 8, 4), (64, 8, 4), (96, 12, 6))
+COND_GRID = ((20, 6, 3), (40, 8, 4), (64, 8, 4), (96, 12, 6), (256, 16, 4))
 
 
 def grid(quick: bool) -> dict[str, Any]:
