@@ -60,8 +60,11 @@ def _cell(family: str, m: int, delta: int, g: dict[str, Any], seed: int, key: in
         A = None
         for ell in range(1, delta + 1):
             for o in ORDERINGS:
+                # the frame B only where the MSE needs it; times do not depend on B
                 s: Any = make_scheme("partial", m=m, delta=delta, n_parts=ell,
-                                     assignment=family, ordering=o, rng=code_rng(seed, c))
+                                     assignment=family, ordering=o,
+                                     decoding="frame" if ell in MSE_ELLS else "gaussian",
+                                     rng=code_rng(seed, c))
                 if A is None:
                     A = s.A
                 if not np.array_equal(A, s.A):  # one assignment per instance, whatever the order

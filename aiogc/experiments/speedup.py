@@ -48,8 +48,12 @@ def compute(quick: bool, seed: int) -> list[Row]:
                     sched = materialise(delay, rounds=R, m=m, max_chunks=delta,
                                         seed=delay_seed(seed, c))
                     for name in ends:
+                        # Round times depend on the assignment and the orders only, not on
+                        # B (B is drawn after the orders from the same generator), so the cheap
+                        # Gaussian B gives the same times as the frame search at ~1/100 the cost.
                         s = make_scheme(name, m=m, delta=delta, n_parts=ell,
-                                        assignment=assignment, rng=code_rng(seed, c))
+                                        assignment=assignment, decoding="gaussian",
+                                        rng=code_rng(seed, c))
                         ends[name][c] = exact_times(s, sched)[1]
                 rng = boot_rng(seed, a_i, d_i, ell)
                 sp, sp_lo, sp_hi = ratio_of_means_ci(ends["original"], ends["partial"], rng=rng)
