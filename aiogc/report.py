@@ -18,6 +18,7 @@ import base64
 import csv
 import html
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ th,td{border:1px solid #dde1e8;padding:2px 7px;text-align:right}
 th{background:#eef1f5}td.k,th.k{text-align:left}
 img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
 .muted{color:#667085;font-size:12px}details{margin:6px 0}
+nav{margin:14px 0 0}nav a{margin-right:10px}
 footer{max-width:1100px;margin:0 auto;padding:0 24px 30px;color:#667085;font-size:12px}
 #aiogc-check.ok{color:#137333}#aiogc-check.bad{color:#b3261e;font-weight:bold}
 """
@@ -136,8 +138,11 @@ def _load_json(path: Path) -> Any:
 
 
 def _experiment_sections(d: Path) -> list[str]:
+    from .experiments import EXPERIMENTS
+
+    rank = {name: i for i, name in enumerate(EXPERIMENTS)}
     out = []
-    for meta_path in sorted(d.glob("*.json")):
+    for meta_path in sorted(d.glob("*.json"), key=lambda p: (rank.get(p.stem, 99), p.stem)):
         meta = _load_json(meta_path)
         if not isinstance(meta, dict) or "experiment" not in meta or "headline" not in meta:
             continue
@@ -228,6 +233,10 @@ def build_report(directory: str | Path) -> str:
         raise ConfigError("report", str(directory),
                           "a run directory (manifest.json) or an experiment directory "
                           "(NAME.json from aiogc experiment)")
+    names = [m.group(1) for sec in sections
+             for m in [re.match(r'<section id="([^"]+)"><h2>([^<]*)</h2>', sec)] if m]
+    toc = "".join(f'<a href="#{n}">{_e(n.removeprefix("exp-"))}</a> ' for n in names)
+    sections.insert(0, f'<nav class="muted">Contents: {toc}</nav>')
     title = f"aiogc report: {d.resolve().name}"
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return (
