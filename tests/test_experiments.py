@@ -209,12 +209,20 @@ def test_training_quick_live_processes_real_data(tmp_path: Path) -> None:
                                             "ignore-stragglers"}
     assert {r["task"] for r in rows} == {"logreg:breast-cancer"}
     for name in ("partial", "original", "uncoded"):
-        sel = [r for r in rows if r["scheme"] == name]
+        init = [r for r in rows if r["scheme"] == name and r["round"] == -1]
+        assert len(init) == 1 and init[0]["loss"] == pytest.approx(np.log(2))  # w = 0
+        sel = [r for r in rows if r["scheme"] == name and r["round"] >= 0]
         assert len(sel) == 4
         assert sel[-1]["loss"] < sel[0]["loss"] < np.log(2)  # descending from w = 0
         assert all(np.isclose(r["loss"], r["loss_logged"], rtol=1e-6) for r in sel)
         assert sel[-1]["accuracy"] > 0.8
     assert set(head) >= {"partial", "original", "uncoded", "ignore-stragglers"}
+    # every exactly decoding scheme follows the same loss path round by round
+    paths = {n: [r["loss"] for r in rows if r["scheme"] == n] for n in
+             ("partial", "original", "uncoded")}
+    assert np.allclose(paths["partial"], paths["original"], rtol=1e-9)
+    assert np.allclose(paths["uncoded"], paths["original"], rtol=1e-9)
+    assert head["partial"]["reached_target"] == "1/1"
 
 
 def test_live_vs_sim_quick_runs_and_itemises(tmp_path: Path) -> None:
