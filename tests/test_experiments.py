@@ -283,3 +283,23 @@ def test_round_times_do_not_depend_on_b(assignment: str) -> None:
                                      rng=code_rng(1, 2)), sched)[1]
              for dec in ("frame", "gaussian")]
         assert np.array_equal(t[0], t[1])
+
+
+def test_breast_cancer_task_is_the_documented_file() -> None:
+    """The shipped real data set: the bytes whose provenance aiogc/data/README.md records."""
+    import hashlib
+    import importlib.resources
+
+    from aiogc.tasks import load_breast_cancer, make_task
+
+    raw = importlib.resources.files("aiogc").joinpath("data", "breast_cancer.csv").read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    readme = (Path(__file__).resolve().parents[1] / "aiogc" / "data" / "README.md").read_text()
+    assert digest in readme
+    X, y = load_breast_cancer()
+    assert X.shape == (569, 30) and y.shape == (569,)
+    assert int((y == 0).sum()) == 212 and int((y == 1).sum()) == 357
+    assert np.allclose(X.mean(axis=0), 0, atol=1e-12) and np.allclose(X.std(axis=0), 1)
+    t = make_task("logreg:breast-cancer", 8, 1)
+    assert t.spec == "logreg:breast-cancer" and t.dim == 31  # 30 features + bias
+    assert make_task(t.spec, 8, 1).loss(t.initial_model()) == t.loss(t.initial_model())
