@@ -385,6 +385,10 @@ def train_plot(rows: list[Row], path: Path) -> None:
         ax.set_xlabel("wall-clock time (s)")
         ax.set_ylabel("training " + ("log-loss" if key == "loss" else "accuracy"))
         ax.legend()
+    # the initial model (w = 0) scores the majority-class share; the interesting part is above
+    lo_acc = min(r["accuracy"] for r in rows if r["round"] >= 2) if rows else 0.0
+    axes[1].set_ylim(max(0.0, lo_acc - 0.01), 1.0)
+    axes[1].set_ylabel("training accuracy")
     if rows:
         r0 = rows[0]
         n_seeds = len({r["seed"] for r in rows})
