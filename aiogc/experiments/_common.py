@@ -214,7 +214,8 @@ def plt() -> Any:
 
 
 def save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
+    # constrained layout makes room for a suptitle (tight_layout lets it overlap the top row)
+    fig.set_layout_engine("constrained")
     fig.savefig(path, dpi=80)
     import matplotlib.pyplot as pyplot
 
