@@ -254,7 +254,14 @@ def poly_decode_error(degree: int, s: int, ell: int, digits: int, rng: np.random
 
 
 def partial_worst_solve(m: int, delta: int, ell: int, seed: int) -> np.ndarray:
-    """The partial scheme's worst ``ell x ell`` submatrix ``B_U`` (frame B, cyclic)."""
+    """The partial scheme's worst ``ell x ell`` submatrix ``B_U`` (frame B, cyclic).
+
+    Returns
+    -------
+    B_U : ndarray of float64, shape (ell, ell)
+        The submatrix of ``B`` (columns: an ``ell``-subset of some chunk's holders) with the
+        largest 2-norm condition number.
+    """
     A = cyclic_assignment(m, delta)
     B = decoding_matrix(A, ell, "frame", code_rng(seed, 0))
     subs = {tuple(c) for i in range(A.shape[0])
@@ -265,8 +272,22 @@ def partial_worst_solve(m: int, delta: int, ell: int, seed: int) -> np.ndarray:
 
 
 def partial_decode_error(Bu: np.ndarray, digits: int, rng: np.random.Generator) -> float:
-    """Relative error of solving ``B_U x = b`` at ``digits`` digits (exact ``x`` chosen first;
-    the float64 entries of ``B_U`` are exact rationals)."""
+    """Relative error of solving ``B_U x = b`` at ``digits`` digits.
+
+    Parameters
+    ----------
+    Bu : ndarray, shape (n, n)
+        Its float64 entries are taken as the exact rationals they are.
+    digits : int
+        Significant decimal digits of every operation.
+    rng : numpy.random.Generator
+        Draws the exact solution ``x`` (multiples of 1/1000 in [-1, 1]).
+
+    Returns
+    -------
+    float
+        ``||x_hat - x|| / ||x||``.
+    """
     n = Bu.shape[0]
     x = [Fraction(int(v), 1000) for v in np.asarray(rng.integers(-1000, 1001, size=n)).tolist()]
     F = [[Fraction(float(Bu[i, j])) for j in range(n)] for i in range(n)]
