@@ -196,10 +196,13 @@ def _run_sections(d: Path) -> list[str]:
         summary = _load_json(sum_path)
         schemes = summary.get("schemes", {}) if isinstance(summary, dict) else {}
         speed = summary.get("speedup_vs_original", {}) if isinstance(summary, dict) else {}
-        rows = [[name, *[s.get(k) for k, _ in _SUMMARY_COLS], speed.get(name)]
-                for name, s in schemes.items()]
+        # a run that ended early says why (summary field written by newer runners)
+        extra = [k for k in ("end_reason",) if any(k in s for s in schemes.values())]
+        rows = [[name, *[s.get(k) for k, _ in _SUMMARY_COLS], speed.get(name),
+                 *[s.get(k, "") for k in extra]] for name, s in schemes.items()]
         parts.append("<h3>Summary</h3>")
-        parts.append(_table(["scheme", *[h for _, h in _SUMMARY_COLS], "speedup"], rows))
+        parts.append(_table(["scheme", *[h for _, h in _SUMMARY_COLS], "speedup", *extra],
+                            rows))
         reasons = {k: v for k, v in summary.items() if "reason" in k} \
             if isinstance(summary, dict) else {}
         if reasons:

@@ -303,3 +303,27 @@ def test_breast_cancer_task_is_the_documented_file() -> None:
     t = make_task("logreg:breast-cancer", 8, 1)
     assert t.spec == "logreg:breast-cancer" and t.dim == 31  # 30 features + bias
     assert make_task(t.spec, 8, 1).loss(t.initial_model()) == t.loss(t.initial_model())
+
+
+def test_rerun_reproduces_the_csv_exactly(tmp_path: Path) -> None:
+    """Deterministic experiments (everything but the live halves): same seed, same bytes,
+    intervals included (the bootstrap is seeded too)."""
+    run_experiment("exact-speedup", tmp_path / "a", quick=True, seed=3)
+    run_experiment("exact-speedup", tmp_path / "b", quick=True, seed=3)
+    a = (tmp_path / "a" / "exact-speedup.csv").read_bytes()
+    assert a == (tmp_path / "b" / "exact-speedup.csv").read_bytes()
+    run_experiment("exact-speedup", tmp_path / "c", quick=True, seed=4)
+    assert a != (tmp_path / "c" / "exact-speedup.csv").read_bytes()
+
+
+def test_without_matplotlib_the_csv_and_json_stand_and_it_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    run_experiment("poly-digits", tmp_path, quick=True, seed=1)
+    assert (tmp_path / "poly-digits.csv").stat().st_size > 0
+    assert not (tmp_path / "poly-digits.png").exists()
+    assert _meta(tmp_path, "poly-digits")["png"] is None
+    assert "figure skipped" in capsys.readouterr().err
