@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from . import approx, live, ordering, speedup, stability
 from ._common import Experiment, read_csv, write_csv
 
-__all__ = ["EXPERIMENTS", "Experiment", "replot", "run_experiment"]
+__all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
 
 _ALL: tuple[Experiment, ...] = (
     speedup.EXPERIMENT,
@@ -125,3 +125,18 @@ def replot(name: str, out: str | Path) -> Path:
     png = path / f"{name}.png"
     exp.plot(read_csv(path / f"{name}.csv"), png)
     return png
+
+
+def refresh(name: str, out: str | Path) -> dict[str, Any]:
+    """Redraw ``NAME.png`` and recompute the headline in ``NAME.json`` from ``NAME.csv`` (after
+    a change to the analysis or the figure; nothing is re-run). Returns the headline."""
+    exp = _check(name, 0)
+    path = Path(out)
+    rows = read_csv(path / f"{name}.csv")
+    head = exp.summarise(rows)
+    exp.plot(rows, path / f"{name}.png")
+    meta_path = path / f"{name}.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"experiment": name}
+    meta["headline"] = head
+    meta_path.write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
+    return head

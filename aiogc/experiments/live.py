@@ -90,9 +90,18 @@ def lvs_summarise(rows: list[Row]) -> dict[str, Any]:
             lm = float(np.mean([x["live_round_s"] for x in sel]))
             sm = float(np.mean([x["sim_round_s"] for x in sel]))
             cm = float(np.mean([x["sim_calibrated_round_s"] for x in sel]))
+            # paired by round: the interval of live/sim over the rounds of this one run
+            live_r = np.array([[x["live_round_s"] for x in sel]])
+            gap = ratio_of_means_ci(live_r, np.array([[x["sim_round_s"] for x in sel]]),
+                                    rng=boot_rng(0, len(name), len(loop)))
+            gap_cal = ratio_of_means_ci(
+                live_r, np.array([[x["sim_calibrated_round_s"] for x in sel]]),
+                rng=boot_rng(1, len(name), len(loop)))
             head[f"{name}|{loop}"] = {
                 "rounds": len(sel), "live_mean_s": lm, "sim_mean_s": sm,
                 "rel_gap": (lm - sm) / sm if sm else None,
+                "rel_gap_ci": [gap[1] - 1, gap[2] - 1],
+                "rel_gap_calibrated_ci": [gap_cal[1] - 1, gap_cal[2] - 1],
                 "latency_calibrated_s": sel[0]["latency_calibrated_s"],
                 "sim_calibrated_mean_s": cm,
                 "rel_gap_calibrated": (lm - cm) / cm if cm else None,
