@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aiogc.errors import ConfigError
-from aiogc.experiments import EXPERIMENTS, replot, run_experiment
+from aiogc.experiments import EXPERIMENTS, refresh, replot, run_experiment
 from aiogc.experiments._common import (
     mean_ci,
     ratio_of_means_ci,
@@ -258,6 +258,9 @@ def test_replot_needs_only_the_csv(tmp_path: Path) -> None:
     (tmp_path / "poly-digits.json").unlink()
     assert replot("poly-digits", tmp_path) == png
     assert png.stat().st_size > 0
+    head = refresh("poly-digits", tmp_path)  # headline back from the CSV alone
+    assert _meta(tmp_path, "poly-digits")["headline"] == json.loads(json.dumps(head))
+    assert head["digits_for_1e-6"]
 
 
 def test_every_experiment_is_documented() -> None:
