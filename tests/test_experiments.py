@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,8 +29,9 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def _meta(path: Path, name: str) -> dict:
-    return json.loads((path / f"{name}.json").read_text())
+def _meta(path: Path, name: str) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / f"{name}.json").read_text())
+    return meta
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -64,7 +66,8 @@ def test_constant_samples_give_a_zero_width_interval() -> None:
 
 
 def test_csv_round_trip_types(tmp_path: Path) -> None:
-    rows = [{"a": 1, "b": 0.5, "c": "x", "d": True, "e": None}, {"a": 2, "b": 1e-30}]
+    rows: list[dict[str, Any]] = [{"a": 1, "b": 0.5, "c": "x", "d": True, "e": None},
+                                  {"a": 2, "b": 1e-30}]
     write_csv(tmp_path / "t.csv", rows)
     back = read_csv(tmp_path / "t.csv")
     assert back[0] == {"a": 1, "b": 0.5, "c": "x", "d": True, "e": None}

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ def _chromium() -> str:
     pytest.skip("no chromium on this machine (apt-get install chromium)")
 
 
-def _render(page: Path, profile: Path) -> tuple[dict, list[str]]:
+def _render(page: Path, profile: Path) -> tuple[dict[str, Any], list[str]]:
     """Load ``page`` in headless Chromium; the page's own self-check result and every console
     line Chromium logged."""
     proc = subprocess.run(
@@ -103,7 +104,7 @@ def _render(page: Path, profile: Path) -> tuple[dict, list[str]]:
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = re.search(r'id="aiogc-check" data-result="([^"]*)"', proc.stdout)
     assert m, "the report's self-check did not run: " + proc.stdout[-500:]
-    result = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    result: dict[str, Any] = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     console = [ln for ln in proc.stderr.splitlines() if ":CONSOLE" in ln]
     return result, console
 

@@ -8,6 +8,7 @@ assignment (checked), so differences come from the ordering alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,53 +44,71 @@ def grid(quick: bool) -> dict[str, Any]:
             "deadline_fracs": [0.25, 0.5, 0.75, 1.0, 1.25], "random_draws": 50}
 
 
-def _cell(family: str, m: int, delta: int, g: dict[str, Any], seed: int, key: int
-          ) -> list[Row]:
+@dataclass
+class _Samples:
+    """Per-trial samples of one (family, m, δ) cell: instance index first."""
+
+    qm: dict[tuple[int, str], np.ndarray]  # (ell, order) -> (C,) Q_max
+    q_draws: dict[int, np.ndarray]  # ell -> (C,) mean Q_max of the extra random draws
+    end: dict[tuple[int, str], np.ndarray]  # (ell, order) -> (C, R) exact completion times
+    mse: dict[tuple[int, float, str], np.ndarray]  # (ell, T, order) -> (C, Rm) MSE
+
+
+def _instance(s: _Samples, c: int, family: str, m: int, delta: int, g: dict[str, Any],
+              seed: int, deadlines: list[float]) -> None:
+    """Fill instance ``c`` of ``s``: every ℓ and ordering on one assignment draw."""
     from ..sim.fast import exact_times, mse_of_states, outcomes
 
+    sched = materialise("exp:1.0", rounds=g["trials"], m=m, max_chunks=delta,
+                        seed=delay_seed(seed, c))
+    sub = materialise("exp:1.0", rounds=g["mse_trials"], m=m, max_chunks=delta,
+                      seed=delay_seed(seed, c))
+    A = None
+    for ell in range(1, delta + 1):
+        for o in ORDERINGS:
+            # the frame B only where the MSE needs it; times do not depend on B
+            sch: Any = make_scheme("partial", m=m, delta=delta, n_parts=ell,
+                                   assignment=family, ordering=o,
+                                   decoding="frame" if ell in MSE_ELLS else "gaussian",
+                                   rng=code_rng(seed, c))
+            A = sch.A if A is None else A
+            if not np.array_equal(A, sch.A):  # one assignment per instance, whatever the order
+                raise AssertionError("orderings did not share the assignment")
+            s.qm[ell, o][c] = sch.q_max()
+            s.end[ell, o][c] = exact_times(sch, sched)[1]
+            if o == "random":
+                s.q_draws[ell][c] = np.mean([q_max(sch.A, random_order(
+                    sch.A, np.random.default_rng([seed, 77, c, t])), ell)
+                    for t in range(g["random_draws"])])
+            for T in deadlines if ell in MSE_ELLS else []:
+                states = outcomes(sch, sub, mode="approx", deadline_s=T)[3]
+                s.mse[ell, T, o][c] = mse_of_states(sch, states, seed=delay_seed(seed, c))
+
+
+def _cell(family: str, m: int, delta: int, g: dict[str, Any], seed: int, key: int
+          ) -> list[Row]:
     C, R, Rm = g["instances"], g["trials"], g["mse_trials"]
     deadlines = [delta * f for f in g["deadline_fracs"]]
-    qm = {(e, o): np.empty(C) for e in range(1, delta + 1) for o in ORDERINGS}
-    q50 = {e: np.empty(C) for e in range(1, delta + 1)}
-    end = {(e, o): np.empty((C, R)) for e in range(1, delta + 1) for o in ORDERINGS}
-    mse = {(e, T, o): np.empty((C, Rm)) for e in MSE_ELLS for T in deadlines for o in ORDERINGS}
+    ells = range(1, delta + 1)
+    s = _Samples({(e, o): np.empty(C) for e in ells for o in ORDERINGS},
+                 {e: np.empty(C) for e in ells},
+                 {(e, o): np.empty((C, R)) for e in ells for o in ORDERINGS},
+                 {(e, T, o): np.empty((C, Rm)) for e in MSE_ELLS for T in deadlines
+                  for o in ORDERINGS})
     for c in range(C):
-        sched = materialise("exp:1.0", rounds=R, m=m, max_chunks=delta, seed=delay_seed(seed, c))
-        sub = materialise("exp:1.0", rounds=Rm, m=m, max_chunks=delta,
-                          seed=delay_seed(seed, c))
-        A = None
-        for ell in range(1, delta + 1):
-            for o in ORDERINGS:
-                # the frame B only where the MSE needs it; times do not depend on B
-                s: Any = make_scheme("partial", m=m, delta=delta, n_parts=ell,
-                                     assignment=family, ordering=o,
-                                     decoding="frame" if ell in MSE_ELLS else "gaussian",
-                                     rng=code_rng(seed, c))
-                if A is None:
-                    A = s.A
-                if not np.array_equal(A, s.A):  # one assignment per instance, whatever the order
-                    raise AssertionError("orderings did not share the assignment")
-                qm[ell, o][c] = s.q_max()
-                end[ell, o][c] = exact_times(s, sched)[1]
-                if o == "random":
-                    q50[ell][c] = np.mean([q_max(s.A, random_order(
-                        s.A, np.random.default_rng([seed, 77, c, t])), ell)
-                        for t in range(g["random_draws"])])
-                if ell in MSE_ELLS:
-                    for T in deadlines:
-                        states = outcomes(s, sub, mode="approx", deadline_s=T)[3]
-                        mse[ell, T, o][c] = mse_of_states(s, states, seed=delay_seed(seed, c))
+        _instance(s, c, family, m, delta, g, seed, deadlines)
     rows: list[Row] = []
     base = {"family": family, "m": m, "delta": delta, "instances": C}
-    for ell in range(1, delta + 1):
+    for ell in ells:
         rng = boot_rng(seed, key, ell)
         for o in ORDERINGS:
-            mu, lo, hi = mean_ci(end[ell, o], rng=rng)
-            gain = ratio_of_means_ci(end[ell, "random"], end[ell, o], rng=rng)
+            mu, lo, hi = mean_ci(s.end[ell, o], rng=rng)
+            gain = ratio_of_means_ci(s.end[ell, "random"], s.end[ell, o], rng=rng)
             rows.append({**base, "kind": "exact", "ell": ell, "ordering": o, "trials": R,
-                         "q_max_mean": float(qm[ell, o].mean()),
-                         "q_max_min": int(qm[ell, o].min()), "q_max_max": int(qm[ell, o].max()),
-                         "q_max_random_draws_mean": float(q50[ell].mean()),
+                         "q_max_mean": float(s.qm[ell, o].mean()),
+                         "q_max_min": int(s.qm[ell, o].min()),
+                         "q_max_max": int(s.qm[ell, o].max()),
+                         "q_max_random_draws_mean": float(s.q_draws[ell].mean()),
                          "completion_mean": mu, "completion_lo": lo, "completion_hi": hi,
                          "random_over_this": gain[0], "random_over_this_lo": gain[1],
                          "random_over_this_hi": gain[2]})
@@ -97,8 +116,8 @@ def _cell(family: str, m: int, delta: int, g: dict[str, Any], seed: int, key: in
         for t_i, T in enumerate(deadlines):
             rng = boot_rng(seed, key, 100 + ell, t_i)
             for o in ORDERINGS:
-                mu, lo, hi = mean_ci(mse[ell, T, o], rng=rng)
-                gain = ratio_of_means_ci(mse[ell, T, "random"], mse[ell, T, o], rng=rng)
+                mu, lo, hi = mean_ci(s.mse[ell, T, o], rng=rng)
+                gain = ratio_of_means_ci(s.mse[ell, T, "random"], s.mse[ell, T, o], rng=rng)
                 rows.append({**base, "kind": "mse", "ell": ell, "ordering": o,
                              "trials": Rm, "deadline": T, "mse_mean": mu, "mse_lo": lo,
                              "mse_hi": hi, "random_over_this": gain[0],
