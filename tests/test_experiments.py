@@ -333,3 +333,13 @@ def test_without_matplotlib_the_csv_and_json_stand_and_it_says_so(
     assert not (tmp_path / "poly-digits.png").exists()
     assert _meta(tmp_path, "poly-digits")["png"] is None
     assert "figure skipped" in capsys.readouterr().err
+
+
+def test_breast_cancer_is_a_builtin_task_for_remote_workers() -> None:
+    """It ships inside the package, so a worker may build it from the PS's config like
+    logreg:builtin (no file path, no code from the wire)."""
+    from aiogc.tasks import task_kind
+    from aiogc.worker_setup import TaskPolicy
+
+    assert task_kind("logreg:breast-cancer") == ("logreg-builtin", None)
+    TaskPolicy().check("logreg:breast-cancer")  # raises TaskNotAllowed otherwise
