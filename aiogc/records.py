@@ -623,7 +623,7 @@ def summarize(
         name: (orig / s["round_time_mean_s"] if orig and s["round_time_mean_s"] else None)
         for name, s in schemes.items()
     }
-    return to_jsonable(
+    summary: dict[str, Any] = to_jsonable(
         {
             "schemes": schemes,
             "speedup": orig / part if orig and part else None,
@@ -633,6 +633,7 @@ def summarize(
             "ok": not any(s["failure"] for s in schemes.values()),
         }
     )
+    return summary
 
 
 # ------------------------------------------------------------------------------ reading back

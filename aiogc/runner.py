@@ -95,7 +95,8 @@ def git_sha() -> str | None:
 
 
 def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                   *, mode: str, loop: str, verify: bool, argv: Sequence[str] | None) -> dict:
+                   *, mode: str, loop: str, verify: bool,
+                   argv: Sequence[str] | None) -> dict[str, Any]:
     from .coding import worst_condition_number
 
     per_scheme: dict[str, Any] = {}

@@ -166,7 +166,7 @@ class _DataTask:
     learning_rate: float
 
     def __init__(self, X: np.ndarray, y: np.ndarray, n_chunks: int, shuffle_seed: int) -> None:
-        n = X.shape[0]
+        n = int(X.shape[0])
         if n_chunks > n:
             raise ConfigError("n_chunks", n_chunks, f"<= {n}, the number of samples")
         perm = np.random.default_rng(shuffle_seed).permutation(n)
@@ -247,7 +247,8 @@ class LinearRegression(_DataTask):
     @functools.cached_property
     def w_star(self) -> np.ndarray:
         """The minimum-norm least-squares solution."""
-        return np.linalg.lstsq(self.X, self.y, rcond=None)[0]
+        w: np.ndarray = np.linalg.lstsq(self.X, self.y, rcond=None)[0]
+        return w
 
     @functools.cached_property
     def optimal_loss(self) -> float:
@@ -278,13 +279,15 @@ class LinearRegression(_DataTask):
 
     def full_gradient(self, w: np.ndarray) -> np.ndarray:
         """``X^T (X w - y) / n``: shape ``(dim,)``."""
-        return self.X.T @ (self.X @ self._check_w(w) - self.y) / self.n_samples
+        g: np.ndarray = self.X.T @ (self.X @ self._check_w(w) - self.y) / self.n_samples
+        return g
 
     def chunk_gradient(self, chunk: int, w: np.ndarray) -> np.ndarray:
         """``X_i^T (X_i w - y_i) / n`` over the chunk's rows: shape ``(dim,)``."""
         rows = self.chunk_rows(chunk)
         Xi = self.X[rows]
-        return Xi.T @ (Xi @ self._check_w(w) - self.y[rows]) / self.n_samples
+        g: np.ndarray = Xi.T @ (Xi @ self._check_w(w) - self.y[rows]) / self.n_samples
+        return g
 
 
 class LogisticRegression(_DataTask):
@@ -339,7 +342,8 @@ class LogisticRegression(_DataTask):
     def full_gradient(self, w: np.ndarray) -> np.ndarray:
         """``X^T (σ(X w) - y) / n + reg w``: shape ``(dim,)``."""
         w = self._check_w(w)
-        return self.X.T @ (expit(self.X @ w) - self.y) / self.n_samples + self.reg * w
+        g: np.ndarray = self.X.T @ (expit(self.X @ w) - self.y) / self.n_samples + self.reg * w
+        return g
 
     def chunk_gradient(self, chunk: int, w: np.ndarray) -> np.ndarray:
         """``X_i^T (σ(X_i w) - y_i) / n + (n_i / n) reg w``: shape ``(dim,)``."""
@@ -348,7 +352,8 @@ class LogisticRegression(_DataTask):
         Xi = self.X[rows]
         n = self.n_samples
         share = (rows.stop - rows.start) / n
-        return Xi.T @ (expit(Xi @ w) - self.y[rows]) / n + share * self.reg * w
+        g: np.ndarray = Xi.T @ (expit(Xi @ w) - self.y[rows]) / n + share * self.reg * w
+        return g
 
     def accuracy(self, w: np.ndarray) -> float:
         """Fraction of samples classified correctly by ``x·w > 0``."""
@@ -425,7 +430,8 @@ class FunctionTask:
 
     def full_gradient(self, w: np.ndarray) -> np.ndarray:
         """Sum of the chunk gradients: shape ``(dim,)``."""
-        return chunk_gradients(self, range(self.n_chunks), w).sum(axis=0)
+        g: np.ndarray = chunk_gradients(self, range(self.n_chunks), w).sum(axis=0)
+        return g
 
     def loss(self, w: np.ndarray) -> float:
         """``loss_fn(w)``, or ``nan`` without one."""
@@ -632,7 +638,8 @@ def _binary_labels(y: np.ndarray, where: str) -> np.ndarray:
         shown = values[:5].tolist()
         raise _bad_data(where, f"binary labels (two distinct values), found {shown}...")
     if values.size == 2:
-        return (y == values[1]).astype(np.float64)
+        labels: np.ndarray = (y == values[1]).astype(np.float64)
+        return labels
     if values[0] in (0.0, -1.0):
         return np.zeros_like(y)
     if values[0] == 1.0:
@@ -656,7 +663,8 @@ def _options(tokens: Sequence[str], spec: str, allowed: set[str]) -> dict[str, s
     return opts
 
 
-def _number(opts: dict[str, str], key: str, spec: str, cast: type, ok: str) -> float | int:
+def _number(opts: dict[str, str], key: str, spec: str, cast: type[int] | type[float],
+            ok: str) -> float | int:
     text = opts[key]
     try:
         v = cast(text)
