@@ -123,7 +123,7 @@ def procs() -> Iterator[Procs]:
 
 
 async def serve(ps: Any, *, frame_log: Any = None, hook: Any = None,
-                ) -> tuple[PSServer, EventLog, asyncio.Task]:
+                ) -> tuple[PSServer, EventLog, asyncio.Task[None]]:
     """Serve ``ps`` on loopback; ``hook(event)`` (fault injection) sees every event after the
     log recorded it."""
     log = EventLog()
@@ -146,7 +146,8 @@ def fault_free(run: Runner, config: RunConfig, schedule: Any) -> list[RoundRecor
     async def scenario() -> list[RoundRecord]:
         return await (await start_cluster(make_ps(config, schedule=schedule))).finish()
 
-    return run(scenario)
+    records: list[RoundRecord] = run(scenario)
+    return records
 
 
 def assert_same_decodes(got: list[RoundRecord], ref: list[RoundRecord]) -> None:

@@ -449,7 +449,7 @@ def test_tagged_frames_decode_whatever_the_split() -> None:
             out.extend(dec.feed(frames[i:i + step]))
         assert [m.kind for m in out] == ["chunk_report", "coded_gradient", "ping",
                                          "coded_gradient"]
-        np.testing.assert_array_equal(out[1].array(), np.arange(5000, dtype="<f8"))  # type: ignore[arg-type]
+        np.testing.assert_array_equal(out[1].array(), np.arange(5000, dtype="<f8"))
         assert dec.at_frame_boundary()
 
 
@@ -467,9 +467,9 @@ def test_bad_tags_are_rejected_before_delivery(attack: str) -> None:
         f[-100] ^= 0x80
         frames[1] = bytes(f)
     elif attack == "flip_tag":
-        f = bytearray(frames[2])
-        f[-1] ^= 1
-        frames[2] = bytes(f)
+        flipped = bytearray(frames[2])
+        flipped[-1] ^= 1
+        frames[2] = bytes(flipped)
     elif attack == "replay":
         frames = [frames[0], frames[0]]
     elif attack == "reorder":
@@ -486,8 +486,8 @@ def test_bad_tags_are_rejected_before_delivery(attack: str) -> None:
     dec.auth = FrameAuth(KEY)
     delivered: list[Message] = []
     with pytest.raises(MalformedFrame) as info:
-        for f in frames:
-            delivered.extend(dec.feed(f))
+        for frame in frames:
+            delivered.extend(dec.feed(frame))
         if attack == "untagged":  # the next frame's bytes would be read as the tag
             delivered.extend(dec.feed(b"\x00" * 16))
     assert info.value.code == "bad_tag"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,14 +17,14 @@ from aiogc.records import load_run
 from aiogc.runner import materialise_for, run_live
 from aiogc.sim.protocol import simulate_protocol
 
-SMALL = dict(workers=5, delta=3, rounds=4, seed=7, task="linreg:samples=300,dim=10",
+SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=4, seed=7, task="linreg:samples=300,dim=10",
              delay="exp:0.004")
 RECORD_FILES = ["manifest.json", "delays.csv", "events.jsonl", "rounds.csv", "workers.csv",
                 "reports.csv", "summary.json", "trace.json"]
 
 
 def test_coroutine_run_writes_every_record(tmp_path: Path) -> None:
-    cfg = RunConfig(**SMALL)  # type: ignore[arg-type]
+    cfg = RunConfig(**SMALL)
     res = run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=tmp_path,
                    plots=False, loop="asyncio")
     for name in RECORD_FILES:
@@ -59,7 +60,7 @@ def test_coroutine_run_writes_every_record(tmp_path: Path) -> None:
 
 @pytest.mark.processes
 def test_process_mode_run(tmp_path: Path) -> None:
-    cfg = RunConfig(**{**SMALL, "rounds": 3})  # type: ignore[arg-type]
+    cfg = RunConfig(**{**SMALL, "rounds": 3})
     res = run_live(cfg, ["partial"], mode="processes", out_dir=tmp_path, plots=False)
     recs = res.records["partial"]
     assert [r.status for r in recs] == ["exact"] * 3
@@ -130,7 +131,7 @@ def test_cli_bad_config_names_field(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_materialise_for_is_seeded() -> None:
-    cfg = RunConfig(**SMALL)  # type: ignore[arg-type]
+    cfg = RunConfig(**SMALL)
     a = materialise_for(cfg, ["partial", "uncoded"])
     b = materialise(cfg.delay, cfg.latency, rounds=cfg.rounds, m=cfg.workers, max_chunks=3,
                     seed=cfg.seed)

@@ -159,7 +159,7 @@ def test_norm_guard_without_initial_scale_and_zero_history() -> None:
     [({"window": 0}, "window"), ({"factor": 1.0}, "factor"), ({"min_history": 20}, "min_history"),
      ({"initial_scale": float("nan")}, "initial_scale"), ({"absolute_max": -1.0}, "absolute_max")],
 )
-def test_norm_guard_validates(kw: dict, field: str) -> None:
+def test_norm_guard_validates(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as ei:
         NormGuard(**kw)
     assert ei.value.field == field

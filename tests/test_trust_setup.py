@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aiogc.coding.partial import PartialScheme
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 
@@ -40,7 +41,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     def cond(mats: np.ndarray) -> np.ndarray:
         counts["svd_matrices"] += int(mats.shape[0])
-        return real_cond(mats)
+        conds: np.ndarray = real_cond(mats)
+        return conds
 
     monkeypatch.setattr(dm.itertools, "combinations", comb)
     monkeypatch.setattr(dm, "subset_conditions", cond)
@@ -53,6 +55,7 @@ def test_64_64_8_builds_within_bounded_work_and_memory(counted: dict[str, int]) 
     tracemalloc.start()
     try:
         scheme = cfg.build_scheme()
+        assert isinstance(scheme, PartialScheme)
         pred = dm.check_conditioning(scheme.A, scheme.B, 8, np.float64, tol=1.0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
