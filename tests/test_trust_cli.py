@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,7 +126,8 @@ def test_run_with_tiny_dead_after_does_not_exit_0(tmp_path: Path,
         assert "failed round(s):" in captured.out and p["failed_rounds"][0]["reason"]
 
 
-def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path) -> None:
+def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A PS whose workers never all come: summary.json and events.jsonl say why."""
     from aiogc.config import RunConfig
     from aiogc.runner import run_live
@@ -134,22 +136,18 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path) -> None:
                     delay="exp:0.001", join_timeout_s=0.5)
     # a wrong secret for every worker: they connect (starting the join timer) but never join
     import aiogc.runner as runner
+    from aiogc.core import Worker
 
-    real = runner.Worker
-
-    class WrongSecret(real):  # type: ignore[misc, valid-type]
-        def __init__(self, worker_id: int, **kw: object) -> None:
+    class WrongSecret(Worker):
+        def __init__(self, worker_id: int, **kw: Any) -> None:
             # whatever key the runner hands over (master secret or k_j), make it wrong
             kw = {k: (b"wrong" * 8 if k in ("secret", "worker_key") else v)
                   for k, v in kw.items()}
             super().__init__(worker_id, **kw)
 
-    runner.Worker = WrongSecret  # type: ignore[misc]
-    try:
-        res = run_live(cfg, ["partial"], mode="coroutines", out_dir=tmp_path, plots=False,
-                       loop="asyncio", secret=b"right" * 8)
-    finally:
-        runner.Worker = real  # type: ignore[misc]
+    monkeypatch.setattr(runner, "Worker", WrongSecret)
+    res = run_live(cfg, ["partial"], mode="coroutines", out_dir=tmp_path, plots=False,
+                   loop="asyncio", secret=b"right" * 8)
     assert "workers ready" in res.end_reason and "join_timeout_s" in res.end_reason
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["end_reason"] == res.end_reason
@@ -163,12 +161,12 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ processes
 
 
-def _aiogc(*args: str, **kw: object) -> subprocess.Popen[str]:
+def _aiogc(*args: str, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("AIOGC_SECRET", None)
     return subprocess.Popen([sys.executable, "-m", "aiogc", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parent.parent, **kw)  # type: ignore
+                            cwd=Path(__file__).resolve().parent.parent, **kw)
 
 
 def _listening(ps: subprocess.Popen[str]) -> str:
