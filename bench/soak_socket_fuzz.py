@@ -150,17 +150,17 @@ class Training:
             self.progress.clear()
             await self.progress.wait()
 
-    async def stop(self, timeout: float = 30.0) -> list[BaseException]:
-        """Stop the PS; return the errors of the serve task and the clients (none expected)."""
+    async def stop(self) -> list[BaseException]:
+        """Stop the PS; return the errors of the serve task and the clients (none expected).
+        Unbounded: the caller puts it under a timeout."""
         self.server.stop("soak done")
         errors: list[BaseException] = []
         assert self.serve_task is not None
-        async with asyncio.timeout(timeout):
-            for t in [self.serve_task, *self.clients]:
-                try:
-                    await t
-                except Exception as exc:
-                    errors.append(exc)
+        for t in [self.serve_task, *self.clients]:
+            try:
+                await t
+            except Exception as exc:
+                errors.append(exc)
         return errors
 
 
@@ -370,7 +370,8 @@ async def fuzzed_run(a: argparse.Namespace, config: RunConfig, schedule: DelaySc
     await tr.wait_rounds(tr.rounds_done + 2)
     crashed = tr.finished_reason is not None or (tr.serve_task is not None
                                                  and tr.serve_task.done())
-    errors = await tr.stop()
+    async with asyncio.timeout(30.0):
+        errors = await tr.stop()
     return {"ps": tr.ps, "results": results, "fuzz_s": fuzz_s, "rounds_during": rounds_during,
             "task_errors": errors, "crashed_early": crashed,
             "fuzz_loop_errors": fuzz_loop_errors}

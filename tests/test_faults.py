@@ -95,11 +95,12 @@ class Procs:
     def kill(self, j: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.pid(j), sig)
 
-    async def join(self, timeout: float = STEP_S) -> dict[int, int | None]:
-        """Wait (off the loop) for every process to exit; exit codes by worker id."""
+    async def join(self) -> dict[int, int | None]:
+        """Wait (off the loop, up to ``STEP_S`` per process) for every process to exit; exit
+        codes by worker id."""
         def _join() -> dict[int, int | None]:
             for p in self.procs.values():
-                p.join(timeout)
+                p.join(STEP_S)
             return {j: p.exitcode for j, p in self.procs.items()}
 
         return await asyncio.to_thread(_join)
