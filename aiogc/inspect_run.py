@@ -121,31 +121,16 @@ def _ranges(xs: Sequence[int]) -> str:
     return "rounds " + ", ".join(parts)
 
 
-def _section(
+def _timeline_events(
     row: Mapping[str, Any],
     reports: Sequence[Mapping[str, Any]],
     workers: Sequence[Mapping[str, Any]],
-    frames: Sequence[Mapping[str, Any]],
-) -> str:
-    s = row["scheme"]
-    t0 = row["start_s"]
-    partial = is_trigger_scheme(s)
-    state = row.get("state") or []
-    dur = row.get("duration_s")
-    oracle = row.get("oracle_s")
-    ratio = f" (x{dur / oracle:.3g} of oracle)" if dur is not None and oracle else ""
-    lines = [
-        f"== {s}, round {row['round']}: {row.get('status')}"
-        f" ({row.get('end_reason') or 'no reason given'})",
-        f"   duration {_g(dur)} s, oracle {_g(oracle)} s{ratio}; attempts {row.get('attempts')}",
-        "",
-        "   timeline (s since round start, PS clock):",
-    ]
-
-    def rel(t: float | None) -> str:
-        return "         -" if t is None else f"{t - t0:+10.6f}"
-
+    partial: bool,
+    state: Sequence[int],
+) -> list[tuple[float, int, str]]:
+    """The round's timeline as ``(PS time, tie rank, text)``, unsorted."""
     # ties: start, reports, trigger (partial), arrivals, decodable (the arrival caused it), end
+    t0 = row["start_s"]
     events: list[tuple[float, int, str]] = [(t0, 0, f"start      (PS time {_f(t0)})")]
     for r in reports:
         events.append(
@@ -173,6 +158,34 @@ def _section(
             )
     if row.get("end_s") is not None:
         events.append((row["end_s"], 5, f"end        {row.get('status')}"))
+    return events
+
+
+def _section(
+    row: Mapping[str, Any],
+    reports: Sequence[Mapping[str, Any]],
+    workers: Sequence[Mapping[str, Any]],
+    frames: Sequence[Mapping[str, Any]],
+) -> str:
+    s = row["scheme"]
+    t0 = row["start_s"]
+    partial = is_trigger_scheme(s)
+    state = row.get("state") or []
+    dur = row.get("duration_s")
+    oracle = row.get("oracle_s")
+    ratio = f" (x{dur / oracle:.3g} of oracle)" if dur is not None and oracle else ""
+    lines = [
+        f"== {s}, round {row['round']}: {row.get('status')}"
+        f" ({row.get('end_reason') or 'no reason given'})",
+        f"   duration {_g(dur)} s, oracle {_g(oracle)} s{ratio}; attempts {row.get('attempts')}",
+        "",
+        "   timeline (s since round start, PS clock):",
+    ]
+
+    def rel(t: float | None) -> str:
+        return "         -" if t is None else f"{t - t0:+10.6f}"
+
+    events = _timeline_events(row, reports, workers, partial, state)
     for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
         lines.append(f"   {rel(t)}  {text}")
     if row.get("trigger_s") is None:
