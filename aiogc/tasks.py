@@ -534,6 +534,23 @@ def _csv_records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
         yield lineno, next(csv.reader([text]))
 
 
+def _libsvm_entry(tok: str, at: str) -> tuple[int, float] | None:
+    """One ``idx:val`` token as (1-based index, value); ``None`` for a ``qid:`` token."""
+    key, colon, val = tok.partition(":")
+    if key == "qid":
+        return None
+    if not colon or not re.fullmatch(r"\d+", key):
+        raise _bad_data(at, f"idx:val tokens with an integer idx >= 1, got {tok!r}")
+    idx = int(key)
+    if not 1 <= idx <= MAX_LIBSVM_FEATURES:
+        raise _bad_data(at, f"feature index in [1, {MAX_LIBSVM_FEATURES}], got {idx}")
+    try:
+        v = float(val)
+    except ValueError:
+        raise _bad_data(at, f"a numeric value in {tok!r}") from None
+    return idx, v
+
+
 def load_libsvm(
     lines: Iterable[str], where: str, n_features: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -574,18 +591,10 @@ def load_libsvm(
             raise _bad_data(at, f"a numeric label first, got {tokens[0]!r}") from None
         row = len(labels) - 1
         for tok in tokens[1:]:
-            key, colon, val = tok.partition(":")
-            if key == "qid":
+            entry = _libsvm_entry(tok, at)
+            if entry is None:
                 continue
-            if not colon or not re.fullmatch(r"\d+", key):
-                raise _bad_data(at, f"idx:val tokens with an integer idx >= 1, got {tok!r}")
-            idx = int(key)
-            if not 1 <= idx <= MAX_LIBSVM_FEATURES:
-                raise _bad_data(at, f"feature index in [1, {MAX_LIBSVM_FEATURES}], got {idx}")
-            try:
-                v = float(val)
-            except ValueError:
-                raise _bad_data(at, f"a numeric value in {tok!r}") from None
+            idx, v = entry
             entries.append((row, idx - 1, v))
             max_idx = max(max_idx, idx)
     if not labels:
@@ -693,33 +702,10 @@ def _make_linreg(rest: str, spec: str, n_chunks: int, seed: int) -> LinearRegres
 _LOGREG_OPTIONS: Final = {"label", "reg", "bias", "format"}
 
 
-def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegression:
-    tokens = rest.split(",")
-    # Options are the trailing key=value tokens; everything before them is the path (which
-    # may itself contain commas).
-    cut = len(tokens)
-    while (
-        cut > 1
-        and re.fullmatch(r"\s*(\w+)\s*=.*", tokens[cut - 1])
-        and (tokens[cut - 1].split("=", 1)[0].strip() in _LOGREG_OPTIONS)
-    ):
-        cut -= 1
-    path_text = ",".join(tokens[:cut]).strip()
-    opts = _options(tokens[cut:], spec, set(_LOGREG_OPTIONS))
-    if not path_text:
-        raise ConfigError("task", spec, "logreg:PATH or logreg:builtin")
-    reg = float(_number(opts, "reg", spec, float, "a number")) if "reg" in opts else 0.0
-    if not (math.isfinite(reg) and reg >= 0):
-        raise ConfigError("task", spec, f"reg >= 0, got {reg!r}")
-    bias_text = opts.get("bias", "1")
-    if bias_text not in ("0", "1"):
-        raise ConfigError("task", spec, f"bias=0 or bias=1, got {bias_text!r}")
-    fmt = opts.get("format")
-    if fmt is not None and fmt not in ("csv", "npz", "libsvm"):
-        raise ConfigError("task", spec, f"format=csv|npz|libsvm, got {fmt!r}")
-    if "label" in opts and (fmt or _guess_format(path_text)) != "csv":
-        raise ConfigError("task", spec, "label= only with CSV files")
-
+def _load_logreg_data(path_text: str, fmt: str | None, opts: dict[str, str], spec: str
+                      ) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """The logreg data set named by ``path_text``: ``(X, raw labels, name used in errors,
+    canonical path)``."""
     if path_text == BREAST_CANCER:
         where = f"aiogc/data/{BREAST_CANCER_FILE}"
         X, y_raw = load_breast_cancer()
@@ -747,6 +733,37 @@ def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegr
                         X, y_raw = load_libsvm(fh, where)
             except UnicodeDecodeError:
                 raise _bad_data(where, f"a UTF-8 text {fmt} file") from None
+    return X, y_raw, where, canonical_path
+
+
+def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegression:
+    tokens = rest.split(",")
+    # Options are the trailing key=value tokens; everything before them is the path (which
+    # may itself contain commas).
+    cut = len(tokens)
+    while (
+        cut > 1
+        and re.fullmatch(r"\s*(\w+)\s*=.*", tokens[cut - 1])
+        and (tokens[cut - 1].split("=", 1)[0].strip() in _LOGREG_OPTIONS)
+    ):
+        cut -= 1
+    path_text = ",".join(tokens[:cut]).strip()
+    opts = _options(tokens[cut:], spec, set(_LOGREG_OPTIONS))
+    if not path_text:
+        raise ConfigError("task", spec, "logreg:PATH or logreg:builtin")
+    reg = float(_number(opts, "reg", spec, float, "a number")) if "reg" in opts else 0.0
+    if not (math.isfinite(reg) and reg >= 0):
+        raise ConfigError("task", spec, f"reg >= 0, got {reg!r}")
+    bias_text = opts.get("bias", "1")
+    if bias_text not in ("0", "1"):
+        raise ConfigError("task", spec, f"bias=0 or bias=1, got {bias_text!r}")
+    fmt = opts.get("format")
+    if fmt is not None and fmt not in ("csv", "npz", "libsvm"):
+        raise ConfigError("task", spec, f"format=csv|npz|libsvm, got {fmt!r}")
+    if "label" in opts and (fmt or _guess_format(path_text)) != "csv":
+        raise ConfigError("task", spec, "label= only with CSV files")
+
+    X, y_raw, where, canonical_path = _load_logreg_data(path_text, fmt, opts, spec)
     _finite(X, y_raw, where)
     y = _binary_labels(y_raw, where)
     if bias_text == "1":
