@@ -26,7 +26,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,14 +241,55 @@ def add_ps_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_ps)
 
 
-def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
+                      ended: list[str]) -> Callable[[Any], None]:
+    """``aiogc ps``'s event callback: prints each round, records it (if ``recorder``), and
+    appends the PS's end reason to ``ended``."""
     import time
 
     from .core import Finished, RoundCompleted
+
+    def on_event(ev: Any) -> None:
+        if isinstance(ev, RoundCompleted):
+            r = ev.record
+            why = f" ({r.end_reason})" if r.status == "failed" and r.end_reason else ""
+            print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
+            if recorder is not None:
+                recorder.round(scheme_name, r, m=scheme.m, loads=list(scheme.loads),
+                               trigger_scheme=not scheme.sends_when_done)
+        elif isinstance(ev, Finished):
+            ended.append(ev.reason)
+            if recorder is not None:
+                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                                   scheme=scheme_name, reason=ev.reason,
+                                   rounds=ev.rounds_completed)
+
+    return on_event
+
+
+def _ps_summary(scheme_name: str, records: Any, ended: list[str],
+                stopped: list[str]) -> dict[str, Any]:
+    """``aiogc ps``'s summary with the end reason (the PS's, or the signal that stopped it)."""
+    from .records import summarize
+    from .runner import ALL_ROUNDS_DONE, run_end_reason
+
+    ps_reason = (ended[0] if ended else
+                 f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
+    summary = summarize({scheme_name: records}, end_reasons={scheme_name: ps_reason})
+    end_reason = ps_reason
+    if ps_reason == ALL_ROUNDS_DONE:
+        end_reason = run_end_reason({scheme_name: ps_reason}, (), summary)
+    summary["end_reason"] = end_reason
+    summary["interrupted_by"] = stopped[0] if stopped else None
+    return summary
+
+
+def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    import time
+
     from .net.drivers import PSServer, run_on
-    from .records import RunRecorder, summarize
+    from .records import RunRecorder
     from .runner import (
-        ALL_ROUNDS_DONE,
         _started,
         build_manifest,
         dump_json,
@@ -256,7 +297,6 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         make_ps,
         materialise_for,
         run_complete,
-        run_end_reason,
     )
 
     config = config_from_args(a, a.scheme)
@@ -275,21 +315,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         recorder.write_schedule(schedule)
     ended: list[str] = []
     stopped: list[str] = []
-
-    def on_event(ev: Any) -> None:
-        if isinstance(ev, RoundCompleted):
-            r = ev.record
-            why = f" ({r.end_reason})" if r.status == "failed" and r.end_reason else ""
-            print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
-            if recorder is not None:
-                recorder.round(a.scheme, r, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
-        elif isinstance(ev, Finished):
-            ended.append(ev.reason)
-            if recorder is not None:
-                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end", scheme=a.scheme,
-                                   reason=ev.reason, rounds=ev.rounds_completed)
-
+    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended)
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
 
     async def main() -> None:
@@ -318,14 +344,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             run_on(a.loop, main())
     finally:
-        ps_reason = (ended[0] if ended else
-                     f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
-        summary = summarize({a.scheme: ps.records}, end_reasons={a.scheme: ps_reason})
-        end_reason = ps_reason
-        if ps_reason == ALL_ROUNDS_DONE:
-            end_reason = run_end_reason({a.scheme: ps_reason}, (), summary)
-        summary["end_reason"] = end_reason
-        summary["interrupted_by"] = stopped[0] if stopped else None
+        summary = _ps_summary(a.scheme, ps.records, ended, stopped)
+        end_reason = summary["end_reason"]
         if recorder is not None:
             recorder.close(summary)
         elif a.out:
