@@ -236,6 +236,51 @@ def _start(target: Callable[..., None], *args: Any) -> tuple[Any, int]:
     return proc, port
 
 
+def _measure_rtt(raw_port: int, ports: dict[str, int], runners: dict[str, asyncio.Runner],
+                 loops: list[str], rtt_n: int, rtt_warmup: int) -> list[dict[str, Any]]:
+    """Round-trip rows: raw socket echo and each loop's FramedConnection."""
+    out: list[dict[str, Any]] = []
+    # round trips, interleaved in blocks: raw, then each loop
+    raw_rtt = RawRtt(raw_port)
+    clients = {kind: runners[kind].run(rtt_open(ports[kind])) for kind in loops}
+    rtts: dict[str, list[float]] = {"raw": [], **{k: [] for k in loops}}
+    block = 100
+    for b in range(-(-rtt_warmup // block) - (-rtt_n // block)):
+        keep = b * block >= rtt_warmup
+        xs = raw_rtt.run(block, b * block)
+        if keep:
+            rtts["raw"] += xs
+        for kind in loops:
+            xs = runners[kind].run(rtt_run(*clients[kind], block, b * block))
+            if keep:
+                rtts[kind] += xs
+    raw_rtt.close()
+    for kind in loops:
+        runners[kind].run(_aclose(clients[kind][1]))
+    for name, xs in rtts.items():
+        q = np.percentile(xs, [50, 99])
+        out.append({
+            "subject": "raw socket echo" if name == "raw" else f"FramedConnection/{name}",
+            "n": len(xs), "p50_us": float(q[0]), "p99_us": float(q[1]),
+            "mean_us": float(np.mean(xs))})
+    return out
+
+
+def _print_table(results: dict[str, Any], trials: int) -> None:
+    print(f"python {results['python']}, {results['cpus']} cpus, {trials} interleaved "
+          f"trials, medians")
+    print(f"{'d':>10} {'frame MB':>8} {'subject':<26} {'GB/s':>6} {'min':>6} {'max':>6} "
+          f"{'x raw':>6}")
+    for row in results["throughput"]:
+        print(f"{row['d']:>10} {row['frame_mb']:>8} {row['subject']:<26} "
+              f"{row['median_gb_s']:>6.2f} {row['min_gb_s']:>6.2f} {row['max_gb_s']:>6.2f} "
+              f"{row['ratio_to_raw']:>6.2f}")
+    print()
+    print(f"{'round trip, chunk_report -> pong':<36} {'n':>6} {'p50 us':>8} {'p99 us':>8}")
+    for row in results["rtt"]:
+        print(f"{row['subject']:<36} {row['n']:>6} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,29 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                     "subject": "raw socket" if name == "raw" else f"FramedConnection/{name}",
                     "median_gb_s": med / 1e9, "min_gb_s": min(xs) / 1e9,
                     "max_gb_s": max(xs) / 1e9, "ratio_to_raw": med / raw_med})
-        # round trips, interleaved in blocks: raw, then each loop
-        raw_rtt = RawRtt(raw_port)
-        clients = {kind: runners[kind].run(rtt_open(ports[kind])) for kind in loops}
-        rtts: dict[str, list[float]] = {"raw": [], **{k: [] for k in loops}}
-        block = 100
-        for b in range(-(-args.rtt_warmup // block) - (-args.rtt_n // block)):
-            keep = b * block >= args.rtt_warmup
-            xs = raw_rtt.run(block, b * block)
-            if keep:
-                rtts["raw"] += xs
-            for kind in loops:
-                xs = runners[kind].run(rtt_run(*clients[kind], block, b * block))
-                if keep:
-                    rtts[kind] += xs
-        raw_rtt.close()
-        for kind in loops:
-            runners[kind].run(_aclose(clients[kind][1]))
-        for name, xs in rtts.items():
-            q = np.percentile(xs, [50, 99])
-            results["rtt"].append({
-                "subject": "raw socket echo" if name == "raw" else f"FramedConnection/{name}",
-                "n": len(xs), "p50_us": float(q[0]), "p99_us": float(q[1]),
-                "mean_us": float(np.mean(xs))})
+        results["rtt"] = _measure_rtt(raw_port, ports, runners, loops, args.rtt_n,
+                                      args.rtt_warmup)
     finally:
         for r in runners.values():
             r.close()
@@ -319,18 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"python {results['python']}, {results['cpus']} cpus, {args.trials} interleaved "
-          f"trials, medians")
-    print(f"{'d':>10} {'frame MB':>8} {'subject':<26} {'GB/s':>6} {'min':>6} {'max':>6} "
-          f"{'x raw':>6}")
-    for row in results["throughput"]:
-        print(f"{row['d']:>10} {row['frame_mb']:>8} {row['subject']:<26} "
-              f"{row['median_gb_s']:>6.2f} {row['min_gb_s']:>6.2f} {row['max_gb_s']:>6.2f} "
-              f"{row['ratio_to_raw']:>6.2f}")
-    print()
-    print(f"{'round trip, chunk_report -> pong':<36} {'n':>6} {'p50 us':>8} {'p99 us':>8}")
-    for row in results["rtt"]:
-        print(f"{row['subject']:<36} {row['n']:>6} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f}")
+    _print_table(results, args.trials)
     return 0
 
 
