@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
 from .tasks import chunk_grads_fn, make_task
+
+if TYPE_CHECKING:
+    from .records import RunRecorder
 
 #: Seconds worker processes get to exit after the PS finished before they are terminated.
 PROCESS_GRACE_S = 5.0
@@ -491,31 +494,15 @@ def run_live(
         its workers to shut down, no further scheme started, and what was recorded is written,
         ``summary.json`` included (no plots); the exception carries the partial result.
     """
-    from .records import RunRecorder, summarize
 
     if backend == "ray":
         from .cluster.ray_backend import run_ray
 
-        if mode == "coroutines":
-            from .errors import ConfigError
-
-            raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
-                                          "actor process)")
+        _check_ray_mode(mode)
         return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
                        progress=progress, schedule=schedule, argv=argv, secret=secret,
                        plots=plots, loop=loop)
-    if backend != "local":
-        from .errors import ConfigError
-
-        raise ConfigError("backend", backend, "local or ray")
-    if address is not None:
-        from .errors import ConfigError
-
-        raise ConfigError("address", address, "no address with --backend local")
-    if mode not in ("coroutines", "processes"):
-        from .errors import ConfigError
-
-        raise ConfigError("as", mode, "processes or coroutines")
+    _check_local_args(backend, address, mode)
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
     loop_kind, _ = loop_factory(loop)
@@ -524,14 +511,8 @@ def run_live(
     if secret is None:
         secret = secrets.token_bytes(32)
     result = RunResult(schedule=schedule)
-    recorder = None
-    if out_dir is not None:
-        out = Path(out_dir)
-        manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                                  verify=verify, argv=argv)
-        recorder = RunRecorder(out, manifest)
-        recorder.write_schedule(schedule)
-        result.out_dir = out
+    recorder = _open_recorder(result, out_dir, config, schemes, schedule, mode=mode,
+                              loop_kind=loop_kind, verify=verify, argv=argv)
     interrupted: list[str] = []
     try:
         for name in schemes:
@@ -562,25 +543,76 @@ def run_live(
             result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
         raise
     finally:
-        result.summary = summarize(result.records, end_reasons=result.end_reasons)
-        if not result.end_reason:
-            result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
-        result.summary["wall_s"] = result.wall_s
-        result.summary["end_reason"] = result.end_reason
-        result.summary["interrupted_by"] = interrupted[0] if interrupted else None
-        if recorder is not None:
-            recorder.close(result.summary)
+        _close_run(result, interrupted, recorder)
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
-        try:
-            from .plots import plot_run
-
-            plot_run(out_dir)
-        except ImportError as exc:  # the plot extra is optional
-            print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
+        _plot_run(out_dir)
     return result
+
+
+def _open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConfig,
+                   schemes: Sequence[str], schedule: DelaySchedule, *, mode: str,
+                   loop_kind: str, verify: bool,
+                   argv: Sequence[str] | None) -> RunRecorder | None:
+    """The run directory's recorder (None without ``out_dir``), with the manifest and the
+    delay schedule written; sets ``result.out_dir``."""
+    if out_dir is None:
+        return None
+    from .records import RunRecorder
+
+    out = Path(out_dir)
+    manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
+                              verify=verify, argv=argv)
+    recorder = RunRecorder(out, manifest)
+    recorder.write_schedule(schedule)
+    result.out_dir = out
+    return recorder
+
+
+def _check_ray_mode(mode: str) -> None:
+    if mode == "coroutines":
+        from .errors import ConfigError
+
+        raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
+                                      "actor process)")
+
+
+def _check_local_args(backend: str, address: str | None, mode: str) -> None:
+    """The local backend's options: ``backend``, ``address`` (none) and ``mode``."""
+    from .errors import ConfigError
+
+    if backend != "local":
+        raise ConfigError("backend", backend, "local or ray")
+    if address is not None:
+        raise ConfigError("address", address, "no address with --backend local")
+    if mode not in ("coroutines", "processes"):
+        raise ConfigError("as", mode, "processes or coroutines")
+
+
+def _close_run(result: RunResult, interrupted: Sequence[str],
+               recorder: RunRecorder | None) -> None:
+    """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
+    from .records import summarize
+
+    result.summary = summarize(result.records, end_reasons=result.end_reasons)
+    if not result.end_reason:
+        result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
+    result.summary["wall_s"] = result.wall_s
+    result.summary["end_reason"] = result.end_reason
+    result.summary["interrupted_by"] = interrupted[0] if interrupted else None
+    if recorder is not None:
+        recorder.close(result.summary)
+
+
+def _plot_run(out_dir: str | Path) -> None:
+    try:
+        from .plots import plot_run
+
+        plot_run(out_dir)
+    except ImportError as exc:  # the plot extra is optional
+        print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
 
 
 class RunInterrupted(KeyboardInterrupt):
