@@ -350,30 +350,8 @@ async def _run_scheme(
     appended to ``end_reason`` (and written to ``events.jsonl``)."""
     ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
     scheme = ps.scheme
-
-    def on_event(ev: Event) -> None:
-        if isinstance(ev, Finished):
-            if end_reason is not None:
-                end_reason.append(ev.reason)
-            if recorder is not None:
-                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
-                                   scheme=config.scheme, reason=ev.reason,
-                                   rounds=ev.rounds_completed)
-        if isinstance(ev, RoundCompleted):
-            if recorder is not None:
-                recorder.round(config.scheme, ev.record, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
-            if on_round is not None:
-                on_round(ev.record)
-
-    frame_log = None
-    if recorder is not None:
-
-        def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
-            recorder.frame(t_ns=time.monotonic_ns(), direction=direction, kind=msg.kind,
-                           scheme=config.scheme, round=getattr(msg, "round", None),
-                           worker=ps.worker_of(peer), nbytes=nbytes)
-
+    on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round, end_reason)
+    frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder)
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
@@ -440,6 +418,46 @@ async def _run_scheme(
         for c in watch_ends:
             c.close()
     return ps.records
+
+
+def _scheme_event_handler(
+    scheme_name: str,
+    scheme: Any,
+    recorder: Any | None,
+    on_round: Callable[[RoundRecord], None] | None,
+    end_reason: list[str] | None,
+) -> Callable[[Event], None]:
+    """The PS event callback of one scheme's run: records rounds and the run's end (if
+    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``."""
+
+    def on_event(ev: Event) -> None:
+        if isinstance(ev, Finished):
+            if end_reason is not None:
+                end_reason.append(ev.reason)
+            if recorder is not None:
+                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                                   scheme=scheme_name, reason=ev.reason,
+                                   rounds=ev.rounds_completed)
+        if isinstance(ev, RoundCompleted):
+            if recorder is not None:
+                recorder.round(scheme_name, ev.record, m=scheme.m, loads=list(scheme.loads),
+                               trigger_scheme=not scheme.sends_when_done)
+            if on_round is not None:
+                on_round(ev.record)
+
+    return on_event
+
+
+def _frame_logger(scheme_name: str, ps: ParameterServer,
+                  recorder: Any) -> Callable[[str, Any, Message, int], None]:
+    """The PS's frame log callback: one ``recorder.frame`` row per frame."""
+
+    def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
+        recorder.frame(t_ns=time.monotonic_ns(), direction=direction, kind=msg.kind,
+                       scheme=scheme_name, round=getattr(msg, "round", None),
+                       worker=ps.worker_of(peer), nbytes=nbytes)
+
+    return frame_log
 
 
 async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
