@@ -67,6 +67,7 @@ from ..runner import (
     Progress,
     RunInterrupted,
     RunResult,
+    _plot_run,
     build_manifest,
     make_ps,
     materialise_for,
@@ -595,7 +596,7 @@ def run_ray(
     KeyboardInterrupt
         SIGINT or SIGTERM stopped the run; what was recorded is written (no plots).
     """
-    from ..records import RunRecorder, summarize
+    from ..records import RunRecorder
 
     if max_restarts < 0:
         from ..errors import ConfigError
@@ -622,16 +623,7 @@ def run_ray(
             if out_dir is not None:
                 manifest = build_manifest(config, schemes, schedule, mode="ray",
                                           loop=loop_kind, verify=verify, argv=argv)
-                manifest["cluster"] = {
-                    "backend": "ray",
-                    "ray_version": ray.__version__,
-                    "address": address or "local",
-                    "cpus_per_actor": cpus,
-                    "max_restarts": max_restarts,
-                    "nodes": [{"node_id": n.get("NodeID"), "node_ip": n.get("NodeManagerAddress"),
-                               "alive": n.get("Alive"), "cpus": n.get("Resources", {}).get("CPU")}
-                              for n in ray.nodes()],
-                }
+                manifest["cluster"] = _cluster_manifest(ray, address, cpus, max_restarts)
                 recorder = RunRecorder(Path(out_dir), manifest)
                 recorder.write_schedule(schedule)
                 result.out_dir = Path(out_dir)
@@ -648,28 +640,46 @@ def run_ray(
                 if interrupted:
                     break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
     finally:
-        # the same summary keys as a local run, even when the run stopped early
-        if driver is not None:
-            result.end_reasons = dict(driver.end_reasons)
-        result.summary = summarize(result.records, end_reasons=result.end_reasons)
-        if not result.end_reason:
-            result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
-        result.summary["wall_s"] = result.wall_s
-        result.summary["end_reason"] = result.end_reason
-        result.summary["interrupted_by"] = interrupted[0] if interrupted else None
-        if recorder is not None:
-            recorder.close(result.summary or None)
-        if driver is not None and out_dir is not None:
-            _write_nodes(Path(out_dir) / "nodes.csv", driver.placements)
+        _close_ray_run(result, driver, interrupted, recorder, out_dir)
         if started:
             ray.shutdown()
     if interrupted:
         raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
-        try:
-            from ..plots import plot_run
-
-            plot_run(out_dir)
-        except ImportError as exc:  # the plot extra is optional
-            print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
+        _plot_run(out_dir)
     return result
+
+
+def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Sequence[str],
+                   recorder: Any, out_dir: str | Path | None) -> None:
+    """Fill ``result.summary`` and write it, and ``nodes.csv``: the same summary keys as a
+    local run, even when the run stopped early."""
+    from ..records import summarize
+
+    if driver is not None:
+        result.end_reasons = dict(driver.end_reasons)
+    result.summary = summarize(result.records, end_reasons=result.end_reasons)
+    if not result.end_reason:
+        result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
+    result.summary["wall_s"] = result.wall_s
+    result.summary["end_reason"] = result.end_reason
+    result.summary["interrupted_by"] = interrupted[0] if interrupted else None
+    if recorder is not None:
+        recorder.close(result.summary or None)
+    if driver is not None and out_dir is not None:
+        _write_nodes(Path(out_dir) / "nodes.csv", driver.placements)
+
+
+def _cluster_manifest(ray: Any, address: str | None, cpus: float,
+                      max_restarts: int) -> dict[str, Any]:
+    """The manifest's ``cluster`` entry: Ray version, address, actor sizing, the nodes."""
+    return {
+        "backend": "ray",
+        "ray_version": ray.__version__,
+        "address": address or "local",
+        "cpus_per_actor": cpus,
+        "max_restarts": max_restarts,
+        "nodes": [{"node_id": n.get("NodeID"), "node_ip": n.get("NodeManagerAddress"),
+                   "alive": n.get("Alive"), "cpus": n.get("Resources", {}).get("CPU")}
+                  for n in ray.nodes()],
+    }
