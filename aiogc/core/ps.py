@@ -75,11 +75,17 @@ from .common import (
     WorkerJoined,
     config_hash,
     derive_worker_key,
+    fast_new,
     hello_mac,
     macs_equal,
+    new_outgoing,
     session_keys,
     welcome_mac,
 )
+
+# unvalidated constructors of the frames the PS builds itself (see fast_new)
+_new_round_start = fast_new(RoundStart, RoundStart._names)
+_new_encode = fast_new(EncodeAndTransmit, EncodeAndTransmit._names)
 
 #: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
 #: When they are all taken, a new connection evicts the *oldest* pending one (an honest worker
@@ -91,6 +97,7 @@ MAX_PENDING_CONNECTIONS = 64
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
 PING_MIN_RATE = 10.0
+_INF = float("inf")
 
 
 class PSPhase(enum.Enum):
@@ -450,25 +457,51 @@ class ParameterServer(Endpoint):
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``handle_timer`` has something to do, or None."""
-        times: list[float] = []
+        # called after every pump: plain comparisons, no list and no min() over one
+        best = _INF
         if self._pending:
-            times.append(min(self._pending.values()))
-        if self.config.dead_after_s is not None and self._sweep_at is not None:
-            times.append(self._sweep_at)
-        if self.phase is PSPhase.JOINING and self._join_deadline is not None:
-            times.append(self._join_deadline)
-        rs = self._round
-        if rs is not None and self.phase in (PSPhase.COMPUTING, PSPhase.COLLECTING):
-            times.append(rs.record.t_start + self.config.round_timeout_s)
-            if self.phase is PSPhase.COLLECTING and rs.collect_deadline is not None:
-                times.append(rs.collect_deadline)
-            if (
-                self.phase is PSPhase.COMPUTING
-                and self.config.mode == "approx"
-                and self.config.deadline_s is not None
-            ):
-                times.append(rs.record.t_start + self.config.deadline_s)
-        return min(times) if times else None
+            best = min(self._pending.values())
+        cfg = self.config
+        if cfg.dead_after_s is not None and self._sweep_at is not None and self._sweep_at < best:
+            best = self._sweep_at
+        phase = self.phase
+        if phase is PSPhase.JOINING:
+            if self._join_deadline is not None and self._join_deadline < best:
+                best = self._join_deadline
+        elif phase is PSPhase.COMPUTING or phase is PSPhase.COLLECTING:
+            rs = self._round
+            if rs is not None:
+                t0 = rs.record.t_start
+                t = t0 + cfg.round_timeout_s
+                if t < best:
+                    best = t
+                if phase is PSPhase.COLLECTING:
+                    if rs.collect_deadline is not None and rs.collect_deadline < best:
+                        best = rs.collect_deadline
+                elif cfg.mode == "approx" and cfg.deadline_s is not None:
+                    t = t0 + cfg.deadline_s
+                    if t < best:
+                        best = t
+        return None if best == _INF else best
+
+    def poll(self) -> tuple[list[Outgoing], list[Event] | None, float | None]:
+        """One driver call per pump instead of four: ``(outgoing, events, deadline)``.
+
+        Drains the outbox; then, when :meth:`run_pending` has work, returns
+        ``(outgoing, None, None)`` (the driver flushes, calls ``run_pending`` and polls
+        again); otherwise also drains the events and returns :meth:`next_deadline`. Same order
+        and results as ``messages_to_send``, ``has_pending``, ``drain_events``,
+        ``next_deadline`` called in turn.
+        """
+        out, self._outbox = self._outbox, []
+        if self._stage1 is not None or self._stage2:
+            return out, None, None
+        if self._events:
+            events = list(self._events)
+            self._events.clear()
+        else:
+            events = []
+        return out, events, self.next_deadline()
 
     # ================================================================== public helpers
 
@@ -553,16 +586,17 @@ class ParameterServer(Endpoint):
         self.phase = new
 
     def _send(self, peer: Hashable, msg: Message) -> None:
-        self._outbox.append(Outgoing(peer, msg))
+        self._outbox.append(new_outgoing(peer, msg, False, ""))
 
     def _broadcast(self, msg: Message, *, ready_only: bool = False) -> None:
         """Queue ``msg`` for every authenticated worker (``ready_only``: only those that said
         ``ready``: a worker still building its task is in no round, and round messages would
         only make it fail the connection)."""
         peers = self._peers
+        append = self._outbox.append
         for peer in self._worker_peer.values():
             if not ready_only or peers[peer].ready:
-                self._outbox.append(Outgoing(peer, msg))
+                append(new_outgoing(peer, msg, False, ""))
 
     def _close(self, peer: Hashable, code: str, reason: str, now: float) -> None:
         self.stats[f"closed_{code}"] += 1
@@ -808,11 +842,11 @@ class ParameterServer(Endpoint):
             for worker, peer in sorted(ready.items()):
                 load = self._loads_list[worker]
                 delays = tuple(comp[worker, :load].tolist())
-                self._send(peer, RoundStart.trusted(self.epoch, r, delays,
+                self._send(peer, _new_round_start(self.epoch, r, delays,
                                                     float(net_row[worker]), model))
         else:
             # one message object for everyone: the driver encodes it once
-            msg = RoundStart.trusted(self.epoch, r, (), 0.0, model)
+            msg = _new_round_start(self.epoch, r, (), 0.0, model)
             for _worker, peer in sorted(ready.items()):
                 self._send(peer, msg)
         # workers not connected and ready now cannot take part in this round
@@ -843,7 +877,7 @@ class ParameterServer(Endpoint):
         if not exact:
             rs.record.status = "approx-pending"
         self._set_phase(PSPhase.COLLECTING)
-        self._broadcast(EncodeAndTransmit.trusted(self.epoch, rs.record.round, rs.attempt,
+        self._broadcast(_new_encode(self.epoch, rs.record.round, rs.attempt,
                                                   state), ready_only=True)
         self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
         if not rs.expected:  # nothing to wait for (cannot happen when exact)

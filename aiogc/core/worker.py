@@ -53,11 +53,10 @@ from ..messages import (
 )
 from .common import (
     FATAL_CODES,
-    ChunkComputed,
-    CodedSent,
     ComputeChunks,
     ConnectionFailed,
     Endpoint,
+    Event,
     Outgoing,
     RoundEnded,
     SessionKeys,
@@ -66,13 +65,22 @@ from .common import (
     Welcomed,
     config_hash,
     derive_worker_key,
+    fast_new,
     hello_mac,
     macs_equal,
+    new_chunk_computed,
+    new_coded_sent,
+    new_compute_chunks,
+    new_outgoing,
     session_keys,
     welcome_mac,
 )
 
 PS_PEER = "ps"
+
+# unvalidated constructors of the frames this worker builds itself (see fast_new)
+_new_report = fast_new(ChunkReport, ChunkReport._names)
+_new_coded = fast_new(CodedGradient, CodedGradient._names)
 
 #: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
 #: gives up on that connection and reconnects.
@@ -293,6 +301,26 @@ class Worker(Endpoint):
         self._work.clear()
         return out
 
+    def poll(self) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """One driver call per pump instead of four: ``(events, work, outgoing, deadline)``.
+
+        Drains the event, work and outgoing queues and returns :meth:`next_deadline`. A driver
+        that answers an event or work item (``setup_ready``, ``chunks_done``) polls again: that
+        poll carries what the answer produced and the deadline that then holds.
+        """
+        if self._events:
+            events = list(self._events)
+            self._events.clear()
+        else:
+            events = []
+        if self._work:
+            work = list(self._work)
+            self._work.clear()
+        else:
+            work = []
+        out, self._outbox = self._outbox, []
+        return events, work, out, self.next_deadline()
+
     def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
         """The driver computed the gradients of a :class:`ComputeChunks` item.
 
@@ -375,11 +403,11 @@ class Worker(Endpoint):
             self._delayed.append((now + hold, msg))
             self._release(now)
         else:
-            self._outbox.append(Outgoing(PS_PEER, msg))
+            self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
 
     def _release(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
-            self._outbox.append(Outgoing(PS_PEER, self._delayed.popleft()[1]))
+            self._outbox.append(new_outgoing(PS_PEER, self._delayed.popleft()[1], False, ""))
 
     def _fail(self, code: str, reason: str, now: float, *, send_error: bool) -> None:
         self.stats[f"failed_{code}"] += 1
@@ -566,7 +594,7 @@ class Worker(Endpoint):
             return
         chunks = tuple(self._order[k:due])
         self._requested = due
-        self._work.append(ComputeChunks(self._round, k, chunks, self._model))
+        self._work.append(new_compute_chunks(self._round, k, chunks, self._model))
 
     def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
         if rnd != self._round or first != self._count or self._grads is None:
@@ -589,7 +617,7 @@ class Worker(Endpoint):
             prev = dl[k - 1] if k > 0 else self._t0
             dur = dl[k] - prev
             self._compute_s += dur
-            self._events.append(ChunkComputed(self._round, k, order[k], now, dur))
+            self._events.append(new_chunk_computed(self._round, k, order[k], now, dur))
         self._count = first + n
         if self.phase is not WorkerPhase.COMPUTING:
             return  # told to encode meanwhile: these gradients only matter after a resume
@@ -602,7 +630,7 @@ class Worker(Endpoint):
             # (and carries compute_s, the finish time on the worker's schedule)
             if not self.setup.scheme.sends_when_done:
                 self._emit(
-                    ChunkReport.trusted(self._epoch, self._round, self._count, max(now, 0.0),
+                    _new_report(self._epoch, self._round, self._count, max(now, 0.0),
                                         max(now - self._t0, 0.0)),
                     now,
                 )
@@ -641,12 +669,12 @@ class Worker(Endpoint):
         payload = np.ascontiguousarray(vec, dtype=self.setup.config.payload_dtype)
         self._attempt_sent = attempt
         self._emit(
-            CodedGradient.trusted(self._epoch, self._round, attempt,
+            _new_coded(self._epoch, self._round, attempt,
                                   digest if digest is not None else state_digest(state),
                                   self._compute_s, payload),
             now,
         )
-        self._events.append(CodedSent(self._round, attempt, c, now))
+        self._events.append(new_coded_sent(self._round, attempt, c, now))
 
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):

@@ -189,17 +189,27 @@ class Simulation:
 
     def _pump_ps(self, now: float) -> None:
         ps = self.ps
-        for out in ps.messages_to_send():
-            self._route_down(out, now)
-        while ps.has_pending():
-            ps.run_pending(lambda: now)
-            for out in ps.messages_to_send():
-                self._route_down(out, now)
-        for ev in ps.drain_events():
+        while True:
+            # one poll per stage: outbox, then (when no application work is queued) the
+            # events and the timer deadline
+            out, events, t = ps.poll()
+            closed = False
+            for o in out:
+                self._route_down(o, now)
+                closed = closed or o.close
+            if events is None:
+                ps.run_pending(lambda: now)
+                continue
+            if closed:
+                # routing a close told the PS the connection is lost (its events count in
+                # this pump, its frames leave in the next, as before poll existed)
+                events += ps.drain_events()
+                t = ps.next_deadline()
+            break
+        for ev in events:
             self.ps_events.append(ev)
             if isinstance(ev, Finished):
                 self.finished = True
-        t = ps.next_deadline()
         if t is not None and t != self._ps_timer:
             self._ps_timer = t
             self._schedule(max(t, now), self._ps_timer_fired(t))
@@ -276,15 +286,21 @@ class Simulation:
         failed = False
         events = self.worker_events[worker]
         while True:
+            # one poll per iteration: events, work, frames and the deadline at once; answering
+            # an event or a work item needs another poll (it may queue frames and moves the
+            # deadline)
+            evs, work, out, due = w.poll()
             progressed = False
-            for ev in w.drain_events():
+            for ev in evs:
                 events.append(ev)
                 if isinstance(ev, ConnectionFailed):
                     failed = True
                 elif isinstance(ev, SetupNeeded):
                     self._setup(w, ev, now)
                     progressed = True
-            for item in w.drain_work():
+            if out:
+                closing = self._route_up(worker, gen, out, now) or closing
+            for item in work:
                 assert w.setup is not None
                 fn = w.setup.chunk_gradient
                 try:
@@ -296,7 +312,17 @@ class Simulation:
                 progressed = True
             if not progressed:
                 break
-        for out in w.messages_to_send():
+        if closing and failed:
+            self._worker_lost(worker, now)
+            return
+        if due is not None and (due, gen) != self._w_timer.get(worker):
+            self._w_timer[worker] = (due, gen)
+            self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
+
+    def _route_up(self, worker: int, gen: int, outbox: list[Outgoing], now: float) -> bool:
+        """Schedule ``outbox`` towards the PS; True if it closes the connection."""
+        closing = False
+        for out in outbox:
             t = self._arrival(worker, "up", now, out.message)
             if out.message is not None:
                 msg = out.message
@@ -318,13 +344,7 @@ class Simulation:
                         self._pump_ps(at)
 
                 self._schedule(t, eof)
-        if closing and failed:
-            self._worker_lost(worker, now)
-            return
-        due = w.next_deadline()
-        if due is not None and (due, gen) != self._w_timer.get(worker):
-            self._w_timer[worker] = (due, gen)
-            self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
+        return closing
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:
