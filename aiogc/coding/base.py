@@ -262,3 +262,13 @@ class SchemeBase:
     def _finished_count_rule(self, state: object, need: int) -> bool:
         c = self.check_state(state)
         return int((c == self.loads).sum()) >= need
+
+    def finished_count_needed(self) -> int | None:
+        """Fast-path hint for internal callers that track finished workers themselves.
+
+        Returns k when ``is_decodable(state)`` is exactly "at least k workers have
+        ``state[j] == loads[j]``" (the schemes whose rule is ``_finished_count_rule`` with their
+        ``_need()``), else None (ask :meth:`is_decodable`).
+        """
+        need = getattr(self, "_need", None)
+        return int(need()) if callable(need) else None

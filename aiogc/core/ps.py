@@ -268,6 +268,12 @@ class ParameterServer(Endpoint):
         self._orders: list[list[int]] = [[int(c) for c in o] for o in self.scheme.orders]
         self._n_parts = int(self.scheme.n_parts)
         self._sends_when_done = bool(self.scheme.sends_when_done)
+        # send-when-done schemes whose rule is "k workers finished": decodable iff k vectors
+        # were received (a worker with load 0 would count as finished unseen: generic rule)
+        need_fn = getattr(self.scheme, "finished_count_needed", None)
+        need = need_fn() if self._sends_when_done and callable(need_fn) else None
+        self._need_finished: int | None = (
+            need if need is not None and min(self._loads_list, default=0) > 0 else None)
         # work queued for run_pending: stage 1 (decode, update, next round), stage 2 (analytics)
         self._stage1: tuple[RoundRecord, bool, str, bool, np.ndarray, int] | None = None
         self._stage2: list[tuple[RoundRecord, np.ndarray | None, np.ndarray, np.ndarray]] = []
@@ -884,6 +890,8 @@ class ParameterServer(Endpoint):
             self._end_round(now, exact=False, reason="no_contributors")
 
     def _decodable_received(self, rs: _RoundState) -> bool:
+        if self._need_finished is not None:
+            return len(rs.received) >= self._need_finished
         if rs.finished is None:
             rs.finished = self._finished_state(rs.received)
         return bool(self.scheme.is_decodable(rs.finished))

@@ -25,7 +25,7 @@ import enum
 import operator
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -153,6 +153,11 @@ class Setup:
     scheme: Any
     chunk_gradient: ChunkGradientFn
     digest: str = ""
+    #: the last broadcast state a worker of this setup validated against ``scheme.loads``,
+    #: with its digest: every worker of a process receives the same state in a round, so the
+    #: others skip the O(m) bound check and the hash (they still check their own entry)
+    checked_state: tuple[tuple[int, ...], bytes] | None = field(default=None, repr=False,
+                                                                 compare=False)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -245,6 +250,14 @@ class Worker(Endpoint):
         self._loads: list[int] = []
         self._order: list[int] = []
         self._fixed_theta: np.ndarray | None = None
+        # hot-path copies of setup/config values (set in _on_welcome / _setup_ready)
+        self._dead_after: float | None = None
+        self._heartbeat: float | None = None
+        self._report_every = 1
+        self._swd = False  # scheme sends when done
+        self._payload_dtype: np.dtype = np.dtype("<f8")
+        self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
+        self._fixed_digest = b""
 
     # ================================================================== driver contract
 
@@ -368,12 +381,14 @@ class Worker(Endpoint):
         elif phase in _HANDSHAKING:
             best = min(best, self._connected_at + self.handshake_timeout_s)
         if phase is not WorkerPhase.CLOSED:
-            cfg = self.setup.config if self.setup else self._pending_config
-            if cfg is not None:
-                if cfg.dead_after_s is not None:
-                    best = min(best, self._last_heard + cfg.dead_after_s)
-                if cfg.heartbeat_s is not None:
-                    best = min(best, self._last_sent + cfg.heartbeat_s)
+            if self._dead_after is not None:
+                t = self._last_heard + self._dead_after
+                if t < best:
+                    best = t
+            if self._heartbeat is not None:
+                t = self._last_sent + self._heartbeat
+                if t < best:
+                    best = t
         return None if best == _INF else best
 
     # ================================================================== helpers
@@ -440,12 +455,12 @@ class Worker(Endpoint):
             and now >= self._deadline_list[self._count]
         ):
             self._request_due(now)
-        cfg = self.setup.config if self.setup else self._pending_config
-        if cfg is not None and self.phase is not WorkerPhase.CLOSED:
-            if cfg.dead_after_s is not None and now >= self._last_heard + cfg.dead_after_s:
+        if self.phase is not WorkerPhase.CLOSED:
+            dead_after, heartbeat = self._dead_after, self._heartbeat
+            if dead_after is not None and now >= self._last_heard + dead_after:
                 self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
                 return
-            if cfg.heartbeat_s is not None and now >= self._last_sent + cfg.heartbeat_s:
+            if heartbeat is not None and now >= self._last_sent + heartbeat:
                 self._ping_seq += 1
                 self._emit(Ping.trusted(self._ping_seq), now, delay=False)
 
@@ -519,6 +534,8 @@ class Worker(Endpoint):
             self._setup_ready(self.setup, now)
             return
         self._pending_config = config
+        if self.setup is None:  # liveness follows the setup's config once there is one
+            self._dead_after, self._heartbeat = config.dead_after_s, config.heartbeat_s
         self._events.append(SetupNeeded(config, now))
 
     def _setup_ready(self, setup: Setup, now: float) -> None:
@@ -527,7 +544,20 @@ class Worker(Endpoint):
         if self._pending_digest != setup.digest:
             raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
         self.setup = setup
+        cfg = setup.config
+        self._dead_after, self._heartbeat = cfg.dead_after_s, cfg.heartbeat_s
+        self._report_every = cfg.report_every
+        self._swd = bool(setup.scheme.sends_when_done)
+        self._payload_dtype = cfg.payload_dtype
         self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
+        self._fixed_coef = (
+            np.ascontiguousarray(self._fixed_theta[:, 0])
+            if self._fixed_theta is not None and self._fixed_theta.shape[1] == 1 else None)
+        if self._swd:
+            # a send-when-done vector is always encoded with "only me, all my chunks"
+            st = [0] * setup.scheme.m
+            st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
+            self._fixed_digest = state_digest(st)
         self._loads = [int(x) for x in setup.scheme.loads]
         self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
         self._pending_config = None
@@ -607,28 +637,33 @@ class Worker(Endpoint):
         if first + n > self._requested:
             raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
                                      "were requested")
-        assert self.setup is not None
         order = self._order
         dl = self._deadline_list
+        store = self._grads
+        events = self._events
+        rnd = self._round
+        prev = dl[first - 1] if first > 0 else self._t0
+        compute_s = self._compute_s
         for i in range(n):
             k = first + i
-            self._grads[k] = grads[i]
+            store[k] = grads[i]
             # compute_s: the scheduled (injected) duration of this chunk
-            prev = dl[k - 1] if k > 0 else self._t0
-            dur = dl[k] - prev
-            self._compute_s += dur
-            self._events.append(new_chunk_computed(self._round, k, order[k], now, dur))
+            t = dl[k]
+            dur = t - prev
+            prev = t
+            compute_s += dur
+            events.append(new_chunk_computed(rnd, k, order[k], now, dur))
+        self._compute_s = compute_s
         self._count = first + n
         if self.phase is not WorkerPhase.COMPUTING:
             return  # told to encode meanwhile: these gradients only matter after a resume
-        cfg = self.setup.config
+        every = self._report_every
         load = len(dl)
-        if (self._count // cfg.report_every > self._reported // cfg.report_every
-                or self._count == load):
+        if self._count // every > self._reported // every or self._count == load:
             self._reported = self._count
             # send-when-done schemes need no reports: the coded vector itself says "finished"
             # (and carries compute_s, the finish time on the worker's schedule)
-            if not self.setup.scheme.sends_when_done:
+            if not self._swd:
                 self._emit(
                     _new_report(self._epoch, self._round, self._count, max(now, 0.0),
                                         max(now - self._t0, 0.0)),
@@ -656,7 +691,13 @@ class Worker(Endpoint):
             # send-when-done: the coefficients do not depend on the state (computed once)
             if c != self._loads[self.worker_id] or c == 0:
                 return
-            vec = encode_rows(self._fixed_theta, self._grads[:c], scheme.n_parts)
+            X = self._grads[:c]
+            if self._fixed_coef is not None and X.dtype == np.float64:
+                vec = self._fixed_coef @ X  # encode_rows' product for ell = 1, no checks
+            else:
+                vec = encode_rows(self._fixed_theta, X, scheme.n_parts)
+            if digest is None:
+                digest = self._fixed_digest
         elif fast is not None:
             if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
                 return
@@ -666,7 +707,7 @@ class Worker(Endpoint):
             if not scheme.contributes(self.worker_id, arr):
                 return
             vec = scheme.encode(self.worker_id, arr, self._grads[:c])
-        payload = np.ascontiguousarray(vec, dtype=self.setup.config.payload_dtype)
+        payload = np.ascontiguousarray(vec, dtype=self._payload_dtype)
         self._attempt_sent = attempt
         self._emit(
             _new_coded(self._epoch, self._round, attempt,
@@ -696,16 +737,22 @@ class Worker(Endpoint):
                 f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
                 code="bad_state",
             )
-        loads = self._loads
-        if any(map(operator.gt, state, loads)):
-            j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
-            raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
-                                      code="bad_state")
+        checked = self.setup.checked_state
+        if checked is not None and (checked[0] is state or checked[0] == state):
+            digest = checked[1]  # the same state passed the bound check below (same loads)
+        else:
+            loads = self._loads
+            if any(map(operator.gt, state, loads)):
+                j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
+                raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
+                                          code="bad_state")
+            digest = state_digest(state)
+            self.setup.checked_state = (tuple(state), digest)
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
         self._set_phase(WorkerPhase.WAITING)
-        self._send_coded(list(state), attempt=msg.attempt, now=now)
+        self._send_coded(list(state), attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
