@@ -138,6 +138,14 @@ _ACCEPTS: dict[str, frozenset[PSPhase]] = {
 }
 
 
+# phase members as module constants: an Enum class attribute lookup costs ~10x a
+# global read, and the hot path compares phases several times per message
+_P_COLLECTING = PSPhase.COLLECTING
+_P_COMPUTING = PSPhase.COMPUTING
+_P_FINISHED = PSPhase.FINISHED
+_P_JOINING = PSPhase.JOINING
+
+
 @dataclass
 class _Peer:
     nonce: bytes
@@ -287,7 +295,7 @@ class ParameterServer(Endpoint):
         self.guard: RoundGuard | None = (
             RoundGuard(self.model, predicted_error=self.predicted_error) if guard else None)
 
-        self.phase = PSPhase.JOINING
+        self.phase = _P_JOINING
         self._peers: dict[Hashable, _Peer] = {}
         self._worker_peer: dict[int, Hashable] = {}
         self._last_heard: dict[int, float] = {}
@@ -308,7 +316,7 @@ class ParameterServer(Endpoint):
     def start(self, *, now: float) -> None:
         """The PS is listening: the join deadline runs from here, not from the first
         connection (a PS nobody connects to ends with a reason instead of waiting forever)."""
-        if self._join_deadline is None and self.phase is PSPhase.JOINING:
+        if self._join_deadline is None and self.phase is _P_JOINING:
             self._join_deadline = now + self.config.join_timeout_s
 
     def connection_made(self, peer: Hashable, *, now: float) -> None:
@@ -324,7 +332,7 @@ class ParameterServer(Endpoint):
         nonce = self.nonce_fn()
         self._peers[peer] = _Peer(nonce=nonce)
         self._pending[peer] = now + self.auth_deadline_s
-        if self._join_deadline is None and self.phase is PSPhase.JOINING:
+        if self._join_deadline is None and self.phase is _P_JOINING:
             self._join_deadline = now + self.config.join_timeout_s
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
 
@@ -391,7 +399,7 @@ class ParameterServer(Endpoint):
                 self._drop_workers(dead, "heartbeat_timeout", now)
             for peer in peers:
                 self._close(peer, "heartbeat_timeout", "silent too long", now)
-        if self.phase is PSPhase.JOINING:
+        if self.phase is _P_JOINING:
             if self._join_deadline is not None and now >= self._join_deadline:
                 if self._round_no == -1 and self._ready_can_decode():
                     # round 0 waits for all m only until join_timeout_s; then it starts with
@@ -405,21 +413,21 @@ class ParameterServer(Endpoint):
                     )
             return
         rs = self._round
-        if rs is None or self.phase is PSPhase.FINISHED:
+        if rs is None or self.phase is _P_FINISHED:
             return
         rec = rs.record
         if now >= rec.t_start + self.config.round_timeout_s:
             self._on_round_timeout(now)
             return
         if (
-            self.phase is PSPhase.COLLECTING
+            self.phase is _P_COLLECTING
             and rs.collect_deadline is not None
             and now >= rs.collect_deadline
         ):
             self._drop_workers(sorted(rs.expected - set(rs.received)), "collect_timeout", now)
             return
         if (
-            self.phase is PSPhase.COMPUTING
+            self.phase is _P_COMPUTING
             and self.config.mode == "approx"
             and self.config.deadline_s is not None
             and now >= rec.t_start + self.config.deadline_s
@@ -471,17 +479,17 @@ class ParameterServer(Endpoint):
         if cfg.dead_after_s is not None and self._sweep_at is not None and self._sweep_at < best:
             best = self._sweep_at
         phase = self.phase
-        if phase is PSPhase.JOINING:
+        if phase is _P_JOINING:
             if self._join_deadline is not None and self._join_deadline < best:
                 best = self._join_deadline
-        elif phase is PSPhase.COMPUTING or phase is PSPhase.COLLECTING:
+        elif phase is _P_COMPUTING or phase is _P_COLLECTING:
             rs = self._round
             if rs is not None:
                 t0 = rs.record.t_start
                 t = t0 + cfg.round_timeout_s
                 if t < best:
                     best = t
-                if phase is PSPhase.COLLECTING:
+                if phase is _P_COLLECTING:
                     if rs.collect_deadline is not None and rs.collect_deadline < best:
                         best = rs.collect_deadline
                 elif cfg.mode == "approx" and cfg.deadline_s is not None:
@@ -519,7 +527,7 @@ class ParameterServer(Endpoint):
 
     @property
     def finished(self) -> bool:
-        return self.phase is PSPhase.FINISHED
+        return self.phase is _P_FINISHED
 
     def _ready_workers(self) -> dict[int, Hashable]:
         """Authenticated workers that said ``ready`` (they take part in the next round)."""
@@ -544,9 +552,9 @@ class ParameterServer(Endpoint):
         if w in rs.received or w in rs.excluded:
             return None
         if self.scheme.sends_when_done:
-            ok = self.phase is PSPhase.COMPUTING
+            ok = self.phase is _P_COMPUTING
         else:
-            ok = self.phase is PSPhase.COLLECTING and w in rs.expected
+            ok = self.phase is _P_COLLECTING and w in rs.expected
         return self._rows[w] if ok else None
 
     def worker_of(self, peer: Hashable) -> int | None:
@@ -561,7 +569,7 @@ class ParameterServer(Endpoint):
 
     def stop(self, reason: str, *, now: float) -> None:
         """Abort the run (e.g. SIGTERM): tell the workers and finish."""
-        if self.phase is not PSPhase.FINISHED:
+        if self.phase is not _P_FINISHED:
             self._finish(reason, now)
 
     # ================================================================== internals
@@ -686,7 +694,7 @@ class ParameterServer(Endpoint):
             if msg.epoch != self.epoch:
                 raise RemoteProtocolError(f"ready for epoch {msg.epoch}", code="stale_epoch")
             self._peers[peer].ready = True
-            if self.phase is PSPhase.JOINING and self._can_start(self._round_no + 1):
+            if self.phase is _P_JOINING and self._can_start(self._round_no + 1):
                 self._start_round(now)
         elif isinstance(msg, Ping):
             if self._ping_allowed(worker, now):
@@ -715,8 +723,8 @@ class ParameterServer(Endpoint):
             self.stats[f"stale_epoch_{kind}"] += 1
             return None
         if rs is None or rnd != rs.record.round or self.phase not in (
-            PSPhase.COMPUTING,
-            PSPhase.COLLECTING,
+            _P_COMPUTING,
+            _P_COLLECTING,
         ):
             if rs is not None and rnd > rs.record.round:
                 raise RemoteProtocolError(f"{kind} for future round {rnd}", code="future_round")
@@ -744,7 +752,7 @@ class ParameterServer(Endpoint):
         rs.record.reports.append((now, worker, count, msg.elapsed_s))
         if rs.cover is not None:
             rs.cover.add(worker, old, count)
-            if self.phase is PSPhase.COMPUTING and rs.cover.deficit == 0:
+            if self.phase is _P_COMPUTING and rs.cover.deficit == 0:
                 self._trigger(now, exact=True)
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
@@ -756,11 +764,11 @@ class ParameterServer(Endpoint):
             self.stats["late_or_duplicate_coded"] += 1
             return
         if self._sends_when_done:
-            if self.phase is not PSPhase.COMPUTING:
+            if self.phase is not _P_COMPUTING:
                 self.stats["late_or_duplicate_coded"] += 1
                 return
         else:
-            if self.phase is not PSPhase.COLLECTING or msg.attempt != rs.attempt or (
+            if self.phase is not _P_COLLECTING or msg.attempt != rs.attempt or (
                 worker not in rs.expected
             ):
                 self.stats["stale_attempt_coded"] += 1
@@ -826,13 +834,13 @@ class ParameterServer(Endpoint):
             return
         if not force and not self._can_start(r):
             # only reached when a round just ended: wait (join_timeout_s) for enough workers
-            if self.phase is not PSPhase.JOINING:
-                self._set_phase(PSPhase.JOINING)
+            if self.phase is not _P_JOINING:
+                self._set_phase(_P_JOINING)
             self._round = None
             self._join_deadline = now + self.config.join_timeout_s
             return
         self._round_no = r
-        self._set_phase(PSPhase.COMPUTING)
+        self._set_phase(_P_COMPUTING)
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         cover = None
         if not self._sends_when_done:
@@ -882,7 +890,7 @@ class ParameterServer(Endpoint):
             rs.record.t_trigger = now
         if not exact:
             rs.record.status = "approx-pending"
-        self._set_phase(PSPhase.COLLECTING)
+        self._set_phase(_P_COLLECTING)
         self._broadcast(_new_encode(self.epoch, rs.record.round, rs.attempt,
                                                   state), ready_only=True)
         self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
@@ -906,7 +914,7 @@ class ParameterServer(Endpoint):
     def _drop_workers(self, workers: list[int], reason: str, now: float) -> None:
         """Take ``workers`` out of the running round, then re-broadcast or resume once."""
         rs = self._round
-        if rs is None or self.phase not in (PSPhase.COMPUTING, PSPhase.COLLECTING):
+        if rs is None or self.phase not in (_P_COMPUTING, _P_COLLECTING):
             return
         lost_expected = False
         for worker in workers:
@@ -930,7 +938,7 @@ class ParameterServer(Endpoint):
             # deadline, which decodes what there is)
             self._end_round_failed(now, f"cannot decode: workers {sorted(rs.excluded)} gone")
             return
-        if self.phase is not PSPhase.COLLECTING or not lost_expected:
+        if self.phase is not _P_COLLECTING or not lost_expected:
             return
         assert rs.cover is not None
         if rs.cover.deficit == 0:
@@ -946,7 +954,7 @@ class ParameterServer(Endpoint):
             rs.expected = set()
             rs.received = {}
             rs.collect_deadline = None
-            self._set_phase(PSPhase.COMPUTING)
+            self._set_phase(_P_COMPUTING)
             self._broadcast(Resume.trusted(self.epoch, rs.record.round, rs.attempt),
                             ready_only=True)
             self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
@@ -1015,7 +1023,7 @@ class ParameterServer(Endpoint):
             state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(int(x) for x in state)
         self._round = None
-        self._set_phase(PSPhase.JOINING)
+        self._set_phase(_P_JOINING)
         self._stage1 = (rec, exact, reason, decode, state, rs.attempt)
 
     def _run_stage1(self, now_fn: Callable[[], float]) -> None:
@@ -1049,7 +1057,7 @@ class ParameterServer(Endpoint):
         self._stage2.append((rec, grad, w_prev, self.model))
         # the next round starts now, after the decode: its t_start is a fresh clock reading
         now = now_fn()
-        if self.phase is PSPhase.JOINING and self._round is None:
+        if self.phase is _P_JOINING and self._round is None:
             self._after_round(rec, now)
 
     def _guarded_step(self, rec: RoundRecord, grad: np.ndarray, w_prev: np.ndarray,
@@ -1077,7 +1085,7 @@ class ParameterServer(Endpoint):
 
     def _after_round(self, rec: RoundRecord, now: float) -> None:
         self._start_round(now)
-        if self.phase is PSPhase.JOINING:
+        if self.phase is _P_JOINING:
             # no round started at once: tell the workers this one is over (when a round does
             # start, its round_start says so)
             self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status),
@@ -1139,7 +1147,7 @@ class ParameterServer(Endpoint):
     def _finish(self, reason: str, now: float) -> None:
         while self._stage1 is not None:
             self._run_stage1(lambda: now)
-        self._set_phase(PSPhase.FINISHED)
+        self._set_phase(_P_FINISHED)
         self._round = None
         self._broadcast(Shutdown(reason=reason))
         for peer in list(self._worker_peer.values()):

@@ -137,6 +137,17 @@ _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
 }
 
 
+# phase members as module constants: an Enum class attribute lookup costs ~10x a
+# global read, and the hot path compares phases several times per message
+_W_AUTHENTICATING = WorkerPhase.AUTHENTICATING
+_W_CLOSED = WorkerPhase.CLOSED
+_W_COMPUTING = WorkerPhase.COMPUTING
+_W_CONNECTING = WorkerPhase.CONNECTING
+_W_IDLE = WorkerPhase.IDLE
+_W_SETTING_UP = WorkerPhase.SETTING_UP
+_W_WAITING = WorkerPhase.WAITING
+
+
 class ChunkGradientFn(Protocol):
     def __call__(self, chunk: int, w: np.ndarray) -> np.ndarray: ...
 
@@ -221,7 +232,7 @@ class Worker(Endpoint):
         self.nonce_fn = nonce_fn
         self.handshake_timeout_s = float(handshake_timeout_s)
         self._connected_at = 0.0
-        self.phase = WorkerPhase.CLOSED
+        self.phase = _W_CLOSED
         self.setup: Setup | None = None
         #: keys of the current session (after a verified welcome), or None without a secret
         self.session: SessionKeys | None = None
@@ -263,7 +274,7 @@ class Worker(Endpoint):
 
     def connection_made(self, *, now: float) -> None:
         """A fresh transport to the PS is up (first connect or a reconnect)."""
-        self.phase = WorkerPhase.CONNECTING
+        self.phase = _W_CONNECTING
         self._delayed.clear()
         self._work.clear()
         self.session = None
@@ -274,15 +285,15 @@ class Worker(Endpoint):
 
     def connection_lost(self, *, now: float) -> None:
         """The transport is gone; the driver reconnects (with backoff) unless shut down."""
-        if self.phase is not WorkerPhase.CLOSED:
-            self.phase = WorkerPhase.CLOSED
+        if self.phase is not _W_CLOSED:
+            self.phase = _W_CLOSED
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
         self.session = None
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
-        if self.phase is WorkerPhase.CLOSED:
+        if self.phase is _W_CLOSED:
             # we closed this connection (frames still in flight, e.g. the PS's answer to
             # our Error): nothing on it matters any more
             self.stats["after_close"] += 1
@@ -365,7 +376,7 @@ class Worker(Endpoint):
     def setup_failed(self, code: str, reason: str, *, now: float) -> None:
         """The driver could not (or may not) build the configured task: close with ``code``
         (``task_not_allowed`` is fatal: reconnecting cannot help)."""
-        if self.phase is WorkerPhase.SETTING_UP:
+        if self.phase is _W_SETTING_UP:
             self._fail(code, reason, now, send_error=True)
 
     def next_deadline(self) -> float | None:
@@ -374,13 +385,13 @@ class Worker(Endpoint):
         best = _INF
         if self._delayed:
             best = self._delayed[0][0]
-        if phase is WorkerPhase.COMPUTING and self._requested == self._count:
+        if phase is _W_COMPUTING and self._requested == self._count:
             dl = self._deadline_list
             if self._count < len(dl) and dl[self._count] < best:
                 best = dl[self._count]
         elif phase in _HANDSHAKING:
             best = min(best, self._connected_at + self.handshake_timeout_s)
-        if phase is not WorkerPhase.CLOSED:
+        if phase is not _W_CLOSED:
             if self._dead_after is not None:
                 t = self._last_heard + self._dead_after
                 if t < best:
@@ -429,13 +440,13 @@ class Worker(Endpoint):
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
-        self.phase = WorkerPhase.CLOSED
+        self.phase = _W_CLOSED
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
 
     def _internal_error(self, exc: Exception, now: float) -> None:
-        if self.phase is WorkerPhase.CLOSED:
+        if self.phase is _W_CLOSED:
             self.stats["error_while_closed"] += 1
             return
         self._fail("worker_error", f"{type(exc).__name__}: {exc}", now, send_error=True)
@@ -449,13 +460,13 @@ class Worker(Endpoint):
                        send_error=False)
             return
         if (
-            self.phase is WorkerPhase.COMPUTING
+            self.phase is _W_COMPUTING
             and self._requested == self._count
             and self._count < len(self._deadline_list)
             and now >= self._deadline_list[self._count]
         ):
             self._request_due(now)
-        if self.phase is not WorkerPhase.CLOSED:
+        if self.phase is not _W_CLOSED:
             dead_after, heartbeat = self._dead_after, self._heartbeat
             if dead_after is not None and now >= self._last_heard + dead_after:
                 self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
@@ -490,7 +501,7 @@ class Worker(Endpoint):
             self._on_round_end(msg, now)
         elif isinstance(msg, Shutdown):
             self._events.append(ShutdownRequested(msg.reason, now))
-            self.phase = WorkerPhase.CLOSED
+            self.phase = _W_CLOSED
             self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
         elif isinstance(msg, Error):
             self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
@@ -506,7 +517,7 @@ class Worker(Endpoint):
             if self.key is not None
             else b""
         )
-        self._set_phase(WorkerPhase.AUTHENTICATING)
+        self._set_phase(_W_AUTHENTICATING)
         self._emit(Hello(worker=self.worker_id, nonce=self._nonce, mac=mac, epoch=msg.epoch),
                    now, delay=False)
 
@@ -529,7 +540,7 @@ class Worker(Endpoint):
         if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._pending_digest = digest
-        self._set_phase(WorkerPhase.SETTING_UP)
+        self._set_phase(_W_SETTING_UP)
         if self.setup is not None and self.setup.config == config:
             self._setup_ready(self.setup, now)
             return
@@ -539,7 +550,7 @@ class Worker(Endpoint):
         self._events.append(SetupNeeded(config, now))
 
     def _setup_ready(self, setup: Setup, now: float) -> None:
-        if self.phase is not WorkerPhase.SETTING_UP:
+        if self.phase is not _W_SETTING_UP:
             return  # the connection closed while the driver was building: keep nothing
         if self._pending_digest != setup.digest:
             raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
@@ -561,7 +572,7 @@ class Worker(Endpoint):
         self._loads = [int(x) for x in setup.scheme.loads]
         self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
         self._pending_config = None
-        self._set_phase(WorkerPhase.IDLE)
+        self._set_phase(_W_IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
         self._emit(Ready.trusted(self._epoch), now, delay=False)
 
@@ -578,7 +589,7 @@ class Worker(Endpoint):
         if msg.round <= self._round:
             raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
                                       code="bad_round")
-        if self._round >= 0 and self.phase is not WorkerPhase.IDLE:
+        if self._round >= 0 and self.phase is not _W_IDLE:
             # round_end is folded into the next round_start: the previous round is over
             self._events.append(RoundEnded(self._round, "", now))
         load = self._loads[self.worker_id]
@@ -606,7 +617,7 @@ class Worker(Endpoint):
                 acc += delays[k]
             dl.append(now + acc)
         self._deadline_list = dl
-        self._set_phase(WorkerPhase.COMPUTING)
+        self._set_phase(_W_COMPUTING)
         if load == 0:
             self._after_all_computed(now)
         elif self._deadline_list[0] <= now:
@@ -630,7 +641,7 @@ class Worker(Endpoint):
         if rnd != self._round or first != self._count or self._grads is None:
             self.stats["stale_work"] += 1
             return
-        if self.phase not in (WorkerPhase.COMPUTING, WorkerPhase.WAITING):
+        if self.phase not in (_W_COMPUTING, _W_WAITING):
             self.stats["stale_work"] += 1
             return
         n = len(grads)
@@ -655,7 +666,7 @@ class Worker(Endpoint):
             events.append(new_chunk_computed(rnd, k, order[k], now, dur))
         self._compute_s = compute_s
         self._count = first + n
-        if self.phase is not WorkerPhase.COMPUTING:
+        if self.phase is not _W_COMPUTING:
             return  # told to encode meanwhile: these gradients only matter after a resume
         every = self._report_every
         load = len(dl)
@@ -675,7 +686,7 @@ class Worker(Endpoint):
     def _after_all_computed(self, now: float) -> None:
         assert self.setup is not None
         scheme = self.setup.scheme
-        self._set_phase(WorkerPhase.WAITING)
+        self._set_phase(_W_WAITING)
         if scheme.sends_when_done:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
@@ -720,7 +731,7 @@ class Worker(Endpoint):
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return
-        if msg.round != self._round or self.phase is WorkerPhase.IDLE:
+        if msg.round != self._round or self.phase is _W_IDLE:
             self.stats["stale_encode"] += 1
             return
         assert self.setup is not None
@@ -751,13 +762,13 @@ class Worker(Endpoint):
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
-        self._set_phase(WorkerPhase.WAITING)
+        self._set_phase(_W_WAITING)
         self._send_coded(list(state), attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return
-        if msg.round != self._round or self.phase is not WorkerPhase.WAITING:
+        if msg.round != self._round or self.phase is not _W_WAITING:
             self.stats["stale_resume"] += 1
             return
         self._attempt_sent = None
@@ -771,7 +782,7 @@ class Worker(Endpoint):
                 dl[k] = now + acc
             self._requested = self._count
             self._work.clear()
-            self._set_phase(WorkerPhase.COMPUTING)
+            self._set_phase(_W_COMPUTING)
             if self._deadline_list[self._count] <= now:
                 self._request_due(now)
 
@@ -783,5 +794,5 @@ class Worker(Endpoint):
             return
         self._deadline_list = []
         self._work.clear()
-        self._set_phase(WorkerPhase.IDLE)
+        self._set_phase(_W_IDLE)
         self._events.append(RoundEnded(msg.round, msg.status, now))
