@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -35,7 +35,8 @@ class Endpoint:
 
     def __init__(self) -> None:
         self._outbox: list[Outgoing] = []
-        self._events: deque[Event] = deque()
+        # lists, not deques: drivers drain them whole (a swap), one pop(0) per next_event
+        self._events: list[Event] = []
         self.stats: Counter[str] = Counter()
 
     def messages_to_send(self) -> list[Outgoing]:
@@ -45,14 +46,13 @@ class Endpoint:
 
     def next_event(self) -> Event | None:
         """The next event, or None."""
-        return self._events.popleft() if self._events else None
+        return self._events.pop(0) if self._events else None
 
     def drain_events(self) -> list[Event]:
         """Every queued event, in order (one call instead of ``next_event`` until None)."""
         if not self._events:
             return []
-        out = list(self._events)
-        self._events.clear()
+        out, self._events = self._events, []
         return out
 
     def statistics(self) -> dict[str, int]:

@@ -356,7 +356,8 @@ class ParameterServer(Endpoint):
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
         """Feed one decoded message from ``peer``. Garbage closes that peer only."""
-        self._catch_up(now)
+        if self._stage1 is not None:
+            self._catch_up(now)
         info = self._peers.get(peer)
         if info is None:
             self.stats["from_unknown_peer"] += 1
@@ -510,11 +511,7 @@ class ParameterServer(Endpoint):
         out, self._outbox = self._outbox, []
         if self._stage1 is not None or self._stage2:
             return out, None, None
-        if self._events:
-            events = list(self._events)
-            self._events.clear()
-        else:
-            events = []
+        events, self._events = self._events, []
         return out, events, self.next_deadline()
 
     # ================================================================== public helpers

@@ -238,7 +238,7 @@ class Worker(Endpoint):
         self.session: SessionKeys | None = None
         self._pending_config: RunConfig | None = None
         self._pending_digest: object = None
-        self._work: deque[ComputeChunks] = deque()
+        self._work: list[ComputeChunks] = []
         self._delayed: deque[tuple[float, Message]] = deque()
         self._epoch = 0
         self._nonce = b""
@@ -315,14 +315,13 @@ class Worker(Endpoint):
 
     def next_work(self) -> ComputeChunks | None:
         """The next work item for the driver, or None."""
-        return self._work.popleft() if self._work else None
+        return self._work.pop(0) if self._work else None
 
     def drain_work(self) -> list[ComputeChunks]:
         """Every queued work item, in order."""
         if not self._work:
             return []
-        out = list(self._work)
-        self._work.clear()
+        out, self._work = self._work, []
         return out
 
     def poll(self) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
@@ -332,16 +331,8 @@ class Worker(Endpoint):
         that answers an event or work item (``setup_ready``, ``chunks_done``) polls again: that
         poll carries what the answer produced and the deadline that then holds.
         """
-        if self._events:
-            events = list(self._events)
-            self._events.clear()
-        else:
-            events = []
-        if self._work:
-            work = list(self._work)
-            self._work.clear()
-        else:
-            work = []
+        events, self._events = self._events, []
+        work, self._work = self._work, []
         out, self._outbox = self._outbox, []
         return events, work, out, self.next_deadline()
 
@@ -692,7 +683,7 @@ class Worker(Endpoint):
             state[self.worker_id] = self._count
             self._send_coded(state, attempt=0, now=now)
 
-    def _send_coded(self, state: list[int], *, attempt: int, now: float,
+    def _send_coded(self, state: list[int] | tuple[int, ...], *, attempt: int, now: float,
                     digest: bytes | None = None) -> None:
         assert self.setup is not None and self._grads is not None
         scheme = self.setup.scheme
@@ -763,7 +754,7 @@ class Worker(Endpoint):
             self.stats["stale_encode"] += 1
             return
         self._set_phase(_W_WAITING)
-        self._send_coded(list(state), attempt=msg.attempt, now=now, digest=digest)
+        self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
