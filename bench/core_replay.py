@@ -24,9 +24,10 @@ from aiogc.core import Setup, Worker
 from aiogc.runner import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
-METHODS = ("poll", "receive", "handle_timer", "connection_made", "connection_lost", "messages_to_send",
-           "next_event", "next_deadline", "chunks_done", "next_work", "run_pending",
-           "has_pending", "drain_events", "drain_work", "setup_ready", "start")
+METHODS = ("poll", "finish_chunks", "receive", "handle_timer", "connection_made",
+           "connection_lost", "messages_to_send", "next_event", "next_deadline", "chunks_done",
+           "next_work", "run_pending", "has_pending", "drain_events", "drain_work",
+           "setup_ready", "start")
 
 
 def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:

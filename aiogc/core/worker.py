@@ -347,6 +347,12 @@ class Worker(Endpoint):
         except Exception as exc:
             self._internal_error(exc, now)
 
+    def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
+                      ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
+        self.chunks_done(rnd, first, grads, now=now)
+        return self.poll()
+
     def work_failed(self, exc: Exception, *, now: float) -> None:
         """The driver's gradient computation raised: close with the reason (and reconnect)."""
         self._internal_error(exc, now)

@@ -285,11 +285,13 @@ class Simulation:
         closing = False
         failed = False
         events = self.worker_events[worker]
+        polled = w.poll()
         while True:
             # one poll per iteration: events, work, frames and the deadline at once; answering
             # an event or a work item needs another poll (it may queue frames and moves the
-            # deadline)
-            evs, work, out, due = w.poll()
+            # deadline); the last work item's answer comes back with that poll (finish_chunks)
+            evs, work, out, due = polled
+            again: tuple[Any, ...] | None = None
             progressed = False
             for ev in evs:
                 events.append(ev)
@@ -300,18 +302,24 @@ class Simulation:
                     progressed = True
             if out:
                 closing = self._route_up(worker, gen, out, now) or closing
-            for item in work:
+            last = len(work) - 1
+            for k, item in enumerate(work):
                 assert w.setup is not None
                 fn = w.setup.chunk_gradient
                 try:
                     grads = [fn(c, item.model) for c in item.chunks]
                 except Exception as exc:  # the worker closes with the reason, reconnects
                     w.work_failed(exc, now=now)
+                    again = None
                 else:
-                    w.chunks_done(item.round, item.first, grads, now=now)
+                    if k == last:
+                        again = w.finish_chunks(item.round, item.first, grads, now=now)
+                    else:
+                        w.chunks_done(item.round, item.first, grads, now=now)
                 progressed = True
             if not progressed:
                 break
+            polled = again if again is not None else w.poll()
         if closing and failed:
             self._worker_lost(worker, now)
             return
