@@ -363,11 +363,15 @@ class ParameterServer(Endpoint):
             self.stats["from_unknown_peer"] += 1
             return
         try:
-            if info.worker is None:
+            worker = info.worker
+            if worker is None:
                 self._handshake(peer, info, msg, now)
             else:
-                self._last_heard[info.worker] = now
-                self._dispatch(info.worker, peer, msg, now)
+                self._last_heard[worker] = now
+                if type(msg) is ChunkReport:  # the most frequent kind, accepted in every phase
+                    self._on_report(worker, msg, now)
+                else:
+                    self._dispatch(worker, peer, msg, now)
         except RemoteProtocolError as exc:
             self._close(peer, exc.code, exc.reason, now)
 
@@ -848,13 +852,14 @@ class ParameterServer(Endpoint):
         ready = self._ready_workers()
         sched = self.schedule
         if sched is not None and r < sched.compute_s.shape[0]:
-            comp = sched.compute_s[r]
-            net_row = sched.network_s[r]
+            # one tolist() per round rather than numpy slicing and scalars per worker
+            comp = sched.compute_s[r].tolist()
+            net_row = sched.network_s[r].tolist()
+            loads = self._loads_list
             for worker, peer in sorted(ready.items()):
-                load = self._loads_list[worker]
-                delays = tuple(comp[worker, :load].tolist())
+                delays = tuple(comp[worker][:loads[worker]])
                 self._send(peer, _new_round_start(self.epoch, r, delays,
-                                                    float(net_row[worker]), model))
+                                                  float(net_row[worker]), model))
         else:
             # one message object for everyone: the driver encodes it once
             msg = _new_round_start(self.epoch, r, (), 0.0, model)
