@@ -1173,6 +1173,9 @@ class ParameterServer(Endpoint):
             # decodability only grows with the finished set: binary search over the workers
             # in order of their finish times
             fin = sorted((e, w) for w, e in rec.compute_s.items())
+            k = self._need_finished
+            if k is not None and k > 0:  # "k finished": the k-th finish time
+                return float(fin[k - 1][0]) if k <= len(fin) else None
             order = [w for _, w in fin]
             if not fin or not self.scheme.is_decodable(self._finished_state(order)):
                 return None
