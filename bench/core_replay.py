@@ -24,7 +24,8 @@ from aiogc.core import Setup, Worker
 from aiogc.runner import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
-METHODS = ("poll", "finish_chunks", "receive", "handle_timer", "connection_made",
+METHODS = ("poll", "finish_chunks", "receive_and_poll", "handle_timer_and_poll",
+           "receive", "handle_timer", "connection_made",
            "connection_lost", "messages_to_send", "next_event", "next_deadline", "chunks_done",
            "next_work", "run_pending", "has_pending", "drain_events", "drain_work",
            "setup_ready", "start")
@@ -108,7 +109,7 @@ def main() -> None:
             tot: dict[str, float] = defaultdict(float)
             for k, n, args, kw in log:
                 key = ("ps." if k == 0 else "w.") + n + (
-                    ":" + args[1].kind if n == "receive" else "")
+                    ":" + args[1].kind if n in ("receive", "receive_and_poll") else "")
                 t = time.perf_counter()
                 getattr(objs[k], n)(*args, **kw)
                 tot[key] += time.perf_counter() - t

@@ -347,6 +347,19 @@ class Worker(Endpoint):
         except Exception as exc:
             self._internal_error(exc, now)
 
+    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
+                         ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
+        self.receive(peer, msg, now=now)
+        return self.poll()
+
+    def handle_timer_and_poll(self, *, now: float
+                              ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing],
+                                         float | None]:
+        """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
+        self.handle_timer(now=now)
+        return self.poll()
+
     def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
                       ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
         """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
@@ -449,7 +462,8 @@ class Worker(Endpoint):
         self._fail("worker_error", f"{type(exc).__name__}: {exc}", now, send_error=True)
 
     def _handle_timer(self, now: float) -> None:
-        self._release(now)
+        if self._delayed:
+            self._release(now)
         if self.phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
             # e.g. a connection the PS's kernel completed but its accept queue dropped: the
             # PS will never speak on it, and without a config there is no liveness timer yet

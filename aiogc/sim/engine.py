@@ -239,8 +239,8 @@ class Simulation:
                 if worker in self._paused:
                     self._schedule(at + 1e-3, deliver)
                     return
-                self.workers[worker].receive(PS_PEER, msg, now=at)
-                self._pump_worker(worker, at)
+                self._pump_worker(worker, at,
+                                  self.workers[worker].receive_and_poll(PS_PEER, msg, now=at))
 
             self._schedule(t, deliver)
         if out.close:
@@ -277,7 +277,10 @@ class Simulation:
 
         return act
 
-    def _pump_worker(self, worker: int, now: float) -> None:
+    def _pump_worker(self, worker: int, now: float, polled: tuple[Any, ...] | None = None
+                     ) -> None:
+        """Flush worker ``worker``; ``polled``: the result of the poll the last core call
+        made."""
         if worker in self._dead or worker in self._paused:
             return
         w = self.workers[worker]
@@ -285,7 +288,8 @@ class Simulation:
         closing = False
         failed = False
         events = self.worker_events[worker]
-        polled = w.poll()
+        if polled is None:
+            polled = w.poll()
         while True:
             # one poll per iteration: events, work, frames and the deadline at once; answering
             # an event or a work item needs another poll (it may queue frames and moves the
@@ -364,8 +368,7 @@ class Simulation:
                 self._schedule(now + 1e-3, act)
                 return
             self._w_timer[worker] = None
-            self.workers[worker].handle_timer(now=now)
-            self._pump_worker(worker, now)
+            self._pump_worker(worker, now, self.workers[worker].handle_timer_and_poll(now=now))
 
         return act
 
