@@ -652,7 +652,8 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
     names = {"ready_s_m1024", "report_p99_ms_1024_workers"}
     try:
         ready, p99, b_ready, b_p99, trials = [], [], [], [], []
-        notes = []
+        notes_ready: list[str] = []
+        notes_p99: list[str] = []
         for t in range(sz.many_trials):
             for subject in (("bare", "live") if t % 2 == 0 else ("live", "bare")):
                 if subject == "bare":
@@ -690,27 +691,26 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
                                "report_p50_ms": float(np.percentile(reps, 50)) if reps else None,
                                "report_p99_ms": p99[-1] if reps else None})
                 if not all_ready:
-                    notes.append(f"only {len(readies)}/{m} workers sent ready "
-                                 f"({stopped or 'run ended'})")
+                    notes_ready.append(f"only {len(readies)}/{m} workers sent ready (seed "
+                                       f"{1 + t}, {stopped or 'run ended'})")
                 if not reps:
-                    notes.append(f"no chunk report reached the PS (seed {1 + t}"
-                                 f"{', ' + stopped if stopped else ''})")
+                    notes_p99.append(f"no chunk report reached the PS (seed {1 + t}, "
+                                     f"{len(readies)}/{m} ready, {stopped or 'run ended'})")
                 _log(f"  live m={m}: {trials[-1]}")
         detail = {"m": m, "delta": 4, "delay": delay, "rounds": sz.many_rounds,
                   "mode": "coroutines", "verify": False, "trials": trials,
                   "bare_ready_s": b_ready, "bare_p99_ms": b_p99}
         ok_r = [x for x in ready if math.isfinite(x)]
         ok_p = [x for x in p99 if math.isfinite(x)]
-        note = "; ".join(notes)
         out = []
         if "ready_s_m1024" in only:
             out.append(record("ready_s_m1024", _med(ok_r) if len(ok_r) == len(ready) else None,
                               baseline=base_ready, baseline_value=_med(b_ready),
-                              trials=len(ready), note=note, detail=detail))
+                              trials=len(ready), note="; ".join(notes_ready), detail=detail))
         if "report_p99_ms_1024_workers" in only:
             out.append(record("report_p99_ms_1024_workers", _med(ok_p) if ok_p else None,
                               baseline=base_p99, baseline_value=_med(b_p99), trials=len(ok_p),
-                              note=note, detail=detail))
+                              note="; ".join(notes_p99), detail=detail))
         return out
     except Exception as exc:
         return [failed(n, base_ready if n.startswith("ready") else base_p99, exc)
