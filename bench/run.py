@@ -131,6 +131,7 @@ class Sizes:
     bulk_rounds: int = 11
     bulk_trials: int = 5
     bulk_raw_mb: float = 256.0
+    bulk_schemes: tuple[str, ...] = ("partial", "uncoded")  # uncoded: for the detail only
     decode_m: int = 64
     decode_d: int = 1_000_000
     decode_trials: int = 9
@@ -145,15 +146,17 @@ class Sizes:
 
 
 FULL = Sizes("full")
-QUICK = Sizes("quick", live_rounds=30, live_trials=1, big_rounds=20, big_trials=1,
+QUICK = Sizes("quick", live_rounds=20, live_trials=1, big_rounds=10, big_trials=1,
               proc_trials=1, live_limit_s=150.0, core_rounds=20, core_trials=5, many_rounds=4,
-              many_trials=1, many_limit_s=90.0, wire_trials=5, wire_mb=100.0, bulk_rounds=6,
-              bulk_trials=3, bulk_raw_mb=128.0, decode_trials=7, sim_repeats=5, rss_rounds=3)
+              many_trials=1, many_limit_s=90.0, wire_trials=5, wire_mb=100.0, bulk_rounds=5,
+              bulk_trials=3, bulk_raw_mb=128.0, bulk_schemes=("partial",), decode_trials=7,
+              sim_repeats=5, rss_rounds=2)
 SMOKE = Sizes("smoke", m_live=4, m_big=6, live_rounds=3, live_trials=1, big_rounds=2,
               big_trials=1, proc_trials=1, live_limit_s=60.0, core_m=4, core_rounds=3,
               core_trials=1, m_many=8, many_rounds=2, many_trials=1, many_limit_s=60.0,
               wire_d=(10_000,), wire_trials=1, wire_mb=1.0, bulk_m=4, bulk_d=10_000,
-              bulk_rounds=2, bulk_trials=1, bulk_raw_mb=1.0, decode_m=8, decode_d=10_000,
+              bulk_rounds=2, bulk_trials=1, bulk_raw_mb=1.0, bulk_schemes=("partial",),
+              decode_m=8, decode_d=10_000,
               decode_trials=1, sim_m=10, sim_delta=2, sim_trials=20, sim_repeats=1, rss_m=3,
               rss_d=10_000, rss_rounds=2)
 
@@ -812,7 +815,7 @@ def bulk_record(sz: Sizes) -> dict[str, Any]:
     base = "blocking raw loopback socket, 4 MB frames, interleaved"
     try:
         res = bench_runner.bench_bulk([sz.bulk_m], sz.bulk_d, sz.bulk_rounds, sz.bulk_trials,
-                                      sz.bulk_raw_mb, _log)
+                                      sz.bulk_raw_mb, _log, schemes=sz.bulk_schemes)
         sub = res["subjects"][f"m={sz.bulk_m}/partial"]
         return record("bulk_round_vs_raw", sub["median_gb_s"], baseline=base,
                       baseline_value=res["raw_median_gb_s"], ratio=sub["ratio_to_raw"],
@@ -943,15 +946,20 @@ def rss_record(sz: Sizes) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ suite
 
 
-def run_suite(sz: Sizes, only: set[str], workdir: Path) -> list[dict[str, Any]]:
+def run_suite(sz: Sizes, only: set[str], workdir: Path,
+              stage_s: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The records named in ``only``, in :data:`GOALS` order; ``stage_s`` gets each stage's
+    wall time."""
     recs: list[dict[str, Any]] = []
+    stage_s = {} if stage_s is None else stage_s
 
     def stage(label: str, names: set[str], fn: Callable[[], list[dict[str, Any]]]) -> None:
         if only & names:
             _log(f"[{label}]")
             t0 = time.monotonic()
             recs.extend(fn())
-            _log(f"[{label}] {time.monotonic() - t0:.1f} s")
+            stage_s[label] = round(time.monotonic() - t0, 1)
+            _log(f"[{label}] {stage_s[label]} s")
 
     stage("decode", {"decode_vs_gemv"}, lambda: [decode_record(sz)])
     stage("simulate", {"simulate_m100_seconds"}, lambda: [simulate_record(sz)])
@@ -1115,7 +1123,8 @@ def main(argv: list[str] | None = None) -> int:
             info.update(tab)
             text = format_live_table(tab)
         else:
-            recs = run_suite(sz, set(args.only or GOALS), workdir)
+            info["stage_s"] = {}
+            recs = run_suite(sz, set(args.only or GOALS), workdir, info["stage_s"])
             info["records"] = recs
             text = format_table(recs)
     info["loadavg_after"] = _loadavg()

@@ -70,6 +70,20 @@ def test_record_schema(smoke: dict) -> None:
             assert r["holds"] is False and r["note"], r["name"]
 
 
+def test_live_table_mode(tmp_path: Path) -> None:
+    """``--table`` (issue 8's live-vs-sim table) at a tiny size: one row per m, in markdown."""
+    out = tmp_path / "table.json"
+    proc = subprocess.run([sys.executable, str(RUN), "--table", "--table-m", "4",
+                           "--table-processes", "--table-rounds", "2", "--silent",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tab = json.loads(out.read_text())
+    assert [(r["m"], r["mode"]) for r in tab["rows"]] == [(4, "coroutines")]
+    assert "| m | partial live round ÷ simulated |" in proc.stdout
+    assert "\n| 4 |" in proc.stdout
+
+
 def test_record_helpers() -> None:
     from importlib import util
 
