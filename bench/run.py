@@ -241,8 +241,9 @@ def watchdog(limit_s: float) -> Iterator[list[float]]:
 
 
 @contextlib.contextmanager
-def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None]]]:
-    """Log ``(now, kind, t_worker)`` of every message the PS core receives in this process.
+def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None, int | None]]]:
+    """Log ``(now, kind, t_worker, worker)`` of every message the PS core receives in this
+    process (``worker``: the PS's id for the peer, once it knows it).
 
     A class-level wrapper of ``ParameterServer.receive`` (the one entry of decoded peer
     messages): in coroutine mode the PS and its workers share ``time.monotonic()``, so
@@ -251,11 +252,12 @@ def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None]]]:
     from aiogc.core import ParameterServer
 
     orig = ParameterServer.receive
-    log: list[tuple[float, str, float | None]] = []
+    log: list[tuple[float, str, float | None, int | None]] = []
 
     def receive(self: Any, peer: Any, msg: Any, *, now: float) -> Any:
-        log.append((now, msg.kind, getattr(msg, "t_worker", None)))
-        return orig(self, peer, msg, now=now)
+        out = orig(self, peer, msg, now=now)
+        log.append((now, msg.kind, getattr(msg, "t_worker", None), self.worker_of(peer)))
+        return out
 
     ParameterServer.receive = receive  # type: ignore[method-assign]
     try:
@@ -349,18 +351,21 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
 def _frames_per_worker_round(run_dir: Path, m: int,
                              readies: dict[str, int]) -> dict[str, float | None]:
     """Frames in both directions that carry a round number, per worker and recorded round;
-    ``readies`` gets the number of ``ready`` frames the PS received per scheme."""
+    ``readies`` gets the number of distinct workers whose ``ready`` the PS received, per
+    scheme."""
     path = run_dir / "events.jsonl"
     if not path.exists():
         return {}
     frames: dict[str, int] = {}
     rounds: dict[str, set[int]] = {}
+    ready_ids: dict[str, set[int | None]] = {}
     with path.open() as f:
         for line in f:
             ev = json.loads(line)
             if ev.get("round") is None:
                 if ev.get("kind") == "ready" and ev.get("direction") == "in":
-                    readies[ev["scheme"]] = readies.get(ev["scheme"], 0) + 1
+                    ready_ids.setdefault(ev["scheme"], set()).add(ev.get("worker"))
+                    readies[ev["scheme"]] = len(ready_ids[ev["scheme"]])
                 continue
             s = ev["scheme"]
             frames[s] = frames.get(s, 0) + 1
@@ -692,13 +697,20 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
                             raise
                         stopped = f"stopped by the bench watchdog after {sz.many_limit_s:.0f} s"
                         n_rounds = -1
-                readies = [now for now, kind, _ in log if kind == "ready"]
-                reps = [1e3 * (now - tw) for now, kind, tw in log
+                # a worker that reconnected says ready again: count distinct workers
+                readies, seen = [], set()
+                for now, kind, _, w in log:
+                    if kind == "ready" and w not in seen:
+                        seen.add(w)
+                        readies.append(now)
+                n_ready_frames = sum(1 for x in log if x[1] == "ready")
+                reps = [1e3 * (now - tw) for now, kind, tw, _ in log
                         if tw is not None and "report" in kind]
                 all_ready = len(readies) >= m
                 ready.append(readies[-1] - t0 if all_ready else math.nan)
                 p99.append(float(np.percentile(reps, 99)) if reps else math.nan)
-                trials.append({"seed": 1 + t, "readies": len(readies), "reports": len(reps),
+                trials.append({"seed": 1 + t, "readies": len(readies),
+                               "ready_frames": n_ready_frames, "reports": len(reps),
                                "rounds_completed": n_rounds, "stopped": stopped,
                                "wall_s": time.monotonic() - t0,
                                "first_ready_s": readies[0] - t0 if readies else None,
