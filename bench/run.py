@@ -329,6 +329,7 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
             "live_mean_s": statistics.fmean(r.duration_s for r in done) if done else math.nan,
             "sim_mean_s": statistics.fmean(sim_c) if sim_c else math.nan,
             "sim_mean_all_rounds_s": float(sim[name].completion_s.mean()),
+            "live_legs_ms": _legs(done),
         }
     p, o = out["partial"], out["original"]
     out["round_ratio"] = _div(p["live_mean_s"], p["sim_mean_s"])
@@ -344,8 +345,31 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
     _log(f"  live m={m} {mode} seed {seed}: {out['wall_s']:.1f} s; partial "
          f"{p['rounds_completed']}/{rounds} rounds live {1e3 * p['live_mean_s']:.1f} ms sim "
          f"{1e3 * p['sim_mean_s']:.1f} ms; original {o['rounds_completed']}/{rounds} rounds; "
-         f"speedup live {out['live_speedup']:.2f} sim {out['sim_speedup']:.2f} {stopped}")
+         f"speedup live {out['live_speedup']:.2f} sim {out['sim_speedup']:.2f}; partial legs "
+         f"ms {_fmt_legs(p['live_legs_ms'])} {stopped}")
     return out
+
+
+def _fmt_legs(legs: dict[str, float | None]) -> str:
+    return " ".join(f"{k} {v:.1f}" for k, v in legs.items() if v is not None) or "-"
+
+
+def _legs(done: list[Any]) -> dict[str, float | None]:
+    """Where a live round's time went, means in ms: ``oracle`` (start to the moment the
+    workers' own completion stamps allowed decoding), ``control`` (the rest of start to
+    trigger: round_start delivery, report delivery, PS processing), ``collect`` (trigger to
+    end: broadcast, encode, upload, decode)."""
+    def mean(xs: list[float]) -> float | None:
+        ok = [x for x in xs if math.isfinite(x)]
+        return 1e3 * statistics.fmean(ok) if ok else None
+
+    trig = [r for r in done if r.t_trigger is not None]
+    orc = [r.oracle_elapsed_s for r in trig if r.oracle_elapsed_s is not None]
+    return {"oracle": mean(orc),
+            "control": mean([r.t_trigger - r.t_start - r.oracle_elapsed_s for r in trig
+                             if r.oracle_elapsed_s is not None]),
+            "collect": mean([r.t_end - r.t_trigger for r in trig]),
+            "trigger": mean([r.t_trigger - r.t_start for r in trig])}
 
 
 def _frames_per_worker_round(run_dir: Path, m: int,
