@@ -1,6 +1,21 @@
 """``aiogc`` command line: ``run``, ``ps``, ``worker``, ``simulate``, ``experiment``, ``plot``,
 ``inspect``. ``main(argv) -> int``; configuration errors exit 2 with a message naming the
 field, the value and the allowed range.
+
+Exit codes (every command; errors are one line on stderr, never a traceback):
+
+* 0 -- done: for ``run`` / ``ps``, every requested round of every scheme completed, none failed,
+  no loss or decode error was non-finite, and in exact mode every round decoded exactly; for
+  ``worker``, the PS ended the run after all its rounds.
+* 1 -- the run ended early or incompletely (join timeout, failed or non-exact rounds, a
+  non-finite loss; the summary and ``end reason`` line say which), a worker whose PS ended the
+  run early, or an internal error.
+* 2 -- bad configuration or usage: an out-of-range flag, a port that cannot be bound, a missing
+  file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
+* 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
+  (wrong secret, config mismatch, task not allowed); the message says which.
+* 130 -- stopped by SIGINT or SIGTERM (``aiogc: interrupted by ...`` on stderr); ``run`` /
+  ``ps`` still write ``summary.json`` with the ``end_reason``.
 """
 
 from __future__ import annotations
@@ -15,10 +30,47 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
+from .config import MAX_WORKERS, RunConfig
 from .errors import AiogcError, ConfigError
 
 DEFAULT_OUT = "runs/latest"
+
+EXIT_OK = 0
+EXIT_INCOMPLETE = 1
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
+
+
+#: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
+EXIT_STOPPED = 130
+
+
+def _signal_exit(name: str) -> int:
+    """The exit status after a stop signal: 130 for SIGINT and SIGTERM alike."""
+    return EXIT_STOPPED
+
+
+def _port(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port={s!r} is not an integer in [0, 65535]") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port={v} is out of range: expected an integer in "
+                                         "[0, 65535] (0 = any free port)")
+    return v
+
+
+def _writable_dir(flag: str, path: str) -> None:
+    """Create ``path`` if needed and check a file can be written there, or raise ConfigError."""
+    d = Path(path)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".aiogc-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(flag, path, f"a writable directory ({exc.strerror or exc})") from None
 
 
 def _positive_int(s: str) -> int:
@@ -92,7 +144,11 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
 def read_secret(path: str | None) -> bytes | None:
     """--secret-file, else $AIOGC_SECRET, else None."""
     if path:
-        data = Path(path).read_bytes().strip()
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError("secret-file", path,
+                              f"a readable, non-empty file ({exc.strerror or exc})") from None
         if not data:
             raise ConfigError("secret-file", path, "a non-empty file")
         return data
@@ -123,24 +179,41 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                    help="write PNGs (needs the plot extra)")
+    p.add_argument("--backend", default="local",
+                   help="local (processes on this machine) | ray (actors on a Ray cluster, "
+                        "needs the ray extra; see docs/cluster.md)")
+    p.add_argument("--address", default=None,
+                   help="--backend ray: auto | HOST:PORT of the cluster's GCS "
+                        "(default: start a local Ray instance for this run)")
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .runner import dump_json, format_summary, run_live
+    from .runner import RunInterrupted, dump_json, format_summary, run_complete, run_live
 
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
         raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
     base = config_from_args(a, schemes[0])
+    _writable_dir("out", a.out)
     progress = sys.stderr.isatty() if a.progress is None else a.progress
-    result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
-                      progress=progress, argv=argv, plots=a.plots)
+    try:
+        result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify,
+                          loop=a.loop, progress=progress, argv=argv, plots=a.plots,
+                          backend=a.backend, address=a.address)
+    except RunInterrupted as exc:
+        print(format_summary(exc.result.summary))
+        print(f"run directory: {a.out}")
+        print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
+        print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
+        return _signal_exit(exc.signal_name)
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
         print(dump_json(result.summary))
-    failed = any(s.get("rounds_failed") for s in result.summary.get("schemes", {}).values())
-    return 1 if failed else 0
+    print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
+    if not run_complete(result.summary, base.rounds, mode=base.mode):
+        return EXIT_INCOMPLETE
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------ ps / worker
@@ -151,12 +224,15 @@ def add_ps_parser(sub: Any) -> None:
                        description="Serve one scheme to m workers started with `aiogc worker`.")
     p.add_argument("--host", default="127.0.0.1",
                    help="bind address; a non-loopback address requires a secret")
-    p.add_argument("--port", type=int, default=7733, help="TCP port (0 = any free port)")
+    p.add_argument("--port", type=_port, default=7733,
+                   help="TCP port in [0, 65535] (0 = any free port)")
     p.add_argument("--scheme", default="partial",
                    help="partial | original | uncoded | ignore-stragglers")
     add_config_args(p)
     p.add_argument("--out", default=None, help="directory for summary.json and records")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="compute the uncoded gradient too: record each round's decode error "
+                        "and refuse to apply a gradient that does not match it (default on)")
     p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
     p.add_argument("--epoch", type=int, default=None,
@@ -167,13 +243,25 @@ def add_ps_parser(sub: Any) -> None:
 def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
-    from .core import RoundCompleted
+    from .core import Finished, RoundCompleted
     from .net.drivers import PSServer, run_on
     from .records import RunRecorder, summarize
-    from .runner import build_manifest, dump_json, format_summary, make_ps, materialise_for
+    from .runner import (
+        ALL_ROUNDS_DONE,
+        _started,
+        build_manifest,
+        dump_json,
+        format_summary,
+        make_ps,
+        materialise_for,
+        run_complete,
+        run_end_reason,
+    )
 
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
+    if a.out:
+        _writable_dir("out", a.out)
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch)
@@ -184,37 +272,69 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                                                      mode="remote", loop=a.loop,
                                                      verify=a.verify, argv=argv))
         recorder.write_schedule(schedule)
+    ended: list[str] = []
+    stopped: list[str] = []
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = ev.record
-            print(f"round {r.round}: {r.status} in {r.duration_s:.4f} s", file=sys.stderr)
+            why = f" ({r.end_reason})" if r.status == "failed" and r.end_reason else ""
+            print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
             if recorder is not None:
                 recorder.round(a.scheme, r, m=scheme.m, loads=list(scheme.loads),
                                trigger_scheme=not scheme.sends_when_done)
+        elif isinstance(ev, Finished):
+            ended.append(ev.reason)
+            if recorder is not None:
+                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end", scheme=a.scheme,
+                                   reason=ev.reason, rounds=ev.rounds_completed)
 
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.stop, f"signal {sig.name}")
         task_ = asyncio.create_task(server.serve())
-        await server.started.wait()
+
+        def on_signal(name: str) -> None:
+            stopped.append(name)
+            if server.started.is_set():
+                server.stop(f"signal {name}")  # tells the workers, then serve() returns
+            else:
+                task_.cancel()  # not listening yet: nothing to tell anyone
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        try:
+            await _started(server, task_)
+        except OSError as exc:
+            raise ConfigError("port", a.port, f"a port this host can listen on at {a.host} "
+                              f"({exc.strerror or exc})") from None
         print(f"aiogc ps listening on {a.host}:{server.port} (epoch {epoch})", file=sys.stderr,
               flush=True)
         await task_
 
-    run_on(a.loop, main())
-    summary = summarize({a.scheme: ps.records})
-    if recorder is not None:
-        recorder.close(summary)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            run_on(a.loop, main())
+    finally:
+        ps_reason = (ended[0] if ended else
+                     f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
+        summary = summarize({a.scheme: ps.records}, end_reasons={a.scheme: ps_reason})
+        end_reason = ps_reason
+        if ps_reason == ALL_ROUNDS_DONE:
+            end_reason = run_end_reason({a.scheme: ps_reason}, (), summary)
+        summary["end_reason"] = end_reason
+        summary["interrupted_by"] = stopped[0] if stopped else None
+        if recorder is not None:
+            recorder.close(summary)
+        elif a.out:
+            (Path(a.out) / "summary.json").write_text(dump_json(summary))
     print(format_summary(summary))
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "summary.json").write_text(dump_json(summary))
-    done = len([r for r in ps.records if r.status != "failed"])
-    return 0 if done == config.rounds else 1
+    print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
+    if stopped:
+        print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
+        return _signal_exit(stopped[0])
+    return EXIT_OK if run_complete(summary, config.rounds, mode=config.mode) else EXIT_INCOMPLETE
 
 
 def add_worker_parser(sub: Any) -> None:
@@ -223,6 +343,13 @@ def add_worker_parser(sub: Any) -> None:
     p.add_argument("--connect", required=True, help="HOST:PORT of the PS")
     p.add_argument("--id", type=int, required=True, help="worker id in [0, m)")
     p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
+    p.add_argument("--worker-key-file", default=None,
+                   help="this worker's own key k_j (hex) instead of the master secret")
+    p.add_argument("--task", default=None,
+                   help="a task this worker may build (plug-ins and data files are never "
+                        "taken from the PS otherwise)")
+    p.add_argument("--data-dir", action="append", default=None,
+                   help="directory whose data files a logreg:PATH task may name (repeatable)")
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
     p.add_argument("--give-up-after", type=float, default=30.0,
                    help="seconds without reaching the PS before exiting with an error")
@@ -232,29 +359,61 @@ def add_worker_parser(sub: Any) -> None:
 def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .core import Worker
     from .net.drivers import WorkerClient, run_on
+    from .runner import ExitReason
 
     host, _, port = a.connect.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError("connect", a.connect, "HOST:PORT")
-    if a.id < 0:
-        raise ConfigError("id", a.id, "an integer >= 0")
-    client = WorkerClient(Worker(a.id, secret=read_secret(a.secret_file)), host, int(port),
-                          give_up_after_s=a.give_up_after)
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError("connect", a.connect, "HOST:PORT with a port in [1, 65535]")
+    if not 0 <= a.id < MAX_WORKERS:
+        raise ConfigError("id", a.id, f"an integer in [0, {MAX_WORKERS - 1}] (a PS has at "
+                          f"most {MAX_WORKERS} workers)")
+    if not a.give_up_after > 0:
+        raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
+    from .worker_setup import TaskPolicy
+
+    # no code from the wire: only built-in tasks, this worker's own --task, or data files
+    # inside its own --data-dir directories (docs/protocol.md §4.5)
+    policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
+    if a.worker_key_file is not None:
+        try:  # hex of k_j = aiogc.core.derive_worker_key(S, j): 64 hex digits
+            key = bytes.fromhex(Path(a.worker_key_file).read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise ConfigError("worker-key-file", a.worker_key_file,
+                              f"a readable file with 64 hex digits ({exc})") from None
+        if len(key) != 32:
+            raise ConfigError("worker-key-file", a.worker_key_file, "64 hex digits")
+        worker = Worker(a.id, worker_key=key)
+    else:
+        worker = Worker(a.id, secret=read_secret(a.secret_file))
+    why = ExitReason()
+    client = WorkerClient(worker, host, int(port), give_up_after_s=a.give_up_after,
+                          policy=policy, on_event=why)
+    stopped: list[str] = []
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         task_ = asyncio.create_task(client.run())
+
+        def on_signal(name: str) -> None:
+            stopped.append(name)
+            task_.cancel()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task_.cancel)
+            loop.add_signal_handler(sig, on_signal, sig.name)
         with contextlib.suppress(asyncio.CancelledError):
             await task_
 
+    me = f"aiogc worker {a.id}"
     try:
         run_on(a.loop, main())
     except ConnectionError as exc:
-        print(f"aiogc worker: {exc}", file=sys.stderr)
-        return 3
-    return 0
+        print(f"{me}: exiting: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if stopped:
+        print(f"{me}: exiting: stopped by {stopped[0]}", file=sys.stderr)
+        return _signal_exit(stopped[0])
+    print(f"{me}: exiting: {why.describe()}", file=sys.stderr)
+    return EXIT_INCOMPLETE if why.early else EXIT_OK
 
 
 # ------------------------------------------------------------------ plot / inspect
@@ -272,18 +431,30 @@ def add_plot_parsers(sub: Any) -> None:
     q.set_defaults(func=cmd_inspect)
 
 
+def _run_dir(path: str) -> None:
+    if not Path(path).is_dir():
+        raise ConfigError("run_dir", path, "an existing run directory")
+
+
 def cmd_plot(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .plots import plot_run
 
+    _run_dir(a.run_dir)
+    if a.out is not None:
+        _writable_dir("out", a.out)
     for path in plot_run(a.run_dir, a.out):
         print(path)
     return 0
 
 
 def cmd_inspect(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .inspect_run import inspect_round
+    from .inspect_run import NoSuchRound, inspect_round
 
-    print(inspect_round(a.run_dir, a.round, a.scheme))
+    _run_dir(a.run_dir)
+    try:
+        print(inspect_round(a.run_dir, a.round, a.scheme))
+    except NoSuchRound as exc:
+        raise ConfigError(exc.field, exc.value, exc.allowed) from None
     return 0
 
 
@@ -316,13 +487,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(rc)
     except ConfigError as exc:
         print(f"aiogc: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except AiogcError as exc:
         print(f"aiogc: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_INCOMPLETE
     except KeyboardInterrupt:
         print("aiogc: interrupted", file=sys.stderr)
-        return 130
+        return _signal_exit("SIGINT")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        # a path the user gave: one line, no traceback
+        print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:
+        print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    except Exception as exc:
+        if os.environ.get("AIOGC_TRACEBACK"):
+            raise
+        print(f"aiogc: internal error: {type(exc).__name__}: {exc} "
+              "(set AIOGC_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+        return EXIT_INCOMPLETE
+
+
+def _os_error(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def _takes_argv(func: Any) -> bool:

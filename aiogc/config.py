@@ -139,6 +139,11 @@ class RunConfig:
         if self.deadline_s is not None and self.deadline_s >= self.round_timeout_s:
             raise ConfigError("deadline_s", self.deadline_s,
                               f"< round_timeout_s={self.round_timeout_s}")
+        # bounded setup: refuse before anything is allocated (PS, and a worker given it in
+        # welcome); the module holds no numpy state, so the import is cheap
+        from .coding.decoding_matrix import check_setup_budget
+
+        check_setup_budget(self.scheme, self.workers, self.delta, self.n_parts)
 
     # ------------------------------------------------------------------ derived values
 

@@ -17,9 +17,23 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .errors import AiogcError
 from .records import is_trigger_scheme, load_events, load_run
 
-__all__ = ["inspect_round"]
+__all__ = ["NoSuchRound", "inspect_round"]
+
+
+class NoSuchRound(AiogcError, KeyError):
+    """The run has no such round (or scheme); names the field, value and what exists."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is not in this run: expected {allowed}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
 
 
 def _f(x: Any, digits: int = 6) -> str:
@@ -57,8 +71,11 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
 
     Raises
     ------
-    KeyError
-        If no scheme has that round (the message lists the schemes and rounds available).
+    NoSuchRound
+        (a KeyError) If no scheme has that round, or ``scheme`` is not in the run; the
+        message lists the schemes and rounds available.
+    FileNotFoundError
+        If ``run_dir`` is not a directory.
     """
     run = load_run(run_dir)
     rows = [
@@ -68,10 +85,16 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
     ]
     if not rows:
         schemes = sorted({r["scheme"] for r in run["rounds"]})
-        n = max((r["round"] for r in run["rounds"]), default=-1) + 1
-        raise KeyError(
-            f"round {round}{f' of scheme {scheme!r}' if scheme else ''} not in {run['dir']}: "
-            f"schemes {schemes}, rounds 0..{n - 1}"
+        if not schemes:
+            raise NoSuchRound("round", round, f"a recorded round, but {run['dir']} has none")
+        if scheme is not None and scheme not in schemes:
+            raise NoSuchRound("scheme", scheme, f"one of {schemes} in {run['dir']}")
+        have = sorted({r["round"] for r in run["rounds"]
+                       if scheme is None or r["scheme"] == scheme})
+        raise NoSuchRound(
+            "round", round,
+            f"a round of {run['dir']}{f' scheme {scheme!r}' if scheme else ''}: "
+            f"{_ranges(have)} (schemes {schemes})",
         )
     sections = []
     for row in rows:
@@ -81,6 +104,21 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
         frames = load_events(run_dir, scheme=s, round=round)
         sections.append(_section(row, reports, workers, frames))
     return "\n\n".join(sections) + "\n"
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"rounds 0..2, 5"``."""
+    if not xs:
+        return "no rounds"
+    parts, lo, prev = [], xs[0], xs[0]
+    for x in [*xs[1:], None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        parts.append(f"{lo}..{prev}" if prev > lo else str(lo))
+        if x is not None:
+            lo = prev = x
+    return "rounds " + ", ".join(parts)
 
 
 def _section(

@@ -13,7 +13,9 @@ Invariants
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Final
 
@@ -22,7 +24,7 @@ import numpy as np
 from .errors import MalformedFrame
 
 #: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 #: Largest integer accepted in any int field: fits every language's int64 with margin.
 MAX_INT: Final = 2**53
@@ -155,6 +157,19 @@ class Message:
             checked = self._checks[name](self.kind, name, value)
             if checked is not value:
                 object.__setattr__(self, name, checked)
+
+    @classmethod
+    def trusted(cls, *values: Any) -> Any:
+        """Build from positional field values *without* validation.
+
+        Only for messages this process builds itself from values it already trusts (the hot
+        path: reports, coded vectors, pings); anything from the network goes through
+        :meth:`from_fields`, which checks every field.
+        """
+        obj = object.__new__(cls)
+        for name, v in zip(cls._names, values, strict=True):
+            object.__setattr__(obj, name, v)
+        return obj
 
     def header_fields(self) -> dict[str, Any]:
         """Fields as msgpack-ready values, array field excluded."""
@@ -436,7 +451,8 @@ PS_TO_WORKER: Final = frozenset({"challenge", "welcome", "round_start", "encode_
 
 def state_digest(state: tuple[int, ...] | list[int] | np.ndarray) -> bytes:
     """8-byte digest of a state vector (blake2b of its little-endian int64 bytes)."""
-    import hashlib
-
-    arr = np.ascontiguousarray(np.asarray(state, dtype="<i8"))
-    return hashlib.blake2b(arr.tobytes(), digest_size=8).digest()
+    if isinstance(state, np.ndarray):
+        raw = np.ascontiguousarray(state, dtype="<i8").tobytes()
+    else:
+        raw = struct.pack(f"<{len(state)}q", *state)
+    return hashlib.blake2b(raw, digest_size=8).digest()

@@ -10,7 +10,9 @@ records"):
     The materialised delay schedule (:meth:`RunRecorder.write_schedule`, via
     ``schedule.to_csv``); replayable.
 ``events.jsonl``
-    One JSON object per frame: ``t_ns, direction, kind, scheme, round, worker, nbytes``. ``t_ns``
+    One JSON object per frame: ``t_ns, direction, kind, scheme, round, worker, nbytes``; and
+    run-level events (:meth:`RunRecorder.run_event`, ``direction == "event"``), such as
+    ``run_end`` with the ``reason`` the run of a scheme ended. ``t_ns``
     must be on the same clock as the PS ``now`` values (``t_ns == round(now * 1e9)``), so frames
     and round records line up in ``trace.json`` and :func:`aiogc.inspect_run.inspect_round`.
 ``rounds.csv``
@@ -379,6 +381,17 @@ class RunRecorder:
         self._events.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.n_frames += 1
 
+    def run_event(self, *, t_ns: int, kind: str, scheme: str, reason: str, **extra: Any) -> None:
+        """Append a run-level event (e.g. ``kind="run_end"`` with the PS's finish reason) to
+        ``events.jsonl``: ``direction`` is ``"event"``, ``round`` / ``worker`` null,
+        ``nbytes`` 0, so frame readers can skip it by ``direction``."""
+        self._check_open()
+        line = {"t_ns": int(t_ns), "direction": "event", "kind": kind, "scheme": scheme,
+                "round": None, "worker": None, "nbytes": 0, "reason": reason,
+                **to_jsonable(extra)}
+        self._events.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._events.flush()
+
     def round(
         self,
         scheme: str,
@@ -453,15 +466,43 @@ def _opt(x: float | None) -> float | None:
     return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
+#: Failed rounds listed by name in a summary at most (the count is always complete).
+MAX_LISTED_FAILED_ROUNDS = 100
+
+
+def _nonfinite_failure(recs: Sequence[RoundRecord]) -> tuple[int, str] | None:
+    """The first round whose loss or decode error says the model was broken, with why.
+
+    An infinite loss or decode error fails wherever it occurs. A NaN loss fails in a round that
+    applied a step, once the run records losses at all (a run without a loss function has NaN
+    everywhere); a NaN decode error only means the round was not verified.
+    """
+    losses_recorded = any(r.loss is not None and math.isfinite(r.loss) for r in recs)
+    for r in recs:
+        loss = float("nan") if r.loss is None else float(r.loss)
+        if math.isinf(loss):
+            return r.round, f"round {r.round}: loss is {loss}"
+        if math.isnan(loss) and losses_recorded and r.status != "failed":
+            return r.round, f"round {r.round}: loss is nan"
+        rel = float("nan") if r.rel_error is None else float(r.rel_error)
+        if math.isinf(rel):
+            return r.round, f"round {r.round}: decode error is {rel}"
+    return None
+
+
 def summarize(
     records_by_scheme: Mapping[str, Sequence[RoundRecord]],
     *,
     initial_loss: float | None = None,
+    end_reasons: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per-scheme statistics of a run, JSON-serialisable (``None`` where undefined, never NaN).
 
     Round-time statistics cover the rounds that did not fail (a failed round produced no
-    gradient step); ``wall_time_s`` sums every round.
+    gradient step); ``wall_time_s`` sums every round. The summary reports the *worst* round,
+    never hides one: any infinite loss or decode error (or a NaN loss after a step) makes the
+    scheme fail, naming the first such round, and ``final_loss`` is the loss after the last
+    step, not the last finite one.
 
     Parameters
     ----------
@@ -469,6 +510,8 @@ def summarize(
         The rounds of each scheme, in order.
     initial_loss : float, optional
         Loss of the initial model (the same for every scheme), copied to the output.
+    end_reasons : mapping of str to str, optional
+        Why each scheme's run ended (the PS's finish reason), copied to ``end_reason``.
 
     Returns
     -------
@@ -479,10 +522,16 @@ def summarize(
         ``round_time_p50_s``, ``round_time_p95_s``, ``round_time_max_s``, ``wall_time_s``,
         ``oracle_time_mean_s`` (mean over the rounds with an oracle time), ``overhead_ratio``
         (mean round time / mean oracle time), ``attempts_mean``, ``max_rel_decode_error``,
-        ``max_residual``, ``max_amplification``, ``first_loss`` (after round 0) and
-        ``final_loss`` (last finite loss). ``speedup`` is the mean round time of ``original``
-        divided by that of ``partial`` when both are present; ``speedup_vs_original`` gives
-        the same ratio for every scheme.
+        ``max_residual``, ``max_amplification``, ``first_loss`` (after round 0),
+        ``final_loss`` (after the last round that was not failed; None if not finite),
+        ``worst_round`` (``{"round", "rel_error"}`` of the largest decode error, or None),
+        ``failed_rounds`` (``[{"round", "reason"}]``, at most
+        :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
+        and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
+        ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
+        when both are present; ``speedup_vs_original`` gives the same ratio for every scheme.
+        ``failures`` maps every failing scheme to its ``failure``; ``ok`` is True when there is
+        none.
     """
     schemes: dict[str, dict[str, Any]] = {}
     for name, recs in records_by_scheme.items():
@@ -491,8 +540,14 @@ def summarize(
         oracle = _finite(r.oracle_elapsed_s for r in ok)
         mean = float(durations.mean()) if durations.size else None
         oracle_mean = float(np.mean(oracle)) if oracle else None
-        losses = _finite(r.loss for r in recs)
         rel = _finite(r.rel_error for r in recs)
+        stepped = [r for r in recs if r.status != "failed"]
+        worst = max(
+            ((float(r.rel_error), r.round) for r in recs
+             if r.rel_error is not None and not math.isnan(float(r.rel_error))),
+            default=None,
+        )
+        nonfinite = _nonfinite_failure(recs)
         resid = _finite(r.residual for r in ok)
         amp = _finite(r.amplification for r in ok)
 
@@ -516,7 +571,14 @@ def summarize(
             "max_residual": max(resid) if resid else None,
             "max_amplification": max(amp) if amp else None,
             "first_loss": _opt(recs[0].loss) if recs else None,
-            "final_loss": losses[-1] if losses else None,
+            "final_loss": _opt(stepped[-1].loss) if stepped else None,
+            "worst_round": (None if worst is None
+                            else {"round": worst[1], "rel_error": worst[0]}),
+            "failed_rounds": [{"round": r.round, "reason": r.end_reason}
+                              for r in recs if r.status == "failed"][:MAX_LISTED_FAILED_ROUNDS],
+            "failure": None if nonfinite is None else nonfinite[1],
+            "failed_round": None if nonfinite is None else nonfinite[0],
+            "end_reason": (end_reasons or {}).get(name),
         }
     orig = schemes.get("original", {}).get("round_time_mean_s")
     part = schemes.get("partial", {}).get("round_time_mean_s")
@@ -530,6 +592,8 @@ def summarize(
             "speedup": orig / part if orig and part else None,
             "speedup_vs_original": vs_orig if orig else {},
             "initial_loss": _opt(initial_loss),
+            "failures": {n: s["failure"] for n, s in schemes.items() if s["failure"]},
+            "ok": not any(s["failure"] for s in schemes.values()),
         }
     )
 

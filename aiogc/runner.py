@@ -32,7 +32,16 @@ import numpy as np
 
 from . import __version__
 from .config import RunConfig, scheme_digest
-from .core import Event, ParameterServer, RoundCompleted, RoundRecord, Worker
+from .core import (
+    Event,
+    Finished,
+    ParameterServer,
+    RoundCompleted,
+    RoundRecord,
+    ShutdownRequested,
+    Worker,
+    derive_worker_key,
+)
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
@@ -40,6 +49,8 @@ from .tasks import chunk_grads_fn, make_task
 
 #: Seconds worker processes get to exit after the PS finished before they are terminated.
 PROCESS_GRACE_S = 5.0
+#: Failed rounds listed by reason in the console summary (summary.json lists more).
+FAILED_ROUNDS_SHOWN = 10
 
 _BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -53,6 +64,10 @@ class RunResult:
     out_dir: Path | None = None
     schedule: DelaySchedule | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
+    #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
+    end_reasons: dict[str, str] = field(default_factory=dict)
+    #: why the whole run ended: "all rounds done", or the first scheme's other reason
+    end_reason: str = ""
 
 
 def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
@@ -168,17 +183,91 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
 # ------------------------------------------------------------------ worker processes
 
 
-def _worker_process(worker_id: int, host: str, port: int, secret: bytes | None,
-                    loop_kind: str) -> None:
-    """Entry point of one worker process (module-level so forkserver can import it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
-    worker = Worker(worker_id, secret=secret)
-    client = WorkerClient(worker, host, port)
+#: Exit status of a worker process whose runner died (it stops instead of reconnecting).
+EXIT_PARENT_DIED = 4
+
+
+#: The PS's shutdown reason when every round ran; workers stay quiet then.
+ALL_ROUNDS_DONE = "all rounds done"
+
+
+class ExitReason:
+    """Event sink of a worker that remembers only why the PS ended the run."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __call__(self, ev: Event) -> None:
+        if isinstance(ev, ShutdownRequested):
+            self.reason = ev.reason
+
+    def describe(self) -> str:
+        return "PS ended the run" + (f": {self.reason}" if self.reason else "")
+
+    @property
+    def early(self) -> bool:
+        """The run ended before every round ran (or the reason is unknown)."""
+        return self.reason != ALL_ROUNDS_DONE
+
+
+async def _watched(client: WorkerClient, parent_alive: Any, died: list[bool]) -> None:
+    """Run ``client`` until it returns or the runner dies.
+
+    ``parent_alive`` is the read end of a pipe whose only write end the runner holds: it
+    becomes readable (EOF) exactly when the runner exits, however it exits (SIGKILL
+    included), so a worker never outlives its runner by more than one loop iteration.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(client.run())
+    fd = parent_alive.fileno()
+
+    def on_parent_gone() -> None:
+        died.append(True)
+        task.cancel()
+
+    loop.add_reader(fd, on_parent_gone)
     try:
-        run_on(loop_kind, client.run())
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        loop.remove_reader(fd)
+
+
+def _say(line: str) -> None:
+    """One line on stderr in one write: many worker processes share the runner's stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | None,
+                    loop_kind: str, task: str | None = None, parent_alive: Any = None) -> None:
+    """Entry point of one worker process (module-level so forkserver can import it).
+
+    ``worker_key`` is this worker's own key k_j (never the run's master secret); ``task`` the
+    task its operator (the runner) allows it to build. Prints why it exits on stderr: the PS's
+    shutdown reason, an unreachable PS (exit 3) or a dead runner (exit
+    :data:`EXIT_PARENT_DIED`).
+    """
+    from .worker_setup import TaskPolicy
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    worker = Worker(worker_id, worker_key=worker_key)
+    why = ExitReason()
+    client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why)
+    died: list[bool] = []
+    try:
+        if parent_alive is None:
+            run_on(loop_kind, client.run())
+        else:
+            run_on(loop_kind, _watched(client, parent_alive, died))
     except ConnectionError as exc:
-        print(f"aiogc worker {worker_id}: {exc}", file=sys.stderr)
+        _say(f"aiogc worker {worker_id}: exiting: {exc}")
         sys.exit(3)
+    if died:
+        _say(f"aiogc worker {worker_id}: exiting: parent process died")
+        sys.exit(EXIT_PARENT_DIED)
+    if why.early:
+        _say(f"aiogc worker {worker_id}: exiting: {why.describe()}")
 
 
 def _mp_context(start_method: str = "forkserver") -> Any:
@@ -252,13 +341,22 @@ async def _run_scheme(
     secret: bytes | None,
     start_method: str = "forkserver",
     interrupted: list[str] | None = None,
+    end_reason: list[str] | None = None,
 ) -> list[RoundRecord]:
     """One scheme, live. SIGTERM / SIGINT stop the PS gracefully (it tells every worker to
-    shut down) and the signal's name is appended to ``interrupted``."""
+    shut down) and the signal's name is appended to ``interrupted``; why the PS finished is
+    appended to ``end_reason`` (and written to ``events.jsonl``)."""
     ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
     scheme = ps.scheme
 
     def on_event(ev: Event) -> None:
+        if isinstance(ev, Finished):
+            if end_reason is not None:
+                end_reason.append(ev.reason)
+            if recorder is not None:
+                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                                   scheme=config.scheme, reason=ev.reason,
+                                   rounds=ev.rounds_completed)
         if isinstance(ev, RoundCompleted):
             if recorder is not None:
                 recorder.round(config.scheme, ev.record, m=scheme.m, loads=list(scheme.loads),
@@ -276,8 +374,10 @@ async def _run_scheme(
 
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
     procs: list[Any] = []
+    parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
     loop = asyncio.get_running_loop()
     stop_handlers = []
+    watch_ends: list[Any] = []  # parent-watch write ends, closed after the reap
     stopped_by = interrupted if interrupted is not None else []
 
     def on_signal(name: str) -> None:
@@ -293,11 +393,17 @@ async def _run_scheme(
     try:
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(server.serve())
-            await server.started.wait()
+            await _started(server, serving)
             if mode == "coroutines":
+                from .worker_setup import SetupCache, TaskPolicy
+
+                # one scheme + task for all in-process workers, built once (off the loop)
+                setups = SetupCache(TaskPolicy(task=config.task))
                 clients = [
-                    tg.create_task(_guarded(WorkerClient(Worker(j, secret=secret), "127.0.0.1",
-                                                         server.port)))
+                    tg.create_task(_guarded(WorkerClient(
+                        Worker(j, worker_key=None if secret is None
+                               else derive_worker_key(secret, j)),
+                        "127.0.0.1", server.port, setups=setups)))
                     for j in range(scheme.m)
                 ]
                 await serving
@@ -308,13 +414,19 @@ async def _run_scheme(
                     t.cancel()
             else:
                 ctx = _mp_context(start_method)
+                # the runner keeps the only write end: the workers see EOF when it dies
+                parent_alive, keep_alive = ctx.Pipe(duplex=False)
+                watch_ends.append(keep_alive)
                 with _single_thread_blas_env():
                     for j in range(scheme.m):
+                        key = None if secret is None else derive_worker_key(secret, j)
                         p = ctx.Process(target=_worker_process, name=f"aiogc-worker-{j}",
-                                        args=(j, "127.0.0.1", server.port, secret, loop_kind),
+                                        args=(j, "127.0.0.1", server.port, key, loop_kind,
+                                              config.task, parent_alive),
                                         daemon=True)
                         p.start()
                         procs.append(p)
+                parent_alive.close()  # the workers have their copies
     except BaseException:
         server.stop("runner interrupted")
         raise
@@ -323,7 +435,21 @@ async def _run_scheme(
             loop.remove_signal_handler(sig)
         if procs:
             await asyncio.to_thread(_reap, procs, PROCESS_GRACE_S)
+        for c in watch_ends:
+            c.close()
     return ps.records
+
+
+async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
+    """Wait until ``server`` listens; re-raise at once if it could not (``serving`` ended)."""
+    waiter = asyncio.ensure_future(server.started.wait())
+    try:
+        await asyncio.wait({waiter, serving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not server.started.is_set():
+        await serving  # raises the bind error
+        raise RuntimeError("PS server ended before it listened")
 
 
 def run_live(
@@ -340,6 +466,8 @@ def run_live(
     secret: bytes | None = None,
     plots: bool = True,
     start_method: str = "forkserver",
+    backend: str = "local",
+    address: str | None = None,
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -353,15 +481,38 @@ def run_live(
     out_dir : path, optional
         Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
         reports.csv, summary.json, trace.json, PNGs). None: no files.
+    backend : {"local", "ray"}
+        ``"ray"``: the PS and one actor per worker on a Ray cluster (``mode`` and ``loop`` do
+        not apply; see :func:`aiogc.cluster.ray_backend.run_ray`, which gets ``address``).
 
     Raises
     ------
-    KeyboardInterrupt
-        SIGINT or SIGTERM stopped the run: the running scheme's PS told its workers to shut
-        down, no further scheme started, and what was recorded is written (no plots).
+    RunInterrupted
+        (a KeyboardInterrupt) SIGINT or SIGTERM stopped the run: the running scheme's PS told
+        its workers to shut down, no further scheme started, and what was recorded is written,
+        ``summary.json`` included (no plots); the exception carries the partial result.
     """
     from .records import RunRecorder, summarize
 
+    if backend == "ray":
+        from .cluster.ray_backend import run_ray
+
+        if mode == "coroutines":
+            from .errors import ConfigError
+
+            raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
+                                          "actor process)")
+        return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
+                       progress=progress, schedule=schedule, argv=argv, secret=secret,
+                       plots=plots, loop=loop)
+    if backend != "local":
+        from .errors import ConfigError
+
+        raise ConfigError("backend", backend, "local or ray")
+    if address is not None:
+        from .errors import ConfigError
+
+        raise ConfigError("address", address, "no address with --backend local")
     if mode not in ("coroutines", "processes"):
         from .errors import ConfigError
 
@@ -392,26 +543,37 @@ def run_live(
                 bar.update()
 
             t0 = time.monotonic()
+            ended: list[str] = []
             try:
                 recs = run_on(loop_kind, _run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
                                                verify=verify, recorder=recorder,
                                                on_round=tick,
                                                secret=secret, start_method=start_method,
-                                               interrupted=interrupted))
+                                               interrupted=interrupted, end_reason=ended))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
             result.records[name] = recs
+            result.end_reasons[name] = ended[0] if ended else "PS ended without a reason"
             if interrupted:
                 break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
-        result.summary = summarize(result.records)
-        result.summary["wall_s"] = result.wall_s
+    except BaseException as exc:
+        # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
+        if not result.end_reason:
+            result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
+        raise
     finally:
+        result.summary = summarize(result.records, end_reasons=result.end_reasons)
+        if not result.end_reason:
+            result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
+        result.summary["wall_s"] = result.wall_s
+        result.summary["end_reason"] = result.end_reason
+        result.summary["interrupted_by"] = interrupted[0] if interrupted else None
         if recorder is not None:
-            recorder.close(result.summary or None)
+            recorder.close(result.summary)
     if interrupted:
-        # after the records were written; the CLI reports it and exits with 130
-        raise KeyboardInterrupt(f"run stopped by {interrupted[0]}")
+        # after the records were written; the CLI reports it and exits with 128 + signal
+        raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
         try:
             from .plots import plot_run
@@ -420,6 +582,55 @@ def run_live(
         except ImportError as exc:  # the plot extra is optional
             print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
     return result
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM stopped :func:`run_live`; ``result`` holds what was recorded."""
+
+    def __init__(self, signal_name: str, result: RunResult) -> None:
+        super().__init__(f"run stopped by {signal_name}")
+        self.signal_name = signal_name
+        self.result = result
+
+
+def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
+                   summary: dict[str, Any] | None = None) -> str:
+    """One line saying why a run ended: the signal, the first scheme that ended early, the
+    first non-finite failure or failed rounds (with ``summary``), or ``"all rounds done"``."""
+    if interrupted:
+        return f"stopped by {interrupted[0]}"
+    for name, why in end_reasons.items():
+        if why != ALL_ROUNDS_DONE:
+            return f"{name}: {why}"
+    if not end_reasons:
+        return "no scheme ran"
+    for name, s in (summary or {}).get("schemes", {}).items():
+        if s.get("failure"):
+            return f"all rounds ran, but {name} failed: {s['failure']}"
+        n_failed = s.get("rounds_failed") or 0
+        if n_failed:
+            first = (s.get("failed_rounds") or [{}])[0]
+            return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
+                    f"{name} rounds failed (first: round {first.get('round')}: "
+                    f"{first.get('reason')})")
+    return ALL_ROUNDS_DONE
+
+
+def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = "exact") -> bool:
+    """Whether every scheme completed every requested round as configured.
+
+    True only if no round failed, each scheme ran ``requested_rounds`` rounds, no loss or
+    decode error was non-finite, and, in exact mode, every round decoded exactly.
+    """
+    schemes = summary.get("schemes", {})
+    if not schemes or summary.get("ok") is False:
+        return False
+    for s in schemes.values():
+        if s.get("rounds_failed") or s.get("rounds") != requested_rounds or s.get("failure"):
+            return False
+        if mode == "exact" and s.get("rounds_exact") != requested_rounds:
+            return False
+    return True
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -443,6 +654,24 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     if summary.get("speedup") is not None:
         lines.append(f"speedup (original mean / partial mean): {summary['speedup']:.2f}x")
+    for name, s in schemes.items():
+        n_failed = s.get("rounds_failed") or 0
+        if n_failed:
+            listed = s.get("failed_rounds") or []
+            lines.append(f"{name}: {n_failed} failed round(s):")
+            for fr in listed[:FAILED_ROUNDS_SHOWN]:
+                lines.append(f"  round {fr.get('round')}: {fr.get('reason') or 'no reason given'}")
+            if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
+                lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
+                             "(rounds.csv has every one)")
+        if s.get("failure"):
+            lines.append(f"{name}: FAILED: {s['failure']}")
+        worst = s.get("worst_round")
+        if worst and worst.get("rel_error") is not None:
+            lines.append(f"{name}: worst round {worst['round']} "
+                         f"(rel decode error {worst['rel_error']:.1e})")
+    if summary.get("end_reason"):
+        lines.append(f"end reason: {summary['end_reason']}")
     return "\n".join(lines)
 
 

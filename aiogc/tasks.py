@@ -837,3 +837,32 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
     raise ConfigError(
         "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
     )
+
+
+def task_kind(spec: str) -> tuple[str, str | None]:
+    """Classify a task spec without building it: ``(kind, data_path)``.
+
+    ``kind`` is ``"linreg"`` (synthetic data from the seed), ``"logreg-builtin"``,
+    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR`` or
+    ``FILE.py:ATTR``: code). Used by workers to decide whether a task received from the PS may
+    be built at all (no code from the wire).
+    """
+    text = spec.strip()
+    name, _sep, rest = text.partition(":")
+    name = name.strip()
+    if name == "linreg":
+        return "linreg", None
+    if name == "logreg":
+        tokens = rest.split(",")
+        cut = len(tokens)
+        while (
+            cut > 1
+            and re.fullmatch(r"\s*(\w+)\s*=.*", tokens[cut - 1])
+            and (tokens[cut - 1].split("=", 1)[0].strip() in _LOGREG_OPTIONS)
+        ):
+            cut -= 1
+        path_text = ",".join(tokens[:cut]).strip()
+        if path_text == "builtin":
+            return "logreg-builtin", None
+        return "logreg-file", path_text
+    return "plugin", None

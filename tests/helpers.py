@@ -39,8 +39,13 @@ def build_rig(
                        nonce_fn=_counter_nonces())
     scheme = ps.scheme
 
+    built: dict[RunConfig, Setup] = {}
+
     def setup(cfg: RunConfig) -> Setup:
-        return Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
+        # one Setup per configuration, shared by every worker (as the real drivers do)
+        if cfg not in built:
+            built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
+        return built[cfg]
 
     ws = worker_secret if worker_secret is not None else secret
     workers = [

@@ -6,14 +6,34 @@ against aiogc.coding / the uncoded sum.
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 
 from aiogc.config import RunConfig
-from aiogc.core import Finished, PeerClosed, PSPhase, RoundResumed, Triggered, WorkerDropped
+from aiogc.core import (
+    ConnectionFailed,
+    DuplicateWorker,
+    Finished,
+    PeerClosed,
+    PSPhase,
+    RoundResumed,
+    Setup,
+    SetupNeeded,
+    Triggered,
+    Worker,
+    WorkerDropped,
+    WorkerJoined,
+    derive_worker_key,
+)
+from aiogc.core.common import config_hash, hello_mac, session_keys, welcome_mac
 from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.messages import ChunkReport, CodedGradient, Hello, state_digest
+from aiogc.messages import Challenge, ChunkReport, CodedGradient, Hello, Welcome, state_digest
+from aiogc.sim.engine import Simulation
+from aiogc.worker_setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
 
 
@@ -394,3 +414,346 @@ def test_uncoded_round_fails_at_once_when_a_needed_worker_dies() -> None:
     rec = rig.ps.records[0]
     assert rec.status == "failed" and "cannot decode" in rec.end_reason
     assert rec.t_end == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ protocol v2: liveness
+
+
+def test_dead_workers_leave_before_the_next_round_starts() -> None:
+    """Regression (dead-worker ordering): the heartbeat sweep declares three workers dead
+    mid-round, which makes the round undecodable. The next round must not count them as
+    ready: with the old ordering it started with them and stalled for round_timeout_s."""
+    cfg = _cfg(rounds=3, delay="const:0.2", heartbeat_s=0.25, dead_after_s=1.0,
+               round_timeout_s=60.0, join_timeout_s=30.0)
+    rig = build_rig(cfg)
+    for j in (0, 1, 2):  # cyclic δ=3: three consecutive workers hold a chunk alone
+        rig.sim.pause(j, at=0.05, until=3.0)
+    rig.sim.run()
+    recs = rig.ps.records
+    assert rig.ps.finished
+    assert not any("timeout" in r.end_reason for r in recs), [r.end_reason for r in recs]
+    assert recs[0].status == "failed" and "cannot decode" in recs[0].end_reason
+    assert [r.status for r in recs[1:]] == ["exact", "exact"]
+    # the paused workers rejoined after their pause (not after a 60 s round timeout)
+    assert rig.sim.now < 10.0
+
+
+def test_join_deadline_runs_from_start_not_first_connection() -> None:
+    """A PS nobody connects to ends at join_timeout_s with a reason."""
+    rig = build_rig(_cfg(join_timeout_s=2.5))
+    sim = Simulation(rig.ps, [], reconnect=False)
+    sim.run()
+    fin = [e for e in sim.ps_events if isinstance(e, Finished)]
+    assert len(fin) == 1 and fin[0].time == pytest.approx(2.5)
+    assert "only 0 of 6 workers ready" in fin[0].reason
+
+
+def test_round0_starts_after_join_timeout_when_ready_workers_can_decode() -> None:
+    cfg = _cfg(join_timeout_s=2.0, rounds=2)
+    rig = build_rig(cfg)
+    rig.sim.kill(5, at=0.0)  # never joins
+    rig.sim.run()
+    recs = rig.ps.records
+    assert [r.status for r in recs] == ["exact", "exact"]
+    assert recs[0].t_start == pytest.approx(2.0)
+    assert all(r.state[5] == 0 for r in recs)
+
+
+def test_round0_not_started_when_ready_workers_cannot_decode() -> None:
+    rig = build_rig(_cfg(join_timeout_s=2.0, scheme="uncoded", delta=1))
+    rig.sim.kill(5, at=0.0)
+    rig.sim.run()
+    fin = [e for e in rig.sim.ps_events if isinstance(e, Finished)]
+    assert rig.ps.records == [] and "only 5 of 6 workers ready" in fin[0].reason
+
+
+def test_worker_survives_an_exception_in_its_own_code() -> None:
+    """A task error (e.g. a wrong-length model) closes the connection with worker_error and
+    the worker reconnects: its timer never dies, the run completes."""
+    cfg = _cfg(rounds=3)
+    rig = build_rig(cfg)
+    inner = rig.workers[2].setup_fn
+    assert inner is not None
+    calls = [0]
+
+    def flaky(c: RunConfig) -> Setup:
+        s = inner(c)
+
+        def grad(chunk: int, w: np.ndarray) -> np.ndarray:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise ValueError("model of the wrong length")
+            return s.chunk_gradient(chunk, w)
+
+        return Setup(s.config, s.scheme, grad, s.digest)
+
+    rig.workers[2].setup_fn = flaky
+    rig.sim.run()
+    failed = [e for e in rig.sim.worker_events[2] if isinstance(e, ConnectionFailed)]
+    assert [(e.code, e.fatal) for e in failed] == [("worker_error", False)]
+    assert "wrong length" in failed[0].reason
+    assert rig.ps.finished and len(rig.ps.records) == 3
+    assert rig.ps.records[-1].status == "exact"
+
+
+# ------------------------------------------------------------------ protocol v2: the hot path
+
+
+def test_next_round_starts_after_the_decode_with_its_own_now() -> None:
+    """The PS decodes in run_pending and reads the clock again (now_fn) before it starts the
+    next round, so the decode is not billed to the next round; verify/loss/oracle run after
+    that round_start left (they are filled in before RoundCompleted is emitted)."""
+    seen: list[tuple[str, int]] = []
+
+    class SlowDecodeSim(Simulation):
+        def _pump_ps(self, now: float) -> None:
+            ps = self.ps
+            for out in ps.messages_to_send():
+                self._route_down(out, now)
+            while ps.has_pending():
+                ps.run_pending(lambda: now + 1e-3)  # the decode "took" 1 ms
+                for out in ps.messages_to_send():
+                    seen.append((out.message.kind if out.message else "close",
+                                 len(ps.records)))
+                    self._route_down(out, now)
+            super()._pump_ps(now)
+
+    rig = build_rig(_cfg(rounds=3))
+    sim = SlowDecodeSim(rig.ps, rig.workers)
+    sim.run()
+    recs = rig.ps.records
+    assert [r.status for r in recs] == ["exact"] * 3
+    for prev, nxt in itertools.pairwise(recs):
+        assert nxt.t_start == pytest.approx(prev.t_end + 1e-3, abs=1e-12)  # type: ignore[operator]
+    assert all(np.isfinite(r.loss) and r.rel_error <= 1e-9 for r in recs)
+    # the next round_start went out in the same stage as the decode
+    assert ("round_start", 1) in seen and ("round_start", 2) in seen
+
+
+def test_frames_per_worker_round() -> None:
+    """Frames per worker-round, handshake included: partial sends round_start, one report per
+    wake-up (on the virtual clock every chunk finishes at its own instant, so ~2 before the
+    trigger), encode_and_transmit and the vector, with round_end folded into round_start
+    (protocol v1: 6.3 here); send-when-done schemes send round_start and the vector only (v1:
+    7.0, one report per chunk and a round_end)."""
+    for scheme, limit in (("partial", 5.2), ("original", 2.6)):
+        cfg = _cfg(scheme=scheme, workers=16, delta=4, rounds=10, delay="exp:0.01")
+        rig = build_rig(cfg)
+        rig.sim.run()
+        per = rig.sim.frames / (cfg.workers * cfg.rounds)
+        assert per <= limit, (scheme, per)
+
+
+def test_chunks_due_at_one_wakeup_give_one_cumulative_report() -> None:
+    # all chunks of a worker complete at the same instant: one report with count = load
+    cfg = _cfg(rounds=1, delay="const:0.0", scheme="original", n_parts=1)
+    rig = build_rig(cfg.replace(scheme="partial"))
+    rig.sim.run()
+    reps = rig.ps.records[0].reports
+    workers = [w for _, w, _, _ in reps]
+    assert len(workers) == len(set(workers))  # one report per worker
+
+
+def test_coverage_counters_match_the_scheme() -> None:
+    from aiogc.core.ps import _Coverage
+
+    cfg = _cfg(workers=12, delta=4, n_parts=2)
+    scheme = cfg.build_scheme()
+    orders = [[int(c) for c in o] for o in scheme.orders]
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        cov = _Coverage(orders, scheme.n_chunks, scheme.n_parts)
+        state = [0] * scheme.m
+        for _ in range(40):
+            j = int(rng.integers(scheme.m))
+            if rng.random() < 0.2 and state[j]:
+                cov.remove(j, state[j])
+                state[j] = 0
+            elif state[j] < scheme.loads[j]:
+                new = int(rng.integers(state[j] + 1, scheme.loads[j] + 1))
+                cov.add(j, state[j], new)
+                state[j] = new
+            assert (cov.deficit == 0) == scheme.is_decodable(np.array(state))
+            assert cov.cov == scheme.coverage(np.array(state)).tolist()
+
+
+def test_trusted_decode_and_encode_match_the_checked_ones() -> None:
+    for ell in (1, 2):
+        scheme = _cfg(workers=8, delta=3, n_parts=ell).build_scheme()
+        rng = np.random.default_rng(ell)
+        G = rng.standard_normal((scheme.n_chunks, 10))
+        state = np.array([int(rng.integers(0, int(x) + 1)) for x in scheme.loads])
+        coded = np.zeros((scheme.m, scheme.payload_len(10)))
+        for j in range(scheme.m):
+            if state[j]:
+                grads = G[scheme.orders[j]]
+                a = scheme.encode(j, state, grads)
+                b = scheme.encode_trusted(j, state.tolist(), grads)
+                np.testing.assert_allclose(b, a, rtol=1e-14, atol=1e-15)
+                coded[j] = a
+        ref = scheme.decode_result(coded, state, 10)
+        got = scheme.decode_trusted(coded, state, 10)
+        np.testing.assert_array_equal(got.gradient, ref.gradient)
+        assert (got.exact, got.n_contributions) == (ref.exact, ref.n_contributions)
+        assert got.residual == pytest.approx(ref.residual, abs=1e-15)
+        assert got.amplification == pytest.approx(ref.amplification, rel=1e-9)
+
+
+# ------------------------------------------------------------------ protocol v2: trust
+
+
+def test_duplicate_worker_ids_are_counted_and_reported() -> None:
+    rig = _joined_rig()
+    rig.ps.connection_made("dup", now=rig.sim.now)
+    rig.ps.receive("dup", Hello(worker=4, nonce=b"n" * 16, mac=b"", epoch=0), now=rig.sim.now)
+    evs = list(iter(rig.ps.next_event, None))
+    dups = [e for e in evs if isinstance(e, DuplicateWorker)]
+    assert [(e.worker, e.peer) for e in dups] == [(4, "dup")]
+    assert rig.ps.statistics()["duplicate_worker"] == 1
+
+
+def test_a_worker_key_cannot_authenticate_as_another_id() -> None:
+    secret = b"s" * 32
+    rig = build_rig(_cfg(rounds=1, join_timeout_s=3.0), secret=secret)
+    rig.workers[1].key = derive_worker_key(secret, 0)  # worker 1 holds worker 0's key
+    rig.sim.run(until=1.0)
+    closes = [(e.code, rig.ps.worker_of(e.peer)) for e in rig.sim.ps_events
+              if isinstance(e, PeerClosed)]
+    assert closes and {c for c, _ in closes} == {"auth_failed"}
+    joined = {e.worker for e in rig.sim.ps_events if isinstance(e, WorkerJoined)}
+    assert joined == {0, 2, 3, 4, 5}
+    # ... while its own key works
+    ok = build_rig(_cfg(rounds=1), secret=secret)
+    for j, w in enumerate(ok.workers):
+        w.key, w.secret = derive_worker_key(secret, j), None
+    ok.sim.run()
+    assert ok.ps.records[0].status == "exact"
+
+
+def _handshake_worker(secret: bytes) -> tuple[Worker, Hello]:
+    w = Worker(3, secret=secret, nonce_fn=lambda: b"w" * 16, setup=lambda c: None)  # type: ignore[arg-type,return-value]
+    w.connection_made(now=0.0)
+    w.receive("ps", Challenge(nonce=b"p" * 16, epoch=0), now=0.0)
+    hello = w.messages_to_send()[0].message
+    assert isinstance(hello, Hello)
+    return w, hello
+
+
+def test_welcome_mac_covers_the_configuration() -> None:
+    """A relay that passes the handshake through but rewrites the config is caught."""
+    secret = b"k" * 32
+    config = {**_cfg().to_wire(), "scheme_digest": "x"}
+    key = derive_worker_key(secret, 3)
+    mac = welcome_mac(key, b"p" * 16, b"w" * 16, 3, 0, config_hash(config))
+    w, hello = _handshake_worker(secret)
+    assert hello.mac == hello_mac(key, b"p" * 16, b"w" * 16, 3, 0)
+    evil = {**config, "task": "evil_module:run"}
+    w.receive("ps", Welcome(epoch=0, worker=3, mac=mac, config=evil), now=0.1)
+    failed = [e for e in iter(w.next_event, None) if isinstance(e, ConnectionFailed)]
+    assert [(e.code, e.fatal) for e in failed] == [("auth_failed", True)]
+    # the genuine config passes and asks the driver for a setup
+    w, _ = _handshake_worker(secret)
+    w.receive("ps", Welcome(epoch=0, worker=3, mac=mac, config=config), now=0.1)
+    evs = list(iter(w.next_event, None))
+    assert any(isinstance(e, SetupNeeded) for e in evs) and w.session is not None
+
+
+def test_session_keys_differ_per_direction_and_session() -> None:
+    k = derive_worker_key(b"s" * 32, 1)
+    a = session_keys(k, b"p" * 16, b"w" * 16, 0, 1)
+    b = session_keys(k, b"p" * 16, b"v" * 16, 0, 1)
+    assert len({a.ps_to_worker, a.worker_to_ps, b.ps_to_worker, b.worker_to_ps}) == 4
+
+
+def test_plugin_task_from_the_wire_is_refused(tmp_path: Any) -> None:
+    """No code from the wire: the PS names a plug-in task its workers were not given."""
+    plug = tmp_path / "plug.py"
+    plug.write_text("from aiogc.tasks import make_task\n"
+                    "def make(n, seed):\n"
+                    "    return make_task('linreg:samples=60,dim=4', n, seed)\n")
+    cfg = _cfg(task=f"{plug}:make", rounds=1, join_timeout_s=1.0)
+    rig = build_rig(cfg)
+    workers = [Worker(j) for j in range(cfg.workers)]  # no setup_fn: the driver's cache
+    sim = Simulation(rig.ps, workers, setups=SetupCache(TaskPolicy(task="linreg")),
+                     reconnect=False)
+    sim.run()
+    for j in range(cfg.workers):
+        failed = [e for e in sim.worker_events[j] if isinstance(e, ConnectionFailed)]
+        assert [(e.code, e.fatal) for e in failed] == [("task_not_allowed", True)]
+    assert rig.ps.records == []
+    # the same task named by the worker's own operator is allowed
+    ok = build_rig(cfg)
+    sim = Simulation(ok.ps, [Worker(j) for j in range(cfg.workers)],
+                     setups=SetupCache(TaskPolicy(task=f"{plug}:make")))
+    sim.run()
+    assert ok.ps.records[0].status == "exact"
+
+
+def test_task_policy(tmp_path: Any) -> None:
+    pol = TaskPolicy(data_dirs=(str(tmp_path / "data"),))
+    pol.check("linreg:samples=10,dim=2")
+    pol.check("logreg:builtin,reg=0.1")
+    pol.check(f"logreg:{tmp_path}/data/x.csv,label=y")
+    for spec in (f"logreg:{tmp_path}/other/x.csv", "os:system", "x.py:run",
+                 f"logreg:{tmp_path}/data/../other/x.csv"):
+        with pytest.raises(TaskNotAllowed):
+            pol.check(spec)
+    TaskPolicy(task="os:getcwd").check("os:getcwd")
+
+
+def test_setup_is_built_once_per_configuration() -> None:
+    cfg = _cfg(rounds=1)
+    rig = build_rig(cfg)
+    cache = SetupCache(TaskPolicy(task=cfg.task))
+    sim = Simulation(rig.ps, [Worker(j) for j in range(cfg.workers)], setups=cache)
+    sim.run()
+    assert rig.ps.records[0].status == "exact"
+    assert cache.builds == 1
+
+
+def test_worker_gives_up_on_a_silent_handshake() -> None:
+    """A connection on which the PS never speaks (accept-queue overflow: the client's TCP
+    handshake completed, the server dropped it) is abandoned, and the worker reconnects."""
+    w = Worker(0, nonce_fn=lambda: b"n" * 16, handshake_timeout_s=4.0)
+    w.connection_made(now=1.0)
+    assert w.next_deadline() == pytest.approx(5.0)
+    w.handle_timer(now=4.9)
+    assert not list(iter(w.next_event, None))
+    w.handle_timer(now=5.0)
+    failed = [e for e in iter(w.next_event, None) if isinstance(e, ConnectionFailed)]
+    assert [(e.code, e.fatal) for e in failed] == [("handshake_timeout", False)]
+    assert [o.close for o in w.messages_to_send()] == [True]
+
+
+def test_pings_are_rate_limited() -> None:
+    from aiogc.core.ps import PING_BURST
+    from aiogc.messages import Ping, Pong
+
+    rig = _joined_rig()
+    rig.ps.messages_to_send()
+    peer = rig.sim._peer(1)
+    for i in range(100):
+        rig.ps.receive(peer, Ping(seq=i + 1), now=rig.sim.now)
+    pongs = [o for o in rig.ps.messages_to_send() if isinstance(o.message, Pong)]
+    assert len(pongs) == int(PING_BURST)
+    assert rig.ps.statistics()["ping_dropped"] == 100 - int(PING_BURST)
+    # the bucket refills with time: an honest heartbeat is always answered
+    rig.ps.receive(peer, Ping(seq=1000), now=rig.sim.now + 1.0)
+    assert [o.message.seq for o in rig.ps.messages_to_send()  # type: ignore[union-attr]
+            if isinstance(o.message, Pong)] == [1000]
+
+
+def test_pending_cap_evicts_the_oldest_unauthenticated_connection() -> None:
+    from aiogc.core.ps import MAX_PENDING_CONNECTIONS
+
+    rig = build_rig(_cfg(rounds=1))
+    ps = rig.ps
+    ps.nonce_fn = lambda: b"n" * 16
+    for i in range(MAX_PENDING_CONNECTIONS):
+        ps.connection_made(("hog", i), now=float(i) * 1e-3)
+    ps.connection_made("worker", now=0.5)
+    closed = [e for e in ps.drain_events() if isinstance(e, PeerClosed)]
+    assert [(e.peer, e.code) for e in closed] == [(("hog", 0), "too_many_connections")]
+    ps.receive("worker", Hello(worker=0, nonce=b"w" * 16, mac=b"", epoch=0), now=0.501)
+    assert ps.is_authenticated("worker")
+    assert ps.statistics()["evicted_pending"] == 1

@@ -30,6 +30,7 @@ from aiogc.net.framing import FramedConnection
 from aiogc.wire import (
     DEFAULT_LIMITS,
     PREAUTH_LIMITS,
+    FrameAuth,
     FrameDecoder,
     FrameLimits,
     encode_frame_bytes,
@@ -415,3 +416,151 @@ def test_close_with_code_sends_error_and_flushes(run: Callable[..., None]) -> No
         await srv.stop()
 
     run(main())
+
+
+# ------------------------------------------------------------------ frame tags (protocol v2)
+
+KEY = bytes(range(32))
+
+
+def _tagged_stream(msgs: list[Message], key: bytes = KEY) -> list[bytes]:
+    auth = FrameAuth(key)
+    return [encode_frame_bytes(m, auth) for m in msgs]
+
+
+def _tag_msgs() -> list[Message]:
+    return [
+        ChunkReport(epoch=0, round=1, count=2, t_worker=0.5, elapsed_s=0.25),
+        CodedGradient(epoch=0, round=1, attempt=0, state_digest=b"d" * 8, compute_s=0.1,
+                      payload=np.arange(5000, dtype="<f8")),  # > 64 KiB total: streamed GMAC
+        Ping(seq=3),
+        CodedGradient(epoch=0, round=1, attempt=1, state_digest=b"d" * 8, compute_s=0.1,
+                      payload=np.arange(7, dtype="<f4")),
+    ]
+
+
+def test_tagged_frames_decode_whatever_the_split() -> None:
+    frames = b"".join(_tagged_stream(_tag_msgs()))
+    for step in (1, 7, 4096, len(frames)):
+        dec = FrameDecoder(DEFAULT_LIMITS)
+        dec.auth = FrameAuth(KEY)
+        out: list[Message] = []
+        for i in range(0, len(frames), step):
+            out.extend(dec.feed(frames[i:i + step]))
+        assert [m.kind for m in out] == ["chunk_report", "coded_gradient", "ping",
+                                         "coded_gradient"]
+        np.testing.assert_array_equal(out[1].array(), np.arange(5000, dtype="<f8"))  # type: ignore[arg-type]
+        assert dec.at_frame_boundary()
+
+
+@pytest.mark.parametrize("attack", ["flip_header", "flip_body", "flip_tag", "replay",
+                                    "reorder", "drop", "wrong_key", "untagged", "splice"])
+def test_bad_tags_are_rejected_before_delivery(attack: str) -> None:
+    frames = _tagged_stream(_tag_msgs())
+    if attack == "flip_header":  # a relay rewrites a field (count 2 -> 3), keeps the tag
+        forged = encode_frame_bytes(ChunkReport(epoch=0, round=1, count=3, t_worker=0.5,
+                                                elapsed_s=0.25))
+        assert len(forged) == len(frames[0]) - 16
+        frames[0] = forged + frames[0][-16:]
+    elif attack == "flip_body":
+        f = bytearray(frames[1])
+        f[-100] ^= 0x80
+        frames[1] = bytes(f)
+    elif attack == "flip_tag":
+        f = bytearray(frames[2])
+        f[-1] ^= 1
+        frames[2] = bytes(f)
+    elif attack == "replay":
+        frames = [frames[0], frames[0]]
+    elif attack == "reorder":
+        frames = [frames[2], frames[0]]
+    elif attack == "drop":
+        frames = [frames[1]]
+    elif attack == "wrong_key":
+        frames = _tagged_stream(_tag_msgs(), key=bytes(32))
+    elif attack == "untagged":
+        frames = [encode_frame_bytes(_tag_msgs()[0])]
+    elif attack == "splice":  # header of one frame, tag of another
+        frames = [frames[0][:-16] + frames[2][-16:]]
+    dec = FrameDecoder(DEFAULT_LIMITS)
+    dec.auth = FrameAuth(KEY)
+    delivered: list[Message] = []
+    with pytest.raises(MalformedFrame) as info:
+        for f in frames:
+            delivered.extend(dec.feed(f))
+        if attack == "untagged":  # the next frame's bytes would be read as the tag
+            delivered.extend(dec.feed(b"\x00" * 16))
+    assert info.value.code == "bad_tag"
+    ok = {"flip_header": 0, "flip_body": 1, "flip_tag": 2, "replay": 1, "reorder": 0,
+          "drop": 0, "wrong_key": 0, "untagged": 0, "splice": 0}[attack]
+    assert len(delivered) == ok  # the bad frame itself was never delivered
+    with pytest.raises(MalformedFrame):  # poisoned
+        dec.feed(b"\x00")
+
+
+def test_frame_auth_is_aes_gcm_with_a_sequence_nonce() -> None:
+    """Independent check of the tag definition (docs/protocol.md): GCM tag over the frame
+    bytes as associated data, nonce = 4 zero bytes || u64be(seq), empty plaintext."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    msg = Ping(seq=9)
+    plain = encode_frame_bytes(msg)
+    auth = FrameAuth(KEY)
+    auth.tag([b"x"])  # seq 0 used
+    tagged = encode_frame_bytes(msg, auth)  # seq 1
+    nonce = b"\x00" * 4 + (1).to_bytes(8, "big")
+    assert tagged == plain + AESGCM(KEY).encrypt(nonce, b"", plain)
+
+
+def test_connection_tags_both_ways_and_closes_on_a_bad_tag(
+        run: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+    """Two FramedConnections with set_auth exchange tagged frames; a forged frame written
+    raw to the socket closes the receiver with bad_tag, nothing delivered."""
+
+    result: list[Any] = []
+
+    async def scenario() -> None:
+        got: list[str] = []
+        closed: list[BaseException | None] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_close(c: FramedConnection, e: BaseException | None) -> None:
+            closed.append(e)
+            if not done.done():
+                done.set_result(None)
+
+        srv_conns: list[FramedConnection] = []
+
+        def make_srv() -> FramedConnection:
+            c = FramedConnection(lambda c, m: got.append(m.kind), on_close)
+            c.set_auth(send=b"s" * 32, recv=b"w" * 32)
+            srv_conns.append(c)
+            return c
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(make_srv, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        auth = FrameAuth(b"w" * 32)
+        writer.write(encode_frame_bytes(Ping(seq=1), auth))
+        writer.write(encode_frame_bytes(Pong(seq=1), auth))
+        forged = bytearray(encode_frame_bytes(Ping(seq=2), auth))
+        forged[-3] ^= 1
+        writer.write(bytes(forged))
+        writer.write(encode_frame_bytes(Ping(seq=3), auth))  # after the forgery: never read
+        await writer.drain()
+        async with asyncio.timeout(GUARD_S):
+            await done
+            tail = await reader.read()  # the Error frame the PS side sent, tagged
+        writer.close()
+        server.close()
+        dec = FrameDecoder(DEFAULT_LIMITS)
+        dec.auth = FrameAuth(b"s" * 32)
+        errs = [m.kind + ":" + getattr(m, "code", "") for m in dec.feed(tail)]
+        result.extend((got, closed[0], errs))
+
+    run(scenario())
+    got, exc, errs = result
+    assert got == ["ping", "pong"]
+    assert isinstance(exc, MalformedFrame) and exc.code == "bad_tag"
+    assert errs == ["error:bad_tag"]

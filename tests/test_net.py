@@ -14,6 +14,7 @@ a test fails when its event loop logged an unhandled exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from collections.abc import Callable, Coroutine
@@ -32,6 +33,7 @@ from aiogc.core import (
     RoundCompleted,
     RoundRecord,
     Worker,
+    WorkerJoined,
 )
 from aiogc.core.ps import MAX_PENDING_CONNECTIONS
 from aiogc.delays import DelaySchedule
@@ -105,6 +107,10 @@ def run(request: pytest.FixtureRequest) -> Runner:
 # ------------------------------------------------------------------ scenario helpers
 
 
+#: handshake deadline of the test PSs (seconds)
+AUTH_DEADLINE_TEST_S = 0.5
+
+
 def cfg(**kw: Any) -> RunConfig:
     base: dict[str, Any] = dict(
         workers=6, delta=3, n_parts=1, rounds=3, seed=11, task=TASK, delay="exp:0.005",
@@ -141,8 +147,10 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
     per-round ``rel_error``) and the decoded gradients kept for comparisons."""
     if schedule is None:
         schedule = materialise_for(config, [config.scheme])
+    # auth_deadline_s: a short handshake deadline keeps the tests that wait for bad peers
+    # to be timed out fast (the default is 1.9 s)
     ps, _ = runner_make_ps(config, schedule=schedule, verify=True, secret=secret, epoch=epoch,
-                           keep_gradients=True)
+                           keep_gradients=True, auth_deadline_s=AUTH_DEADLINE_TEST_S)
     return ps
 
 
@@ -470,8 +478,8 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
 
 
 def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
-    """More silent connections at once than the PS admits unauthenticated: the surplus is
-    refused at once (too_many_connections), the rest closed at the auth deadline; the honest
+    """More silent connections at once than the PS admits unauthenticated: the oldest pending
+    ones are evicted (too_many_connections), the rest closed at the auth deadline; the honest
     (authenticated) workers are not affected and every round is exact."""
     config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
     schedule = spaced_schedule(config, gap_s=0.08)
@@ -490,6 +498,7 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     assert during_training and len(got) == n_flood
     stats = cl.ps.statistics()
     assert stats.get("closed_too_many_connections") == n_flood - MAX_PENDING_CONNECTIONS
+    assert stats.get("evicted_pending") == n_flood - MAX_PENDING_CONNECTIONS
     assert stats.get("closed_auth_timeout") == MAX_PENDING_CONNECTIONS
     assert stats.get("joined") == config.workers
     assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
@@ -550,3 +559,207 @@ def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
 
     lost, trials = run(scenario)
     assert lost == 0, f"shutdown lost in {lost} of {trials} closes"
+
+
+def test_worker_refuses_a_non_loopback_ps_without_a_secret() -> None:
+    with pytest.raises(ConfigError, match="secret"):
+        WorkerClient(Worker(0), "192.0.2.1", 9)
+    WorkerClient(Worker(0, secret=b"s" * 32), "192.0.2.1", 9)  # with one: fine
+    WorkerClient(Worker(0), HOST, 9)  # loopback: fine
+
+
+def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner) -> None:
+    """A man in the middle that relays the handshake untouched and then alters one byte of a
+    worker's frame: the PS closes that connection with bad_tag (nothing forged is applied),
+    the worker reconnects and the run completes exactly."""
+    secret = b"relay-secret-0123456789abcdef-xx"
+    config = cfg(workers=4, delta=2, rounds=6, delay="const:0.01")
+
+    async def scenario() -> tuple[Cluster, int]:
+        cl = await start_cluster(make_ps(config, secret=secret), workers=3, secret=secret)
+        tampered = [0]
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       tamper: bool) -> None:
+            seen = 0
+            with contextlib.suppress(ConnectionError):
+                while data := await reader.read(65536):
+                    if tamper and tampered[0] == 0 and seen > 300:
+                        b = bytearray(data)
+                        b[-1] ^= 1  # the last byte is a tag byte (frames end with tags)
+                        data = bytes(b)
+                        tampered[0] += 1
+                    seen += len(data)
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        async def relay(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            pr, pw = await asyncio.open_connection(HOST, cl.server.port)
+            await asyncio.gather(pipe(cr, pw, True), pipe(pr, cw, False))
+
+        mitm = await asyncio.start_server(relay, HOST, 0)
+        port = mitm.sockets[0].getsockname()[1]
+        client = WorkerClient(Worker(3, secret=secret), HOST, port, backoff_s=FAST_BACKOFF)
+        cl.clients.append(client)
+        cl.client_tasks.append(asyncio.create_task(client.run()))
+        cl.worker_logs.append(EventLog())
+        recs = await cl.finish()
+        mitm.close()
+        assert recs
+        return cl, tampered[0]
+
+    cl, tampered = run(scenario)
+    assert tampered == 1
+    assert cl.ps.statistics().get("closed_bad_tag") == 1
+    assert_exact_rounds(cl.ps.records, 6, tol=1e-9)
+
+
+def test_closed_connections_are_freed_without_the_cyclic_gc(run: Runner) -> None:
+    """A burst of connections that never authenticate (silent, garbage, EOF): once the PS has
+    closed them all, none is still alive with the cyclic GC disabled (no class per
+    connection, no reference cycle through a connection)."""
+    config = cfg(workers=4, delta=2, rounds=1, join_timeout_s=30.0)
+
+    async def scenario() -> tuple[int, int]:
+        cl = await start_cluster(make_ps(config), workers=0)
+        port = cl.server.port
+        sink = cl.server._on_event
+        cl.server._on_event = None  # the test's EventLog would keep PeerClosed(peer=conn)
+        gc.collect()
+        gc.disable()
+        try:
+            writers = []
+            for i in range(150):
+                _, w = await asyncio.open_connection(HOST, port)
+                if i % 3 == 1:
+                    w.write(b"\x00\x00\x00\x05garbage")
+                elif i % 3 == 2:
+                    w.write_eof()
+                writers.append(w)
+            for w in writers:
+                w.close()
+            # every connection is closed by the PS (cap, garbage, EOF, auth deadline); poll
+            # its table (a hang guard only, no timing asserted)
+            async with asyncio.timeout(GUARD_S):
+                while cl.server._conns:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)  # the transports' last close callbacks
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, FramedConnection))
+        finally:
+            gc.enable()
+            cl.server._on_event = sink
+        for j in range(config.workers):
+            cl.add_worker(j)
+        await cl.finish()
+        return alive, len(cl.ps.records)
+
+    alive, rounds = run(scenario)
+    assert alive == 0
+    assert rounds == 1
+
+
+def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
+    """Lock-out attempt without the secret: more idle connections than the pending cap, each
+    reopened as soon as the PS closes it. Eight workers still join and train, and a worker
+    whose connection drops mid-run gets back in (the oldest pending connection is evicted
+    for a new one, and an honest worker answers its challenge at once)."""
+    config = cfg(workers=8, delta=3, rounds=40, delay="const:0.02")
+
+    async def scenario() -> tuple[Cluster, int]:
+        cl = await start_cluster(make_ps(config), workers=0)
+        stop = asyncio.Event()
+        opened = [0]
+
+        async def hog() -> None:
+            while not stop.is_set():
+                try:
+                    reader, writer = await asyncio.open_connection(HOST, cl.server.port)
+                except OSError:
+                    continue
+                opened[0] += 1
+                with contextlib.suppress(OSError):
+                    await reader.read()  # idle until the PS closes it, then reopen
+                writer.close()
+
+        hogs = [asyncio.create_task(hog()) for _ in range(MAX_PENDING_CONNECTIONS + 8)]
+        async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
+            while len(cl.ps._pending) < MAX_PENDING_CONNECTIONS:
+                await asyncio.sleep(0.01)
+        for j in range(config.workers):
+            cl.add_worker(j)
+        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 3, timeout=GUARD_S)
+        conn = cl.clients[3]._conn
+        assert conn is not None
+        conn.abort()  # worker 3 drops mid-run and must get back in
+        await cl.log.wait_for(
+            lambda: sum(1 for e in cl.log.of(WorkerJoined) if e.worker == 3) >= 2,
+            timeout=GUARD_S)
+        await cl.finish()
+        stop.set()
+        for h in hogs:
+            h.cancel()
+        await asyncio.gather(*hogs, return_exceptions=True)
+        return cl, opened[0]
+
+    cl, opened = run(scenario)
+    recs = cl.ps.records
+    assert len(recs) == config.rounds
+    assert all(r.status == "exact" for r in recs)
+    assert opened > MAX_PENDING_CONNECTIONS
+    rejoined = [e for e in cl.log.of(WorkerJoined) if e.worker == 3][1]
+    assert any(r.t_start > rejoined.time and r.state[3] > 0 for r in recs)
+
+
+def test_limits_after_auth_follow_the_run() -> None:
+    """The post-auth header cap fits the largest legal worker header (an error with two
+    MAX_TEXT strings) and nothing much larger; the send-queue cap follows the model size."""
+    from aiogc.messages import MAX_TEXT
+    from aiogc.net.drivers import WORKER_MAX_HEADER, send_queue_cap
+    from aiogc.wire import encode_frame
+
+    worst = Error(code="é" * MAX_TEXT, reason="é" * MAX_TEXT)
+    assert len(encode_frame(worst)[0]) - 4 <= WORKER_MAX_HEADER < 16 * 1024
+    config = cfg(task="linreg:samples=240,dim=600")
+    server = PSServer(make_ps(config), host=HOST)
+    assert server._post_auth.max_header_bytes == WORKER_MAX_HEADER
+    model = 600 * 8
+    assert send_queue_cap(model) <= server._max_pending <= send_queue_cap(model + 65536)
+
+
+def test_a_slow_setup_never_blocks_other_handshakes(run: Runner) -> None:
+    """Scheme and task are built once per configuration in an executor thread: while one
+    (slow) build runs, the loop keeps serving every other worker's handshake."""
+    import time as _time
+
+    from aiogc.worker_setup import SetupCache, TaskPolicy
+
+    config = cfg(workers=6, delta=3, rounds=2)
+
+    class SlowCache(SetupCache):
+        def get(self, c: RunConfig) -> Any:
+            if self.peek(c) is None:
+                _time.sleep(1.5)  # a slow build (in the executor thread, not on the loop)
+            return super().get(c)
+
+    async def scenario() -> tuple[list[str], int]:
+        seen: list[str] = []
+
+        def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
+            if direction == "in":
+                seen.append(msg.kind)
+
+        cl = await start_cluster(make_ps(config), workers=0, frame_log=frame_log)
+        cache = SlowCache(TaskPolicy(task=config.task))
+        for j in range(config.workers):
+            client = WorkerClient(Worker(j), HOST, cl.server.port, setups=cache)
+            cl.clients.append(client)
+            cl.client_tasks.append(asyncio.create_task(client.run()))
+            cl.worker_logs.append(EventLog())
+        await cl.finish()
+        return seen, cache.builds
+
+    seen, builds = run(scenario)
+    assert builds == 1
+    first_ready = seen.index("ready")
+    assert seen[:first_ready].count("hello") == 6  # every handshake before the first ready

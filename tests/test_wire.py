@@ -22,6 +22,7 @@ from aiogc.messages import (
     MAX_BLOB,
     MAX_INT,
     MAX_WORKERS,
+    PROTOCOL_VERSION,
     ChunkReport,
     CodedGradient,
     Hello,
@@ -75,6 +76,9 @@ _ARRAYS = st.one_of(
     hnp.arrays(np.dtype("<f8"), st.integers(0, 64), elements=st.floats(width=64)),
 )
 
+#: the wire version every hand-built header below carries
+V = PROTOCOL_VERSION
+
 
 def _message_strategy(cls: type[Message]) -> Any:
     kw = {f.name: (_ARRAYS if f.name == cls.array_field else _FIELD_STRATEGIES[f.name])
@@ -102,11 +106,11 @@ def frame(header: Any, body: bytes = b"", *, packed: bytes | None = None) -> byt
 
 
 def ping_header(**extra: Any) -> dict[str, Any]:
-    return {"v": 1, "kind": "ping", "seq": 1, **extra}
+    return {"v": V, "kind": "ping", "seq": 1, **extra}
 
 
 def cg_header(**over: Any) -> dict[str, Any]:
-    h = {"v": 1, "kind": "coded_gradient", "epoch": 0, "round": 3, "attempt": 0,
+    h = {"v": V, "kind": "coded_gradient", "epoch": 0, "round": 3, "attempt": 0,
          "state_digest": b"12345678", "compute_s": 0.25, "dtype": "<f4", "n": 4}
     h.update(over)
     return {k: v for k, v in h.items() if v is not _DROP}
@@ -316,7 +320,7 @@ def test_header_over_the_cap() -> None:
     limits = FrameLimits(max_header_bytes=100, max_array_bytes=1000)
     ok = frame(ping_header(), packed=None)
     assert decode_frame_bytes(ok, limits).kind == "ping"
-    big = frame({"v": 1, "kind": "bye", "reason": "x" * 200})
+    big = frame({"v": V, "kind": "bye", "reason": "x" * 200})
     rejects(big, "header_too_large", limits, FrameTooLarge)
     rejects(big[:4], "header_too_large", limits, FrameTooLarge)  # from the prefix alone
 
@@ -339,7 +343,7 @@ def test_preauth_limits() -> None:
     assert decode_frame_bytes(encode_frame_bytes(hello), PREAUTH_LIMITS).kind == "hello"
     rejects(encode_frame_bytes(cg(0)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
     rejects(encode_frame_bytes(cg(4)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
-    rejects(frame({"v": 1, "kind": "bye", "reason": "x" * 600}), "header_too_large",
+    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 600}), "header_too_large",
             PREAUTH_LIMITS, FrameTooLarge)
     dec = FrameDecoder(PREAUTH_LIMITS)
     with pytest.raises(FrameTooLarge):
@@ -417,26 +421,26 @@ def test_header_truncated_inside_msgpack() -> None:
 def test_deep_nesting() -> None:
     depth = 100_000
     nested = b"\x91" * depth + b"\x00"  # [[[[...0]]]]
-    packed = b"\x83\xa1v\x01\xa4kind\xa3bye\xa6reason" + nested
+    packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + nested
     rejects(frame(None, packed=packed), "bad_msgpack")
     shallow = b"\x91" * 50 + b"\x00"
-    rejects(frame(None, packed=b"\x83\xa1v\x01\xa4kind\xa3bye\xa6reason" + shallow), "bad_field")
+    rejects(frame(None, packed=b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + shallow), "bad_field")
 
 
 def test_array32_claiming_huge_count_in_tiny_body() -> None:
     for claim in (b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xff",
                   b"\xc6\xff\xff\xff\xff"):
-        packed = b"\x83\xa1v\x01\xa4kind\xa3bye\xa6reason" + claim + b"\x00"
+        packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + claim + b"\x00"
         rejects(frame(None, packed=packed), "bad_msgpack")
         rejects(frame(None, packed=claim), "bad_msgpack")
 
 
 def test_non_str_map_keys() -> None:
-    rejects(frame({1: 1, "v": 1, "kind": "ping", "seq": 1}), "bad_msgpack")
+    rejects(frame({1: 1, "v": V, "kind": "ping", "seq": 1}), "bad_msgpack")
     # strict_map_key lets bytes keys through msgpack; the exact schema refuses them
-    rejects(frame({b"v": 1, "kind": "ping", "seq": 1}), "bad_header")
-    rejects(frame({"v": 1, "kind": "ping", "seq": 1, b"seq": 1}), "bad_schema")
-    cfg = {"v": 1, "kind": "welcome", "epoch": 0, "worker": 0, "mac": b"", "config": {2: 3}}
+    rejects(frame({b"v": V, "kind": "ping", "seq": 1}), "bad_header")
+    rejects(frame({"v": V, "kind": "ping", "seq": 1, b"seq": 1}), "bad_schema")
+    cfg = {"v": V, "kind": "welcome", "epoch": 0, "worker": 0, "mac": b"", "config": {2: 3}}
     rejects(frame(cfg), "bad_msgpack")
 
 
@@ -446,28 +450,28 @@ def test_thousands_of_map_keys() -> None:
 
 
 def test_invalid_utf8() -> None:
-    packed = b"\x83\xa1v\x01\xa4kind\xa3bye\xa6reason\xa2\xff\xfe"
+    packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason\xa2\xff\xfe"
     rejects(frame(None, packed=packed), "bad_msgpack")
-    rejects(frame(None, packed=b"\x83\xa1v\x01\xa4kind\xa3b\xffe\xa6reason\xa0"), "bad_msgpack")
+    rejects(frame(None, packed=b"\x83\xa1v\x02\xa4kind\xa3b\xffe\xa6reason\xa0"), "bad_msgpack")
 
 
 def test_ext_types() -> None:
     for ext in (msgpack.ExtType(5, b"abc"), msgpack.ExtType(0, b""),
                 msgpack.Timestamp(1, 0)):
-        packed = msgpack.packb({"v": 1, "kind": "bye", "reason": ext})
+        packed = msgpack.packb({"v": V, "kind": "bye", "reason": ext})
         err = rejects(frame(None, packed=packed))
         assert err.code in {"ext_type", "bad_msgpack"}
     rejects(frame(None, packed=msgpack.packb(ping_header(x=msgpack.ExtType(1, b"x")))),
             "ext_type")
-    head = b"\x83\xa1v\x01\xa4kind\xa3bye\xa6reason"
+    head = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason"
     for raw_ext in (b"\xd6\xff\x00\x00\x00\x01", b"\xc7\x00\xff", b"\xc7\x00\x05"):
         rejects(frame(None, packed=head + raw_ext))
 
 
 def test_oversized_str_and_bin_in_header() -> None:
-    rejects(frame({"v": 1, "kind": "bye", "reason": "x" * 5000}), "bad_msgpack")
-    rejects(frame({"v": 1, "kind": "ping", "seq": 1, "x": b"y" * 100}), "bad_msgpack")
-    rejects(frame({"v": 1, "kind": "bye", "reason": "x" * 2000}), "bad_field")
+    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 5000}), "bad_msgpack")
+    rejects(frame({"v": V, "kind": "ping", "seq": 1, "x": b"y" * 100}), "bad_msgpack")
+    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 2000}), "bad_field")
 
 
 # ----------------------------------------------------------------------------- schema
@@ -479,7 +483,7 @@ def test_wrong_top_level_type() -> None:
 
 
 def test_missing_and_unknown_fields() -> None:
-    rejects(frame({"v": 1, "kind": "ping"}), "bad_schema")
+    rejects(frame({"v": V, "kind": "ping"}), "bad_schema")
     rejects(frame(ping_header(extra=1)), "bad_schema")
     rejects(frame(cg_header(round=_DROP)), "bad_schema", )
     rejects(frame(cg_header(payload=b"x")), "bad_schema")  # the array field is never a key
@@ -487,13 +491,13 @@ def test_missing_and_unknown_fields() -> None:
 
 @pytest.mark.parametrize("value", [True, False, 1.0, -1, 2**53 + 1, "1", None, [1]])
 def test_wrong_round_values(value: Any) -> None:
-    h = {"v": 1, "kind": "chunk_report", "epoch": 0, "round": value, "count": 1,
+    h = {"v": V, "kind": "chunk_report", "epoch": 0, "round": value, "count": 1,
          "t_worker": 0.0, "elapsed_s": 0.0}
     rejects(frame(h), "bad_field")
 
 
 def test_float_fields_accept_int_but_not_bool() -> None:
-    h = {"v": 1, "kind": "chunk_report", "epoch": 0, "round": 1, "count": 1,
+    h = {"v": V, "kind": "chunk_report", "epoch": 0, "round": 1, "count": 1,
          "t_worker": 3, "elapsed_s": 0.5}
     msg = decode_frame_bytes(frame(h))
     assert isinstance(msg, ChunkReport) and msg.t_worker == 3.0 and type(msg.t_worker) is float
@@ -502,10 +506,11 @@ def test_float_fields_accept_int_but_not_bool() -> None:
 
 
 def test_unknown_kind_and_versions() -> None:
-    rejects(frame({"v": 1, "kind": "launch_missiles", "seq": 1}), "unknown_kind")
-    rejects(frame({"v": 1, "kind": 3, "seq": 1}), "unknown_kind")
-    rejects(frame({"v": 1, "seq": 1}), "unknown_kind")
-    rejects(frame({"v": 2, "kind": "ping", "seq": 1}), "bad_version")
+    rejects(frame({"v": V, "kind": "launch_missiles", "seq": 1}), "unknown_kind")
+    rejects(frame({"v": V, "kind": 3, "seq": 1}), "unknown_kind")
+    rejects(frame({"v": V, "seq": 1}), "unknown_kind")
+    rejects(frame({"v": PROTOCOL_VERSION + 1, "kind": "ping", "seq": 1}), "bad_version")
+    rejects(frame({"v": 1, "kind": "ping", "seq": 1}), "bad_version")  # version 1 peers
     rejects(frame({"v": 0, "kind": "ping", "seq": 1}), "bad_version")
     rejects(frame({"kind": "ping", "seq": 1}), "bad_header")
     rejects(frame({"v": "1", "kind": "ping", "seq": 1}), "bad_header")
@@ -543,13 +548,13 @@ def test_array_on_a_kind_without_array() -> None:
 
 
 def test_context_free_ranges() -> None:
-    base = {"v": 1, "kind": "hello", "worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
+    base = {"v": V, "kind": "hello", "worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
     assert decode_frame_bytes(frame(base)).kind == "hello"
     rejects(frame({**base, "nonce": b"short"}), "bad_field")
     rejects(frame({**base, "worker": MAX_WORKERS}), "bad_field")
     rejects(frame({**base, "nonce": "text"}), "bad_field")
     rejects(frame({**base, "epoch": -1}), "bad_field")
-    st_ = {"v": 1, "kind": "encode_and_transmit", "epoch": 0, "round": 0, "attempt": 0}
+    st_ = {"v": V, "kind": "encode_and_transmit", "epoch": 0, "round": 0, "attempt": 0}
     rejects(frame({**st_, "state": [1, -2]}), "bad_field")
     rejects(frame({**st_, "state": [1, True]}), "bad_field")
     rejects(frame({**st_, "state": list(range(MAX_WORKERS + 1))}), "bad_msgpack")

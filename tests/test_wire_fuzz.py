@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 
 from aiogc.errors import MalformedFrame
-from aiogc.messages import KINDS, MAX_BLOB, MAX_WORKERS, Message
+from aiogc.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
 from aiogc.wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameDecoder, FrameLimits, encode_frame_bytes
 
 #: The reliability goal: no single frame may take longer to reject.
@@ -73,7 +73,7 @@ def _frame(packed: bytes, body: bytes = b"") -> bytes:
 
 def _header_mutation(rng: np.random.Generator, msg: Message) -> bytes:
     """Re-pack a valid header with one structural change (type, value, key, extra key...)."""
-    h: dict[Any, Any] = {"v": 1, "kind": msg.kind, **msg.header_fields()}
+    h: dict[Any, Any] = {"v": PROTOCOL_VERSION, "kind": msg.kind, **msg.header_fields()}
     arr = msg.array()
     if arr is not None:
         h["dtype"], h["n"] = arr.dtype.str, len(arr)

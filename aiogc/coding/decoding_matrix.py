@@ -17,20 +17,125 @@ from typing import Literal
 
 import numpy as np
 
-from aiogc.errors import CodingError
+from aiogc.errors import CodingError, ConfigError
 
 __all__ = [
+    "SETUP_MEMORY_BUDGET",
     "check_conditioning",
+    "check_setup_budget",
     "colour_workers",
+    "count_colour_subsets",
     "decoding_matrix",
+    "setup_bytes",
     "subset_conditions",
     "worst_condition_number",
 ]
 
 #: Colour subsets scored per frame candidate at most (bounds the frame search cost).
 MAX_FRAME_SUBSETS = 5000
-#: Candidate budget of the frame search, in scored subsets (~ 0.5 s of batched SVDs).
+#: Distinct colour ell-subsets enumerated at most; above this they are sampled instead, so
+#: setup never materialises C(gamma, ell) tuples (C(64, 8) = 4.4e9 took 3.2 GB and minutes).
+MAX_ENUMERATED_SUBSETS = 200_000
+#: Draws of the sampler per wanted subset (duplicates are dropped, so a few draws more).
+_SAMPLE_OVERDRAW = 2
+#: Candidate budget of the frame search, in scored subsets of size ell <= 3 (~ 0.5 s of batched
+#: SVDs). A larger ell costs ~ell^3 per SVD, so the subset counts shrink by (ell/3)^3: the
+#: search then takes the same time whatever ell (at ell = 8 unscaled it took ~5 s).
 FRAME_SEARCH_BUDGET = 400_000
+#: Fewest colour subsets a frame candidate is scored on, however large ell.
+MIN_FRAME_SUBSETS = 500
+
+
+#: Largest estimated working set (bytes) of building a scheme and decoding one round with it.
+#: Configurations above it are refused before anything is allocated (a PS would otherwise
+#: grow for minutes before listening, and a worker given the config in ``welcome`` would block).
+SETUP_MEMORY_BUDGET = 1 << 30
+
+
+def setup_bytes(scheme: str, m: int, delta: int, n_parts: int) -> int:
+    """Estimated peak bytes of building ``scheme`` and decoding one round (model excluded).
+
+    The terms are the arrays the construction and one decode allocate, for N = m chunks
+    (cyclic, regular and fractional-repetition assignments all have m chunks) of ``delta``
+    holders each:
+
+    * every scheme: the assignment ``A`` (N x m bytes);
+    * partial: the worker-conflict product (m x m int32 + bool), the holder tables (two
+      N x delta int64, one N x m int64) and a decode's stacked ``B_U`` with its QR / SVD work
+      (~3 arrays of N x delta x ell float64), plus the conditioning check's sampled
+      ell x ell matrices (20000, with their SVD work);
+    * original: the encoding tensor ``E`` (m x N x ell float64) and the least-squares decoder's
+      system and work space (~3 more of that size).
+
+    Parameters
+    ----------
+    scheme : {"partial", "original", "uncoded", "ignore-stragglers"}
+    m, delta, n_parts : int
+        Workers, chunks per worker and ell.
+
+    Returns
+    -------
+    int
+        Bytes (an estimate, within a small factor of the measured peak).
+    """
+    N, ell = m, n_parts
+    total = N * m
+    if scheme == "partial":
+        total += m * m * 5 + N * delta * 16 + N * m * 8 + 3 * N * delta * ell * 8
+        n_check = min(20_000, N * math.comb(delta, ell))  # worst_condition_number's subsets
+        total += 3 * n_check * ell * ell * 8
+    elif scheme == "original":
+        total += 4 * m * N * ell * 8
+    return total
+
+
+def check_setup_budget(
+    scheme: str, m: int, delta: int, n_parts: int, budget: int = SETUP_MEMORY_BUDGET
+) -> int:
+    """Refuse a configuration whose setup would exceed ``budget`` bytes (:func:`setup_bytes`).
+
+    Returns
+    -------
+    int
+        The estimate, when within budget.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``delta`` and the largest delta within budget for these workers and ell, or
+        ``workers`` when no delta fits.
+    """
+    need = setup_bytes(scheme, m, delta, n_parts)
+    if need <= budget:
+        return need
+    lo = n_parts + 1 if scheme == "original" else max(1, n_parts)
+    mib = f"~{need / 2**20:.0f} MiB, over the {budget / 2**20:.0f} MiB setup budget"
+    if lo <= m and setup_bytes(scheme, m, lo, n_parts) <= budget:
+        best = lo
+        hi = delta  # setup_bytes grows with delta: binary search for the largest that fits
+        while best + 1 < hi:
+            mid = (best + hi) // 2
+            if setup_bytes(scheme, m, mid, n_parts) <= budget:
+                best = mid
+            else:
+                hi = mid
+        raise ConfigError(
+            "delta", delta,
+            f"an integer in [{lo}, {best}] for scheme={scheme}, workers={m}, n_parts={n_parts} "
+            f"(this setup needs {mib})",
+        )
+    best, hi = 1, m
+    while best + 1 < hi:
+        mid = (best + hi) // 2
+        if setup_bytes(scheme, mid, min(delta, mid), n_parts) <= budget:
+            best = mid
+        else:
+            hi = mid
+    raise ConfigError(
+        "workers", m,
+        f"an integer in [1, {best}] for scheme={scheme}, n_parts={n_parts} "
+        f"(this setup needs {mib})",
+    )
 
 
 def subset_conditions(mats: np.ndarray) -> np.ndarray:
@@ -88,16 +193,78 @@ def colour_workers(
     return best
 
 
+def _subset_groups(A: np.ndarray, colours: np.ndarray, ell: int) -> list[tuple[int, ...]]:
+    """Distinct sorted colour tuples of the chunks' holder sets with at least ell entries."""
+    groups = {tuple(sorted(colours[A[i]].tolist())) for i in range(A.shape[0])}
+    return sorted(g for g in groups if len(g) >= ell)
+
+
+def count_colour_subsets(A: np.ndarray, colours: np.ndarray, ell: int) -> int:
+    """Upper bound on the distinct colour ell-subsets :func:`_colour_subsets` would enumerate.
+
+    Counts ``sum_g C(|g|, ell)`` over the distinct colour groups without enumerating them
+    (subsets shared by two groups are counted twice, hence an upper bound).
+    """
+    return sum(math.comb(len(g), ell) for g in _subset_groups(A, colours, ell))
+
+
+def _svd_cost(ell: int) -> float:
+    """Cost of one ell x ell SVD relative to the ell <= 3 the budgets were calibrated on."""
+    return max(1.0, ell**3 / 27.0)
+
+
+def _max_frame_subsets(ell: int) -> int:
+    return max(MIN_FRAME_SUBSETS, int(MAX_FRAME_SUBSETS / _svd_cost(ell)))
+
+
 def _colour_subsets(
     A: np.ndarray, colours: np.ndarray, ell: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Distinct sorted colour ell-subsets occurring among some chunk's holders; (n, ell)."""
-    seen: set[tuple[int, ...]] = set()
-    for cs in {tuple(sorted(colours[A[i]].tolist())) for i in range(A.shape[0])}:
-        seen.update(itertools.combinations(cs, ell))
-    subs = np.array(sorted(seen), dtype=np.int64).reshape(-1, ell)
-    if subs.shape[0] > MAX_FRAME_SUBSETS:
-        subs = subs[rng.choice(subs.shape[0], MAX_FRAME_SUBSETS, replace=False)]
+    """Distinct sorted colour ell-subsets occurring among some chunk's holders; (n, ell).
+
+    At most ``_max_frame_subsets(ell)`` rows (:data:`MAX_FRAME_SUBSETS` for ell <= 3). When
+    the groups hold more than :data:`MAX_ENUMERATED_SUBSETS` subsets in total they are
+    *sampled* (a group with
+    probability proportional to its subset count, then a uniform ell-subset of it), never
+    enumerated: memory O(MAX_FRAME_SUBSETS * gamma) and time independent of C(gamma, ell).
+    """
+    groups = _subset_groups(A, colours, ell)
+    counts = np.array([math.comb(len(g), ell) for g in groups], dtype=np.float64)
+    if counts.sum() <= MAX_ENUMERATED_SUBSETS:
+        seen: set[tuple[int, ...]] = set()
+        for cs in groups:
+            seen.update(itertools.combinations(cs, ell))
+        subs = np.array(sorted(seen), dtype=np.int64).reshape(-1, ell)
+        cap = _max_frame_subsets(ell)
+        if subs.shape[0] > cap:
+            subs = subs[rng.choice(subs.shape[0], cap, replace=False)]
+        return subs
+    return _sample_subsets(groups, counts, ell, _max_frame_subsets(ell), rng)
+
+
+def _sample_subsets(
+    groups: list[tuple[int, ...]],
+    counts: np.ndarray,
+    ell: int,
+    n: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Up to ``n`` distinct sorted ell-subsets drawn from ``groups``; shape (<= n, ell).
+
+    ``_SAMPLE_OVERDRAW * n`` draws in total, one batched argsort per group drawn from (a random
+    ell-subset of ``g`` is the first ell entries of a random permutation of ``g``).
+    """
+    draws = _SAMPLE_OVERDRAW * n
+    which = rng.choice(len(groups), size=draws, p=counts / counts.sum())
+    parts = []
+    for w in np.unique(which):
+        g = np.asarray(groups[int(w)], dtype=np.int64)
+        k = int((which == w).sum())
+        pick = np.argsort(rng.random((k, g.size)), axis=1)[:, :ell]
+        parts.append(np.sort(g[pick], axis=1))
+    subs = np.unique(np.concatenate(parts, axis=0), axis=0)
+    if subs.shape[0] > n:
+        subs = subs[np.sort(rng.choice(subs.shape[0], n, replace=False))]
     return subs
 
 
@@ -110,8 +277,9 @@ def _best_frame(ell: int, K: int, subs: np.ndarray, rng: np.random.Generator) ->
     if ell == K:
         return np.eye(ell)
     n = max(subs.shape[0], 1)
-    n_cand = int(np.clip(FRAME_SEARCH_BUDGET // (2 * n), 10, 200))
-    n_climb = int(np.clip(FRAME_SEARCH_BUDGET // (2 * n), 10, 300))
+    per_step = int(FRAME_SEARCH_BUDGET / _svd_cost(ell)) // (2 * n)
+    n_cand = int(np.clip(per_step, 10, 200))
+    n_climb = int(np.clip(per_step, 10, 300))
     best, best_s = None, np.inf
     for _ in range(n_cand):
         F = rng.standard_normal((ell, K))
@@ -235,10 +403,13 @@ def worst_condition_number(
     else:
         gen = rng if rng is not None else np.random.default_rng(0)
         which = gen.choice(len(groups), size=max_subsets, p=counts / counts.sum())
-        idx = np.array(
-            [gen.choice(np.array(groups[w]), size=ell, replace=False) for w in which],
-            dtype=np.int64,
-        )
+        # one batched draw per group (a Python call per subset cost ~0.5 s at 20000)
+        parts = []
+        for w in np.unique(which):
+            g = np.asarray(groups[int(w)], dtype=np.int64)
+            k = int((which == w).sum())
+            parts.append(g[np.argsort(gen.random((k, g.size)), axis=1)[:, :ell]])
+        idx = np.concatenate(parts, axis=0)
     if idx.shape[0] == 0:
         return 1.0
     mats = np.transpose(B[:, rep[idx]], (1, 0, 2))

@@ -254,3 +254,75 @@ class PartialScheme(SchemeBase):
         exact = deficit == 0
         residual = 0.0 if exact else float(np.sqrt(deficit / (self.n_chunks * self.n_parts)))
         return DecodeResult(grad, exact, residual, float(cond.max()), int(rows.size))
+
+    def decode_trusted(self, coded: np.ndarray, c: np.ndarray, dim: int) -> DecodeResult:
+        """:meth:`decode_result` for internal callers whose state the process built itself.
+
+        Skips re-validating ``c`` (an ``(m,)`` int64 array already within ``0..loads``) and,
+        for ``ell == 1``, replaces the per-chunk SVD by its closed form: ``B_U`` is a row
+        vector, of rank 1 (condition number 1) iff some covered holder has a nonzero ``B``
+        entry, else 0.
+
+        Parameters
+        ----------
+        coded : ndarray, shape (m, ceil(dim / ell))
+        c : ndarray of int64, shape (m,)
+        dim : int
+
+        Returns
+        -------
+        DecodeResult
+        """
+        if self.n_parts != 1:
+            return self.decode_result(coded, c, dim)
+        rows = np.flatnonzero(c > 0)
+        grad = combine(self.B, rows, coded, dim)
+        Hc = self._H
+        live = (c[Hc] >= self._HP) & (self.B[0][Hc] != 0)
+        deficit = int(self.n_chunks - np.count_nonzero(live.any(axis=1)))
+        exact = deficit == 0
+        residual = 0.0 if exact else float(np.sqrt(deficit / self.n_chunks))
+        return DecodeResult(grad, exact, residual, 1.0, int(rows.size))
+
+    def encode_trusted(self, worker: int, c: list[int], chunk_grads: np.ndarray) -> np.ndarray:
+        """:meth:`encode` for internal callers with an already validated state.
+
+        ``c`` is the broadcast state as a list of ints (``0 <= c[j] <= loads[j]``, checked by
+        the caller where it entered). For ``ell == 1`` the coefficients come from their closed
+        form ``theta_ij = B_j / sum_{h in U_i} B_h^2`` (``pinv`` of a row vector), summed over
+        the holders in the same order as :meth:`_theta` (holders sorted by index).
+
+        Returns
+        -------
+        v : ndarray, shape (ceil(d / ell),)
+        """
+        cj = c[worker]
+        if self.n_parts != 1:
+            th = self.coefficients(worker, np.asarray(c, dtype=np.int64))
+            return encode_rows(th, chunk_grads, self.n_parts)
+        table = self.__dict__.get("_enc_table")
+        if table is None:
+            b = self.B[0].tolist()
+            table = []
+            for j, o in enumerate(self.orders):
+                rows = []
+                for i in o.tolist():
+                    hold = [(h, p, b[h] * b[h]) for h, p in zip(self._H[i].tolist(),
+                                                                 self._HP[i].tolist(),
+                                                                 strict=True)
+                            if p != np.iinfo(np.int64).max]
+                    rows.append(hold)
+                table.append((b[j], rows))
+            self.__dict__["_enc_table"] = table
+        bj, rows = table[worker]
+        coef: list[float] = []
+        for k in range(cj):
+            den = 0.0
+            for h, p, b2 in rows[k]:
+                if p <= c[h]:
+                    den += b2
+            coef.append(bj / den if den > 0 else 0.0)
+        X = chunk_grads[:cj]
+        if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
+            return np.array(coef) @ X  # encode_rows' product for ell = 1, without its checks
+        return encode_rows(np.array(coef)[:, None], chunk_grads, 1)

@@ -5,9 +5,13 @@ No asyncio, sockets, clocks or global randomness here (a test enforces it); driv
 """
 
 from .common import (
+    AUTH_DEADLINE_S,
+    FATAL_CODES,
     ChunkComputed,
     CodedSent,
+    ComputeChunks,
     ConnectionFailed,
+    DuplicateWorker,
     Event,
     Finished,
     Outgoing,
@@ -17,20 +21,27 @@ from .common import (
     RoundRecord,
     RoundResumed,
     RoundStarted,
+    SessionKeys,
+    SetupNeeded,
     ShutdownRequested,
     Triggered,
     Welcomed,
     WorkerDropped,
     WorkerJoined,
+    derive_worker_key,
 )
 from .ps import ParameterServer, PSPhase
-from .worker import PS_PEER, Setup, Worker, WorkerPhase, default_setup
+from .worker import PS_PEER, Setup, Worker, WorkerPhase
 
 __all__ = [
+    "AUTH_DEADLINE_S",
+    "FATAL_CODES",
     "PS_PEER",
     "ChunkComputed",
     "CodedSent",
+    "ComputeChunks",
     "ConnectionFailed",
+    "DuplicateWorker",
     "Event",
     "Finished",
     "Outgoing",
@@ -42,7 +53,9 @@ __all__ = [
     "RoundRecord",
     "RoundResumed",
     "RoundStarted",
+    "SessionKeys",
     "Setup",
+    "SetupNeeded",
     "ShutdownRequested",
     "Triggered",
     "Welcomed",
@@ -50,5 +63,5 @@ __all__ = [
     "WorkerDropped",
     "WorkerJoined",
     "WorkerPhase",
-    "default_setup",
+    "derive_worker_key",
 ]

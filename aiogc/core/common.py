@@ -14,17 +14,19 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from ..messages import Message
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
-                         "bad_version"})
+                         "bad_version", "task_not_allowed"})
 
-#: Seconds a new connection has to authenticate before it is closed. reliability.md asks for
-#: every bad connection to be closed within 2 s; timer latency adds up to ~30 ms under load
-#: (measured in bench/soak_socket_fuzz.py), so the deadline itself sits a little below.
+#: Seconds a new connection has to authenticate before it is closed (the default of the PS's
+#: ``auth_deadline_s``). Every bad connection should be closed within 2 s; timer latency adds
+#: up to ~30 ms under load (measured in bench/soak_socket_fuzz.py), so the deadline itself
+#: sits a little below.
 AUTH_DEADLINE_S = 1.9
 
 
@@ -45,6 +47,14 @@ class Endpoint:
         """The next event, or None."""
         return self._events.popleft() if self._events else None
 
+    def drain_events(self) -> list[Event]:
+        """Every queued event, in order (one call instead of ``next_event`` until None)."""
+        if not self._events:
+            return []
+        out = list(self._events)
+        self._events.clear()
+        return out
+
     def statistics(self) -> dict[str, int]:
         """Counters of dropped, rejected and closed things, by reason."""
         return dict(self.stats)
@@ -60,16 +70,67 @@ class Outgoing:
     reason: str = ""
 
 
-def worker_mac(secret: bytes, ps_nonce: bytes, worker: int, epoch: int) -> bytes:
-    """MAC a worker sends in ``hello``: binds its id and the PS epoch to the PS's fresh nonce."""
-    msg = b"aiogc-worker|" + ps_nonce + worker.to_bytes(8, "big") + epoch.to_bytes(8, "big")
-    return hmac.new(secret, msg, hashlib.sha256).digest()
+# ------------------------------------------------------------------------------ keys and MACs
+# Protocol version 2 (docs/protocol.md, "Authentication"): every worker id has its own key
+# derived from the master secret, so a worker given only its own key cannot pose as another id;
+# the handshake MACs bind both nonces, the id, the epoch and (welcome) the configuration; the
+# session keys of one connection come from both nonces, so tags never repeat across sessions.
 
 
-def ps_mac(secret: bytes, worker_nonce: bytes, worker: int, epoch: int) -> bytes:
-    """MAC the PS sends in ``welcome``: proves to the worker that the PS knows the secret."""
-    msg = b"aiogc-ps|" + worker_nonce + worker.to_bytes(8, "big") + epoch.to_bytes(8, "big")
-    return hmac.new(secret, msg, hashlib.sha256).digest()
+def _u32(x: int) -> bytes:
+    return int(x).to_bytes(4, "big")
+
+
+def _u64(x: int) -> bytes:
+    return int(x).to_bytes(8, "big")
+
+
+def _hmac(key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def derive_worker_key(secret: bytes, worker: int) -> bytes:
+    """k_j = HMAC-SHA256(S, "aiogc/2 worker-key" || u32be(j)): 32 bytes."""
+    return _hmac(secret, b"aiogc/2 worker-key" + _u32(worker))
+
+
+def hello_mac(key: bytes, ps_nonce: bytes, worker_nonce: bytes, worker: int, epoch: int) -> bytes:
+    """MAC a worker sends in ``hello`` under its key k_j."""
+    return _hmac(key, b"aiogc/2 hello" + ps_nonce + worker_nonce + _u32(worker) + _u64(epoch))
+
+
+def welcome_mac(key: bytes, ps_nonce: bytes, worker_nonce: bytes, worker: int, epoch: int,
+                config_hash: bytes) -> bytes:
+    """MAC the PS sends in ``welcome``: proves it knows k_j and binds the configuration."""
+    return _hmac(key, b"aiogc/2 welcome" + ps_nonce + worker_nonce + _u32(worker) + _u64(epoch)
+                 + config_hash)
+
+
+def config_hash(config: dict[str, Any]) -> bytes:
+    """SHA-256 of the canonical bytes of a welcome config map.
+
+    Canonical bytes: msgpack of the map with its keys in sorted order (ints in their shortest
+    form, floats as float64, ``use_bin_type``), i.e. the bytes a sorted-key re-encoding of
+    the decoded map gives, whoever encoded it first.
+    """
+    canonical = msgpack.packb({k: config[k] for k in sorted(config)}, use_bin_type=True)
+    return hashlib.sha256(canonical).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """Per-connection GMAC keys: ``ps_to_worker`` tags PS frames, ``worker_to_ps`` the others."""
+
+    ps_to_worker: bytes
+    worker_to_ps: bytes
+
+
+def session_keys(key: bytes, ps_nonce: bytes, worker_nonce: bytes, epoch: int,
+                 worker: int) -> SessionKeys:
+    """K = HMAC(k_j, "aiogc/2 session" || nonce_ps || nonce_w || u64be(epoch) || u32be(j));
+    K_ps = HMAC(K, "ps->worker"), K_w = HMAC(K, "worker->ps")."""
+    k = _hmac(key, b"aiogc/2 session" + ps_nonce + worker_nonce + _u64(epoch) + _u32(worker))
+    return SessionKeys(_hmac(k, b"ps->worker"), _hmac(k, b"worker->ps"))
 
 
 def macs_equal(a: bytes, b: bytes) -> bool:
@@ -99,6 +160,15 @@ class WorkerDropped(Event):
     worker: int
     round: int
     reason: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateWorker(Event):
+    """A second connection authenticated as ``worker`` while one was open (the newer wins)."""
+
+    worker: int
+    peer: Hashable
     time: float
 
 
@@ -214,6 +284,26 @@ class Welcomed(Event):
     worker: int
     epoch: int
     time: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetupNeeded(Event):
+    """The worker needs scheme and task for ``config`` (the driver builds them, then calls
+    ``Worker.setup_ready`` or ``Worker.setup_failed``)."""
+
+    config: Any
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeChunks:
+    """Work item: compute the gradients of ``chunks`` (positions ``first``, ``first + 1``, ...
+    of this worker's order in ``round``) at ``model``, then call ``Worker.chunks_done``."""
+
+    round: int
+    first: int
+    chunks: tuple[int, ...]
+    model: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,18 +11,26 @@ Invariants
 * A coded vector is decoded only if it matches (epoch, round, attempt, state digest) of the
   current broadcast; everything older is counted and dropped, never decoded.
 * A gradient that is not finite is never applied: the round is recorded as failed.
+* Application work leaves the machine: when a round's last vector arrives the PS records
+  ``t_end`` and queues the work; :meth:`ParameterServer.run_pending` (called by the driver
+  right after flushing) decodes and updates the model, starts the next round at a *fresh*
+  ``now`` (so ``t_start(r+1) >= t_end(r)`` and the decode is not billed to the next round), and
+  only after that round_start was flushed runs verify / loss / oracle.
+* Decodability is incremental: per-chunk coverage counters and a deficit count, updated in
+  O(δ) per report (trigger schemes).
 """
 
 from __future__ import annotations
 
 import enum
-import os
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from ..coding.consistency import RoundGuard
 from ..config import RunConfig, scheme_digest
 from ..errors import (
     CodingError,
@@ -51,7 +59,9 @@ from ..messages import (
 )
 from .common import (
     AUTH_DEADLINE_S,
+    DuplicateWorker,
     Endpoint,
+    Event,
     Finished,
     Outgoing,
     PeerClosed,
@@ -59,16 +69,28 @@ from .common import (
     RoundRecord,
     RoundResumed,
     RoundStarted,
+    SessionKeys,
     Triggered,
     WorkerDropped,
     WorkerJoined,
+    config_hash,
+    derive_worker_key,
+    hello_mac,
     macs_equal,
-    ps_mac,
-    worker_mac,
+    session_keys,
+    welcome_mac,
 )
 
 #: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
+#: When they are all taken, a new connection evicts the *oldest* pending one (an honest worker
+#: answers its challenge within milliseconds, so holding the slots takes a flood faster than
+#: that, not a handful of idle sockets).
 MAX_PENDING_CONNECTIONS = 64
+#: Pings answered per worker: a bucket of PING_BURST tokens refilled at
+#: max(PING_MIN_RATE, 4 / heartbeat_s) per second; pings beyond it are dropped unanswered
+#: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
+PING_BURST = 20.0
+PING_MIN_RATE = 10.0
 
 
 class PSPhase(enum.Enum):
@@ -76,6 +98,10 @@ class PSPhase(enum.Enum):
     COMPUTING = "computing"  # round running, workers computing and reporting
     COLLECTING = "collecting"  # encode_and_transmit broadcast, waiting for coded vectors
     FINISHED = "finished"
+
+    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
+    # phase checks run on every message)
+    __hash__ = object.__hash__
 
 
 _TRANSITIONS: frozenset[tuple[PSPhase, PSPhase]] = frozenset(
@@ -110,14 +136,48 @@ class _Peer:
     nonce: bytes
     worker: int | None = None
     ready: bool = False
+    keys: SessionKeys | None = None
 
+
+class _Coverage:
+    """Incremental trigger state of a coverage scheme (partial): ``cov[i]`` counts the holders
+    of chunk i whose reported count covers it; ``deficit`` the chunks with ``cov < ell``.
+
+    Decodable iff ``deficit == 0`` (every chunk covered by at least ell holders: the exact
+    trigger of the partial scheme). Each update costs O(chunks moved).
+    """
+
+    __slots__ = ("_ell", "_n", "_orders", "cov", "deficit")
+
+    def __init__(self, orders: list[list[int]], n_chunks: int, ell: int) -> None:
+        self._orders = orders
+        self._ell = ell
+        self._n = n_chunks
+        self.cov = [0] * n_chunks
+        self.deficit = n_chunks
+
+    def add(self, worker: int, old: int, new: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][old:new]:
+            cov[i] += 1
+            if cov[i] == ell:
+                self.deficit -= 1
+
+    def remove(self, worker: int, old: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][:old]:
+            if cov[i] == ell:
+                self.deficit += 1
+            cov[i] -= 1
 
 @dataclass
 class _RoundState:
     """Mutable per-round bookkeeping; ``record`` is what gets published."""
 
     record: RoundRecord
-    state: np.ndarray  # (m,) latest accepted counts
+    state: list[int]  # (m,) latest accepted counts
+    cover: _Coverage | None = None  # trigger schemes only
+    finished: np.ndarray | None = None  # send-when-done: (m,) loads of the received workers
     attempt: int = 0
     broadcast: tuple[int, ...] | None = None
     digest: bytes = b""
@@ -142,9 +202,19 @@ class ParameterServer(Endpoint):
     schedule : DelaySchedule-like, optional
         Provides ``compute_s[r, j, :]`` and ``network_s[r, j]`` sent to workers in round_start.
     secret : bytes, optional
-        Shared HMAC secret; without one, MACs are empty and not checked.
+        Master secret S; worker j authenticates with k_j = derive_worker_key(S, j). Without
+        one, MACs are empty and not checked and frames carry no tags (loopback only).
     epoch : int
         This PS incarnation; messages of other epochs are stale.
+    nonce_fn : callable, optional
+        Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
+    auth_deadline_s : float
+        Seconds a new connection has to complete the handshake.
+    guard : bool
+        Check every decoded gradient before applying it (norm guard, two-way redundancy
+        decode, the oracle when ``verify_fn`` is set, model bound; see
+        :class:`aiogc.coding.consistency.RoundGuard`). A rejected round is recorded as failed
+        with the reason and counted as ``rejected_<check>``; the model is left unchanged.
     """
 
     def __init__(
@@ -159,8 +229,10 @@ class ParameterServer(Endpoint):
         schedule: Any | None = None,
         secret: bytes | None = None,
         epoch: int = 0,
-        nonce_fn: Callable[[], bytes] = lambda: os.urandom(16),
+        nonce_fn: Callable[[], bytes] | None = None,
         keep_gradients: bool = False,
+        auth_deadline_s: float = AUTH_DEADLINE_S,
+        guard: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
@@ -176,12 +248,31 @@ class ParameterServer(Endpoint):
         self.secret = secret
         self.epoch = epoch
         self.keep_gradients = keep_gradients
-        self._nonce_fn = nonce_fn
+        self.nonce_fn = nonce_fn
+        if not 0 < auth_deadline_s <= 3600:
+            raise ConfigError("auth_deadline_s", auth_deadline_s, "a number in (0, 3600]")
+        self.auth_deadline_s = float(auth_deadline_s)
         self._digest = scheme_digest(self.scheme)
         self._welcome_config = {**config.to_wire(), "scheme_digest": self._digest}
+        self._config_hash = config_hash(self._welcome_config)
+        self._worker_keys: dict[int, bytes] = {}
         self._loads = np.asarray(self.scheme.loads, dtype=np.int64)
+        self._loads_list: list[int] = [int(x) for x in self._loads]
+        self._orders: list[list[int]] = [[int(c) for c in o] for o in self.scheme.orders]
+        self._n_parts = int(self.scheme.n_parts)
+        self._sends_when_done = bool(self.scheme.sends_when_done)
+        # work queued for run_pending: stage 1 (decode, update, next round), stage 2 (analytics)
+        self._stage1: tuple[RoundRecord, bool, str, bool, np.ndarray, int] | None = None
+        self._stage2: list[tuple[RoundRecord, np.ndarray | None, np.ndarray, np.ndarray]] = []
+        self._deferred_events: list[Event] = []
+        self._analysing: int | None = None
+        self._ping_bucket: dict[int, tuple[float, float]] = {}
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
         self.predicted_error = self._check_conditioning()
+        # verify_fn is not called here (it may read PS state that does not exist yet): with it,
+        # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
+        self.guard: RoundGuard | None = (
+            RoundGuard(self.model, predicted_error=self.predicted_error) if guard else None)
 
         self.phase = PSPhase.JOINING
         self._peers: dict[Hashable, _Peer] = {}
@@ -196,27 +287,41 @@ class ParameterServer(Endpoint):
         # payload buffers: one row per worker, reused across rounds (the network layer
         # receives each payload straight into its row: performance.md pitfall 4)
         self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.payload_dtype)
+        #: one persistent view per row, so that "received in place" is an identity check
+        self._rows: list[np.ndarray] = list(self._payload_rows)
 
     # ================================================================== driver contract
 
+    def start(self, *, now: float) -> None:
+        """The PS is listening: the join deadline runs from here, not from the first
+        connection (a PS nobody connects to ends with a reason instead of waiting forever)."""
+        if self._join_deadline is None and self.phase is PSPhase.JOINING:
+            self._join_deadline = now + self.config.join_timeout_s
+
     def connection_made(self, peer: Hashable, *, now: float) -> None:
-        """A new connection: send it a challenge; it has AUTH_DEADLINE_S to answer."""
+        """A new connection: send it a challenge; it has ``auth_deadline_s`` to answer."""
+        self._catch_up(now)
         if len(self._pending) >= MAX_PENDING_CONNECTIONS:
-            self._close(peer, "too_many_connections", "pending connection cap reached", now)
-            return
-        nonce = self._nonce_fn()
+            oldest = next(iter(self._pending))  # insertion order: the oldest pending first
+            self.stats["evicted_pending"] += 1
+            self._close(oldest, "too_many_connections",
+                        "pending connection cap reached: oldest unauthenticated evicted", now)
+        if self.nonce_fn is None:
+            raise LocalProtocolError("no nonce_fn: the driver must install one")
+        nonce = self.nonce_fn()
         self._peers[peer] = _Peer(nonce=nonce)
-        self._pending[peer] = now + AUTH_DEADLINE_S
-        if self._join_deadline is None:
+        self._pending[peer] = now + self.auth_deadline_s
+        if self._join_deadline is None and self.phase is PSPhase.JOINING:
             self._join_deadline = now + self.config.join_timeout_s
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
 
     def connection_lost(self, peer: Hashable, *, now: float, code: str | None = None) -> None:
         """The transport closed (EOF, reset, or after we closed it).
 
-        ``code``: the typed reason when the *transport* closed it (malformed frame, slow
-        consumer...), which the core never saw as a message; counted as ``closed_{code}``.
+        ``code``: the typed reason when the *transport* closed it (malformed frame, bad tag,
+        slow consumer...), which the core never saw as a message; counted as ``closed_{code}``.
         """
+        self._catch_up(now)
         if code is not None:
             self.stats[f"closed_{code}"] += 1
         info = self._peers.pop(peer, None)
@@ -230,6 +335,7 @@ class ParameterServer(Endpoint):
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
         """Feed one decoded message from ``peer``. Garbage closes that peer only."""
+        self._catch_up(now)
         info = self._peers.get(peer)
         if info is None:
             self.stats["from_unknown_peer"] += 1
@@ -245,6 +351,7 @@ class ParameterServer(Endpoint):
 
     def handle_timer(self, *, now: float) -> None:
         """Process every deadline that is due at ``now``."""
+        self._catch_up(now)
         for peer, deadline in list(self._pending.items()):
             if now >= deadline:
                 self._close(peer, "auth_timeout", "no valid hello within the deadline", now)
@@ -255,20 +362,34 @@ class ParameterServer(Endpoint):
             # dead_after and 1.25 * dead_after after it was last heard
             self._sweep_at = now + dead_after / 4 if self._last_heard else None
             dead = [w for w, t in self._last_heard.items() if now >= t + dead_after]
-            if dead:
-                self._drop_workers(dead, "heartbeat_timeout", now)
+            # Forget the dead workers *before* the round reacts to their loss: a round that
+            # fails because of them starts the next one at once, and that round must not
+            # count them as ready (it would wait for them until round_timeout_s).
+            peers = []
             for worker in dead:
                 peer = self._worker_peer.pop(worker, None)
                 self._last_heard.pop(worker, None)
                 if peer is not None:
-                    self._close(peer, "heartbeat_timeout", "silent too long", now)
+                    peers.append(peer)
+                    info = self._peers.get(peer)
+                    if info is not None:
+                        info.ready = False
+            if dead:
+                self._drop_workers(dead, "heartbeat_timeout", now)
+            for peer in peers:
+                self._close(peer, "heartbeat_timeout", "silent too long", now)
         if self.phase is PSPhase.JOINING:
             if self._join_deadline is not None and now >= self._join_deadline:
-                self._finish(
-                    f"only {len(self._ready_workers())} of {self.m} workers ready for round "
-                    f"{self._round_no + 1} within join_timeout_s={self.config.join_timeout_s}",
-                    now,
-                )
+                if self._round_no == -1 and self._ready_can_decode():
+                    # round 0 waits for all m only until join_timeout_s; then it starts with
+                    # the ready workers if they can decode (the others join later rounds)
+                    self._start_round(now, force=True)
+                else:
+                    self._finish(
+                        f"only {len(self._ready_workers())} of {self.m} workers ready for round "
+                        f"{self._round_no + 1} within join_timeout_s={self.config.join_timeout_s}",
+                        now,
+                    )
             return
         rs = self._round
         if rs is None or self.phase is PSPhase.FINISHED:
@@ -291,6 +412,41 @@ class ParameterServer(Endpoint):
             and now >= rec.t_start + self.config.deadline_s
         ):
             self._on_approx_deadline(now)
+
+    def has_pending(self) -> bool:
+        """True while :meth:`run_pending` has work (call it after flushing the outbox)."""
+        return self._stage1 is not None or bool(self._stage2)
+
+    def run_pending(self, now_fn: Callable[[], float]) -> None:
+        """Run one stage of queued application work.
+
+        Stage 1 (a round just ended): decode, update the model, start the next round at
+        ``now_fn()`` (read *after* the decode). Stage 2 (after the driver flushed that
+        round_start): decode error, loss and oracle of the ended round, then its
+        :class:`RoundCompleted` event. The driver calls this until :meth:`has_pending` is
+        False, flushing in between.
+        """
+        if self._stage1 is not None:
+            self._run_stage1(now_fn)
+        elif self._stage2:
+            self._run_stage2()
+
+    def next_event(self) -> Event | None:
+        """The next event, or None (runs queued analytics first if the driver did not)."""
+        while self._stage2 and self._stage1 is None:
+            self._run_stage2()
+        return super().next_event()
+
+    def drain_events(self) -> list[Event]:
+        """Every queued event (runs queued analytics first if the driver did not)."""
+        while self._stage2 and self._stage1 is None:
+            self._run_stage2()
+        return super().drain_events()
+
+    def session_keys(self, peer: Hashable) -> SessionKeys | None:
+        """GMAC keys of ``peer``'s session (set once it authenticated with a secret)."""
+        info = self._peers.get(peer)
+        return None if info is None else info.keys
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``handle_timer`` has something to do, or None."""
@@ -318,7 +474,9 @@ class ParameterServer(Endpoint):
 
     @property
     def round(self) -> int:
-        return self._round_no
+        """The current round; while ``verify_fn`` / ``loss_fn`` run (after the next round
+        started), the round they analyse."""
+        return self._round_no if self._analysing is None else self._analysing
 
     @property
     def finished(self) -> bool:
@@ -350,7 +508,7 @@ class ParameterServer(Endpoint):
             ok = self.phase is PSPhase.COMPUTING
         else:
             ok = self.phase is PSPhase.COLLECTING and w in rs.expected
-        return self._payload_rows[w] if ok else None
+        return self._rows[w] if ok else None
 
     def worker_of(self, peer: Hashable) -> int | None:
         """The worker id ``peer`` authenticated as, or None."""
@@ -417,6 +575,13 @@ class ParameterServer(Endpoint):
 
     # ------------------------------------------------------------------ handshake
 
+    def _worker_key(self, worker: int) -> bytes:
+        assert self.secret is not None
+        key = self._worker_keys.get(worker)
+        if key is None:
+            key = self._worker_keys[worker] = derive_worker_key(self.secret, worker)
+        return key
+
     def _handshake(self, peer: Hashable, info: _Peer, msg: Message, now: float) -> None:
         if not isinstance(msg, Hello):
             raise RemoteProtocolError(f"expected hello, got {msg.kind}", code="unexpected_kind")
@@ -426,19 +591,27 @@ class ParameterServer(Endpoint):
             )
         if msg.epoch != self.epoch:
             raise RemoteProtocolError(f"hello for epoch {msg.epoch}", code="stale_epoch")
+        keys = None
         if self.secret is not None:
-            expect = worker_mac(self.secret, info.nonce, msg.worker, self.epoch)
+            key = self._worker_key(msg.worker)
+            expect = hello_mac(key, info.nonce, msg.nonce, msg.worker, self.epoch)
             if not macs_equal(expect, msg.mac):
                 raise RemoteProtocolError("bad MAC", code="auth_failed")
-            mac = ps_mac(self.secret, msg.nonce, msg.worker, self.epoch)
+            mac = welcome_mac(key, info.nonce, msg.nonce, msg.worker, self.epoch,
+                              self._config_hash)
+            keys = session_keys(key, info.nonce, msg.nonce, self.epoch, msg.worker)
         else:
             mac = b""
         old = self._worker_peer.get(msg.worker)
         if old is not None and old != peer:
             # newest authenticated connection wins (the old one is probably half-dead); the
-            # worker leaves the running round: the new connection joins at the next one
+            # worker leaves the running round: the new connection joins at the next one. Two
+            # live processes claiming one id is a misconfiguration (or an attack): count it
+            self.stats["duplicate_worker"] += 1
+            self._events.append(DuplicateWorker(msg.worker, peer, now))
             self._close(old, "replaced", "a newer connection authenticated as this worker", now)
         info.worker = msg.worker
+        info.keys = keys
         self._pending.pop(peer, None)
         self._worker_peer[msg.worker] = peer
         self._last_heard[msg.worker] = now
@@ -462,21 +635,33 @@ class ParameterServer(Endpoint):
                                       code="bad_kind")
         if isinstance(msg, ChunkReport):
             self._on_report(worker, msg, now)
+        elif isinstance(msg, CodedGradient):
+            self._on_coded(worker, msg, now)
         elif isinstance(msg, Ready):
             if msg.epoch != self.epoch:
                 raise RemoteProtocolError(f"ready for epoch {msg.epoch}", code="stale_epoch")
             self._peers[peer].ready = True
             if self.phase is PSPhase.JOINING and self._can_start(self._round_no + 1):
                 self._start_round(now)
-        elif isinstance(msg, CodedGradient):
-            self._on_coded(worker, msg, now)
         elif isinstance(msg, Ping):
-            self._send(peer, Pong(seq=msg.seq))
+            if self._ping_allowed(worker, now):
+                self._send(peer, Pong.trusted(msg.seq))
+            else:
+                self.stats["ping_dropped"] += 1
         elif isinstance(msg, Pong):
             pass
         elif isinstance(msg, (Bye, Error)):
             self.stats[f"peer_{msg.kind}"] += 1
             self._close(peer, "bye", getattr(msg, "reason", ""), now)
+
+    def _ping_allowed(self, worker: int, now: float) -> bool:
+        tokens, last = self._ping_bucket.get(worker, (PING_BURST, now))
+        hb = self.config.heartbeat_s
+        rate = max(PING_MIN_RATE, 4.0 / hb) if hb else PING_MIN_RATE
+        tokens = min(PING_BURST, tokens + (now - last) * rate)
+        ok = tokens >= 1.0
+        self._ping_bucket[worker] = (tokens - 1.0 if ok else tokens, now)
+        return ok
 
     def _current(self, epoch: int, rnd: int, kind: str) -> _RoundState | None:
         """The running round if (epoch, round) match it; else count and return None."""
@@ -498,25 +683,24 @@ class ParameterServer(Endpoint):
         rs = self._current(msg.epoch, msg.round, "chunk_report")
         if rs is None:
             return
-        if msg.count > self._loads[worker]:
+        count = msg.count
+        if count > self._loads_list[worker]:
             raise RemoteProtocolError(
-                f"count {msg.count} > load {self._loads[worker]}", code="bad_count"
+                f"count {count} > load {self._loads_list[worker]}", code="bad_count"
             )
         if worker in rs.excluded:
             self.stats["report_from_excluded"] += 1
             return
-        if msg.count <= rs.state[worker]:
-            dup = msg.count == rs.state[worker]
-            self.stats["duplicate_report" if dup else "nonmonotone_report"] += 1
+        old = rs.state[worker]
+        if count <= old:
+            self.stats["duplicate_report" if count == old else "nonmonotone_report"] += 1
             return
-        rs.state[worker] = msg.count
-        rs.record.reports.append((now, worker, msg.count, msg.elapsed_s))
-        if (
-            self.phase is PSPhase.COMPUTING
-            and not self.scheme.sends_when_done
-            and self.scheme.is_decodable(rs.state)
-        ):
-            self._trigger(now, exact=True)
+        rs.state[worker] = count
+        rs.record.reports.append((now, worker, count, msg.elapsed_s))
+        if rs.cover is not None:
+            rs.cover.add(worker, old, count)
+            if self.phase is PSPhase.COMPUTING and rs.cover.deficit == 0:
+                self._trigger(now, exact=True)
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
         rs = self._current(msg.epoch, msg.round, "coded_gradient")
@@ -526,7 +710,7 @@ class ParameterServer(Endpoint):
         if worker in rs.excluded or worker in rs.received:
             self.stats["late_or_duplicate_coded"] += 1
             return
-        if self.scheme.sends_when_done:
+        if self._sends_when_done:
             if self.phase is not PSPhase.COMPUTING:
                 self.stats["late_or_duplicate_coded"] += 1
                 return
@@ -540,7 +724,7 @@ class ParameterServer(Endpoint):
                 raise RemoteProtocolError("coded vector encoded against another state",
                                           code="bad_state_digest")
         # 2. is it usable? A bad payload is a rejected contribution, not a closed connection:
-        # the worker counts as a straggler this round (reliability.md, "payload").
+        # the worker counts as a straggler this round.
         payload = msg.payload
         problem = None
         if payload.shape != (self.payload_len,):
@@ -554,69 +738,87 @@ class ParameterServer(Endpoint):
             rs.record.dropped[worker] = f"payload_rejected: {problem}"
             self._drop_workers([worker], "payload_rejected", now)
             return
-        if self.scheme.sends_when_done and rs.state[worker] < self._loads[worker]:
-            # it finished everything even if its last reports are still in flight
-            rs.state[worker] = self._loads[worker]
-        row = self._payload_rows[worker]
-        if payload.ctypes.data != row.ctypes.data:
+        if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
+            # it finished everything (send-when-done workers send no chunk reports)
+            rs.state[worker] = self._loads_list[worker]
+        if rs.finished is not None:
+            rs.finished[worker] = self._loads_list[worker]
+        row = self._rows[worker]
+        if payload is not row:
             row[:] = payload  # not received in place (tests, simulator): copy into the row
         rs.received[worker] = row
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
-        if self.scheme.sends_when_done:
+        if self._sends_when_done:
             if self._decodable_received(rs):
                 rs.record.t_trigger = now
-                self._decode_and_advance(now, exact=True, reason="decodable")
-        elif set(rs.received) >= rs.expected:
-            self._decode_and_advance(now, exact=rs.record.status != "approx-pending",
-                                     reason="all_expected")
+                self._end_round(now, exact=True, reason="decodable")
+        elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
+            self._end_round(now, exact=rs.record.status != "approx-pending",
+                            reason="all_expected")
 
     # ------------------------------------------------------------------ rounds
 
-    def _can_start(self, r: int) -> bool:
-        """Round 0 waits for all m workers; later rounds for enough ready workers to decode
-        (exact mode) or at least one (approx mode), so that a round is never started hopeless
-        and burnt while workers reconnect."""
+    def _ready_can_decode(self) -> bool:
         ready = self._ready_workers()
-        if r == 0:
-            return len(ready) == self.m
         if self.config.mode != "exact":
             return bool(ready)
-        return bool(self.scheme.is_decodable(self._finished_state(ready)))
+        return bool(ready) and bool(self.scheme.is_decodable(self._finished_state(ready)))
 
-    def _start_round(self, now: float) -> None:
+    def _can_start(self, r: int) -> bool:
+        """Round 0 waits for all m workers (until join_timeout_s, see handle_timer); later
+        rounds for enough ready workers to decode (exact mode) or at least one (approx mode),
+        so that a round is never started hopeless and burnt while workers reconnect."""
+        if r == 0:
+            return len(self._ready_workers()) == self.m
+        return self._ready_can_decode()
+
+    def _start_round(self, now: float, *, force: bool = False) -> None:
         r = self._round_no + 1
         if r >= self.config.rounds:
             self._round_no = r
             self._finish("all rounds done", now)
             return
-        if not self._can_start(r):
+        if not force and not self._can_start(r):
+            # only reached when a round just ended: wait (join_timeout_s) for enough workers
             if self.phase is not PSPhase.JOINING:
                 self._set_phase(PSPhase.JOINING)
-                self._round = None
-                self._join_deadline = now + self.config.join_timeout_s
+            self._round = None
+            self._join_deadline = now + self.config.join_timeout_s
             return
         self._round_no = r
         self._set_phase(PSPhase.COMPUTING)
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
-        self._round = _RoundState(record=rec, state=np.zeros(self.m, dtype=np.int64))
+        cover = None
+        if not self._sends_when_done:
+            cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+        self._round = _RoundState(record=rec, state=[0] * self.m, cover=cover)
         # a copy: the transport may still read it after we update self.model
         model = self.model.astype(self.config.payload_dtype, copy=True)
         ready = self._ready_workers()
-        for worker, peer in sorted(ready.items()):
-            delays: tuple[float, ...] = ()
-            net = 0.0
-            if self.schedule is not None and r < self.schedule.compute_s.shape[0]:
-                load = int(self._loads[worker])
-                delays = tuple(float(x) for x in self.schedule.compute_s[r, worker, :load])
-                net = float(self.schedule.network_s[r, worker])
-            self._send(peer, RoundStart(epoch=self.epoch, round=r, delays_s=delays,
-                                        net_delay_s=net, model=model))
+        sched = self.schedule
+        if sched is not None and r < sched.compute_s.shape[0]:
+            comp = sched.compute_s[r]
+            net_row = sched.network_s[r]
+            for worker, peer in sorted(ready.items()):
+                load = self._loads_list[worker]
+                delays = tuple(comp[worker, :load].tolist())
+                self._send(peer, RoundStart.trusted(self.epoch, r, delays,
+                                                    float(net_row[worker]), model))
+        else:
+            # one message object for everyone: the driver encodes it once
+            msg = RoundStart.trusted(self.epoch, r, (), 0.0, model)
+            for _worker, peer in sorted(ready.items()):
+                self._send(peer, msg)
         # workers not connected and ready now cannot take part in this round
         for w in range(self.m):
             if w not in ready:
                 self._round.excluded.add(w)
-        self._events.append(RoundStarted(r, now))
+        ev = RoundStarted(r, now)
+        if self._stage2:
+            self._deferred_events.append(ev)  # after the previous round's RoundCompleted
+        else:
+            self._events.append(ev)
 
     def _trigger(self, now: float, *, exact: bool) -> None:
         """Broadcast encode_and_transmit with the current state (a new attempt if repeated)."""
@@ -624,10 +826,11 @@ class ParameterServer(Endpoint):
         assert rs is not None
         if rs.broadcast is not None:
             rs.attempt += 1
-        state = tuple(int(x) for x in rs.state)
+        state = tuple(rs.state)
         rs.broadcast = state
         rs.digest = state_digest(state)
-        rs.expected = {j for j in range(self.m) if self.scheme.contributes(j, rs.state)}
+        # partial: worker j contributes iff c_j > 0
+        rs.expected = {j for j, c in enumerate(state) if c > 0}
         rs.received = {}
         rs.collect_deadline = now + self.config.collect_timeout_s
         if rs.record.t_trigger is None:
@@ -635,14 +838,16 @@ class ParameterServer(Endpoint):
         if not exact:
             rs.record.status = "approx-pending"
         self._set_phase(PSPhase.COLLECTING)
-        self._broadcast(EncodeAndTransmit(epoch=self.epoch, round=rs.record.round,
-                                          attempt=rs.attempt, state=state))
+        self._broadcast(EncodeAndTransmit.trusted(self.epoch, rs.record.round, rs.attempt,
+                                                  state))
         self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
         if not rs.expected:  # nothing to wait for (cannot happen when exact)
-            self._decode_and_advance(now, exact=False, reason="no_contributors")
+            self._end_round(now, exact=False, reason="no_contributors")
 
     def _decodable_received(self, rs: _RoundState) -> bool:
-        return bool(self.scheme.is_decodable(self._finished_state(rs.received)))
+        if rs.finished is None:
+            rs.finished = self._finished_state(rs.received)
+        return bool(self.scheme.is_decodable(rs.finished))
 
     def _finished_state(self, workers: Iterable[int]) -> np.ndarray:
         """State vector in which exactly ``workers`` finished all their chunks; shape (m,)."""
@@ -664,10 +869,13 @@ class ParameterServer(Endpoint):
             rs.record.dropped.setdefault(worker, reason)
             self._events.append(WorkerDropped(worker, rs.record.round, reason, now))
             self.stats["dropped"] += 1
-            if self.scheme.sends_when_done:
+            if self._sends_when_done:
                 continue  # a vector already received stays valid: it depends on no one else
-            if rs.state[worker] > 0 and worker in rs.expected:
+            old = rs.state[worker]
+            if old > 0 and worker in rs.expected:
                 lost_expected = True
+            if old > 0 and rs.cover is not None:
+                rs.cover.remove(worker, old)
             rs.state[worker] = 0
         if self._hopeless(rs):
             # not even every remaining worker finishing everything could decode exactly: say
@@ -677,10 +885,11 @@ class ParameterServer(Endpoint):
             return
         if self.phase is not PSPhase.COLLECTING or not lost_expected:
             return
-        if self.scheme.is_decodable(rs.state):
+        assert rs.cover is not None
+        if rs.cover.deficit == 0:
             self._trigger(now, exact=True)
         elif rs.record.status == "approx-pending":
-            if rs.state.any():
+            if any(rs.state):
                 self._trigger(now, exact=False)
             else:
                 self._end_round_failed(now, "nothing computed")
@@ -691,7 +900,7 @@ class ParameterServer(Endpoint):
             rs.received = {}
             rs.collect_deadline = None
             self._set_phase(PSPhase.COMPUTING)
-            self._broadcast(Resume(epoch=self.epoch, round=rs.record.round, attempt=rs.attempt))
+            self._broadcast(Resume.trusted(self.epoch, rs.record.round, rs.attempt))
             self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
             # rs.broadcast is None again, so the next trigger keeps this attempt number
             # (the resume itself consumed one)
@@ -706,13 +915,13 @@ class ParameterServer(Endpoint):
     def _on_approx_deadline(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self.scheme.sends_when_done:
+        if self._sends_when_done:
             if rs.received:
                 rs.record.t_trigger = now
-                self._decode_and_advance(now, exact=False, reason="deadline")
+                self._end_round(now, exact=False, reason="deadline")
             else:
                 self._end_round_failed(now, "deadline with no finished worker")
-        elif rs.state.any():
+        elif any(rs.state):
             self._trigger(now, exact=False)
         else:
             self._end_round_failed(now, "deadline with no finished chunk")
@@ -720,45 +929,147 @@ class ParameterServer(Endpoint):
     def _on_round_timeout(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self.scheme.sends_when_done and rs.received and self.config.mode == "approx":
-            self._decode_and_advance(now, exact=False, reason="round_timeout")
+        if self._sends_when_done and rs.received and self.config.mode == "approx":
+            self._end_round(now, exact=False, reason="round_timeout")
         else:
             self._end_round_failed(now, f"round timeout ({self.config.round_timeout_s} s)")
 
-    def _decode_and_advance(self, now: float, *, exact: bool, reason: str) -> None:
+    # ------------------------------------------------------------------ end of a round
+
+    def _catch_up(self, now: float) -> None:
+        """A driver that does not call run_pending still gets the old behaviour."""
+        while self._stage1 is not None:
+            self._run_stage1(lambda: now)
+
+    def _end_round(self, now: float, *, exact: bool, reason: str) -> None:
+        """The round's last needed vector arrived at ``now``: queue decode and next round."""
+        self._close_round(now, exact=exact, reason=reason, decode=True)
+
+    def _end_round_failed(self, now: float, reason: str) -> None:
+        rs = self._round
+        assert rs is not None
+        rs.record.status = "failed"
+        rs.record.end_reason = reason
+        self.stats["failed_rounds"] += 1
+        self._close_round(now, exact=False, reason=reason, decode=False)
+
+    def _close_round(self, now: float, *, exact: bool, reason: str, decode: bool) -> None:
         rs = self._round
         assert rs is not None
         rec = rs.record
-        if self.scheme.sends_when_done:
+        rec.t_end = now
+        if decode and self._sends_when_done:
             state = self._finished_state(rs.received)
-        else:
+        elif decode:
             assert rs.broadcast is not None
             state = np.asarray(rs.broadcast, dtype=np.int64)
+        else:
+            state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(int(x) for x in state)
-        rec.attempts = rs.attempt + 1
-        rec.coverage_min = int(np.min(self.scheme.coverage(state))) if self.m else 0
-        result = self.scheme.decode_result(self._payload_rows, state, self.dim)
-        grad = np.asarray(result.gradient, dtype=np.float64)
-        if not np.isfinite(grad).all():
-            self.stats["nonfinite_decode"] += 1
-            self._end_round_failed(now, "decoded gradient is not finite")
-            return
-        rec.residual = float(result.residual)
-        rec.amplification = float(result.amplification)
-        rec.status = "exact" if (result.exact and exact) else "approximate"
-        rec.end_reason = reason
-        if self.verify_fn is not None:
-            rec.rel_error, rec.rel_error_plain = self._verify(grad)
-        if self.keep_gradients:
-            rec.gradient = grad.copy()
-        self.model -= self.learning_rate * grad
-        if self.loss_fn is not None:
-            rec.loss = float(self.loss_fn(self.model))
-        rec.oracle_elapsed_s = self._oracle(rec)
-        self._complete(rec, now)
+        self._round = None
+        self._set_phase(PSPhase.JOINING)
+        self._stage1 = (rec, exact, reason, decode, state, rs.attempt)
 
-    def _verify(self, grad: np.ndarray) -> tuple[float, float]:
-        """Decode error against the uncoded sum g = Σ_i g_i of this round's chunk gradients.
+    def _run_stage1(self, now_fn: Callable[[], float]) -> None:
+        assert self._stage1 is not None
+        rec, exact, reason, decode, state, attempt = self._stage1
+        self._stage1 = None
+        w_prev = self.model
+        grad: np.ndarray | None = None
+        if decode:
+            rec.attempts = attempt + 1
+            result = self._decode(state)
+            grad = np.asarray(result.gradient, dtype=np.float64)
+            if not np.isfinite(grad).all():
+                self.stats["nonfinite_decode"] += 1
+                self.stats["failed_rounds"] += 1
+                rec.status = "failed"
+                rec.end_reason = "decoded gradient is not finite"
+                grad = None
+            else:
+                rec.residual = float(result.residual)
+                rec.amplification = float(result.amplification)
+                rec.status = "exact" if (result.exact and exact) else "approximate"
+                rec.end_reason = reason
+                if self.keep_gradients:
+                    rec.gradient = grad.copy()
+                if self.guard is None:
+                    self.model = w_prev - self.learning_rate * grad
+                elif not self._guarded_step(rec, grad, w_prev, state):
+                    grad = None
+        self.records.append(rec)
+        self._stage2.append((rec, grad, w_prev, self.model))
+        # the next round starts now, after the decode: its t_start is a fresh clock reading
+        now = now_fn()
+        if self.phase is PSPhase.JOINING and self._round is None:
+            self._after_round(rec, now)
+
+    def _guarded_step(self, rec: RoundRecord, grad: np.ndarray, w_prev: np.ndarray,
+                      state: np.ndarray) -> bool:
+        """Apply ``grad`` only if the round guard vouches for it; else fail the round."""
+        assert self.guard is not None
+        if self.verify_fn is not None:
+            # a PS that verifies never applies an unverified step: the oracle runs here,
+            # before the update, rather than with the analytics
+            rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
+        bad, new = self.guard.check(
+            scheme=self.scheme, coded=self._payload_rows, received=np.flatnonzero(state > 0),
+            dim=self.dim, gradient=grad, model=w_prev, learning_rate=self.learning_rate,
+            exact=rec.status == "exact", rel_error=rec.rel_error)
+        if bad is not None:
+            self.stats[f"rejected_{bad.check}"] += 1
+            self.stats["failed_rounds"] += 1
+            rec.status = "failed"
+            rec.end_reason = f"rejected by {bad.check} check: {bad.reason}"
+            return False
+        assert new is not None
+        self.guard.accept()
+        self.model = new
+        return True
+
+    def _after_round(self, rec: RoundRecord, now: float) -> None:
+        self._start_round(now)
+        if self.phase is PSPhase.JOINING:
+            # no round started at once: tell the workers this one is over (when a round does
+            # start, its round_start says so)
+            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status))
+
+    def _run_stage2(self) -> None:
+        rec, grad, w_prev, w_new = self._stage2.pop(0)
+        self._analysing = rec.round
+        try:
+            if grad is not None:
+                if self.verify_fn is not None and math.isnan(rec.rel_error):
+                    rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
+                rec.oracle_elapsed_s = self._oracle(rec)
+            if self.loss_fn is not None:
+                rec.loss = float(self.loss_fn(w_new))
+        finally:
+            self._analysing = None
+        rec.coverage_min = self._coverage_min(rec.state)
+        self._events.append(RoundCompleted(rec))
+        if not self._stage2:
+            self._events.extend(self._deferred_events)
+            self._deferred_events.clear()
+
+    def _coverage_min(self, state: tuple[int, ...]) -> int:
+        if not self.m:
+            return 0
+        cov = [0] * self.scheme.n_chunks
+        for j, c in enumerate(state):
+            for i in self._orders[j][:c]:
+                cov[i] += 1
+        return min(cov) if cov else 0
+
+    def _decode(self, state: np.ndarray) -> Any:
+        fast = getattr(self.scheme, "decode_trusted", None)
+        if fast is not None:
+            return fast(self._payload_rows, state, self.dim)
+        return self.scheme.decode_result(self._payload_rows, state, self.dim)
+
+    def _verify(self, grad: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+        """Decode error against the uncoded sum g = Σ_i g_i of this round's chunk gradients
+        (at ``w``, the model the round computed on).
 
         Returns ``(scaled, plain)``: ``plain = ||ĝ - g|| / ||g||`` and
         ``scaled = ||ĝ - g|| / ||Σ_i |g_i| ||``. The second divides by the magnitude the
@@ -767,7 +1078,7 @@ class ParameterServer(Endpoint):
         cancellation rather than the decoder. Both are recorded; summaries use ``scaled``.
         """
         assert self.verify_fn is not None
-        G = np.asarray(self.verify_fn(self.model), dtype=np.float64)
+        G = np.asarray(self.verify_fn(w), dtype=np.float64)
         true = G.sum(axis=0)
         err = float(np.linalg.norm(grad - true))
         plain_den = float(np.linalg.norm(true))
@@ -776,48 +1087,50 @@ class ParameterServer(Endpoint):
         scaled = err / scale_den if scale_den > 0 else err
         return scaled, plain
 
-    def _end_round_failed(self, now: float, reason: str) -> None:
-        rs = self._round
-        assert rs is not None
-        rs.record.status = "failed"
-        rs.record.end_reason = reason
-        rs.record.state = tuple(int(x) for x in rs.state)
-        self.stats["failed_rounds"] += 1
-        if self.loss_fn is not None:
-            rs.record.loss = float(self.loss_fn(self.model))
-        self._complete(rs.record, now)
-
-    def _complete(self, rec: RoundRecord, now: float) -> None:
-        rec.t_end = now
-        self.records.append(rec)
-        self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status))
-        self._events.append(RoundCompleted(rec))
-        self._round = None
-        self._start_round(now)
-
     def _finish(self, reason: str, now: float) -> None:
+        while self._stage1 is not None:
+            self._run_stage1(lambda: now)
         self._set_phase(PSPhase.FINISHED)
         self._round = None
         self._broadcast(Shutdown(reason=reason))
         for peer in list(self._worker_peer.values()):
             self._outbox.append(Outgoing(peer, None, close=True, reason="shutdown"))
-        self._events.append(Finished(len(self.records), reason, now))
+        ev = Finished(len(self.records), reason, now)
+        if self._stage2:
+            self._deferred_events.append(ev)
+        else:
+            self._events.append(ev)
 
     def _oracle(self, rec: RoundRecord) -> float | None:
         """Earliest elapsed time (workers' own stamps) at which reported counts were decodable.
 
         Only reported counts are known, so this is exact when every chunk is reported
         (report_every = 1) and an upper bound otherwise. For the send-when-done schemes a
-        worker's finish time is its last report's stamp.
+        worker's finish time is the ``compute_s`` its coded vector carries (the elapsed time of
+        its last chunk on its own schedule). Computed post hoc, once per round, from the same
+        coverage counters the trigger uses.
         """
-        events = sorted((e, w, c) for (_, w, c, e) in rec.reports)
-        st = np.zeros(self.m, dtype=np.int64)
-        for elapsed, w, c in events:
-            st[w] = max(st[w], c)
-            if self.scheme.sends_when_done:
-                finished = np.where(st >= self._loads, self._loads, 0)
-                if self.scheme.is_decodable(finished):
+        if self._sends_when_done:
+            # decodability only grows with the finished set: binary search over the workers
+            # in order of their finish times
+            fin = sorted((e, w) for w, e in rec.compute_s.items())
+            order = [w for _, w in fin]
+            if not fin or not self.scheme.is_decodable(self._finished_state(order)):
+                return None
+            lo, hi = 1, len(order)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.scheme.is_decodable(self._finished_state(order[:mid])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return float(fin[lo - 1][0])
+        cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+        st = [0] * self.m
+        for _, w, c, elapsed in sorted(rec.reports, key=lambda x: x[3]):
+            if c > st[w]:
+                cover.add(w, st[w], c)
+                st[w] = c
+                if cover.deficit == 0:
                     return float(elapsed)
-            elif self.scheme.is_decodable(st):
-                return float(elapsed)
         return None

@@ -6,17 +6,23 @@ Invariants
   ``t0 + sum(delays_s[:k+1])``, where ``t0`` is when round_start arrived: the injected delays
   are absolute deadlines, so real compute time is absorbed into them (and only shows when it is
   longer). A ``resume`` restarts the chunk that was in flight when computing stopped.
-* A count is reported only for gradients already stored, so reports are monotone.
+* Application work stays out of the machine: when chunks are due the worker queues one
+  :class:`ComputeChunks` work item (``next_work()``); the driver computes the gradients and
+  calls :meth:`Worker.chunks_done` with a fresh ``now``. Scheme and task are built by the
+  driver too (event :class:`SetupNeeded`, answered by :meth:`Worker.setup_ready`).
+* One cumulative report per wake-up: a report carries the count of every gradient stored so
+  far, so reports are monotone.
 * The encoding uses the *broadcast* state, never the worker's newer progress.
 * Every frame the worker sends in round r is held back ``net_delay_s`` (artificial one-way
   latency); frames leave in order.
-* The gradient computation is injected (``chunk_gradient(chunk, w)``); this module does no I/O.
+* No exception escapes a driver call: one that is not a protocol error closes the connection
+  with code ``worker_error`` (the driver reconnects), so the worker's timer never dies.
 """
 
 from __future__ import annotations
 
 import enum
-import os
+import operator
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..coding.base import encode_rows
 from ..config import RunConfig, scheme_digest
 from ..errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from ..messages import (
@@ -48,55 +55,73 @@ from .common import (
     FATAL_CODES,
     ChunkComputed,
     CodedSent,
+    ComputeChunks,
     ConnectionFailed,
     Endpoint,
     Outgoing,
     RoundEnded,
+    SessionKeys,
+    SetupNeeded,
     ShutdownRequested,
     Welcomed,
+    config_hash,
+    derive_worker_key,
+    hello_mac,
     macs_equal,
-    ps_mac,
-    worker_mac,
+    session_keys,
+    welcome_mac,
 )
 
 PS_PEER = "ps"
+
+#: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
+#: gives up on that connection and reconnects.
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class WorkerPhase(enum.Enum):
     CONNECTING = "connecting"  # transport up, waiting for challenge
     AUTHENTICATING = "authenticating"  # hello sent, waiting for welcome
-    IDLE = "idle"  # welcomed, between rounds
+    SETTING_UP = "setting_up"  # welcomed, waiting for the driver to build scheme and task
+    IDLE = "idle"  # ready, between rounds
     COMPUTING = "computing"
     WAITING = "waiting"  # stopped computing (all done, or told to encode), round not over
     CLOSED = "closed"
+
+    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
+    # phase checks run on every message)
+    __hash__ = object.__hash__
 
 
 _TRANSITIONS = frozenset(
     {
         (WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING),
-        (WorkerPhase.AUTHENTICATING, WorkerPhase.IDLE),
+        (WorkerPhase.AUTHENTICATING, WorkerPhase.SETTING_UP),
+        (WorkerPhase.SETTING_UP, WorkerPhase.IDLE),
         (WorkerPhase.IDLE, WorkerPhase.COMPUTING),
         (WorkerPhase.COMPUTING, WorkerPhase.WAITING),
-        (WorkerPhase.WAITING, WorkerPhase.COMPUTING),  # resume
+        (WorkerPhase.WAITING, WorkerPhase.COMPUTING),  # resume, or the next round_start
         (WorkerPhase.WAITING, WorkerPhase.WAITING),  # re-broadcast
         (WorkerPhase.COMPUTING, WorkerPhase.IDLE),  # round ended while computing
         (WorkerPhase.WAITING, WorkerPhase.IDLE),
-        (WorkerPhase.COMPUTING, WorkerPhase.COMPUTING),  # next round_start without round_end
-        (WorkerPhase.WAITING, WorkerPhase.COMPUTING),
+        (WorkerPhase.COMPUTING, WorkerPhase.COMPUTING),  # next round_start (round_end folded)
         (WorkerPhase.IDLE, WorkerPhase.IDLE),
     }
     | {(p, WorkerPhase.CLOSED) for p in WorkerPhase}
 )
 
+_RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
+_HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
+_INF = float("inf")
+
 #: kind -> phases in which the worker accepts it from the PS
 _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
     "challenge": frozenset({WorkerPhase.CONNECTING}),
     "welcome": frozenset({WorkerPhase.AUTHENTICATING}),
-    "round_start": frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING}),
-    "encode_and_transmit": frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING,
-                                      WorkerPhase.WAITING}),
-    "resume": frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING}),
-    "round_end": frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING}),
+    "round_start": _RUNNING,
+    "encode_and_transmit": _RUNNING,
+    "resume": _RUNNING,
+    "round_end": _RUNNING,
     "shutdown": frozenset(WorkerPhase),
     "error": frozenset(WorkerPhase),
     "ping": frozenset(WorkerPhase),
@@ -110,20 +135,36 @@ class ChunkGradientFn(Protocol):
 
 @dataclass
 class Setup:
-    """What a worker builds from the PS's ``welcome``: the scheme and its gradient function."""
+    """What a worker needs for a configuration: the scheme and its gradient function.
+
+    Built by the driver layer (``aiogc.worker_setup``), shared by every worker of a process
+    that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once).
+    """
 
     config: RunConfig
     scheme: Any
     chunk_gradient: ChunkGradientFn
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.digest:
+            self.digest = scheme_digest(self.scheme)
 
 
-def default_setup(config: RunConfig) -> Setup:
-    """Rebuild scheme and task from the configuration (same seed -> same scheme as the PS)."""
-    from ..tasks import make_task
-
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
-    return Setup(config, scheme, task.chunk_gradient)
+def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
+    """A send-when-done scheme's (load, ell) encoding coefficients of ``worker`` (they do not
+    depend on the state), or None when the scheme does not expose them."""
+    if not scheme.sends_when_done:
+        return None
+    coef = getattr(scheme, "coefficients", None)
+    if coef is None:
+        return None
+    try:
+        theta = np.asarray(coef(worker), dtype=np.float64)
+    except TypeError:
+        return None
+    load = int(scheme.loads[worker])
+    return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
 
 class Worker(Endpoint):
@@ -133,11 +174,16 @@ class Worker(Endpoint):
     ----------
     worker_id : int
     secret : bytes, optional
-        Shared HMAC secret (must match the PS's).
-    setup : callable
-        ``setup(config) -> Setup``; the default rebuilds the configured scheme and task.
-    nonce_fn : callable
-        Fresh 16-byte nonces for the handshake.
+        The master secret S (the worker derives its own key k_j from it).
+    worker_key : bytes, optional
+        This worker's key k_j (``derive_worker_key(S, j)``), given instead of S so that the
+        worker cannot authenticate as any other id.
+    setup : callable, optional
+        ``setup(config) -> Setup`` for drivers that build synchronously (the simulator); the
+        core itself never calls it (see :class:`SetupNeeded`).
+    nonce_fn : callable, optional
+        Fresh 16-byte nonces for the handshake; drivers install one (``secrets.token_bytes``,
+        or a deterministic counter on the virtual clock) when None.
     """
 
     def __init__(
@@ -145,19 +191,34 @@ class Worker(Endpoint):
         worker_id: int,
         *,
         secret: bytes | None = None,
-        setup: Callable[[RunConfig], Setup] = default_setup,
-        nonce_fn: Callable[[], bytes] = lambda: os.urandom(16),
+        worker_key: bytes | None = None,
+        setup: Callable[[RunConfig], Setup] | None = None,
+        nonce_fn: Callable[[], bytes] | None = None,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ) -> None:
         super().__init__()
+        if secret is not None and worker_key is not None:
+            raise LocalProtocolError("give either secret or worker_key, not both")
         self.worker_id = worker_id
         self.secret = secret
-        self._setup_fn = setup
-        self._nonce_fn = nonce_fn
+        self.key: bytes | None = (
+            derive_worker_key(secret, worker_id) if secret is not None else worker_key
+        )
+        self.setup_fn = setup
+        self.nonce_fn = nonce_fn
+        self.handshake_timeout_s = float(handshake_timeout_s)
+        self._connected_at = 0.0
         self.phase = WorkerPhase.CLOSED
         self.setup: Setup | None = None
+        #: keys of the current session (after a verified welcome), or None without a secret
+        self.session: SessionKeys | None = None
+        self._pending_config: RunConfig | None = None
+        self._pending_digest: object = None
+        self._work: deque[ComputeChunks] = deque()
         self._delayed: deque[tuple[float, Message]] = deque()
         self._epoch = 0
         self._nonce = b""
+        self._ps_nonce = b""
         self._last_sent = 0.0
         self._last_heard = 0.0
         self._ping_seq = 0
@@ -166,12 +227,16 @@ class Worker(Endpoint):
         self._model: np.ndarray | None = None
         self._grads: np.ndarray | None = None  # (load, d) stored chunk gradients
         self._count = 0
+        self._requested = 0  # positions handed to the driver as work
         self._reported = 0
         self._t0 = 0.0
-        self._deadlines: np.ndarray | None = None  # absolute completion times per position
+        self._deadline_list: list[float] = []
         self._net_delay = 0.0
         self._compute_s = 0.0
         self._attempt_sent: int | None = None
+        self._loads: list[int] = []
+        self._order: list[int] = []
+        self._fixed_theta: np.ndarray | None = None
 
     # ================================================================== driver contract
 
@@ -179,8 +244,11 @@ class Worker(Endpoint):
         """A fresh transport to the PS is up (first connect or a reconnect)."""
         self.phase = WorkerPhase.CONNECTING
         self._delayed.clear()
+        self._work.clear()
+        self.session = None
         self._last_heard = now
         self._last_sent = now
+        self._connected_at = now
         self._round = -1
 
     def connection_lost(self, *, now: float) -> None:
@@ -188,53 +256,97 @@ class Worker(Endpoint):
         if self.phase is not WorkerPhase.CLOSED:
             self.phase = WorkerPhase.CLOSED
         self._delayed.clear()
-        self._deadlines = None
+        self._work.clear()
+        self._deadline_list = []
+        self.session = None
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
+        if self.phase is WorkerPhase.CLOSED:
+            # we closed this connection (frames still in flight, e.g. the PS's answer to
+            # our Error): nothing on it matters any more
+            self.stats["after_close"] += 1
+            return
         try:
             self._receive(msg, now)
         except RemoteProtocolError as exc:
             self._fail(exc.code, exc.reason, now, send_error=True)
+        except Exception as exc:  # the worker must survive its own errors
+            self._internal_error(exc, now)
 
     def handle_timer(self, *, now: float) -> None:
-        """Release delayed frames, finish due chunks (one per call), send pings, detect a
+        """Release delayed frames, queue the chunks due by ``now``, send pings, detect a
         silent PS."""
-        self._release(now)
-        if (
-            self.phase is WorkerPhase.COMPUTING
-            and self._deadlines is not None
-            and self._count < len(self._deadlines)
-            and now >= self._deadlines[self._count]
-        ):
-            self._compute_next(now)
-        cfg = self.setup.config if self.setup else None
-        if cfg is not None and self.phase not in (WorkerPhase.CLOSED,):
-            if cfg.dead_after_s is not None and now >= self._last_heard + cfg.dead_after_s:
-                self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
-                return
-            if cfg.heartbeat_s is not None and now >= self._last_sent + cfg.heartbeat_s:
-                self._ping_seq += 1
-                self._emit(Ping(seq=self._ping_seq), now, delay=False)
+        try:
+            self._handle_timer(now)
+        except Exception as exc:
+            self._internal_error(exc, now)
+
+    def next_work(self) -> ComputeChunks | None:
+        """The next work item for the driver, or None."""
+        return self._work.popleft() if self._work else None
+
+    def drain_work(self) -> list[ComputeChunks]:
+        """Every queued work item, in order."""
+        if not self._work:
+            return []
+        out = list(self._work)
+        self._work.clear()
+        return out
+
+    def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
+        """The driver computed the gradients of a :class:`ComputeChunks` item.
+
+        ``grads``: sequence (or 2-D array) of chunk gradients, one per requested chunk, each
+        of shape (d,). A result for a round that is over is dropped.
+        """
+        try:
+            self._chunks_done(rnd, first, grads, now)
+        except Exception as exc:
+            self._internal_error(exc, now)
+
+    def work_failed(self, exc: Exception, *, now: float) -> None:
+        """The driver's gradient computation raised: close with the reason (and reconnect)."""
+        self._internal_error(exc, now)
+
+    def has_output(self) -> bool:
+        """Anything queued for the driver (frames, events, work)?"""
+        return bool(self._outbox or self._events or self._work)
+
+    def setup_ready(self, setup: Setup, *, now: float) -> None:
+        """The driver built scheme and task for the config of :class:`SetupNeeded`."""
+        try:
+            self._setup_ready(setup, now)
+        except RemoteProtocolError as exc:
+            self._fail(exc.code, exc.reason, now, send_error=True)
+        except Exception as exc:
+            self._internal_error(exc, now)
+
+    def setup_failed(self, code: str, reason: str, *, now: float) -> None:
+        """The driver could not (or may not) build the configured task: close with ``code``
+        (``task_not_allowed`` is fatal: reconnecting cannot help)."""
+        if self.phase is WorkerPhase.SETTING_UP:
+            self._fail(code, reason, now, send_error=True)
 
     def next_deadline(self) -> float | None:
-        times: list[float] = []
+        # called after every pump: no list, no min() over a list
+        phase = self.phase
+        best = _INF
         if self._delayed:
-            times.append(self._delayed[0][0])
-        if (
-            self.phase is WorkerPhase.COMPUTING
-            and self._deadlines is not None
-            and self._count < len(self._deadlines)
-        ):
-            t = float(self._deadlines[self._count])
-            if np.isfinite(t):
-                times.append(t)
-        cfg = self.setup.config if self.setup else None
-        if cfg is not None and self.phase is not WorkerPhase.CLOSED:
-            if cfg.dead_after_s is not None:
-                times.append(self._last_heard + cfg.dead_after_s)
-            if cfg.heartbeat_s is not None:
-                times.append(self._last_sent + cfg.heartbeat_s)
-        return min(times) if times else None
+            best = self._delayed[0][0]
+        if phase is WorkerPhase.COMPUTING and self._requested == self._count:
+            dl = self._deadline_list
+            if self._count < len(dl) and dl[self._count] < best:
+                best = dl[self._count]
+        elif phase in _HANDSHAKING:
+            best = min(best, self._connected_at + self.handshake_timeout_s)
+        if phase is not WorkerPhase.CLOSED:
+            cfg = self.setup.config if self.setup else self._pending_config
+            if cfg is not None:
+                if cfg.dead_after_s is not None:
+                    best = min(best, self._last_heard + cfg.dead_after_s)
+                if cfg.heartbeat_s is not None:
+                    best = min(best, self._last_sent + cfg.heartbeat_s)
+        return None if best == _INF else best
 
     # ================================================================== helpers
 
@@ -276,7 +388,38 @@ class Worker(Endpoint):
         self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
         self.phase = WorkerPhase.CLOSED
         self._delayed.clear()
-        self._deadlines = None
+        self._work.clear()
+        self._deadline_list = []
+
+    def _internal_error(self, exc: Exception, now: float) -> None:
+        if self.phase is WorkerPhase.CLOSED:
+            self.stats["error_while_closed"] += 1
+            return
+        self._fail("worker_error", f"{type(exc).__name__}: {exc}", now, send_error=True)
+
+    def _handle_timer(self, now: float) -> None:
+        self._release(now)
+        if self.phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
+            # e.g. a connection the PS's kernel completed but its accept queue dropped: the
+            # PS will never speak on it, and without a config there is no liveness timer yet
+            self._fail("handshake_timeout", "no challenge/welcome from the PS in time", now,
+                       send_error=False)
+            return
+        if (
+            self.phase is WorkerPhase.COMPUTING
+            and self._requested == self._count
+            and self._count < len(self._deadline_list)
+            and now >= self._deadline_list[self._count]
+        ):
+            self._request_due(now)
+        cfg = self.setup.config if self.setup else self._pending_config
+        if cfg is not None and self.phase is not WorkerPhase.CLOSED:
+            if cfg.dead_after_s is not None and now >= self._last_heard + cfg.dead_after_s:
+                self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
+                return
+            if cfg.heartbeat_s is not None and now >= self._last_sent + cfg.heartbeat_s:
+                self._ping_seq += 1
+                self._emit(Ping.trusted(self._ping_seq), now, delay=False)
 
     # ================================================================== receive
 
@@ -288,23 +431,16 @@ class Worker(Endpoint):
             raise RemoteProtocolError(f"{msg.kind} not allowed in {self.phase.value}",
                                       code="bad_kind")
         self._last_heard = now
-        if isinstance(msg, Challenge):
-            self._epoch = msg.epoch
-            self._nonce = self._nonce_fn()
-            mac = (
-                worker_mac(self.secret, msg.nonce, self.worker_id, msg.epoch)
-                if self.secret is not None
-                else b""
-            )
-            self._set_phase(WorkerPhase.AUTHENTICATING)
-            self._emit(Hello(worker=self.worker_id, nonce=self._nonce, mac=mac, epoch=msg.epoch),
-                       now, delay=False)
-        elif isinstance(msg, Welcome):
-            self._on_welcome(msg, now)
-        elif isinstance(msg, RoundStart):
+        if isinstance(msg, RoundStart):
             self._on_round_start(msg, now)
         elif isinstance(msg, EncodeAndTransmit):
             self._on_encode(msg, now)
+        elif isinstance(msg, Ping):
+            self._emit(Pong.trusted(msg.seq), now, delay=False)
+        elif isinstance(msg, Challenge):
+            self._on_challenge(msg, now)
+        elif isinstance(msg, Welcome):
+            self._on_welcome(msg, now)
         elif isinstance(msg, Resume):
             self._on_resume(msg, now)
         elif isinstance(msg, RoundEnd):
@@ -315,30 +451,61 @@ class Worker(Endpoint):
             self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
         elif isinstance(msg, Error):
             self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
-        elif isinstance(msg, Ping):
-            self._emit(Pong(seq=msg.seq), now, delay=False)
+
+    def _on_challenge(self, msg: Challenge, now: float) -> None:
+        if self.nonce_fn is None:
+            raise LocalProtocolError("no nonce_fn: the driver must install one")
+        self._epoch = msg.epoch
+        self._ps_nonce = msg.nonce
+        self._nonce = self.nonce_fn()
+        mac = (
+            hello_mac(self.key, msg.nonce, self._nonce, self.worker_id, msg.epoch)
+            if self.key is not None
+            else b""
+        )
+        self._set_phase(WorkerPhase.AUTHENTICATING)
+        self._emit(Hello(worker=self.worker_id, nonce=self._nonce, mac=mac, epoch=msg.epoch),
+                   now, delay=False)
 
     def _on_welcome(self, msg: Welcome, now: float) -> None:
         if msg.worker != self.worker_id or msg.epoch != self._epoch:
             raise RemoteProtocolError("welcome for another worker or epoch", code="bad_welcome")
-        if self.secret is not None:
-            expect = ps_mac(self.secret, self._nonce, self.worker_id, self._epoch)
+        if self.key is not None:
+            expect = welcome_mac(self.key, self._ps_nonce, self._nonce, self.worker_id,
+                                 self._epoch, config_hash(msg.config))
             if not macs_equal(expect, msg.mac):
-                raise RemoteProtocolError("PS failed authentication", code="auth_failed")
+                raise RemoteProtocolError("PS failed authentication (or the config was altered)",
+                                          code="auth_failed")
+            self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
+                                        self.worker_id)
         digest = msg.config.get("scheme_digest")
         try:
             config = RunConfig.from_wire(msg.config)
         except ConfigError as exc:
             raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
-        if self.setup is None or self.setup.config != config:
-            self.setup = self._setup_fn(config)
-        if digest != scheme_digest(self.setup.scheme):
-            raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
-        if self.worker_id >= self.setup.scheme.m:
+        if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
+        self._pending_digest = digest
+        self._set_phase(WorkerPhase.SETTING_UP)
+        if self.setup is not None and self.setup.config == config:
+            self._setup_ready(self.setup, now)
+            return
+        self._pending_config = config
+        self._events.append(SetupNeeded(config, now))
+
+    def _setup_ready(self, setup: Setup, now: float) -> None:
+        if self.phase is not WorkerPhase.SETTING_UP:
+            return  # the connection closed while the driver was building: keep nothing
+        if self._pending_digest != setup.digest:
+            raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
+        self.setup = setup
+        self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
+        self._loads = [int(x) for x in setup.scheme.loads]
+        self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
+        self._pending_config = None
         self._set_phase(WorkerPhase.IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
-        self._emit(Ready(epoch=self._epoch), now, delay=False)
+        self._emit(Ready.trusted(self._epoch), now, delay=False)
 
     def _check_epoch(self, epoch: int, kind: str) -> bool:
         if epoch != self._epoch:
@@ -350,11 +517,13 @@ class Worker(Endpoint):
         if not self._check_epoch(msg.epoch, msg.kind):
             return
         assert self.setup is not None
-        scheme = self.setup.scheme
         if msg.round <= self._round:
             raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
                                       code="bad_round")
-        load = int(scheme.loads[self.worker_id])
+        if self._round >= 0 and self.phase is not WorkerPhase.IDLE:
+            # round_end is folded into the next round_start: the previous round is over
+            self._events.append(RoundEnded(self._round, "", now))
+        load = self._loads[self.worker_id]
         dim = int(msg.model.shape[0])
         if msg.delays_s and len(msg.delays_s) < load:
             raise RemoteProtocolError("delays_s shorter than the load", code="bad_field")
@@ -363,41 +532,80 @@ class Worker(Endpoint):
         if self._grads is None or self._grads.shape != (load, dim):
             self._grads = np.empty((load, dim), dtype=np.float64)
         self._count = 0
+        self._requested = 0
         self._reported = 0
         self._compute_s = 0.0
         self._attempt_sent = None
+        self._work.clear()
         self._t0 = now
         self._net_delay = msg.net_delay_s
-        delays = (
-            np.asarray(msg.delays_s[:load], dtype=np.float64) if msg.delays_s else np.zeros(load)
-        )
-        self._deadlines = now + np.cumsum(delays)
+        # absolute deadlines now + (d_0 + ... + d_k), summed left to right (as np.cumsum does)
+        dl: list[float] = []
+        acc = 0.0
+        delays = msg.delays_s
+        for k in range(load):
+            if delays:
+                acc += delays[k]
+            dl.append(now + acc)
+        self._deadline_list = dl
         self._set_phase(WorkerPhase.COMPUTING)
         if load == 0:
             self._after_all_computed(now)
+        elif self._deadline_list[0] <= now:
+            self._request_due(now)
 
-    def _compute_next(self, now: float) -> None:
-        assert self.setup is not None and self._grads is not None and self._model is not None
+    def _request_due(self, now: float) -> None:
+        """Hand every chunk due by ``now`` to the driver as one work item."""
+        assert self.setup is not None and self._model is not None
+        dl = self._deadline_list
         k = self._count
-        chunk = int(self.setup.scheme.orders[self.worker_id][k])
-        g = self.setup.chunk_gradient(chunk, self._model)
-        self._grads[k] = g
-        self._count = k + 1
-        # compute_s: the scheduled (injected) duration of this chunk
-        assert self._deadlines is not None
-        prev = self._deadlines[k - 1] if k > 0 else self._t0
-        dur = float(self._deadlines[k] - prev)
-        self._compute_s += dur
-        self._events.append(ChunkComputed(self._round, k, chunk, now, dur))
+        due = k
+        while due < len(dl) and dl[due] <= now:
+            due += 1
+        if due == k:
+            return
+        chunks = tuple(self._order[k:due])
+        self._requested = due
+        self._work.append(ComputeChunks(self._round, k, chunks, self._model))
+
+    def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
+        if rnd != self._round or first != self._count or self._grads is None:
+            self.stats["stale_work"] += 1
+            return
+        if self.phase not in (WorkerPhase.COMPUTING, WorkerPhase.WAITING):
+            self.stats["stale_work"] += 1
+            return
+        n = len(grads)
+        if first + n > self._requested:
+            raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
+                                     "were requested")
+        assert self.setup is not None
+        order = self._order
+        dl = self._deadline_list
+        for i in range(n):
+            k = first + i
+            self._grads[k] = grads[i]
+            # compute_s: the scheduled (injected) duration of this chunk
+            prev = dl[k - 1] if k > 0 else self._t0
+            dur = dl[k] - prev
+            self._compute_s += dur
+            self._events.append(ChunkComputed(self._round, k, order[k], now, dur))
+        self._count = first + n
+        if self.phase is not WorkerPhase.COMPUTING:
+            return  # told to encode meanwhile: these gradients only matter after a resume
         cfg = self.setup.config
-        load = len(self._deadlines)
-        if self._count % cfg.report_every == 0 or self._count == load:
+        load = len(dl)
+        if (self._count // cfg.report_every > self._reported // cfg.report_every
+                or self._count == load):
             self._reported = self._count
-            self._emit(
-                ChunkReport(epoch=self._epoch, round=self._round, count=self._count,
-                            t_worker=max(now, 0.0), elapsed_s=max(now - self._t0, 0.0)),
-                now,
-            )
+            # send-when-done schemes need no reports: the coded vector itself says "finished"
+            # (and carries compute_s, the finish time on the worker's schedule)
+            if not self.setup.scheme.sends_when_done:
+                self._emit(
+                    ChunkReport.trusted(self._epoch, self._round, self._count, max(now, 0.0),
+                                        max(now - self._t0, 0.0)),
+                    now,
+                )
         if self._count == load:
             self._after_all_computed(now)
 
@@ -406,23 +614,36 @@ class Worker(Endpoint):
         scheme = self.setup.scheme
         self._set_phase(WorkerPhase.WAITING)
         if scheme.sends_when_done:
-            state = np.zeros(scheme.m, dtype=np.int64)
+            state = [0] * scheme.m
             state[self.worker_id] = self._count
             self._send_coded(state, attempt=0, now=now)
 
-    def _send_coded(self, state: np.ndarray, *, attempt: int, now: float) -> None:
+    def _send_coded(self, state: list[int], *, attempt: int, now: float,
+                    digest: bytes | None = None) -> None:
         assert self.setup is not None and self._grads is not None
         scheme = self.setup.scheme
-        c = int(state[self.worker_id])
-        if not scheme.contributes(self.worker_id, state):
-            return
-        vec = scheme.encode(self.worker_id, state, self._grads[:c])
+        c = state[self.worker_id]
+        fast = getattr(scheme, "encode_trusted", None)
+        if self._fixed_theta is not None:
+            # send-when-done: the coefficients do not depend on the state (computed once)
+            if c != self._loads[self.worker_id] or c == 0:
+                return
+            vec = encode_rows(self._fixed_theta, self._grads[:c], scheme.n_parts)
+        elif fast is not None:
+            if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
+                return
+            vec = fast(self.worker_id, state, self._grads[:c])
+        else:
+            arr = np.asarray(state, dtype=np.int64)
+            if not scheme.contributes(self.worker_id, arr):
+                return
+            vec = scheme.encode(self.worker_id, arr, self._grads[:c])
         payload = np.ascontiguousarray(vec, dtype=self.setup.config.payload_dtype)
         self._attempt_sent = attempt
         self._emit(
-            CodedGradient(epoch=self._epoch, round=self._round, attempt=attempt,
-                          state_digest=state_digest(state), compute_s=self._compute_s,
-                          payload=payload),
+            CodedGradient.trusted(self._epoch, self._round, attempt,
+                                  digest if digest is not None else state_digest(state),
+                                  self._compute_s, payload),
             now,
         )
         self._events.append(CodedSent(self._round, attempt, c, now))
@@ -438,22 +659,25 @@ class Worker(Endpoint):
         if scheme.sends_when_done:
             raise RemoteProtocolError("encode_and_transmit for a send-when-done scheme",
                                       code="bad_kind")
-        if len(msg.state) != scheme.m:
-            raise RemoteProtocolError(f"state of length {len(msg.state)} != m={scheme.m}",
+        state = msg.state
+        if len(state) != scheme.m:
+            raise RemoteProtocolError(f"state of length {len(state)} != m={scheme.m}",
                                       code="bad_state")
-        state = np.asarray(msg.state, dtype=np.int64)
         if state[self.worker_id] > self._reported:
             raise RemoteProtocolError(
                 f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
                 code="bad_state",
             )
-        if np.any(state > np.asarray(scheme.loads)):
-            raise RemoteProtocolError("state exceeds loads", code="bad_state")
+        loads = self._loads
+        if any(map(operator.gt, state, loads)):
+            j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
+            raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
+                                      code="bad_state")
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
         self._set_phase(WorkerPhase.WAITING)
-        self._send_coded(state, attempt=msg.attempt, now=now)
+        self._send_coded(list(state), attempt=msg.attempt, now=now)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
@@ -461,15 +685,20 @@ class Worker(Endpoint):
         if msg.round != self._round or self.phase is not WorkerPhase.WAITING:
             self.stats["stale_resume"] += 1
             return
-        assert self._deadlines is not None
         self._attempt_sent = None
-        if self._count < len(self._deadlines):
+        dl = self._deadline_list
+        if self._count < len(dl):
             # restart the chunk that was in flight: its full duration counts again from now
-            starts = np.concatenate(([self._t0], self._deadlines[:-1]))
-            durations = self._deadlines - starts
-            rest = durations[self._count:]
-            self._deadlines[self._count:] = now + np.cumsum(rest)
+            starts = [self._t0, *dl[:-1]]
+            acc = 0.0
+            for k in range(self._count, len(dl)):
+                acc += dl[k] - starts[k]
+                dl[k] = now + acc
+            self._requested = self._count
+            self._work.clear()
             self._set_phase(WorkerPhase.COMPUTING)
+            if self._deadline_list[self._count] <= now:
+                self._request_due(now)
 
     def _on_round_end(self, msg: RoundEnd, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
@@ -477,6 +706,7 @@ class Worker(Endpoint):
         if msg.round != self._round:
             self.stats["stale_round_end"] += 1
             return
-        self._deadlines = None
+        self._deadline_list = []
+        self._work.clear()
         self._set_phase(WorkerPhase.IDLE)
         self._events.append(RoundEnded(msg.round, msg.status, now))

@@ -2,8 +2,13 @@
 
 A driver only (1) feeds ``receive`` / ``connection_made`` / ``connection_lost`` /
 ``handle_timer`` with ``now = time.monotonic()``, (2) flushes ``messages_to_send()`` to the right
-connection, and (3) re-arms one timer at ``next_deadline()``. Protocol decisions live in
-``aiogc.core``; framing and bounded decoding in :mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
+connection (a message sent to many peers is encoded once; everything for one peer leaves in one
+write), (3) runs the application work the cores queue (the PS's ``run_pending``: decode and
+analytics; the worker's ``next_work``: chunk gradients; ``SetupNeeded``: scheme and task, built
+once per configuration in an executor thread), (4) switches a connection to tagged frames once
+the core derived its session keys, and (5) re-arms one timer at ``next_deadline()``. Protocol
+decisions live in ``aiogc.core``; framing, tags and bounded decoding in
+:mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,13 +29,16 @@ from ..core import (
     Event,
     Finished,
     ParameterServer,
+    SetupNeeded,
     ShutdownRequested,
     Welcomed,
     Worker,
 )
+from ..core.ps import MAX_PENDING_CONNECTIONS
 from ..errors import ConfigError, RemoteProtocolError
-from ..messages import Message
-from ..wire import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits, encode_frame
+from ..messages import Message, Welcome
+from ..wire import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits, encode_frame
+from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 from .framing import FramedConnection
 
 log = logging.getLogger("aiogc.net")
@@ -38,13 +47,30 @@ log = logging.getLogger("aiogc.net")
 #: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
 POSTAUTH_MAX_HEADER = 1 << 20
 
+#: Header bound for frames *from* an authenticated worker: the largest legal worker header is
+#: an ``error`` / ``bye`` with a reason of MAX_TEXT characters (4 UTF-8 bytes each) plus a
+#: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed (a 1 MiB
+#: header cost the PS ~100 ms of CPU).
+WORKER_MAX_HEADER = 2 * MAX_STR_BYTES + 512
+
+
+def send_queue_cap(frame_bytes: int) -> int:
+    """Slow-consumer cut-off for a connection whose largest frame is ``frame_bytes``: two of
+    them (one still draining while the next is queued) plus 1 MiB of small frames."""
+    return 2 * frame_bytes + (1 << 20)
+
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
 
 
 def frame_nbytes(msg: Message) -> int:
-    """Bytes the frame occupies on the wire (prefix + header + array)."""
+    """Bytes the frame occupies on the wire without tag (prefix + header + array); encodes
+    it (the drivers report the size of frames they actually sent or received instead)."""
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in encode_frame(msg))
+
+
+def _nonce16() -> bytes:
+    return secrets.token_bytes(16)
 
 
 def is_loopback(host: str) -> bool:
@@ -149,7 +175,13 @@ class PSServer:
         self._timer: _Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         itemsize = ps.config.payload_dtype.itemsize
-        self._post_auth = FrameLimits(POSTAUTH_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        # the largest frame the PS sends is a round_start: the model plus a header whose delay
+        # row has at most max(loads) entries (9 bytes each)
+        model_bytes = ps.dim * itemsize + 9 * int(max(ps.scheme.loads)) + 4096
+        self._max_pending = send_queue_cap(model_bytes)
+        if ps.nonce_fn is None:
+            ps.nonce_fn = _nonce16
         self.started = asyncio.Event()
 
     # ------------------------------------------------------------------ lifetime
@@ -160,9 +192,16 @@ class PSServer:
         self._loop = loop
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer)
-        server = await loop.create_server(self._protocol, self.host, self.port)
+        # a backlog for every worker connecting at once: when the accept queue overflows,
+        # Linux completes the client's handshake but drops the connection server-side, and
+        # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
+        backlog = min(4096, max(128, 2 * self.ps.m + MAX_PENDING_CONNECTIONS))
+        server = await loop.create_server(self._protocol, self.host, self.port,
+                                          backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
+        self.ps.start(now=self._now())
         self.started.set()
+        self._pump()
         try:
             await self._done
         finally:
@@ -197,21 +236,14 @@ class PSServer:
     # ------------------------------------------------------------------ protocol plumbing
 
     def _protocol(self) -> FramedConnection:
-        server = self
+        return FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
+                                on_made=self._conn_made, conn_alloc=self._alloc,
+                                max_pending_bytes=self._max_pending)
 
-        class _Conn(FramedConnection):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                super().connection_made(transport)
-                server._conn_made(self)
-
-        ps = self.ps
-
-        def alloc(kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> Any:
-            # zero-copy receive: a payload lands in the PS's row for this worker
-            return ps.payload_buffer(conn, dtype, n)
-
-        conn = _Conn(self._on_message, self._on_close, limits=PREAUTH_LIMITS, alloc=alloc)
-        return conn
+    def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
+               dtype: np.dtype, n: int) -> Any:
+        # zero-copy receive: a payload lands in the PS's row for this worker
+        return self.ps.payload_buffer(conn, dtype, n)
 
     def _now(self) -> float:
         return _clock()
@@ -223,11 +255,15 @@ class PSServer:
 
     def _on_message(self, conn: FramedConnection, msg: Message) -> None:
         if self._frame_log is not None:
-            self._frame_log("in", conn, msg, frame_nbytes(msg))
+            self._frame_log("in", conn, msg, conn.last_frame_nbytes)
         ps = self.ps
         ps.receive(conn, msg, now=self._now())
-        if ps.is_authenticated(conn) and conn.limits is PREAUTH_LIMITS:
+        if conn.limits is PREAUTH_LIMITS and ps.is_authenticated(conn):
             conn.set_limits(self._post_auth)
+            keys = ps.session_keys(conn)
+            if keys is not None:
+                # every frame after hello is tagged (the welcome we send is not: see _pump)
+                conn.set_auth(recv=keys.worker_to_ps)
         self._pump()
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
@@ -242,18 +278,44 @@ class PSServer:
         self.ps.handle_timer(now=self._now())
         self._pump()
 
-    def _pump(self) -> None:
+    def _flush_outbox(self) -> None:
         ps = self.ps
-        for out in ps.messages_to_send():
+        outbox = ps.messages_to_send()
+        if not outbox:
+            return
+        encoded: dict[int, tuple[Message, list[Any]]] = {}
+        touched: dict[int, FramedConnection] = {}
+        frame_log = self._frame_log
+        for out in outbox:
             conn = out.peer
             assert isinstance(conn, FramedConnection)
-            if out.message is not None:
-                if self._frame_log is not None:
-                    self._frame_log("out", conn, out.message, frame_nbytes(out.message))
-                conn.send(out.message)
+            msg = out.message
+            if msg is not None:
+                hit = encoded.get(id(msg))
+                if hit is None:
+                    hit = encoded[id(msg)] = (msg, encode_frame(msg))
+                n = conn.queue(msg, hit[1])
+                touched[id(conn)] = conn
+                if frame_log is not None:
+                    frame_log("out", conn, msg, n)
+                if isinstance(msg, Welcome):
+                    keys = ps.session_keys(conn)
+                    if keys is not None:
+                        conn.set_auth(send=keys.ps_to_worker)  # tags start after welcome
             if out.close:
                 conn.close()
-        while (ev := ps.next_event()) is not None:
+                touched.pop(id(conn), None)
+        for conn in touched.values():
+            conn.flush()
+
+    def _pump(self) -> None:
+        ps = self.ps
+        self._flush_outbox()
+        while ps.has_pending():
+            # decode / analytics after the frames above left; the next round_start first
+            ps.run_pending(_clock)
+            self._flush_outbox()
+        for ev in ps.drain_events():
             if self._on_event is not None:
                 self._on_event(ev)
             if isinstance(ev, Finished) and self._done is not None and not self._done.done():
@@ -267,6 +329,15 @@ class WorkerClient:
 
     ``run()`` returns when the PS said shutdown; it raises ``ConnectionError`` when the PS
     cannot be reached for ``give_up_after_s`` or a fatal handshake error occurred.
+
+    Parameters
+    ----------
+    setups : SetupCache, optional
+        Where scheme and task come from; pass one cache to every client of a process so that
+        each configuration is built once (in an executor thread: the loop never blocks on it).
+    policy : TaskPolicy, optional
+        What this worker may build (used when ``setups`` is None): built-in tasks only by
+        default; no code is ever taken from the wire.
     """
 
     def __init__(
@@ -279,7 +350,12 @@ class WorkerClient:
         backoff_s: tuple[float, float] = (0.05, 2.0),
         give_up_after_s: float = 30.0,
         connect_timeout_s: float = 5.0,
+        setups: SetupCache | None = None,
+        policy: TaskPolicy | None = None,
     ) -> None:
+        if not is_loopback(host) and worker.key is None:
+            raise ConfigError("secret", None,
+                              f"a secret (or worker key) to reach a non-loopback PS at {host}")
         self.worker = worker
         self.host = host
         self.port = port
@@ -287,6 +363,9 @@ class WorkerClient:
         self._backoff = backoff_s
         self._give_up = give_up_after_s
         self._connect_timeout = connect_timeout_s
+        self.setups = setups if setups is not None else SetupCache(policy)
+        if worker.nonce_fn is None:
+            worker.nonce_fn = _nonce16
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: FramedConnection | None = None
         self._closed: asyncio.Future[None] | None = None
@@ -339,16 +418,10 @@ class WorkerClient:
                 self._conn.abort()
 
     def _protocol(self) -> FramedConnection:
-        client = self
-
-        class _Conn(FramedConnection):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                super().connection_made(transport)
-                client._conn_made(self)
-
         # frames from the PS: arrays are models of bounded size; the PS is who we chose to
         # trust, but a confused PS still must not make us allocate without bound
-        return _Conn(self._on_message, self._on_close, limits=DEFAULT_LIMITS)
+        return FramedConnection(self._on_message, self._on_close, limits=DEFAULT_LIMITS,
+                                on_made=self._conn_made)
 
     def _conn_made(self, conn: FramedConnection) -> None:
         assert self._loop is not None
@@ -360,7 +433,11 @@ class WorkerClient:
     def _on_message(self, conn: FramedConnection, msg: Message) -> None:
         if conn is not self._conn:
             return
-        self.worker.receive("ps", msg, now=self._now())
+        w = self.worker
+        w.receive("ps", msg, now=self._now())
+        if w.session is not None and not conn.authenticated:
+            # a verified welcome: every frame after it, both ways, is tagged
+            conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
         self._pump()
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
@@ -376,26 +453,78 @@ class WorkerClient:
         self.worker.handle_timer(now=self._now())
         self._pump()
 
+    def _setup(self, ev: SetupNeeded) -> None:
+        """Scheme and task for ``ev.config``: from the cache at once, else built in an
+        executor thread (a slow build never blocks the loop, the timers or other workers)."""
+        w = self.worker
+        if w.setup_fn is not None:
+            self._setup_done(ev, lambda: w.setup_fn(ev.config))  # type: ignore[misc]
+            return
+        hit = self.setups.peek(ev.config)
+        if hit is not None:
+            self._setup_done(ev, lambda: self.setups.get(ev.config))
+            return
+        assert self._loop is not None
+        fut = self._loop.run_in_executor(None, self.setups.get, ev.config)
+        conn = self._conn
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if self._conn is not conn or f.cancelled():
+                return  # that connection is gone; the next welcome asks again (cached)
+            self._setup_done(ev, f.result)
+            self._pump()
+
+        fut.add_done_callback(done)
+
+    def _setup_done(self, ev: SetupNeeded, get: Callable[[], Any]) -> None:
+        w = self.worker
+        try:
+            setup = get()
+        except Exception as exc:  # reported to the PS, fatal for this worker
+            code, reason = setup_error_code(exc)
+            w.setup_failed(code, reason, now=self._now())
+            return
+        w.setup_ready(setup, now=self._now())
+
     def _pump(self) -> None:
         w = self.worker
-        conn = self._conn
-        for out in w.messages_to_send():
-            if conn is None:
-                continue
-            if out.message is not None:
-                conn.send(out.message)
-            if out.close:
-                conn.close()
-        while (ev := w.next_event()) is not None:
-            if isinstance(ev, ShutdownRequested):
-                self._shutdown = True
-            elif isinstance(ev, Welcomed):
-                self._welcomed = True
-            elif isinstance(ev, ConnectionFailed) and ev.fatal:
-                self._fatal = ev
-            if self._on_event is not None:
-                self._on_event(ev)
+        while True:
+            conn = self._conn
+            outbox = w.messages_to_send()
+            if conn is not None and outbox:
+                for out in outbox:
+                    if out.message is not None:
+                        conn.queue(out.message)
+                    if out.close:
+                        conn.close()
+                conn.flush()
+            progressed = False
+            for ev in w.drain_events():
+                if isinstance(ev, ShutdownRequested):
+                    self._shutdown = True
+                elif isinstance(ev, Welcomed):
+                    self._welcomed = True
+                elif isinstance(ev, ConnectionFailed) and ev.fatal:
+                    self._fatal = ev
+                elif isinstance(ev, SetupNeeded):
+                    self._setup(ev)
+                    progressed = True
+                if self._on_event is not None:
+                    self._on_event(ev)
+            for item in w.drain_work():
+                # the gradients, computed here (the core only asked); a fresh now afterwards
+                setup = w.setup
+                assert setup is not None
+                fn = setup.chunk_gradient
+                try:
+                    grads = [fn(c, item.model) for c in item.chunks]
+                except Exception as exc:  # the core closes with the reason
+                    w.work_failed(exc, now=self._now())
+                else:
+                    w.chunks_done(item.round, item.first, grads, now=self._now())
+                progressed = True
+            if not progressed and not w.has_output():
+                break
         if self._timer is not None:
             when = w.next_deadline()
-            self._timer.arm(when if conn is not None else None)
-
+            self._timer.arm(when if self._conn is not None else None)

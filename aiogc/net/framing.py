@@ -21,7 +21,14 @@ Invariants
   destroyed by an RST; a closing connection whose peer does not drain or does not close
   within ``close_timeout_s`` is aborted.
 
-No authentication and no protocol logic here: the core decides what messages mean.
+* Frame tags (protocol v2): once :meth:`FramedConnection.set_auth` gave a direction a session
+  key, every frame sent is tagged and every frame received must carry a valid tag; a bad tag
+  closes the connection (``bad_tag``) before the message is delivered.
+* :meth:`FramedConnection.queue` + :meth:`FramedConnection.flush`: everything queued for the
+  peer in one pump leaves in one write (small parts joined; large arrays written from their
+  memoryview, never copied).
+
+No protocol logic here: the core decides what messages mean (and derives the keys).
 
 Known imperfections: the Error frame before a close is best effort (a peer that neither reads
 nor closes within ``close_timeout_s`` is aborted, and the abort's RST may destroy it). The 3.11
@@ -39,7 +46,7 @@ from typing import Any, Final, cast
 
 from ..errors import MalformedFrame, RemoteProtocolError
 from ..messages import Error, Message
-from ..wire import DEFAULT_LIMITS, AllocFn, FrameDecoder, FrameLimits, encode_frame
+from ..wire import DEFAULT_LIMITS, AllocFn, FrameAuth, FrameDecoder, FrameLimits, encode_frame
 
 __all__ = ["FramedConnection"]
 
@@ -61,6 +68,10 @@ _MAX_REASON: Final = 200
 
 OnMessage = Callable[["FramedConnection", Message], None]
 OnClose = Callable[["FramedConnection", "BaseException | None"], None]
+OnMade = Callable[["FramedConnection"], None]
+#: ``alloc(conn, kind, header_fields, dtype, n)``: like :data:`aiogc.wire.AllocFn`, with the
+#: connection passed in (so that no per-connection closure is needed)
+ConnAllocFn = Callable[["FramedConnection", str, dict[str, Any], Any, int], Any]
 
 
 class FramedConnection(asyncio.BufferedProtocol):
@@ -74,6 +85,13 @@ class FramedConnection(asyncio.BufferedProtocol):
     limits : frame limits; raise them with :meth:`set_limits` after authentication.
     alloc : destination allocator for array bodies (see :data:`aiogc.wire.AllocFn`).
     max_pending_bytes : slow-consumer cut-off on the write buffer.
+    on_made : called as ``on_made(conn)`` once the transport is up (no subclass needed).
+    conn_alloc : like ``alloc``, called with the connection first.
+
+    Memory: one instance per connection, no class per connection, and every reference cycle
+    through the connection (decoder -> allocator -> connection) is broken when it is lost, so
+    a closed connection is freed by reference counting, without waiting for the cyclic GC;
+    its 64 KiB header buffer is released at once.
     """
 
     def __init__(
@@ -87,9 +105,18 @@ class FramedConnection(asyncio.BufferedProtocol):
         write_high_water: int = WRITE_HIGH_WATER,
         write_low_water: int = WRITE_LOW_WATER,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
+        on_made: OnMade | None = None,
+        conn_alloc: ConnAllocFn | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_close = on_close
+        self._on_made = on_made
+        if conn_alloc is not None:
+            ca = conn_alloc
+
+            def alloc(kind: str, header: dict[str, Any], dtype: Any, n: int) -> Any:
+                return ca(self, kind, header, dtype, n)  # cycle broken in connection_lost
+
         self._decoder = FrameDecoder(limits, alloc)
         self._max_pending = max_pending_bytes
         self._high, self._low = write_high_water, write_low_water
@@ -103,6 +130,9 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._scratch = bytearray(4096)  # sink for bytes that arrive after a close decision
+        self._send_auth: FrameAuth | None = None
+        self._wq: list[bytes | memoryview] = []  # queued, not yet written
+        self._wq_small = 0  # bytes of the trailing run of small parts in _wq
         self.peername: Any = None
         self.frames_in = self.frames_out = 0
         self.bytes_in = self.bytes_out = 0
@@ -115,6 +145,8 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()  # connection_made runs as a loop callback
         self.peername = transport.get_extra_info("peername")
         self._transport.set_write_buffer_limits(high=self._high, low=self._low)
+        if self._on_made is not None:
+            self._on_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._closing:
@@ -165,6 +197,13 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._wake_drainers()
         cause = self._close_exc if self._close_exc is not None else exc
         self._on_close(self, cause)
+        # break the cycles through this connection and free its buffers now (the close
+        # exception's traceback references this connection's frames)
+        self._close_exc = None
+        self._decoder.release()
+        self._wq = []
+        self._on_made = None
+        self._transport = None
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -175,23 +214,59 @@ class FramedConnection(asyncio.BufferedProtocol):
 
     # -- public API ---------------------------------------------------------------------------
 
-    def send(self, msg: Message) -> None:
-        """Queue ``msg``; a no-op once closing. Closes the connection as a slow consumer when
-        the write buffer exceeds ``max_pending_bytes``. Do not mutate a sent array until
-        :meth:`drain` returned."""
+    def send(self, msg: Message, parts: list[bytes | memoryview] | None = None) -> int:
+        """Send ``msg`` now (:meth:`queue` + :meth:`flush`); returns its wire size."""
+        n = self.queue(msg, parts)
+        self.flush()
+        return n
+
+    def queue(self, msg: Message, parts: list[bytes | memoryview] | None = None) -> int:
+        """Queue ``msg`` for the next :meth:`flush`; a no-op once closing. ``parts``: its
+        ``encode_frame`` output when the caller already encoded it (a broadcast is encoded
+        once for every peer; only the tag differs). Returns the frame's wire size. Do not
+        mutate a sent array until :meth:`drain` returned."""
         t = self._transport
         if self._closing or t is None or t.is_closing():
-            return
-        parts = encode_frame(msg)
-        if len(parts) > 1 and sum(len(p) for p in parts) <= JOIN_BELOW_BYTES:
-            # a small frame: one write, one syscall, one wake-up of the peer
-            parts = [b"".join(parts)]
+            return 0
+        if parts is None:
+            parts = encode_frame(msg)
+        n = 0
         for part in parts:
-            # One write per part (not writelines): on the 3.11 default loop writelines joins
-            # the parts into a new bytes object, i.e. copies the whole payload.
-            t.write(part)
-            self.bytes_out += len(part)
+            n += len(part)
+        if self._send_auth is not None:
+            tag = self._send_auth.tag(parts)
+            parts = [*parts, tag]
+            n += len(tag)
+        wq = self._wq
+        for part in parts:
+            if len(part) <= JOIN_BELOW_BYTES:
+                wq.append(part)
+            else:
+                wq.append(part)
         self.frames_out += 1
+        return n
+
+    def flush(self) -> None:
+        """Write everything queued: small parts joined into one write, each large array part
+        written from its memoryview (one write per part, not writelines: on the 3.11 default
+        loop writelines joins the parts into a new bytes object, i.e. copies the payload)."""
+        wq, self._wq = self._wq, []
+        t = self._transport
+        if not wq or t is None or self._lost:
+            return
+        run: list[bytes | memoryview] = []
+        for part in wq:
+            if len(part) <= JOIN_BELOW_BYTES:
+                run.append(part)
+                continue
+            if run:
+                t.write(run[0] if len(run) == 1 else b"".join(run))
+                run = []
+            t.write(part)
+        if run:
+            t.write(run[0] if len(run) == 1 else b"".join(run))
+        for part in wq:
+            self.bytes_out += len(part)
         pending = t.get_write_buffer_size()
         if pending > self._max_pending:
             exc = RemoteProtocolError(
@@ -222,6 +297,24 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._closing = True
         if self._transport is not None:
             self._transport.abort()
+
+    def set_auth(self, *, send: bytes | None = None, recv: bytes | None = None) -> None:
+        """Start tagging frames sent (key ``send``) and/or verifying frames received (key
+        ``recv``) from the next frame on in that direction (sequence numbers from 0)."""
+        if send is not None:
+            self._send_auth = FrameAuth(send)
+        if recv is not None:
+            self._decoder.auth = FrameAuth(recv)
+
+    @property
+    def authenticated(self) -> bool:
+        """True once frames sent are tagged."""
+        return self._send_auth is not None
+
+    @property
+    def last_frame_nbytes(self) -> int:
+        """Wire size of the frame most recently delivered to ``on_message``."""
+        return self._decoder.last_frame_nbytes
 
     def set_limits(self, limits: FrameLimits) -> None:
         """Replace the frame limits (e.g. after authentication); applies from the next frame."""
@@ -266,10 +359,13 @@ class FramedConnection(asyncio.BufferedProtocol):
         if error is not None:
             with contextlib.suppress(Exception):  # best effort: must not prevent the close
                 code, reason = error
-                for part in encode_frame(Error(code=code[:_MAX_REASON],
-                                               reason=reason[:_MAX_REASON])):
-                    t.write(part)
+                parts: list[Any] = encode_frame(Error(code=code[:_MAX_REASON],
+                                                      reason=reason[:_MAX_REASON]))
+                if self._send_auth is not None:
+                    parts.append(self._send_auth.tag(parts))
+                self._wq.extend(parts)
                 self.frames_out += 1
+        self._flush_quietly(t)
         if t.can_write_eof():
             # Lingering close: half-close (FIN after what is buffered) and keep reading, into
             # the scratch buffer, until the peer's EOF (eof_received then closes the transport).
@@ -282,6 +378,12 @@ class FramedConnection(asyncio.BufferedProtocol):
         # ... but a peer that does not read or does not close must not keep the connection.
         self._abort_handle = self._loop.call_later(
             self._close_timeout_s, t.abort)
+
+    def _flush_quietly(self, t: asyncio.Transport) -> None:
+        wq, self._wq = self._wq, []
+        for part in wq:
+            with contextlib.suppress(Exception):
+                t.write(part)
 
     def _wake_drainers(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, []

@@ -8,6 +8,10 @@ Network latency per frame comes from ``latency`` (seconds, or a callable) plus, 
 
 Faults: :meth:`Simulation.kill` (connection reset, seen at once by the PS) or
 ``kill(..., silent=True)`` (a paused process: only the heartbeat notices).
+
+Application work takes no virtual time: chunk gradients are computed inline when a worker
+asks (``next_work``), scheme and task are built (once per configuration, shared by every
+worker) when a worker needs them, and the PS's decode runs at the instant the round ends.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import (
@@ -25,10 +28,12 @@ from ..core import (
     Finished,
     Outgoing,
     ParameterServer,
+    SetupNeeded,
     ShutdownRequested,
     Worker,
 )
 from ..messages import Message
+from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 
 LatencyFn = Callable[[int, str, Message], float]
 
@@ -38,11 +43,10 @@ RECONNECT_DELAY_S = 0.5
 MAX_STEPS_DEFAULT = 50_000_000
 
 
-@dataclass(order=True)
-class _Item:
-    time: float
-    seq: int
-    action: Callable[[float], None] = field(compare=False)
+def _counter_nonces(salt: int) -> Callable[[], bytes]:
+    """Deterministic, distinct 16-byte nonces (a simulation must replay exactly)."""
+    counter = itertools.count(1)
+    return lambda: (salt * 1_000_003 + next(counter)).to_bytes(16, "big")
 
 
 class Simulation:
@@ -69,17 +73,26 @@ class Simulation:
         bandwidth_Bps: float | None = None,
         start_time: float = 0.0,
         reconnect: bool = True,
+        setups: SetupCache | None = None,
     ) -> None:
         self.ps = ps
         self.workers = workers
+        # the simulated workers run the PS's own configuration: its task is theirs to build
+        self._setups = setups or SetupCache(TaskPolicy(task=ps.config.task))
+        if ps.nonce_fn is None:
+            ps.nonce_fn = _counter_nonces(1_000_000)
+        for w in workers:
+            if w.nonce_fn is None:
+                w.nonce_fn = _counter_nonces(w.worker_id)
         self.now = start_time
         self._latency = latency
         self._bandwidth = bandwidth_Bps
         self._reconnect = reconnect
-        self._heap: list[_Item] = []
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
         self._ps_timer: float | None = None
-        self._w_timer: dict[int, float | None] = {}
+        #: per worker, the (deadline, connection generation) its timer is armed for
+        self._w_timer: dict[int, tuple[float, int] | None] = {}
         self._gen: dict[int, int] = {}  # connection generation per worker
         self._link_free: dict[tuple[int, str], float] = {}
         self._dead: set[int] = set()
@@ -88,26 +101,31 @@ class Simulation:
         self.worker_events: dict[int, list[Event]] = {w.worker_id: [] for w in workers}
         self.finished = False
         self.frames = 0
+        self._started = False
 
     # ------------------------------------------------------------------ public
 
     def start(self) -> None:
-        """Open every worker's connection at the current time."""
+        """Start the PS (its join deadline runs from now) and open every worker's connection."""
+        self._started = True
+        self.ps.start(now=self.now)
+        self._pump_ps(self.now)
         for w in self.workers:
             self._connect(w.worker_id, self.now)
 
     def run(self, *, until: float | None = None, max_steps: int = MAX_STEPS_DEFAULT) -> None:
         """Process actions until the PS finished, ``until``, or nothing is left."""
-        if not self._gen:
+        if not self._started:
             self.start()
         steps = 0
         while self._heap and not self.finished:
-            if until is not None and self._heap[0].time > until:
+            if until is not None and self._heap[0][0] > until:
                 self.now = until
                 return
-            item = heapq.heappop(self._heap)
-            self.now = max(self.now, item.time)
-            item.action(self.now)
+            t, _, action = heapq.heappop(self._heap)
+            if t > self.now:
+                self.now = t
+            action(self.now)
             steps += 1
             if steps > max_steps:
                 raise RuntimeError(f"simulation exceeded {max_steps} steps")
@@ -139,7 +157,7 @@ class Simulation:
     # ------------------------------------------------------------------ plumbing
 
     def _schedule(self, t: float, action: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, _Item(t, next(self._seq), action))
+        heapq.heappush(self._heap, (t, next(self._seq), action))
 
     def _peer(self, worker: int) -> Hashable:
         return (worker, self._gen.get(worker, 0))
@@ -173,7 +191,11 @@ class Simulation:
         ps = self.ps
         for out in ps.messages_to_send():
             self._route_down(out, now)
-        while (ev := ps.next_event()) is not None:
+        while ps.has_pending():
+            ps.run_pending(lambda: now)
+            for out in ps.messages_to_send():
+                self._route_down(out, now)
+        for ev in ps.drain_events():
             self.ps_events.append(ev)
             if isinstance(ev, Finished):
                 self.finished = True
@@ -218,6 +240,9 @@ class Simulation:
             def eof(at: float) -> None:
                 if worker in self._dead or self._gen.get(worker) != gen:
                     return
+                if worker in self._paused:  # a stopped process sees the EOF when it resumes
+                    self._schedule(at + 1e-3, eof)
+                    return
                 self._worker_lost(worker, at)
 
             self._schedule(t, eof)
@@ -229,7 +254,18 @@ class Simulation:
         if self._reconnect and not self.finished and worker not in self._dead:
             stopped = any(isinstance(e, ShutdownRequested) for e in self.worker_events[worker])
             if not stopped:
-                self._schedule(now + RECONNECT_DELAY_S, lambda at: self._connect(worker, at))
+                self._schedule(now + RECONNECT_DELAY_S, self._reconnect_action(worker))
+
+    def _reconnect_action(self, worker: int) -> Callable[[float], None]:
+        def act(at: float) -> None:
+            if worker in self._dead or self.finished:
+                return
+            if worker in self._paused:
+                self._schedule(at + 1e-3, act)
+                return
+            self._connect(worker, at)
+
+        return act
 
     def _pump_worker(self, worker: int, now: float) -> None:
         if worker in self._dead or worker in self._paused:
@@ -237,6 +273,29 @@ class Simulation:
         w = self.workers[worker]
         gen = self._gen[worker]
         closing = False
+        failed = False
+        events = self.worker_events[worker]
+        while True:
+            progressed = False
+            for ev in w.drain_events():
+                events.append(ev)
+                if isinstance(ev, ConnectionFailed):
+                    failed = True
+                elif isinstance(ev, SetupNeeded):
+                    self._setup(w, ev, now)
+                    progressed = True
+            for item in w.drain_work():
+                assert w.setup is not None
+                fn = w.setup.chunk_gradient
+                try:
+                    grads = [fn(c, item.model) for c in item.chunks]
+                except Exception as exc:  # the worker closes with the reason, reconnects
+                    w.work_failed(exc, now=now)
+                else:
+                    w.chunks_done(item.round, item.first, grads, now=now)
+                progressed = True
+            if not progressed:
+                break
         for out in w.messages_to_send():
             t = self._arrival(worker, "up", now, out.message)
             if out.message is not None:
@@ -259,21 +318,17 @@ class Simulation:
                         self._pump_ps(at)
 
                 self._schedule(t, eof)
-        failed = False
-        while (ev := w.next_event()) is not None:
-            self.worker_events[worker].append(ev)
-            failed = failed or isinstance(ev, ConnectionFailed)
         if closing and failed:
             self._worker_lost(worker, now)
             return
         due = w.next_deadline()
-        if due is not None and due != self._w_timer.get(worker):
-            self._w_timer[worker] = due
+        if due is not None and (due, gen) != self._w_timer.get(worker):
+            self._w_timer[worker] = (due, gen)
             self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:
-            if self._w_timer.get(worker) != armed or self._gen.get(worker) != gen:
+            if self._w_timer.get(worker) != (armed, gen) or self._gen.get(worker) != gen:
                 return
             if worker in self._dead:
                 return
@@ -285,6 +340,16 @@ class Simulation:
             self._pump_worker(worker, now)
 
         return act
+
+    def _setup(self, w: Worker, ev: SetupNeeded, now: float) -> None:
+        try:
+            setup = w.setup_fn(ev.config) if w.setup_fn is not None else self._setups.get(
+                ev.config)
+        except Exception as exc:  # the worker reports it and closes
+            code, reason = setup_error_code(exc)
+            w.setup_failed(code, reason, now=now)
+            return
+        w.setup_ready(setup, now=now)
 
     # ------------------------------------------------------------------ results
 

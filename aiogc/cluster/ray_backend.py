@@ -1,0 +1,651 @@
+"""``aiogc run --backend ray``: the PS and the workers as Ray actors.
+
+Ray only places and supervises processes; the PS and the workers are the very same
+:class:`~aiogc.net.drivers.PSServer` / :class:`~aiogc.net.drivers.WorkerClient` drivers as in a
+local run and speak aiogc's own authenticated TCP protocol to each other, so records, delay
+models and debugging tools are the same on a laptop and on a cluster.
+
+Per scheme of a comparison:
+
+* one placement group of ``m + 1`` bundles with strategy ``SPREAD`` (Ray puts the bundles on
+  different nodes as far as it can); each bundle asks for :func:`cpus_per_actor` CPUs;
+* the PS actor (bundle ``m``, never restarted: a PS restart would be a different run) binds the
+  IP address Ray knows its node by (reachable from the other nodes, not loopback), port 0, and
+  reports ``host:port`` to the driver;
+* one async worker actor per worker id (bundle ``j``) runs the worker driver against that
+  address. A worker actor whose process dies is restarted by Ray (``max_restarts``) and its
+  ``run`` call is retried (``max_task_retries``): the new process connects and joins through the
+  normal handshake, and the PS treats it as any reconnect;
+* the driver polls the PS actor for frames, round records and worker placements and writes them
+  into the usual run directory as they come (a crashed run keeps every finished round), plus
+  ``nodes.csv``: which node, host and process each PS / worker incarnation ran on.
+
+A fresh random secret is generated per run (unless the caller passes one) and handed to the PS
+actor; worker actor j gets only its own key k_j derived from it (so it cannot authenticate as
+another worker), and the task spec the driver runs (the only task it may build). Neither is
+printed or logged (:class:`_Secret` has a redacted repr).
+
+Clocks: every time in the records is taken on one host's monotonic clock and only differences
+on that same clock are ever formed. Round times, trigger / arrival times, ``reports.csv``'s
+``ps_time`` and ``events.jsonl``'s ``t_ns`` are the PS process's ``time.monotonic`` (the PS's
+``now``); a worker's ``compute_s`` / ``elapsed_s`` are durations on the worker's own monotonic
+clock, sent as numbers; ``nodes.csv``'s ``ps_time`` is when the PS actor received the
+registration; ``wall_s`` is the driver's monotonic clock. No wall clock is subtracted across hosts.
+
+Ctrl-C / SIGTERM on the driver: the PS is told to stop (it tells every worker to shut down),
+the records so far are written, every actor is killed and the placement group removed; a local
+Ray instance started by this run is shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import math
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from ..config import RunConfig
+from ..core import Event, RoundCompleted, RoundRecord, Worker, derive_worker_key
+from ..delays import DelaySchedule
+from ..errors import AiogcError
+from ..messages import Message
+from ..net.drivers import PSServer, WorkerClient, loop_factory
+from ..runner import (
+    PROCESS_GRACE_S,
+    Progress,
+    RunResult,
+    build_manifest,
+    make_ps,
+    materialise_for,
+    scheme_config,
+)
+from ..worker_setup import TaskPolicy
+
+__all__ = [
+    "DEFAULT_MAX_RESTARTS",
+    "NODE_COLUMNS",
+    "ClusterError",
+    "RaySchemeRun",
+    "cpus_per_actor",
+    "run_ray",
+]
+
+#: Times Ray restarts a worker actor whose process died (and retries its ``run`` call).
+DEFAULT_MAX_RESTARTS: Final = 3
+#: Seconds to wait for the placement group and the PS actor to come up.
+PLACEMENT_TIMEOUT_S: Final = 120.0
+#: Seconds between two polls of the PS actor (records reach the run directory this often).
+POLL_S: Final = 0.25
+#: nodes.csv columns.
+NODE_COLUMNS: Final = ("scheme", "role", "worker", "incarnation", "node_id", "node_ip",
+                       "hostname", "pid", "loop", "address", "ps_time")
+
+
+
+class ClusterError(AiogcError):
+    """The cluster could not be reached, could not place the run, or lost an actor."""
+
+
+class _Secret:
+    """The run's shared secret, with a repr that never shows it (errors, logs, dashboards)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret redacted>"
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return (_Secret, (self.value,))
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ClusterError("--backend ray needs the ray extra: pip install 'aiogc[ray]' "
+                           f"({exc})") from exc
+    return ray
+
+
+def _where() -> dict[str, Any]:
+    """Where the calling actor runs (its node as Ray names it, IP, host name, process id) and
+    on which event loop (Ray runs async actors on uvloop when it is installed)."""
+    import ray
+
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+    }
+
+
+# ------------------------------------------------------------------ actors
+
+
+class _PSActor:
+    """Runs one scheme's :class:`PSServer` inside an async Ray actor.
+
+    The driver calls :meth:`start` (bind, report the address), then :meth:`wait` (returns when
+    the PS finished) while polling :meth:`drain`; :meth:`stop` aborts the run gracefully.
+    """
+
+    def __init__(self, config: RunConfig, schedule: DelaySchedule, secret: _Secret,
+                 verify: bool, epoch: int, bind: str | None) -> None:
+        self._config = config
+        self._schedule = schedule
+        self._secret = secret
+        self._verify = verify
+        self._epoch = epoch
+        self._bind = bind
+        self._frames: list[dict[str, Any]] = []
+        self._rounds: list[RoundRecord] = []
+        self._placements: list[dict[str, Any]] = []
+        self._incarnations: Counter[int] = Counter()
+        self._server: PSServer | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        ps, _ = make_ps(self._config, schedule=self._schedule, verify=self._verify,
+                        secret=self._secret.value, epoch=self._epoch)
+        host = self._bind or _where()["node_ip"]
+        frames = self._frames
+        rounds = self._rounds
+
+        def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
+            # the same clock as the PS's `now` (time.monotonic), as RunRecorder.frame requires
+            frames.append({"t_ns": time.monotonic_ns(), "direction": direction, "kind": msg.kind,
+                           "round": getattr(msg, "round", None), "worker": ps.worker_of(peer),
+                           "nbytes": nbytes})
+
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, RoundCompleted):
+                rounds.append(ev.record)
+
+        server = PSServer(ps, host=host, port=0, frame_log=frame_log, on_event=on_event)
+        serving = asyncio.create_task(server.serve())
+        started = asyncio.create_task(server.started.wait())
+        await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            serving.result()  # the bind error, with the address in it
+            raise ClusterError(f"PS on {host} stopped before listening")
+        self._server, self._serving = server, serving
+        info = {**_where(), "role": "ps", "worker": None, "incarnation": 1,
+                "address": f"{host}:{server.port}", "ps_time": time.monotonic()}
+        self._placements.append(info)
+        return info
+
+    async def register(self, info: dict[str, Any]) -> int:
+        """A worker actor (re)started: note where it runs; returns its incarnation (1, 2...)."""
+        j = int(info["worker"])
+        self._incarnations[j] += 1
+        self._placements.append({**info, "incarnation": self._incarnations[j], "address": None,
+                                 "ps_time": time.monotonic()})
+        return self._incarnations[j]
+
+    async def drain(self) -> dict[str, list[Any]]:
+        """Frames, round records and placements since the previous call."""
+        out: dict[str, list[Any]] = {"frames": self._frames[:], "rounds": self._rounds[:],
+                                     "placements": self._placements[:]}
+        del self._frames[:], self._rounds[:], self._placements[:]
+        return out
+
+    async def wait(self) -> dict[str, Any]:
+        """Return when the PS finished, with every round record."""
+        assert self._serving is not None and self._server is not None
+        await self._serving
+        return {"records": self._server.ps.records}
+
+    async def stop(self, reason: str) -> None:
+        if self._server is not None:
+            self._server.stop(reason)
+
+
+class _WorkerActor:
+    """Runs worker ``worker_id``'s :class:`WorkerClient` inside an async Ray actor.
+
+    It holds only its own key k_j, never the run's master secret, and builds only the task the
+    driver (its operator) names: no code is taken from the wire.
+    """
+
+    def __init__(self, worker_id: int, worker_key: _Secret, task: str,
+                 give_up_after_s: float) -> None:
+        self._id = worker_id
+        self._key = worker_key
+        self._task = task
+        self._give_up = give_up_after_s
+
+    async def run(self, host: str, port: int, ps: Any) -> dict[str, Any]:
+        info = {**_where(), "role": "worker", "worker": self._id}
+        incarnation = await ps.register.remote(info)
+        client = WorkerClient(Worker(self._id, worker_key=self._key.value), host, port,
+                              give_up_after_s=self._give_up,
+                              policy=TaskPolicy(task=self._task))
+        await client.run()  # a fatal handshake error raises ConnectionError: the driver says so
+        return {**info, "incarnation": incarnation, "connections": client.connections}
+
+
+# ------------------------------------------------------------------ driver
+
+
+def cpus_per_actor(node_cpus: Sequence[float], n_actors: int) -> float:
+    """CPUs each actor asks for: one, or the largest equal share that still packs ``n_actors``
+    bundles onto nodes with these CPU counts.
+
+    Workers mostly wait (on injected delays and the network), so a share below one CPU is
+    fine; asking for whole CPUs would make a 2-CPU cluster refuse 4 workers. The share is
+    chosen per node, not from the cluster total: three 1-CPU nodes hold five actors of 0.5
+    CPU, but only three of 0.6. Ray accounts resources in units of 1e-4.
+
+    Raises
+    ------
+    ClusterError
+        The nodes cannot hold ``n_actors`` actors of at least 1e-4 CPU each.
+    """
+    n = max(1, n_actors)
+
+    def fits(share: float) -> bool:
+        return sum(math.floor(c / share + 1e-9) for c in node_cpus) >= n
+
+    # the best share is 1 or some node's CPUs divided by a whole number of actors on it
+    candidates = sorted({1.0, *(c / k for c in node_cpus if c > 0 for k in range(1, n + 1))},
+                        reverse=True)
+    for share in candidates:
+        share = math.floor(min(1.0, share) * 1e4) / 1e4
+        if share >= 1e-4 and fits(share):
+            return share
+    raise ClusterError(f"the Ray cluster's nodes have {list(node_cpus)} CPUs; they cannot hold "
+                       f"{n} actors of at least 0.0001 CPU each")
+
+
+def _node_cpus(ray: Any) -> list[float]:
+    return [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+
+
+@dataclass
+class RaySchemeRun:
+    """One scheme on the cluster, as seen by ``on_round`` callbacks (fault-injection hooks)."""
+
+    scheme: str
+    ps: Any
+    workers: list[Any]
+    address: str = ""
+    placements: list[dict[str, Any]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _stop_signals(interrupted: list[str]) -> Iterator[None]:
+    """SIGINT / SIGTERM append their name to ``interrupted`` (polled by the driver loop)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old: dict[signal.Signals, Any] = {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        interrupted.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Connect to ``address`` (None: a new local instance); True if this call connected."""
+    if ray.is_initialized():
+        return False  # the caller (a library user, a test) already chose the cluster
+    kwargs: dict[str, Any] = {"log_to_driver": True}
+    if address in (None, "local"):
+        kwargs["include_dashboard"] = False
+    try:
+        ray.init(address=address or "local", **kwargs)
+    except Exception as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at address={address!r} "
+                           f"(expected auto, HOST:PORT of its GCS, or none for a local "
+                           f"instance): {exc}") from exc
+    return True
+
+
+def _await(ray: Any, ref: Any, *, timeout_s: float, interrupted: list[str], what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready, _ = ray.wait([ref], timeout=POLL_S)
+        if ready:
+            try:
+                return ray.get(ref)
+            except Exception as exc:
+                raise ClusterError(f"{what} failed: {exc}") from exc
+        if interrupted:
+            raise KeyboardInterrupt(f"run stopped by {interrupted[0]}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what}: not done within {timeout_s:g} s")
+
+
+def _guard_s(config: RunConfig) -> float:
+    """An upper bound on one scheme's run: the PS's own timeouts end it well before."""
+    per_round = config.round_timeout_s + config.collect_timeout_s + (config.dead_after_s or 0)
+    return config.join_timeout_s + config.rounds * per_round + 60.0
+
+
+def _write_nodes(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(NODE_COLUMNS)
+        for row in rows:
+            w.writerow(["" if row.get(c) is None else
+                        (repr(row[c]) if isinstance(row[c], float) else row[c])
+                        for c in NODE_COLUMNS])
+
+
+class _Drain:
+    """At most one ``drain`` call to the PS in flight: a call that has not answered yet is
+    waited for again, never replaced (its answer holds records the PS already handed over)."""
+
+    def __init__(self, ray: Any, ps: Any) -> None:
+        self._ray = ray
+        self._ps = ps
+        self._ref: Any | None = None
+
+    def poll(self, *, timeout_s: float) -> dict[str, list[Any]] | None:
+        if self._ref is None:
+            self._ref = self._ps.drain.remote()
+        ready, _ = self._ray.wait([self._ref], timeout=timeout_s)
+        if not ready:
+            return None
+        ref, self._ref = self._ref, None
+        try:
+            return dict(self._ray.get(ref))
+        except Exception as exc:  # the PS actor is gone; wait() says why
+            print(f"aiogc: ray: could not collect records from the PS: {exc}", file=sys.stderr)
+            return None
+
+
+class _Driver:
+    """One run on a connected Ray cluster (all schemes)."""
+
+    def __init__(self, ray: Any, *, schedule: DelaySchedule, secret: bytes, verify: bool,
+                 recorder: Any | None, progress: bool, cpus: float, max_restarts: int,
+                 placement_timeout_s: float, bind: str | None, loop: str,
+                 interrupted: list[str],
+                 on_round: Callable[[RoundRecord, RaySchemeRun], None] | None) -> None:
+        self.ray = ray
+        self.schedule = schedule
+        self.secret = _Secret(secret)
+        self.verify = verify
+        self.recorder = recorder
+        self.progress = progress
+        self.cpus = cpus
+        self.max_restarts = max_restarts
+        self.placement_timeout_s = placement_timeout_s
+        self.bind = bind
+        self.loop = loop
+        self.interrupted = interrupted
+        self.on_round = on_round
+        self.placements: list[dict[str, Any]] = []
+        self.ps_cls = ray.remote(_PSActor)
+        self.worker_cls = ray.remote(_WorkerActor)
+
+    def run_scheme(self, cfg: RunConfig) -> list[RoundRecord]:
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self.ray
+        scheme = cfg.build_scheme()
+        m = scheme.m
+        pg = placement_group([{"CPU": self.cpus}] * (m + 1), strategy="SPREAD")
+        actors: list[Any] = []
+        bar = Progress(cfg.rounds, cfg.scheme, enabled=self.progress)
+        try:
+            _await(ray, pg.ready(), timeout_s=self.placement_timeout_s,
+                   interrupted=self.interrupted,
+                   what=f"placing {m + 1} actors of {self.cpus} CPU (strategy SPREAD)")
+
+            # No runtime_env by default: Ray then reuses its pre-started worker processes (a
+            # runtime_env made workers join ~10 s later here), it already sets
+            # OMP_NUM_THREADS to the actor's CPUs (checked: 1 for actors of 0.4 and of 1 CPU),
+            # so BLAS is single-threaded as in a local run, and it runs async actors on uvloop.
+            # Only --loop asyncio needs one: RAY_USE_UVLOOP=0 in fresh actor processes.
+            def opts(bundle: int, restarts: int) -> dict[str, Any]:
+                o: dict[str, Any] = {
+                    "num_cpus": self.cpus,
+                    "max_restarts": restarts,
+                    "max_task_retries": restarts,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_bundle_index=bundle),
+                }
+                if self.loop == "asyncio":
+                    o["runtime_env"] = {"env_vars": {"RAY_USE_UVLOOP": "0"}}
+                return o
+
+            ps = self.ps_cls.options(**opts(m, 0)).remote(
+                cfg, self.schedule, self.secret, self.verify, 0, self.bind)
+            actors.append(ps)
+            info = _await(ray, ps.start.remote(), timeout_s=self.placement_timeout_s,
+                          interrupted=self.interrupted, what=f"starting the {cfg.scheme} PS")
+            print(f"aiogc: ray: {cfg.scheme} PS listening on {info['address']} "
+                  f"(node {info['node_ip']}), {m} worker actors", file=sys.stderr, flush=True)
+            host, port = info["address"].rsplit(":", 1)
+            give_up = max(30.0, cfg.join_timeout_s)
+            workers = [self.worker_cls.options(**opts(j, self.max_restarts)).remote(
+                j, _Secret(derive_worker_key(self.secret.value, j)), cfg.task, give_up)
+                for j in range(m)]
+            actors.extend(workers)
+            ctx = RaySchemeRun(cfg.scheme, ps, workers, info["address"])
+            runs = [w.run.remote(host, int(port), ps) for w in workers]
+            done = ps.wait.remote()
+            result = self._follow(cfg, scheme, ps, done, ctx, bar)
+            self._join_workers(runs)
+            return list(result["records"])
+        finally:
+            bar.close()
+            for a in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    def _follow(self, cfg: RunConfig, scheme: Any, ps: Any, done: Any, ctx: RaySchemeRun,
+                bar: Progress) -> dict[str, Any]:
+        """Poll the PS until it finished; write what it reports as it comes."""
+        ray = self.ray
+        guard = time.monotonic() + _guard_s(cfg)
+        stop_deadline: float | None = None
+        drain = _Drain(ray, ps)
+        while True:
+            ready, _ = ray.wait([done], timeout=POLL_S)
+            self._write(drain.poll(timeout_s=0.0), cfg, scheme, ctx, bar)
+            if ready:
+                # the pending poll may predate the end: collect it, then everything after it
+                self._write(drain.poll(timeout_s=30.0), cfg, scheme, ctx, bar)
+                self._write(drain.poll(timeout_s=30.0), cfg, scheme, ctx, bar)
+                try:
+                    return dict(ray.get(done))
+                except Exception as exc:
+                    raise ClusterError(f"the {cfg.scheme} PS actor failed: {exc}") from exc
+            now = time.monotonic()
+            if self.interrupted and stop_deadline is None:
+                # the PS tells every worker to shut down, then finishes
+                ps.stop.remote(f"runner interrupted ({self.interrupted[0]})")
+                stop_deadline = now + PROCESS_GRACE_S
+            if stop_deadline is not None and now > stop_deadline:
+                raise ClusterError(f"the {cfg.scheme} PS did not stop within "
+                                   f"{PROCESS_GRACE_S} s of {self.interrupted[0]}")
+            if now > guard:
+                raise ClusterError(f"the {cfg.scheme} PS ran past {_guard_s(cfg):.0f} s, longer "
+                                   "than its own timeouts allow")
+
+    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Any,
+               ctx: RaySchemeRun, bar: Progress) -> None:
+        if got is None:
+            return
+        for row in got["placements"]:
+            row = {**row, "scheme": cfg.scheme}
+            self.placements.append(row)
+            ctx.placements.append(row)
+        if self.recorder is not None:
+            for f in got["frames"]:
+                self.recorder.frame(scheme=cfg.scheme, **f)
+        for rec in got["rounds"]:
+            if self.recorder is not None:
+                self.recorder.round(cfg.scheme, rec, m=scheme.m, loads=list(scheme.loads),
+                                    trigger_scheme=not scheme.sends_when_done)
+            bar.update()
+            if self.on_round is not None:
+                self.on_round(rec, ctx)
+
+    def _join_workers(self, runs: list[Any]) -> None:
+        """Workers exit on the PS's shutdown; say which did not, or failed, and why."""
+        ray = self.ray
+        _, pending = ray.wait(runs, num_returns=len(runs), timeout=PROCESS_GRACE_S)
+        for j, ref in enumerate(runs):
+            if ref in pending:
+                print(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after the PS "
+                      "finished; killed", file=sys.stderr)
+                continue
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                print(f"aiogc: ray: worker {j} failed: {exc}", file=sys.stderr)
+
+
+def run_ray(
+    config: RunConfig,
+    schemes: Sequence[str],
+    *,
+    address: str | None = None,
+    out_dir: str | Path | None = None,
+    verify: bool = True,
+    progress: bool = False,
+    schedule: DelaySchedule | None = None,
+    argv: Sequence[str] | None = None,
+    secret: bytes | None = None,
+    plots: bool = True,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+    bind: str | None = None,
+    loop: str = "uvloop",
+    on_round: Callable[[RoundRecord, RaySchemeRun], None] | None = None,
+) -> RunResult:
+    """Run each scheme on a Ray cluster over the same schedule; write the run directory.
+
+    Parameters
+    ----------
+    config : RunConfig
+        Base configuration; ``scheme`` is replaced by each entry of ``schemes``.
+    address : str, optional
+        ``"auto"`` (the cluster this machine belongs to), ``"HOST:PORT"`` (its GCS), or None:
+        start a local Ray instance for this run and stop it at the end. When Ray is already
+        initialised in this process, that cluster is used and left running.
+    out_dir : path, optional
+        Run directory: the files of a local run (see :func:`aiogc.runner.run_live`) plus
+        ``nodes.csv`` (:data:`NODE_COLUMNS`: where each PS / worker incarnation ran).
+    secret : bytes, optional
+        Shared secret; default a fresh random one for this run.
+    max_restarts : int
+        Times Ray restarts a worker actor whose process died.
+    bind : str, optional
+        Address the PS binds (default: its node's IP address as Ray knows it).
+    loop : {"uvloop", "asyncio"}
+        Event loop of the actors: uvloop is Ray's own default (when installed); asyncio starts
+        the actors with ``RAY_USE_UVLOOP=0``. ``nodes.csv`` records the loop each actor ran.
+    on_round : callable, optional
+        ``on_round(record, run)`` in the driver after each round was written.
+
+    Raises
+    ------
+    ClusterError
+        Ray missing, cluster unreachable, placement impossible, PS actor lost.
+    KeyboardInterrupt
+        SIGINT or SIGTERM stopped the run; what was recorded is written (no plots).
+    """
+    from ..records import RunRecorder, summarize
+
+    if max_restarts < 0:
+        from ..errors import ConfigError
+
+        raise ConfigError("max_restarts", max_restarts, "an integer >= 0")
+    loop_kind, _ = loop_factory(loop)  # validates the name
+    ray = _import_ray()
+    for name in schemes:
+        scheme_config(config, name)  # validate every scheme's config before starting anything
+    if schedule is None:
+        schedule = materialise_for(config, schemes)
+    if secret is None:
+        secret = secrets.token_bytes(32)
+    result = RunResult(schedule=schedule)
+    interrupted: list[str] = []
+    started = False
+    recorder = None
+    driver: _Driver | None = None
+    try:
+        with _stop_signals(interrupted):
+            started = _connect(ray, address)
+            n_actors = config.workers + 1
+            cpus = cpus_per_actor(_node_cpus(ray), n_actors)
+            if out_dir is not None:
+                manifest = build_manifest(config, schemes, schedule, mode="ray",
+                                          loop=loop_kind, verify=verify, argv=argv)
+                manifest["cluster"] = {
+                    "backend": "ray",
+                    "ray_version": ray.__version__,
+                    "address": address or "local",
+                    "cpus_per_actor": cpus,
+                    "max_restarts": max_restarts,
+                    "nodes": [{"node_id": n.get("NodeID"), "node_ip": n.get("NodeManagerAddress"),
+                               "alive": n.get("Alive"), "cpus": n.get("Resources", {}).get("CPU")}
+                              for n in ray.nodes()],
+                }
+                recorder = RunRecorder(Path(out_dir), manifest)
+                recorder.write_schedule(schedule)
+                result.out_dir = Path(out_dir)
+            driver = _Driver(ray, schedule=schedule, secret=secret, verify=verify,
+                             recorder=recorder, progress=progress, cpus=cpus,
+                             max_restarts=max_restarts, placement_timeout_s=placement_timeout_s,
+                             bind=bind, loop=loop_kind, interrupted=interrupted,
+                             on_round=on_round)
+            for name in schemes:
+                cfg = scheme_config(config, name)
+                t0 = time.monotonic()
+                result.records[name] = driver.run_scheme(cfg)
+                result.wall_s[name] = time.monotonic() - t0
+                if interrupted:
+                    break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
+            result.summary = summarize(result.records)
+            result.summary["wall_s"] = result.wall_s
+    finally:
+        if recorder is not None:
+            recorder.close(result.summary or None)
+        if driver is not None and out_dir is not None:
+            _write_nodes(Path(out_dir) / "nodes.csv", driver.placements)
+        if started:
+            ray.shutdown()
+    if interrupted:
+        raise KeyboardInterrupt(f"run stopped by {interrupted[0]}")
+    if out_dir is not None and plots:
+        try:
+            from ..plots import plot_run
+
+            plot_run(out_dir)
+        except ImportError as exc:  # the plot extra is optional
+            print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
+    return result

@@ -1,0 +1,208 @@
+"""Red team: authenticated malicious workers against a live PS on loopback.
+
+One PS and ``m`` worker coroutines over real TCP on one event loop (as ``aiogc run --as
+coroutines``), with a shared secret. Worker ``--liar`` is authenticated but tampers with every
+coded vector it sends, one attack class per run:
+
+==========  ======================================================================
+scale3      its true vector times 3 (the issue's "3x its true vector")
+signflip    minus its true vector
+replay      the vector it sent in the previous round (stale gradient)
+nudge       its true vector plus 1 % of its norm in one coordinate
+noise       a random vector of the same norm
+huge        every entry 1e300 (the issue's blow-up)
+none        honest (the baseline every other class is compared with)
+==========  ======================================================================
+
+The tampering happens above the framing layer (the vector is replaced before it is encoded
+and, with protocol version 2, tagged), so it is exactly what a worker holding a valid key can
+do. For every applied round the bench recomputes the true gradient at the model the PS had,
+from the task itself (independently of the PS's own ``--verify``), and counts the round as a
+*wrong gradient applied* when the applied gradient differs from it by more than ``--tol``
+relative to the uncoded gradient's summation scale. *Rounds lost* are rounds the PS did not
+apply (failed or rejected) beyond the honest baseline's.
+
+    python bench/redteam.py                        # partial and original, every attack
+    python bench/redteam.py --schemes original --attacks scale3,huge --rounds 40 --json r.json
+
+Pre-authentication attacks (garbage, oversized frames, wrong MACs, slowloris ...) are the
+subject of bench/soak_socket_fuzz.py; docs/security.md reports both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from aiogc.config import RunConfig
+from aiogc.core import Worker
+from aiogc.delays import materialise
+from aiogc.messages import CodedGradient
+from aiogc.net.drivers import PSServer, WorkerClient
+from aiogc.runner import make_ps
+
+ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
+
+
+class Tamper:
+    """Replaces the payload of every CodedGradient a worker sends, per attack class."""
+
+    def __init__(self, attack: str, seed: int) -> None:
+        self.attack = attack
+        self.rng = np.random.default_rng(seed)
+        self.previous: np.ndarray | None = None
+        self.sent = 0
+
+    def payload(self, v: np.ndarray) -> np.ndarray:
+        true = np.array(v, copy=True)
+        a = self.attack
+        if a == "scale3":
+            out = 3 * true
+        elif a == "signflip":
+            out = -true
+        elif a == "replay":
+            out = self.previous if self.previous is not None else true
+        elif a == "nudge":
+            out = true.copy()
+            out[0] += 0.01 * float(np.linalg.norm(true))
+        elif a == "noise":
+            r = self.rng.standard_normal(true.shape)
+            out = r * (np.linalg.norm(true) / max(np.linalg.norm(r), 1e-300))
+        elif a == "huge":
+            out = np.full_like(true, 1e300)
+        else:
+            out = true
+        self.previous = true
+        self.sent += 1
+        return np.ascontiguousarray(out, dtype=v.dtype)
+
+    def install(self, worker: Worker) -> None:
+        inner = worker.messages_to_send
+
+        def tampered() -> list[Any]:
+            outs = inner()
+            res = []
+            for o in outs:
+                msg = o.message
+                if isinstance(msg, CodedGradient):
+                    o = replace(o, message=replace(msg, payload=self.payload(msg.payload)))
+                res.append(o)
+            return res
+
+        worker.messages_to_send = tampered  # type: ignore[method-assign]
+
+
+async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes) -> dict[str, Any]:
+    schedule = materialise(cfg.delay, cfg.latency, rounds=cfg.rounds, m=cfg.workers,
+                           max_chunks=cfg.delta, seed=cfg.seed)
+    ps, task = make_ps(cfg, schedule=schedule, verify=True, secret=secret, keep_gradients=True)
+    server = PSServer(ps, host="127.0.0.1", port=0)
+    serving = asyncio.create_task(server.serve())
+    await server.started.wait()
+    clients = []
+    for j in range(cfg.workers):
+        w = Worker(j, secret=secret)
+        if j == liar and attack != "none":
+            Tamper(attack, cfg.seed + 1).install(w)
+        clients.append(asyncio.create_task(
+            WorkerClient(w, "127.0.0.1", server.port, give_up_after_s=10).run()))
+    t0 = time.perf_counter()
+    await serving
+    wall = time.perf_counter() - t0
+    for c in clients:
+        c.cancel()
+    await asyncio.gather(*clients, return_exceptions=True)
+    return {"records": ps.records, "wall_s": wall, "ps": ps, "task": task,
+            "stats": dict(ps.statistics())}
+
+
+def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
+    """Replay the applied steps from the initial model and compare each with the truth."""
+    task = run["task"]
+    ps = run["ps"]
+    scheme = ps.scheme
+    w = task.initial_model().astype(np.float64)
+    lr = ps.learning_rate
+    applied = wrong = 0
+    worst = 0.0
+    for rec in run["records"]:
+        if rec.status == "failed" or rec.gradient is None:
+            continue
+        applied += 1
+        G = np.stack([task.chunk_gradient(i, w) for i in range(scheme.n_chunks)])
+        true = G.sum(axis=0)
+        scale = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            err = float(np.linalg.norm(rec.gradient - true)) / scale
+        if not math.isfinite(err) or err > tol:
+            wrong += 1
+        worst = max(worst, err if math.isfinite(err) else math.inf)
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = w - lr * rec.gradient
+    final = float(task.loss(w)) if np.isfinite(w).all() else math.inf
+    failed = [r for r in run["records"] if r.status == "failed"]
+    return {
+        "rounds": len(run["records"]),
+        "applied": applied,
+        "not_applied": len(failed),
+        "wrong_applied": wrong,
+        "worst_rel_error": worst,
+        "final_loss": final,
+        "reasons": sorted({r.end_reason.split(":")[0] for r in failed}),
+        "wall_s": run["wall_s"],
+        "ps_stats": run["stats"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--schemes", default="partial,original")
+    p.add_argument("--attacks", default=",".join(ATTACKS))
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--delta", type=int, default=3)
+    p.add_argument("--liar", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tol", type=float, default=1e-6,
+                   help="relative error above which an applied gradient counts as wrong")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    secret = b"redteam-secret-0123456789abcdef!"
+    rows = []
+    for scheme in a.schemes.split(","):
+        n_parts = 2 if scheme == "partial" else 1
+        cfg = RunConfig(scheme=scheme, workers=a.workers, delta=a.delta, n_parts=n_parts,
+                        rounds=a.rounds, seed=a.seed, task="linreg:samples=800,dim=16",
+                        delay="exp:0.002", join_timeout_s=30.0)
+        base_lost = None
+        for attack in a.attacks.split(","):
+            run = asyncio.run(_one_run(cfg, attack, a.liar, secret))
+            row = {"scheme": scheme, "attack": attack, **_audit(cfg, run, a.tol)}
+            if attack == "none":
+                base_lost = row["not_applied"]
+            row["rounds_lost"] = row["not_applied"] - (base_lost or 0)
+            rows.append(row)
+            print(f"{scheme:>9} {attack:>9}: rounds {row['rounds']:>3} applied "
+                  f"{row['applied']:>3} lost {row['rounds_lost']:>3} wrong-applied "
+                  f"{row['wrong_applied']:>3} worst-rel-err {row['worst_rel_error']:.2e} "
+                  f"final loss {row['final_loss']:.5g} reasons {row['reasons']}",
+                  flush=True)
+    total_wrong = sum(r["wrong_applied"] for r in rows)
+    print(f"wrong gradients applied, all runs: {total_wrong} "
+          f"(python {sys.version.split()[0]}, numpy {np.__version__})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

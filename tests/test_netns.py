@@ -1,0 +1,362 @@
+"""A multi-host run without a cluster: `aiogc ps` and `aiogc worker` on three "hosts" made of
+Linux network namespaces, compared bit for bit with the same run on loopback.
+
+Topology (created and removed by the test; nothing is routed outside it):
+
+    ns "ps"  198.18.0.1/24 --veth--+
+    ns "w1"  198.18.0.2/24 --veth--+-- bridge in ns "hub"
+    ns "w2"  198.18.0.3/24 --veth--+
+
+198.18.0.0/15 is the range reserved for benchmarking network devices (RFC 2544), so the
+addresses cannot collide with a real network. The PS binds 198.18.0.1 with a secret; workers
+0-1 run in "w1", 2-3 in "w2".
+
+Skips, with the reason, where namespaces cannot be made (not Linux, not root, no `ip`, or
+`ip netns add` refused) -- unless AIOGC_REQUIRE_NETNS=1 (set by .ci/run, which runs as root),
+where that is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import json
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.delays import DelaySchedule
+from aiogc.runner import run_live
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+#: Hang guard only (no assertion on durations): every wait below is bounded by it.
+GUARD_S = 120
+M, K, ROUNDS = 4, 2, 3
+PS_ADDR = "198.18.0.1"
+HOSTS = {"ps": "198.18.0.1", "w1": "198.18.0.2", "w2": "198.18.0.3"}
+WORKER_HOST = {0: "w1", 1: "w1", 2: "w2", 3: "w2"}
+#: Columns of rounds.csv that do not depend on timing (decisions and numerics only).
+DECISION_COLUMNS = ("round", "scheme", "status", "attempts", "state", "coverage_min", "residual",
+                    "amplification", "rel_error", "rel_error_plain", "loss")
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def _ns_pids(names: Iterable[str]) -> set[int]:
+    out: set[int] = set()
+    for name in names:
+        out |= {int(x) for x in _ip("netns", "pids", name).stdout.split()}
+    return out
+
+
+def _unavailable() -> str | None:
+    """Why namespaces cannot be made here, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    return None
+
+
+@dataclass
+class Hosts:
+    """Names of the namespaces making up the test network."""
+
+    ns: dict[str, str]
+
+    def exec_prefix(self, host: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[host]]
+
+    def tx_bytes(self, host: str) -> int:
+        out = _ip("-n", self.ns[host], "-j", "-s", "link", "show", "e0")
+        return int(json.loads(out.stdout)[0]["stats64"]["tx"]["bytes"])
+
+    def pids(self) -> set[int]:
+        """Every process in the test's namespaces (only ones this test started)."""
+        return _ns_pids(self.ns.values())
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    reason = _unavailable()
+    required = os.environ.get("AIOGC_REQUIRE_NETNS") == "1"
+    if reason is not None:
+        if required:
+            pytest.fail(f"AIOGC_REQUIRE_NETNS=1 but {reason}")
+        pytest.skip(reason)
+    tag = f"aiogc{os.getpid()}{secrets.token_hex(2)}"
+    ns = {name: f"{tag}{name}" for name in ("hub", *HOSTS)}
+    made: list[str] = []
+    try:
+        for name in ns.values():
+            r = _ip("netns", "add", name)
+            if r.returncode != 0:
+                msg = f"`ip netns add` refused: {r.stderr.strip()}"
+                if required:
+                    pytest.fail(msg)
+                pytest.skip(msg)
+            made.append(name)
+        hub = ns["hub"]
+        steps = [
+            ("-n", hub, "link", "add", "br0", "type", "bridge"),
+            ("-n", hub, "link", "set", "br0", "up"),
+        ]
+        for i, (host, addr) in enumerate(HOSTS.items()):
+            steps += [
+                # both ends are created inside their namespaces: no name in the root namespace
+                ("link", "add", "e0", "netns", ns[host], "type", "veth", "peer", "name", f"p{i}",
+                 "netns", hub),
+                ("-n", hub, "link", "set", f"p{i}", "master", "br0"),
+                ("-n", hub, "link", "set", f"p{i}", "up"),
+                ("-n", ns[host], "addr", "add", f"{addr}/24", "dev", "e0"),
+                ("-n", ns[host], "link", "set", "e0", "up"),
+                ("-n", ns[host], "link", "set", "lo", "up"),
+            ]
+        for step in steps:
+            r = _ip(*step)
+            assert r.returncode == 0, (step, r.stderr)
+        yield Hosts(ns)
+    finally:
+        # a failed test may leave a process it started in a namespace: end it by its id
+        for pid in _ns_pids(made):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for name in made:
+            _ip("netns", "del", name)  # removes its interfaces; a veth's peer goes with it
+        left = _ip("netns", "list").stdout
+        assert not any(name in left for name in made), left
+
+
+def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
+    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
+    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
+    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
+    rng = np.random.default_rng(11)
+    comp = np.empty((rounds, m, k))
+    for r in range(rounds):
+        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
+        finish = np.empty((m, k))
+        done = np.zeros(m, dtype=int)
+        for slot, j in enumerate(order):
+            finish[j, done[j]] = gap_s * (slot + 1)
+            done[j] += 1
+        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
+                         compute_spec="spaced", network_spec="none")
+
+
+def run_remote(tmp: Path, out: Path, *, bind: str, hosts: Hosts | None) -> tuple[str, str]:
+    """`aiogc ps` bound to ``bind`` and four `aiogc worker` processes (in their namespaces
+    when ``hosts`` is given); returns the PS's stdout and stderr."""
+    secret = tmp / "secret"
+    if not secret.exists():
+        secret.write_bytes(secrets.token_hex(32).encode())
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("AIOGC_SECRET", None)
+
+    def prefix(host: str) -> list[str]:
+        return hosts.exec_prefix(host) if hosts is not None else []
+
+    ps_cmd = [*prefix("ps"), sys.executable, "-m", "aiogc", "ps", "--host", bind, "--port", "0",
+              "--workers", str(M), "--delta", str(K), "--rounds", str(ROUNDS), "--seed", "3",
+              "--delay", f"replay:{tmp / 'delays.csv'}", "--task", "linreg:samples=120,dim=6",
+              "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
+              "--epoch", "1", "--join-timeout", str(GUARD_S / 2)]
+    ps = subprocess.Popen(ps_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        assert ps.stderr is not None
+        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"; EOF if it died
+        match = re.search(r"listening on ([\d.]+):(\d+)", line)
+        assert match, line + ps.stderr.read()
+        assert match.group(1) == bind
+        addr = f"{bind}:{match.group(2)}"
+        for j in range(M):
+            cmd = [*prefix(WORKER_HOST[j]), sys.executable, "-m", "aiogc", "worker", "--connect",
+                   addr, "--id", str(j), "--secret-file", str(secret), "--loop", "asyncio",
+                   "--give-up-after", str(GUARD_S / 2)]
+            workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True, env=env))
+        ps_out, ps_err = ps.communicate(timeout=GUARD_S)
+        results = [w.communicate(timeout=GUARD_S) for w in workers]
+    finally:
+        for p in [ps, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=GUARD_S)
+    assert ps.returncode == 0, line + ps_err
+    for j, (w, (_, err)) in enumerate(zip(workers, results, strict=True)):
+        assert w.returncode == 0, (j, err)
+    return ps_out, ps_err
+
+
+def decision_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "rounds.csv").open() as fh:
+        return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
+
+
+def test_three_namespace_hosts_equal_loopback_bit_for_bit(hosts: Hosts, tmp_path: Path) -> None:
+    spaced_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
+    tx_before = {h: hosts.tx_bytes(h) for h in HOSTS}
+    run_remote(tmp_path, tmp_path / "netns", bind=PS_ADDR, hosts=hosts)
+    tx_after = {h: hosts.tx_bytes(h) for h in HOSTS}
+    run_remote(tmp_path, tmp_path / "loopback", bind="127.0.0.1", hosts=None)
+
+    # the frames really crossed the veths: each host sent at least its handshakes and vectors
+    for h in HOSTS:
+        assert tx_after[h] - tx_before[h] > 1000, (h, tx_before, tx_after)
+    netns = json.loads((tmp_path / "netns" / "summary.json").read_text())
+    loop = json.loads((tmp_path / "loopback" / "summary.json").read_text())
+    s = netns["schemes"]["partial"]
+    assert s["rounds"] == ROUNDS and s["rounds_failed"] == 0
+    assert s["max_rel_decode_error"] <= 1e-9
+    assert s["final_loss"] == loop["schemes"]["partial"]["final_loss"]  # bit for bit
+    rows = decision_rows(tmp_path / "netns")
+    assert len(rows) == ROUNDS
+    assert rows == decision_rows(tmp_path / "loopback")  # floats in repr form: bit for bit
+
+
+# ------------------------------------------------------------------ a Ray cluster of three nodes
+
+
+class OutputWatcher:
+    """Collects a process's output in a thread; :meth:`wait_for` blocks until text appears."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.text = ""
+        self._cond = threading.Condition()
+        self._eof = False
+        assert proc.stdout is not None
+        self._fd = proc.stdout.fileno()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self._fd, 65536):
+            with self._cond:
+                self.text += chunk.decode(errors="replace")
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def wait_for(self, needle: str, timeout_s: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s)
+            return needle in self.text
+
+
+def wait_all_exit(pids: set[int], timeout_s: float) -> None:
+    """Wait on pidfds (not by sleeping) until every pid exited or ``timeout_s`` passed."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds[os.pidfd_open(pid)] = pid
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
+                                                                tmp_path: Path) -> None:
+    """`ray start --head` in "ps", `ray start --address` in "w1" and "w2" (2 CPUs each), then
+    `aiogc run --backend ray --address 198.18.0.1:6379` from "ps": the actors spread over the
+    nodes, the PS binds its node's address, workers on other nodes reach it across the bridge,
+    and the decisions equal a local run bit for bit."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
+            pytest.fail("AIOGC_REQUIRE_RAY=1 but ray is not installed")
+        pytest.skip("the ray extra is not installed (pip install -e '.[ray]')")
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    spaced_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
+    # Ray's own token authentication, with a token made for this test (not ~/.ray's); the
+    # session directory is short because Ray's Unix socket paths must fit in 107 bytes
+    temp = tempfile.mkdtemp(prefix="aiogcr")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    # port 6379 is inside the test's own namespace: nothing else can hold it
+    gcs = f"{PS_ADDR}:6379"
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        for host, addr in HOSTS.items():
+            join = (["--head", "--port", "6379", "--include-dashboard", "false",
+                     "--temp-dir", temp] if host == "ps" else ["--address", gcs])
+            proc = subprocess.Popen(
+                [*hosts.exec_prefix(host), ray_bin, "start", *join, "--node-ip-address", addr,
+                 "--num-cpus", "2", "--block"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            nodes.append(proc)
+            watcher = OutputWatcher(proc)
+            assert watcher.wait_for("Ray runtime started", GUARD_S), watcher.text[-3000:]
+        out = tmp_path / "ray"
+        driver = subprocess.run(
+            [*hosts.exec_prefix("ps"), sys.executable, "-m", "aiogc", "run", "--backend", "ray",
+             "--address", gcs, "--workers", str(M), "--delta", str(K), "--rounds", str(ROUNDS),
+             "--schemes", "partial", "--seed", "3", "--delay", f"replay:{tmp_path / 'delays.csv'}",
+             "--task", "linreg:samples=120,dim=6", "--out", str(out), "--no-plots",
+             "--no-progress"],
+            capture_output=True, text=True, env=env, timeout=GUARD_S * 2)
+        assert driver.returncode == 0, driver.stderr[-3000:]
+    finally:
+        for proc in nodes:  # `ray start --block` stops its node's processes on SIGTERM
+            proc.terminate()
+        for proc in nodes:
+            try:
+                proc.wait(timeout=GUARD_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=GUARD_S)
+        wait_all_exit(hosts.pids(), timeout_s=GUARD_S / 2)
+        left = hosts.pids()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"processes left in the namespaces: {sorted(left)}"
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(n["node_ip"] for n in manifest["cluster"]["nodes"]) == sorted(HOSTS.values())
+    assert manifest["cluster"]["cpus_per_actor"] == 1.0  # 5 actors on 3 nodes of 2 CPUs
+    with (out / "nodes.csv").open() as fh:
+        placed = list(csv.DictReader(fh))
+    ps_row = next(r for r in placed if r["role"] == "ps")
+    # the PS binds the address of whichever node Ray put it on
+    assert ps_row["address"].rsplit(":", 1)[0] == ps_row["node_ip"] in HOSTS.values()
+    ips = {r["node_ip"] for r in placed}
+    assert ips <= set(HOSTS.values()) and len(ips) >= 2, placed  # spread over nodes
+    assert any(r["node_ip"] != ps_row["node_ip"] for r in placed if r["role"] == "worker")
+
+    local = run_live(RunConfig(workers=M, delta=K, rounds=ROUNDS, seed=3,
+                               task="linreg:samples=120,dim=6",
+                               delay=f"replay:{tmp_path / 'delays.csv'}"),
+                     ["partial"], mode="coroutines", out_dir=tmp_path / "local", plots=False,
+                     loop="asyncio")
+    assert local.summary["schemes"]["partial"]["rounds_failed"] == 0
+    assert decision_rows(out) == decision_rows(tmp_path / "local")  # bit for bit

@@ -1,0 +1,222 @@
+"""`aiogc run --backend ray` on a local Ray instance with 2 CPUs (the ray extra).
+
+Skipped, with the reason, when Ray is not installed -- unless AIOGC_REQUIRE_RAY=1 (set by
+.ci/run), where a missing Ray fails the test instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiogc.cli import main
+from aiogc.config import RunConfig
+from aiogc.core import RoundRecord, derive_worker_key
+from aiogc.delays import DelaySchedule
+from aiogc.records import load_run
+
+if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
+    import ray
+else:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed "
+                                            "(pip install -e '.[ray]')")
+
+from aiogc.cluster.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+RECORD_FILES = ["manifest.json", "delays.csv", "events.jsonl", "rounds.csv", "workers.csv",
+                "reports.csv", "summary.json", "trace.json", "nodes.csv"]
+#: Columns of rounds.csv that do not depend on timing (decisions and numerics only).
+DECISION_COLUMNS = ("round", "scheme", "status", "attempts", "state", "coverage_min", "residual",
+                    "amplification", "rel_error", "rel_error_plain", "loss")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Path]:
+    """A local Ray instance with 2 CPUs for this module (yields its session directory, where
+    its logs are); always shut down."""
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
+    try:
+        yield Path(ctx.address_info["session_dir"])
+    finally:
+        ray.shutdown()
+    assert not ray.is_initialized()
+
+
+def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
+    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
+    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
+    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
+    rng = np.random.default_rng(11)
+    comp = np.empty((rounds, m, k))
+    for r in range(rounds):
+        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
+        finish = np.empty((m, k))
+        done = np.zeros(m, dtype=int)
+        for slot, j in enumerate(order):
+            finish[j, done[j]] = gap_s * (slot + 1)
+            done[j] += 1
+        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
+                         compute_spec="spaced", network_spec="none")
+
+
+def decision_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "rounds.csv").open() as fh:
+        return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
+
+
+def frame_kinds(run_dir: Path) -> set[str]:
+    with (run_dir / "events.jsonl").open() as fh:
+        return {json.loads(line)["kind"] for line in fh}
+
+
+def read_nodes(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "nodes.csv").open() as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == NODE_COLUMNS
+        return list(reader)
+
+
+def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> None:
+    """4 workers x 3 rounds of partial through `aiogc run --backend ray`: the same record files
+    as a local run (plus nodes.csv), the same summary keys, and -- on a schedule whose
+    decisions do not depend on timing -- the same state vectors, losses and errors bit for bit."""
+    m, k, rounds = 4, 2, 3
+    delays = tmp_path / "delays_in.csv"
+    spaced_schedule(m, k, rounds, gap_s=0.05).to_csv(delays)
+    common = ["--workers", str(m), "--delta", str(k), "--rounds", str(rounds),
+              "--schemes", "partial", "--delay", f"replay:{delays}", "--seed", "3",
+              "--task", "linreg:samples=120,dim=6", "--no-plots", "--no-progress"]
+    out = tmp_path / "ray"
+    assert main(["run", "--backend", "ray", "--out", str(out), *common]) == 0
+    local = tmp_path / "local"
+    assert main(["run", "--as", "coroutines", "--out", str(local), *common]) == 0
+
+    for name in RECORD_FILES:
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    local_summary = json.loads((local / "summary.json").read_text())
+    assert summary.keys() == local_summary.keys()
+    s, ls = summary["schemes"]["partial"], local_summary["schemes"]["partial"]
+    assert s.keys() == ls.keys()
+    assert s["rounds"] == rounds and s["rounds_failed"] == 0
+    assert s["max_rel_decode_error"] <= 1e-9
+    assert s["final_loss"] == ls["final_loss"]  # bit for bit
+    assert decision_rows(out) == decision_rows(local)
+
+    run, local_run = load_run(out), load_run(local)
+    assert len(run["rounds"]) == rounds and len(run["workers"]) == rounds * m
+    assert len(run["reports"]) == len(local_run["reports"])
+    kinds = frame_kinds(out)
+    heartbeats = {"ping", "pong"}  # sent after a silence, so they depend on timing
+    assert kinds - heartbeats == frame_kinds(local) - heartbeats  # the same protocol
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "encode_and_transmit",
+            "coded_gradient", "shutdown"} <= kinds
+    # the frames are on the PS's clock, as the round records are
+    first = run["rounds"][0]
+    with (out / "events.jsonl").open() as fh:
+        t0 = min(json.loads(line)["t_ns"] for line in fh) / 1e9
+    assert t0 <= first["start_s"]
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mode"] == "ray"
+    assert manifest["cluster"]["backend"] == "ray"
+    assert manifest["cluster"]["cpus_per_actor"] == 0.4  # 2 CPUs, 5 actors
+    assert "secret" not in json.dumps(manifest).lower()
+
+    assert all_placement_groups_removed()
+    nodes = read_nodes(out)
+    ps_rows = [r for r in nodes if r["role"] == "ps"]
+    assert len(ps_rows) == 1
+    host = ps_rows[0]["address"].rsplit(":", 1)[0]
+    assert not ipaddress.ip_address(host).is_loopback  # the PS bound a reachable address
+    workers = sorted(int(r["worker"]) for r in nodes if r["role"] == "worker")
+    assert workers == list(range(m))
+    for r in nodes:
+        assert r["node_id"] and r["node_ip"] and int(r["pid"]) > 0 and r["incarnation"] == "1"
+        assert r["loop"] == "uvloop"  # --loop's default, which is also Ray's
+
+
+def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """SIGKILL worker 0's process after round 0: Ray restarts the actor, its run is retried,
+    the new process joins through the normal handshake and sends coded vectors again. The
+    secret handed to the actors appears in no output, record or Ray log."""
+    secret = f"aiogc-test-secret-{os.getpid()}-{id(tmp_path):x}".encode()
+    # enough rounds for the restart (~2 s here) and the rejoin; the test stops the PS once
+    # worker 0 is back, so they are an upper bound, not the run's length
+    cfg = RunConfig(workers=4, delta=2, rounds=200, seed=5, task="linreg:samples=120,dim=6",
+                    delay="const:0.03")
+    killed: list[int] = []
+    rejoined: list[int] = []
+
+    def on_round(rec: RoundRecord, run: RaySchemeRun) -> None:
+        zero = [p for p in run.placements if p["role"] == "worker" and p["worker"] == 0]
+        if not killed and rec.round == 0:
+            pid = int(zero[0]["pid"])
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        elif killed and not rejoined and len(zero) == 2 and 0 in rec.arrivals:
+            rejoined.append(rec.round)
+            run.ps.stop.remote("test: worker 0 rejoined")  # no need for the other rounds
+
+    res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round,
+                  secret=secret, loop="asyncio")
+    assert killed and rejoined, (killed, rejoined)
+    recs = res.records["partial"]
+    # every round before the test stopped the PS decoded exactly, with or without worker 0
+    done = [r for r in recs if r.round <= rejoined[0]]
+    assert [r.status for r in done] == ["exact"] * len(done)
+    assert max(r.rel_error for r in done) <= 1e-9
+    assert any(0 not in r.arrivals for r in done)  # the rounds worker 0 missed
+    nodes = [r for r in read_nodes(tmp_path) if r["role"] == "worker" and r["worker"] == "0"]
+    assert [r["incarnation"] for r in nodes] == ["1", "2"]
+    assert {r["loop"] for r in read_nodes(tmp_path)} == {"asyncio"}  # restarted one too
+    assert int(nodes[0]["pid"]) == killed[0] != int(nodes[1]["pid"])
+    with (tmp_path / "events.jsonl").open() as fh:
+        welcomes = [e for e in map(json.loads, fh)
+                    if e["kind"] == "welcome" and e["worker"] == 0]
+    # the first process's handshake, then the restarted one's (more than one if its first
+    # session was closed before it was ready; it reconnects through the handshake again)
+    assert len(welcomes) >= 2
+    captured = capfd.readouterr()
+    assert secret.decode() not in captured.out + captured.err
+    assert _files_containing(tmp_path, secret) == []
+    assert (local_ray / "logs").is_dir()
+    assert _files_containing(local_ray / "logs", secret) == []
+    for j in range(cfg.workers):  # nor does any worker's own key
+        key = derive_worker_key(secret, j)
+        assert _files_containing(tmp_path, key) == []
+        assert _files_containing(local_ray / "logs", key) == []
+
+
+def test_ps_that_cannot_bind_is_a_clear_error_and_nothing_is_left(local_ray: Path,
+                                                                    tmp_path: Path) -> None:
+    """The PS actor cannot bind an address this host does not have (TEST-NET-2): the run
+    stops with the address in the message, and every placement group is removed."""
+    cfg = RunConfig(workers=2, delta=1, rounds=1, seed=1, task="linreg:samples=40,dim=3",
+                    scheme="uncoded", n_parts=1)
+    with pytest.raises(ClusterError, match=r"198\.51\.100\.7"):
+        run_ray(cfg, ["uncoded"], bind="198.51.100.7", out_dir=tmp_path, plots=False)
+    assert all_placement_groups_removed()
+    assert (tmp_path / "manifest.json").exists() and (tmp_path / "nodes.csv").exists()
+
+
+def all_placement_groups_removed() -> bool:
+    from ray.util.placement_group import placement_group_table
+
+    return all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+
+
+def _files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [f for f in root.rglob("*") if f.is_file() and needle in f.read_bytes()]

@@ -1,0 +1,197 @@
+"""`aiogc run --backend ray` as a command: flags, errors, and Ctrl-C on the driver.
+
+The Ctrl-C test lets the driver start its own local Ray instance (no --address), so every Ray
+process of the run descends from it and the test can check that none outlives it; it is
+skipped, with the reason, when Ray is not installed -- unless AIOGC_REQUIRE_RAY=1 (set by
+.ci/run). The other tests need no Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aiogc.cli import main
+from aiogc.cluster import ray_backend
+from aiogc.cluster.ray_backend import cpus_per_actor
+
+#: Hang guard only (no assertion on durations).
+GUARD_S = 180
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent's wait is missing
+
+
+def wait_all_exit(pids: set[int], timeout_s: float) -> set[int]:
+    """Wait (on pidfds, not by sleeping) until every pid exited; return those still alive."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds[os.pidfd_open(pid)] = pid
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return {p for p in pids if alive(p)}
+
+
+class StderrWatcher:
+    """Collects a process's stderr in a thread; :meth:`wait_for` blocks until text appears."""
+
+    def __init__(self, stream: object) -> None:
+        self.text = ""
+        self._cond = threading.Condition()
+        self._stream = stream
+        self._eof = False
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        fd = self._stream.fileno()  # type: ignore[attr-defined]
+        while chunk := os.read(fd, 65536):
+            with self._cond:
+                self.text += chunk.decode(errors="replace")
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def wait_for(self, needle: str, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s) \
+                and needle in self.text
+
+    def wait_eof(self, timeout_s: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._eof, timeout_s)
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_ctrl_c_on_the_driver_tears_everything_down(tmp_path: Path) -> None:
+    if os.environ.get("AIOGC_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray", reason="the ray extra is not installed "
+                                          "(pip install -e '.[ray]')")
+    out = tmp_path / "run"
+    rounds = 400  # far more than can finish before the interrupt
+    stdout = (tmp_path / "stdout").open("wb")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "run", "--backend", "ray", "--workers", "3",
+         "--delta", "2", "--rounds", str(rounds), "--delay", "const:0.02",
+         "--schemes", "partial,original", "--task", "linreg:samples=60,dim=4",
+         "--out", str(out), "--no-plots", "--progress"],
+        stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    stdout.close()  # the child holds its own copy
+    err = StderrWatcher(driver.stderr)
+    tree: set[int] = set()
+    try:
+        # the progress bar shows a finished round: the PS and the workers are running
+        assert err.wait_for(f"2/{rounds} rounds", GUARD_S), err.text
+        tree = descendants(driver.pid)
+        assert tree, "the driver started no Ray processes?"
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=GUARD_S)  # not communicate(): it would race the watcher for stderr
+        err.wait_eof(GUARD_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=GUARD_S)
+    left = wait_all_exit(tree, timeout_s=60)
+    for pid in left:  # only after a failure: do not leave the run's processes behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert driver.returncode == 130, err.text
+    assert "interrupted" in err.text, err.text[-3000:]
+    assert not left, f"still running after the driver exited: {sorted(left)}"
+    # what was recorded before the interrupt is on disk; the second scheme never started
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["schemes"]) == ["partial"]
+    assert 2 <= summary["schemes"]["partial"]["rounds"] < rounds
+    assert (out / "nodes.csv").read_text().count("\npartial,worker,") == 3
+    assert "original" not in (tmp_path / "stdout").read_text()
+
+
+def test_cpus_per_actor() -> None:
+    assert cpus_per_actor([2.0], 5) == 0.4
+    assert cpus_per_actor([64.0], 5) == 1.0
+    assert cpus_per_actor([2.0], 3) == 0.6666
+    assert cpus_per_actor([1.0, 1.0, 1.0], 5) == 0.5  # 0.6 (= 3 CPUs / 5) would not pack
+    assert cpus_per_actor([2.0, 2.0, 2.0], 5) == 1.0
+    assert cpus_per_actor([4.0, 0.5], 9) == 0.5
+    with pytest.raises(Exception, match=r"0\.0001"):
+        cpus_per_actor([0.0], 5)
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    """ray.init's failure becomes a ClusterError naming the address (the real one takes ~20 s
+    of retries, so Ray is stood in for here)."""
+    class Unreachable:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kwargs: object) -> None:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    with pytest.raises(ray_backend.ClusterError, match=r"address='10\.0\.0\.9:6379'"):
+        ray_backend._connect(Unreachable(), "10.0.0.9:6379")
+
+
+def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--backend", "slurm", "--workers", "2", "--delta", "1", "--rounds", "1"])
+    assert rc == 2
+    assert "backend='slurm'" in capsys.readouterr().err
+
+
+def test_address_needs_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--address", "auto", "--workers", "2", "--delta", "1", "--rounds", "1"])
+    assert rc == 2
+    assert "address='auto'" in capsys.readouterr().err
+
+
+def test_coroutines_do_not_apply_to_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--backend", "ray", "--as", "coroutines", "--workers", "2", "--delta", "1",
+               "--rounds", "1"])
+    assert rc == 2
+    assert "as='coroutines'" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""Summaries report the worst round and fail on non-finite values (issue 9, items 2 and 10)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from aiogc.core.common import RoundRecord
+from aiogc.records import summarize
+from aiogc.runner import format_summary, run_complete, run_end_reason
+
+NAN = float("nan")
+
+
+def rec(r: int, *, loss: float = 1.0, rel: float = 1e-15, status: str = "exact",
+        reason: str = "decodable") -> RoundRecord:
+    return RoundRecord(round=r, scheme="partial", t_start=float(r), t_end=r + 0.5, status=status,
+                       end_reason=reason, attempts=1, loss=loss, rel_error=rel)
+
+
+def test_blown_up_model_fails_the_run_naming_the_round() -> None:
+    # the issue's 1e300 vector: one round's loss is inf, then NaN for good
+    recs = [rec(0, loss=3.0), rec(1, loss=2.0), rec(2, loss=math.inf, rel=math.inf),
+            rec(3, loss=NAN, rel=NAN), rec(4, loss=NAN, rel=NAN)]
+    s = summarize({"partial": recs})
+    json.dumps(s, allow_nan=False)
+    p = s["schemes"]["partial"]
+    assert p["failure"] == "round 2: loss is inf" and p["failed_round"] == 2
+    assert s["ok"] is False and s["failures"] == {"partial": "round 2: loss is inf"}
+    assert p["final_loss"] is None  # not the last finite loss (2.0)
+    assert not run_complete(s, 5)
+    assert "FAILED: round 2: loss is inf" in format_summary(s)
+
+
+def test_nan_loss_after_a_step_fails_but_unrecorded_losses_do_not() -> None:
+    s = summarize({"partial": [rec(0), rec(1, loss=NAN)]})
+    assert s["schemes"]["partial"]["failure"] == "round 1: loss is nan"
+    # no loss function at all: NaN everywhere is "not recorded", not a failure
+    s2 = summarize({"partial": [rec(0, loss=NAN), rec(1, loss=NAN)]})
+    assert s2["ok"] and s2["schemes"]["partial"]["failure"] is None
+    # a failed round's NaN loss (nothing applied) is not a failure either
+    s3 = summarize({"partial": [rec(0), rec(1, loss=NAN, status="failed", reason="timeout")]})
+    assert s3["ok"]
+
+
+def test_infinite_decode_error_fails() -> None:
+    s = summarize({"partial": [rec(0), rec(1, rel=math.inf)]})
+    assert s["schemes"]["partial"]["failure"] == "round 1: decode error is inf"
+
+
+def test_worst_round_is_reported() -> None:
+    s = summarize({"partial": [rec(0, rel=1e-15), rec(1, rel=0.44), rec(2, rel=1e-14)]})
+    p = s["schemes"]["partial"]
+    assert p["worst_round"] == {"round": 1, "rel_error": 0.44}
+    assert "worst round 1" in format_summary(s)
+
+
+def test_failed_rounds_listed_with_reasons_in_table_and_json() -> None:
+    recs = [rec(0), rec(1, status="failed", reason="cannot decode: workers [2, 3] gone"),
+            rec(2), rec(3, status="failed", reason="round timeout (60.0 s)")]
+    s = summarize({"partial": recs}, end_reasons={"partial": "all rounds done"})
+    p = s["schemes"]["partial"]
+    assert p["failed_rounds"] == [
+        {"round": 1, "reason": "cannot decode: workers [2, 3] gone"},
+        {"round": 3, "reason": "round timeout (60.0 s)"},
+    ]
+    assert p["end_reason"] == "all rounds done"
+    s["end_reason"] = "all rounds done"
+    table = format_summary(s)
+    assert "partial: 2 failed round(s):" in table
+    assert "round 1: cannot decode: workers [2, 3] gone" in table
+    assert "end reason: all rounds done" in table
+    assert not run_complete(s, 4)
+
+
+def test_run_complete_requires_every_requested_round() -> None:
+    # `aiogc run --dead-after 0.001` completed 0 rounds and exited 0
+    empty = summarize({"partial": []})
+    assert not run_complete(empty, 30)
+    assert not run_complete({"schemes": {}}, 1)
+    full = summarize({"partial": [rec(r) for r in range(3)]})
+    assert run_complete(full, 3)
+    assert not run_complete(full, 4)
+    approx = summarize({"partial": [rec(0), rec(1, status="approximate")]})
+    assert not run_complete(approx, 2)  # exact mode: an approximate round is not as configured
+    assert run_complete(approx, 2, mode="approx")
+
+
+def test_run_end_reason() -> None:
+    assert run_end_reason({"partial": "all rounds done", "original": "all rounds done"}) == \
+        "all rounds done"
+    assert run_end_reason({"partial": "all rounds done", "original": "only 2 of 8 workers"}) == \
+        "original: only 2 of 8 workers"
+    assert run_end_reason({"partial": "signal SIGTERM"}, ["SIGTERM"]) == "stopped by SIGTERM"
+    assert run_end_reason({}) == "no scheme ran"
