@@ -599,13 +599,43 @@ def core_record(sz: Sizes) -> dict[str, Any]:
         per_wr.append(acc["calls"] / wr)
         _log(f"  core trial {t}: {core[-1]:.1f} us of {total[-1]:.1f} us CPU per worker-round "
              f"({per_wr[-1]:.0f} core calls each, timer bias {bias:.0f} ns)")
+    replay = _replay_us(m, sz.core_rounds, sz.core_trials)
     return record("core_us_per_worker_round", _med(core),
                   baseline="CPU of the whole virtual-clock simulation (engine + cores) per "
                            "worker-round", baseline_value=_med(total), trials=len(core),
                   detail={"m": m, "rounds": sz.core_rounds, "delta": cfg.delta, "ell": 1,
                           "delay": "exp:0.01", "gradients": "gaussian d=120",
                           "worker_rounds": wr, "core_share": shares, "core_us": core,
-                          "total_us": total, "core_calls_per_worker_round": per_wr})
+                          "total_us": total, "core_calls_per_worker_round": per_wr,
+                          "cross_check_replay_us": replay})
+
+
+def _replay_us(m: int, rounds: int, trials: int) -> dict[str, Any]:
+    """Cross-check by bench/core_replay.py's method: record the driver's calls into the cores
+    during one simulation, replay them on fresh cores under ``time.process_time`` (linreg task
+    gradients precomputed, verify off). Median per scheme, or the error it raised."""
+    try:
+        import core_replay
+    except ImportError as exc:
+        return {"error": str(exc)}
+    out: dict[str, Any] = {}
+    for scheme in SCHEMES:
+        try:
+            log, _ = core_replay.record(scheme, m, rounds)
+            res = []
+            for _ in range(max(1, trials)):
+                _, ps, ws = core_replay.build(scheme, m, rounds)
+                objs = [ps, *ws]
+                calls = [(getattr(objs[k], n), a, kw) for k, n, a, kw in log]
+                t0 = time.process_time()
+                for f, a, kw in calls:
+                    f(*a, **kw)
+                res.append(1e6 * (time.process_time() - t0) / (m * rounds))
+            out[scheme] = {"median_us": _med(res), "us": res, "calls": len(log)}
+        except Exception as exc:  # the cross-check must not cost the record
+            out[scheme] = {"error": f"{type(exc).__name__}: {exc}"}
+    _log(f"  core replay cross-check: {out}")
+    return out
 
 
 # ------------------------------------------------------------------------------ 1024 workers
