@@ -141,7 +141,7 @@ class Sizes:
     sim_repeats: int = 5
     rss_m: int = 64
     rss_d: int = 1_000_000
-    rss_rounds: int = 5
+    rss_rounds: int = 5  # several rounds: a PS whose memory grows per round must show it
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -150,7 +150,7 @@ QUICK = Sizes("quick", live_rounds=20, live_trials=1, big_rounds=10, big_trials=
               proc_trials=1, live_limit_s=150.0, core_rounds=20, core_trials=5, many_rounds=4,
               many_trials=1, many_limit_s=90.0, wire_trials=5, wire_mb=100.0, bulk_rounds=5,
               bulk_trials=3, bulk_raw_mb=128.0, bulk_schemes=("partial",), decode_trials=7,
-              sim_repeats=5, rss_rounds=2)
+              sim_repeats=5, rss_rounds=5)
 SMOKE = Sizes("smoke", m_live=4, m_big=6, live_rounds=3, live_trials=1, big_rounds=2,
               big_trials=1, proc_trials=1, live_limit_s=60.0, core_m=4, core_rounds=3,
               core_trials=1, m_many=8, many_rounds=2, many_trials=1, many_limit_s=60.0,
