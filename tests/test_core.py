@@ -31,7 +31,16 @@ from aiogc.core import (
 from aiogc.core.common import config_hash, hello_mac, session_keys, welcome_mac
 from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.messages import Challenge, ChunkReport, CodedGradient, Hello, Welcome, state_digest
+from aiogc.messages import (
+    Challenge,
+    ChunkReport,
+    CodedGradient,
+    Hello,
+    Resume,
+    Shutdown,
+    Welcome,
+    state_digest,
+)
 from aiogc.sim.engine import Simulation
 from aiogc.worker_setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
@@ -757,3 +766,18 @@ def test_pending_cap_evicts_the_oldest_unauthenticated_connection() -> None:
     ps.receive("worker", Hello(worker=0, nonce=b"w" * 16, mac=b"", epoch=0), now=0.501)
     assert ps.is_authenticated("worker")
     assert ps.statistics()["evicted_pending"] == 1
+
+
+def test_round_messages_skip_workers_that_are_not_ready() -> None:
+    # a worker that authenticated but is still building its task is in no round: round
+    # broadcasts (encode_and_transmit, resume, round_end) must not reach it (they made a
+    # restarted Ray worker fail its fresh connection), while shutdown still does
+    rig = _joined_rig()
+    rig.ps.connection_made("late", now=rig.sim.now)
+    rig.ps.receive("late", Hello(worker=4, nonce=b"n" * 16, mac=b"", epoch=0), now=rig.sim.now)
+    rig.ps.messages_to_send()
+    rig.ps._broadcast(Resume(epoch=0, round=0, attempt=1), ready_only=True)
+    to = {o.peer for o in rig.ps.messages_to_send()}
+    assert "late" not in to and len(to) == rig.config.workers - 1
+    rig.ps._broadcast(Shutdown(reason="bye"))
+    assert "late" in {o.peer for o in rig.ps.messages_to_send()}

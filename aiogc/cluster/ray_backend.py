@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..config import RunConfig
-from ..core import Event, RoundCompleted, RoundRecord, Worker, derive_worker_key
+from ..core import Event, Finished, RoundCompleted, RoundRecord, Worker, derive_worker_key
 from ..delays import DelaySchedule
 from ..errors import AiogcError
 from ..messages import Message
@@ -65,10 +65,12 @@ from ..net.drivers import PSServer, WorkerClient, loop_factory
 from ..runner import (
     PROCESS_GRACE_S,
     Progress,
+    RunInterrupted,
     RunResult,
     build_manifest,
     make_ps,
     materialise_for,
+    run_end_reason,
     scheme_config,
 )
 from ..worker_setup import TaskPolicy
@@ -160,6 +162,8 @@ class _PSActor:
         self._incarnations: Counter[int] = Counter()
         self._server: PSServer | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._end_reason = "PS ended without a reason"
+        self._end_t_ns = 0
 
     async def start(self) -> dict[str, Any]:
         ps, _ = make_ps(self._config, schedule=self._schedule, verify=self._verify,
@@ -177,6 +181,9 @@ class _PSActor:
         def on_event(ev: Event) -> None:
             if isinstance(ev, RoundCompleted):
                 rounds.append(ev.record)
+            elif isinstance(ev, Finished):
+                # the PS's clock, like every frame time it records
+                self._end_reason, self._end_t_ns = ev.reason, time.monotonic_ns()
 
         server = PSServer(ps, host=host, port=0, frame_log=frame_log, on_event=on_event)
         serving = asyncio.create_task(server.serve())
@@ -211,7 +218,8 @@ class _PSActor:
         """Return when the PS finished, with every round record."""
         assert self._serving is not None and self._server is not None
         await self._serving
-        return {"records": self._server.ps.records}
+        return {"records": self._server.ps.records, "end_reason": self._end_reason,
+                "end_t_ns": self._end_t_ns}
 
     async def stop(self, reason: str) -> None:
         if self._server is not None:
@@ -400,6 +408,8 @@ class _Driver:
         self.bind = bind
         self.loop = loop
         self.interrupted = interrupted
+        #: scheme -> the PS's own reason for finishing (its ``Finished`` event)
+        self.end_reasons: dict[str, str] = {}
         self.on_round = on_round
         self.placements: list[dict[str, Any]] = []
         self.ps_cls = ray.remote(_PSActor)
@@ -455,7 +465,12 @@ class _Driver:
             done = ps.wait.remote()
             result = self._follow(cfg, scheme, ps, done, ctx, bar)
             self._join_workers(runs)
-            return list(result["records"])
+            records = list(result["records"])
+            self.end_reasons[cfg.scheme] = reason = str(result["end_reason"])
+            if self.recorder is not None:
+                self.recorder.run_event(t_ns=int(result["end_t_ns"]), kind="run_end",
+                                        scheme=cfg.scheme, reason=reason, rounds=len(records))
+            return records
         finally:
             bar.close()
             for a in actors:
@@ -630,9 +645,16 @@ def run_ray(
                 result.wall_s[name] = time.monotonic() - t0
                 if interrupted:
                     break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
-            result.summary = summarize(result.records)
-            result.summary["wall_s"] = result.wall_s
     finally:
+        # the same summary keys as a local run, even when the run stopped early
+        if driver is not None:
+            result.end_reasons = dict(driver.end_reasons)
+        result.summary = summarize(result.records, end_reasons=result.end_reasons)
+        if not result.end_reason:
+            result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
+        result.summary["wall_s"] = result.wall_s
+        result.summary["end_reason"] = result.end_reason
+        result.summary["interrupted_by"] = interrupted[0] if interrupted else None
         if recorder is not None:
             recorder.close(result.summary or None)
         if driver is not None and out_dir is not None:
@@ -640,7 +662,7 @@ def run_ray(
         if started:
             ray.shutdown()
     if interrupted:
-        raise KeyboardInterrupt(f"run stopped by {interrupted[0]}")
+        raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
         try:
             from ..plots import plot_run

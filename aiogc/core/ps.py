@@ -555,9 +555,14 @@ class ParameterServer(Endpoint):
     def _send(self, peer: Hashable, msg: Message) -> None:
         self._outbox.append(Outgoing(peer, msg))
 
-    def _broadcast(self, msg: Message) -> None:
+    def _broadcast(self, msg: Message, *, ready_only: bool = False) -> None:
+        """Queue ``msg`` for every authenticated worker (``ready_only``: only those that said
+        ``ready``: a worker still building its task is in no round, and round messages would
+        only make it fail the connection)."""
+        peers = self._peers
         for peer in self._worker_peer.values():
-            self._outbox.append(Outgoing(peer, msg))
+            if not ready_only or peers[peer].ready:
+                self._outbox.append(Outgoing(peer, msg))
 
     def _close(self, peer: Hashable, code: str, reason: str, now: float) -> None:
         self.stats[f"closed_{code}"] += 1
@@ -839,7 +844,7 @@ class ParameterServer(Endpoint):
             rs.record.status = "approx-pending"
         self._set_phase(PSPhase.COLLECTING)
         self._broadcast(EncodeAndTransmit.trusted(self.epoch, rs.record.round, rs.attempt,
-                                                  state))
+                                                  state), ready_only=True)
         self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
         if not rs.expected:  # nothing to wait for (cannot happen when exact)
             self._end_round(now, exact=False, reason="no_contributors")
@@ -900,7 +905,8 @@ class ParameterServer(Endpoint):
             rs.received = {}
             rs.collect_deadline = None
             self._set_phase(PSPhase.COMPUTING)
-            self._broadcast(Resume.trusted(self.epoch, rs.record.round, rs.attempt))
+            self._broadcast(Resume.trusted(self.epoch, rs.record.round, rs.attempt),
+                            ready_only=True)
             self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
             # rs.broadcast is None again, so the next trigger keeps this attempt number
             # (the resume itself consumed one)
@@ -1032,7 +1038,8 @@ class ParameterServer(Endpoint):
         if self.phase is PSPhase.JOINING:
             # no round started at once: tell the workers this one is over (when a round does
             # start, its round_start says so)
-            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status))
+            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status),
+                            ready_only=True)
 
     def _run_stage2(self) -> None:
         rec, grad, w_prev, w_new = self._stage2.pop(0)
