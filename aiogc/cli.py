@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .coding.registry import scheme_names
 from .config import MAX_WORKERS, RunConfig
 from .errors import AiogcError, ConfigError
 
@@ -169,7 +170,7 @@ def add_run_parser(sub: Any) -> None:
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
     p.add_argument("--schemes", default="partial,original",
-                   help="comma list of partial, original, uncoded, ignore-stragglers")
+                   help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
@@ -227,7 +228,7 @@ def add_ps_parser(sub: Any) -> None:
     p.add_argument("--port", type=_port, default=7733,
                    help="TCP port in [0, 65535] (0 = any free port)")
     p.add_argument("--scheme", default="partial",
-                   help="partial | original | uncoded | ignore-stragglers")
+                   help=" | ".join(scheme_names()))
     add_config_args(p)
     p.add_argument("--out", default=None, help="directory for summary.json and records")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,

@@ -129,9 +129,11 @@ def _where() -> dict[str, Any]:
     on which event loop (Ray runs async actors on uvloop when it is installed)."""
     import ray
 
+    # ray's helper is untyped; bound to a typed name so strict mypy accepts the call
+    node_ip: Callable[[], str] = ray.util.get_node_ip_address
     return {
         "node_id": ray.get_runtime_context().get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
+        "node_ip": node_ip(),
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],

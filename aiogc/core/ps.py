@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..coding.base import ProgressTracker
 from ..coding.consistency import RoundGuard
 from ..config import RunConfig, scheme_digest
 from ..errors import (
@@ -57,6 +58,7 @@ from ..messages import (
     Welcome,
     state_digest,
 )
+from ..status import RoundStatus
 from .common import (
     AUTH_DEADLINE_S,
     DuplicateWorker,
@@ -139,44 +141,14 @@ class _Peer:
     keys: SessionKeys | None = None
 
 
-class _Coverage:
-    """Incremental trigger state of a coverage scheme (partial): ``cov[i]`` counts the holders
-    of chunk i whose reported count covers it; ``deficit`` the chunks with ``cov < ell``.
-
-    Decodable iff ``deficit == 0`` (every chunk covered by at least ell holders: the exact
-    trigger of the partial scheme). Each update costs O(chunks moved).
-    """
-
-    __slots__ = ("_ell", "_n", "_orders", "cov", "deficit")
-
-    def __init__(self, orders: list[list[int]], n_chunks: int, ell: int) -> None:
-        self._orders = orders
-        self._ell = ell
-        self._n = n_chunks
-        self.cov = [0] * n_chunks
-        self.deficit = n_chunks
-
-    def add(self, worker: int, old: int, new: int) -> None:
-        cov, ell = self.cov, self._ell
-        for i in self._orders[worker][old:new]:
-            cov[i] += 1
-            if cov[i] == ell:
-                self.deficit -= 1
-
-    def remove(self, worker: int, old: int) -> None:
-        cov, ell = self.cov, self._ell
-        for i in self._orders[worker][:old]:
-            if cov[i] == ell:
-                self.deficit += 1
-            cov[i] -= 1
-
 @dataclass
 class _RoundState:
     """Mutable per-round bookkeeping; ``record`` is what gets published."""
 
     record: RoundRecord
     state: list[int]  # (m,) latest accepted counts
-    cover: _Coverage | None = None  # trigger schemes only
+    cover: ProgressTracker | None = None  # trigger schemes only: the scheme's rule
+    approx: bool = False  # an approximate trigger is pending (not a public status)
     finished: np.ndarray | None = None  # send-when-done: (m,) loads of the received workers
     attempt: int = 0
     broadcast: tuple[int, ...] | None = None
@@ -759,7 +731,7 @@ class ParameterServer(Endpoint):
                 rs.record.t_trigger = now
                 self._end_round(now, exact=True, reason="decodable")
         elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
-            self._end_round(now, exact=rs.record.status != "approx-pending",
+            self._end_round(now, exact=not rs.approx,
                             reason="all_expected")
 
     # ------------------------------------------------------------------ rounds
@@ -796,7 +768,7 @@ class ParameterServer(Endpoint):
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         cover = None
         if not self._sends_when_done:
-            cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+            cover = self.scheme.progress_tracker()
         self._round = _RoundState(record=rec, state=[0] * self.m, cover=cover)
         # a copy: the transport may still read it after we update self.model
         model = self.model.astype(self.config.payload_dtype, copy=True)
@@ -841,7 +813,7 @@ class ParameterServer(Endpoint):
         if rs.record.t_trigger is None:
             rs.record.t_trigger = now
         if not exact:
-            rs.record.status = "approx-pending"
+            rs.approx = True
         self._set_phase(PSPhase.COLLECTING)
         self._broadcast(EncodeAndTransmit.trusted(self.epoch, rs.record.round, rs.attempt,
                                                   state), ready_only=True)
@@ -893,7 +865,7 @@ class ParameterServer(Endpoint):
         assert rs.cover is not None
         if rs.cover.deficit == 0:
             self._trigger(now, exact=True)
-        elif rs.record.status == "approx-pending":
+        elif rs.approx:
             if any(rs.state):
                 self._trigger(now, exact=False)
             else:
@@ -954,7 +926,7 @@ class ParameterServer(Endpoint):
     def _end_round_failed(self, now: float, reason: str) -> None:
         rs = self._round
         assert rs is not None
-        rs.record.status = "failed"
+        rs.record.status = RoundStatus.FAILED
         rs.record.end_reason = reason
         self.stats["failed_rounds"] += 1
         self._close_round(now, exact=False, reason=reason, decode=False)
@@ -989,13 +961,14 @@ class ParameterServer(Endpoint):
             if not np.isfinite(grad).all():
                 self.stats["nonfinite_decode"] += 1
                 self.stats["failed_rounds"] += 1
-                rec.status = "failed"
+                rec.status = RoundStatus.FAILED
                 rec.end_reason = "decoded gradient is not finite"
                 grad = None
             else:
                 rec.residual = float(result.residual)
                 rec.amplification = float(result.amplification)
-                rec.status = "exact" if (result.exact and exact) else "approximate"
+                rec.status = (RoundStatus.EXACT if (result.exact and exact)
+                              else RoundStatus.APPROXIMATE)
                 rec.end_reason = reason
                 if self.keep_gradients:
                     rec.gradient = grad.copy()
@@ -1025,7 +998,7 @@ class ParameterServer(Endpoint):
         if bad is not None:
             self.stats[f"rejected_{bad.check}"] += 1
             self.stats["failed_rounds"] += 1
-            rec.status = "failed"
+            rec.status = RoundStatus.FAILED
             rec.end_reason = f"rejected by {bad.check} check: {bad.reason}"
             return False
         assert new is not None
@@ -1038,7 +1011,7 @@ class ParameterServer(Endpoint):
         if self.phase is PSPhase.JOINING:
             # no round started at once: tell the workers this one is over (when a round does
             # start, its round_start says so)
-            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status),
+            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=str(rec.status)),
                             ready_only=True)
 
     def _run_stage2(self) -> None:
@@ -1132,7 +1105,7 @@ class ParameterServer(Endpoint):
                 else:
                     lo = mid + 1
             return float(fin[lo - 1][0])
-        cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+        cover = self.scheme.progress_tracker()
         st = [0] * self.m
         for _, w, c, elapsed in sorted(rec.reports, key=lambda x: x[3]):
             if c > st[w]:
