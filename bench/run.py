@@ -643,52 +643,57 @@ def _replay_us(m: int, rounds: int, trials: int) -> dict[str, Any]:
 _STAMP = struct.Struct(">Id")  # bare baseline frame: length, send time
 
 
+class _BareServer(asyncio.Protocol):
+    """Server side of the bare baseline: answers the first handshake frame, counts the second
+    ("ready"), records the latency of every stamped frame."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+        self.buf = b""
+        self.hello = True
+        self.t: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.t = transport
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        self.buf += data
+        while len(self.buf) >= _STAMP.size:
+            _, sent = _STAMP.unpack_from(self.buf)
+            self.buf = self.buf[_STAMP.size:]
+            if sent >= 0:
+                self.state["lat"].append(now - sent)
+            elif self.hello:
+                self.hello = False
+                self.t.write(_STAMP.pack(_STAMP.size, -1.0))
+            else:
+                self.state["n"] += 1
+                if self.state["n"] == self.state["m"] and not self.state["all_in"].done():
+                    self.state["all_in"].set_result(now)
+
+
+class _BareClient(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.t = transport
+        transport.write(_STAMP.pack(_STAMP.size, -1.0))  # "hello"
+
+    def data_received(self, data: bytes) -> None:
+        self.t.write(_STAMP.pack(_STAMP.size, -2.0))  # "ready"
+
+
 async def _bare(m: int, rate_hz: float, duration_s: float, seed: int) -> dict[str, Any]:
     """The loop's own floor for m connections: connect + request/reply + one frame each, then
     stamped frames at exponential intervals of mean ``1/rate_hz`` per connection."""
     import numpy as np
 
     loop = asyncio.get_running_loop()
-    lat: list[float] = []
-    done = {"n": 0}
-    all_in = loop.create_future()
-
-    class Server(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.t = transport
-            self.buf = b""
-            self.hello = True
-
-        def data_received(self, data: bytes) -> None:
-            now = time.monotonic()
-            self.buf += data
-            while len(self.buf) >= _STAMP.size:
-                _, sent = _STAMP.unpack_from(self.buf)
-                self.buf = self.buf[_STAMP.size:]
-                if sent < 0:  # handshake frames
-                    if self.hello:
-                        self.hello = False
-                        self.t.write(_STAMP.pack(_STAMP.size, -1.0))
-                    else:
-                        done["n"] += 1
-                        if done["n"] == m and not all_in.done():
-                            all_in.set_result(now)
-                else:
-                    lat.append(now - sent)
-
-    class Client(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.t = transport
-            transport.write(_STAMP.pack(_STAMP.size, -1.0))
-
-        def data_received(self, data: bytes) -> None:
-            self.t.write(_STAMP.pack(_STAMP.size, -2.0))  # "ready"
-
-    srv = await loop.create_server(Server, "127.0.0.1", 0)
+    state: dict[str, Any] = {"lat": [], "n": 0, "m": m, "all_in": loop.create_future()}
+    srv = await loop.create_server(lambda: _BareServer(state), "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
     t0 = time.monotonic()
-    clients = [await loop.create_connection(Client, "127.0.0.1", port) for _ in range(m)]
-    t_ready = await all_in - t0
+    clients = [await loop.create_connection(_BareClient, "127.0.0.1", port) for _ in range(m)]
+    t_ready = await state["all_in"] - t0
     rng = np.random.default_rng(seed)
     end = time.monotonic() + duration_s
 
@@ -705,16 +710,53 @@ async def _bare(m: int, rate_hz: float, duration_s: float, seed: int) -> dict[st
     for tr, _ in clients:
         tr.close()
     srv.close()
-    return {"ready_s": t_ready, "latencies_s": lat}
+    return {"ready_s": t_ready, "latencies_s": state["lat"]}
+
+
+def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int) -> dict[str, Any]:
+    """One m-worker coroutine run of partial; the PS-side tap gives ready and report times.
+    ``_ready`` (s to the last distinct ready, nan if not all) and ``_p99`` (ms) for the caller."""
+    import numpy as np
+
+    from aiogc.config import RunConfig
+    from aiogc.runner import run_live
+
+    cfg = RunConfig(workers=m, delta=4, n_parts=1, delay=delay, rounds=sz.many_rounds,
+                    seed=seed, join_timeout_s=sz.many_limit_s)
+    stopped = ""
+    t0 = time.monotonic()
+    with ps_receive_tap() as log, watchdog(sz.many_limit_s) as fired:
+        try:
+            res = run_live(cfg, ["partial"], mode="coroutines", out_dir=None, verify=False,
+                           plots=False)
+            n_rounds = len(_completed(res.records["partial"]))
+        except KeyboardInterrupt:
+            if not fired:
+                raise
+            stopped = f"stopped by the bench watchdog after {sz.many_limit_s:.0f} s"
+            n_rounds = -1
+    # a worker that reconnected says ready again: count distinct workers
+    readies, seen = [], set()
+    for now, kind, _, w in log:
+        if kind == "ready" and w not in seen:
+            seen.add(w)
+            readies.append(now)
+    reps = [1e3 * (now - tw) for now, kind, tw, _ in log if tw is not None and "report" in kind]
+    p99 = float(np.percentile(reps, 99)) if reps else math.nan
+    return {"seed": seed, "readies": len(readies),
+            "ready_frames": sum(1 for x in log if x[1] == "ready"), "reports": len(reps),
+            "rounds_completed": n_rounds, "stopped": stopped, "wall_s": time.monotonic() - t0,
+            "first_ready_s": readies[0] - t0 if readies else None,
+            "report_p50_ms": float(np.percentile(reps, 50)) if reps else None,
+            "report_p99_ms": p99 if reps else None,
+            "_ready": readies[-1] - t0 if len(readies) >= m else math.nan, "_p99": p99}
 
 
 def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any]]:
     """ready_s_m1024 and report_p99_ms_1024_workers from the same runs."""
     import numpy as np
 
-    from aiogc.config import RunConfig
     from aiogc.net.drivers import run_on
-    from aiogc.runner import run_live
 
     m = sz.m_many
     mean_chunk_s = 0.1
@@ -736,46 +778,17 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
                     _log(f"  bare m={m}: ready {b_ready[-1]:.2f} s, p99 {b_p99[-1]:.3f} ms "
                          f"({len(b['latencies_s'])} frames)")
                     continue
-                cfg = RunConfig(workers=m, delta=4, n_parts=1, delay=delay,
-                                rounds=sz.many_rounds, seed=1 + t,
-                                join_timeout_s=sz.many_limit_s)
-                stopped = ""
-                t0 = time.monotonic()
-                with ps_receive_tap() as log, watchdog(sz.many_limit_s) as fired:
-                    try:
-                        res = run_live(cfg, ["partial"], mode="coroutines", out_dir=None,
-                                       verify=False, plots=False)
-                        n_rounds = len(_completed(res.records["partial"]))
-                    except KeyboardInterrupt:
-                        if not fired:
-                            raise
-                        stopped = f"stopped by the bench watchdog after {sz.many_limit_s:.0f} s"
-                        n_rounds = -1
-                # a worker that reconnected says ready again: count distinct workers
-                readies, seen = [], set()
-                for now, kind, _, w in log:
-                    if kind == "ready" and w not in seen:
-                        seen.add(w)
-                        readies.append(now)
-                n_ready_frames = sum(1 for x in log if x[1] == "ready")
-                reps = [1e3 * (now - tw) for now, kind, tw, _ in log
-                        if tw is not None and "report" in kind]
-                all_ready = len(readies) >= m
-                ready.append(readies[-1] - t0 if all_ready else math.nan)
-                p99.append(float(np.percentile(reps, 99)) if reps else math.nan)
-                trials.append({"seed": 1 + t, "readies": len(readies),
-                               "ready_frames": n_ready_frames, "reports": len(reps),
-                               "rounds_completed": n_rounds, "stopped": stopped,
-                               "wall_s": time.monotonic() - t0,
-                               "first_ready_s": readies[0] - t0 if readies else None,
-                               "report_p50_ms": float(np.percentile(reps, 50)) if reps else None,
-                               "report_p99_ms": p99[-1] if reps else None})
-                if not all_ready:
-                    notes_ready.append(f"only {len(readies)}/{m} workers sent ready (seed "
-                                       f"{1 + t}, {stopped or 'run ended'})")
-                if not reps:
+                tr = _many_live_trial(sz, m, delay, seed=1 + t)
+                ready.append(tr.pop("_ready"))
+                p99.append(tr.pop("_p99"))
+                trials.append(tr)
+                if tr["readies"] < m:
+                    notes_ready.append(f"only {tr['readies']}/{m} workers sent ready (seed "
+                                       f"{1 + t}, {tr['stopped'] or 'run ended'})")
+                if not tr["reports"]:
                     notes_p99.append(f"no chunk report reached the PS (seed {1 + t}, "
-                                     f"{len(readies)}/{m} ready, {stopped or 'run ended'})")
+                                     f"{tr['readies']}/{m} ready, "
+                                     f"{tr['stopped'] or 'run ended'})")
                 _log(f"  live m={m}: {trials[-1]}")
         detail = {"m": m, "delta": 4, "delay": delay, "rounds": sz.many_rounds,
                   "mode": "coroutines", "verify": False, "trials": trials,
@@ -908,7 +921,7 @@ def decode_record(sz: Sizes) -> dict[str, Any]:
         scheme = cfg.build_scheme()
         rng = np.random.default_rng(1)
         V = rng.standard_normal((m, scheme.payload_len(d)), dtype=np.float32)
-        state = _trigger_state(scheme, rng)
+        state = _trigger_state(scheme, rng)  # type: ignore[arg-type]  # any trigger scheme
         c = rng.standard_normal(m).astype(np.float32)
         scheme.decode_result(V, state, d)
         c @ V

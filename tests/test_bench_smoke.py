@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,22 +36,24 @@ def _number_or_null(x: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "smoke.json"
     proc = subprocess.run([sys.executable, str(RUN), "--smoke", "--silent", "--json", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # strict JSON: no NaN / Infinity tokens
-    return json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    data: dict[str, Any] = json.loads(out.read_text(),
+                                      parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    return data
 
 
-def test_every_record_present_once(smoke: dict) -> None:
+def test_every_record_present_once(smoke: dict[str, Any]) -> None:
     names = [r["name"] for r in smoke["records"]]
     assert sorted(names) == sorted(NAMES)
     assert smoke["mode"] == "smoke"
 
 
-def test_record_schema(smoke: dict) -> None:
+def test_record_schema(smoke: dict[str, Any]) -> None:
     for r in smoke["records"]:
         assert set(r) == KEYS, r["name"]
         assert isinstance(r["unit"], str) and r["unit"]
