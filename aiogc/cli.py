@@ -1,6 +1,6 @@
 """``aiogc`` command line: ``run``, ``ps``, ``worker``, ``simulate``, ``experiment``, ``plot``,
-``inspect``. ``main(argv) -> int``; configuration errors exit 2 with a message naming the
-field, the value and the allowed range.
+``inspect``, ``report``. ``main(argv) -> int``; configuration errors exit 2 with a message naming
+the field, the value and the allowed range.
 
 Exit codes (every command; errors are one line on stderr, never a traceback):
 
@@ -459,6 +459,24 @@ def cmd_inspect(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int
     return 0
 
 
+# ------------------------------------------------------------------ report
+
+
+def add_report_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page for a run or experiment "
+                       "directory")
+    p.add_argument("dir", help="run directory (aiogc run --out) or experiment directory")
+    p.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import write_report
+
+    print(write_report(a.dir, a.out))
+    return 0
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -476,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - during development only
         pass
     add_plot_parsers(sub)
+    add_report_parser(sub)
     return parser
 
 
