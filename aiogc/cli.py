@@ -480,6 +480,32 @@ def cmd_report(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ main
 
 
+# ------------------------------------------------------------------ keys
+
+
+def add_keys_parser(sub: Any) -> None:
+    p = sub.add_parser("keys", help="derive a worker's own key from the run's master secret")
+    ksub = p.add_subparsers(dest="keys_command", required=True)
+    d = ksub.add_parser("derive", help="print k_j (64 hex digits) for `aiogc worker "
+                                       "--worker-key-file`: it authenticates worker j only")
+    d.add_argument("--secret-file", default=None,
+                   help="the master secret (default: $AIOGC_SECRET)")
+    d.add_argument("--worker", type=int, required=True, help="worker id j")
+    d.set_defaults(func=cmd_keys_derive)
+
+
+def cmd_keys_derive(a: argparse.Namespace) -> int:
+    from .core import derive_worker_key
+
+    if not 0 <= a.worker < MAX_WORKERS:
+        raise ConfigError("worker", a.worker, f"an integer in [0, {MAX_WORKERS - 1}]")
+    secret = read_secret(a.secret_file)
+    if secret is None:
+        raise ConfigError("secret-file", a.secret_file, "a secret file or $AIOGC_SECRET")
+    print(derive_worker_key(secret, a.worker).hex())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
@@ -487,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_ps_parser(sub)
     add_worker_parser(sub)
+    add_keys_parser(sub)
     try:
         from .sim import cli as sim_cli
 
