@@ -1,6 +1,6 @@
 """``aiogc`` command line: ``run``, ``ps``, ``worker``, ``simulate``, ``experiment``, ``plot``,
-``inspect``. ``main(argv) -> int``; configuration errors exit 2 with a message naming the
-field, the value and the allowed range.
+``inspect``, ``report``. ``main(argv) -> int``; configuration errors exit 2 with a message naming
+the field, the value and the allowed range.
 
 Exit codes (every command; errors are one line on stderr, never a traceback):
 
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .coding.registry import scheme_names
 from .config import MAX_WORKERS, RunConfig
 from .errors import AiogcError, ConfigError
 
@@ -169,7 +170,7 @@ def add_run_parser(sub: Any) -> None:
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
     p.add_argument("--schemes", default="partial,original",
-                   help="comma list of partial, original, uncoded, ignore-stragglers")
+                   help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
@@ -227,7 +228,7 @@ def add_ps_parser(sub: Any) -> None:
     p.add_argument("--port", type=_port, default=7733,
                    help="TCP port in [0, 65535] (0 = any free port)")
     p.add_argument("--scheme", default="partial",
-                   help="partial | original | uncoded | ignore-stragglers")
+                   help=" | ".join(scheme_names()))
     add_config_args(p)
     p.add_argument("--out", default=None, help="directory for summary.json and records")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
@@ -458,7 +459,51 @@ def cmd_inspect(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int
     return 0
 
 
+# ------------------------------------------------------------------ report
+
+
+def add_report_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page for a run or experiment "
+                       "directory")
+    p.add_argument("dir", help="run directory (aiogc run --out) or experiment directory")
+    p.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import write_report
+
+    print(write_report(a.dir, a.out))
+    return 0
+
+
 # ------------------------------------------------------------------ main
+
+
+# ------------------------------------------------------------------ keys
+
+
+def add_keys_parser(sub: Any) -> None:
+    p = sub.add_parser("keys", help="derive a worker's own key from the run's master secret")
+    ksub = p.add_subparsers(dest="keys_command", required=True)
+    d = ksub.add_parser("derive", help="print k_j (64 hex digits) for `aiogc worker "
+                                       "--worker-key-file`: it authenticates worker j only")
+    d.add_argument("--secret-file", default=None,
+                   help="the master secret (default: $AIOGC_SECRET)")
+    d.add_argument("--worker", type=int, required=True, help="worker id j")
+    d.set_defaults(func=cmd_keys_derive)
+
+
+def cmd_keys_derive(a: argparse.Namespace) -> int:
+    from .core import derive_worker_key
+
+    if not 0 <= a.worker < MAX_WORKERS:
+        raise ConfigError("worker", a.worker, f"an integer in [0, {MAX_WORKERS - 1}]")
+    secret = read_secret(a.secret_file)
+    if secret is None:
+        raise ConfigError("secret-file", a.secret_file, "a secret file or $AIOGC_SECRET")
+    print(derive_worker_key(secret, a.worker).hex())
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -468,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_ps_parser(sub)
     add_worker_parser(sub)
+    add_keys_parser(sub)
     try:
         from .sim import cli as sim_cli
 
@@ -475,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - during development only
         pass
     add_plot_parsers(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -16,12 +16,21 @@ from typing import Any
 
 import numpy as np
 
+from .coding.base import Scheme
+from .coding.registry import (
+    ASSIGNMENTS,
+    DECODINGS,
+    ORDERINGS,
+    SchemeParams,
+    SchemeSpec,
+    scheme_names,
+    scheme_spec,
+)
 from .errors import ConfigError
 
-SCHEMES = ("partial", "original", "uncoded", "ignore-stragglers")
-ASSIGNMENTS = ("cyclic", "fr", "regular")
-ORDERINGS = ("optimal", "natural", "random")
-DECODINGS = ("frame", "gaussian")
+__all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "ORDERINGS", "RunConfig",
+           "scheme_digest"]
+
 MODES = ("exact", "approx")
 DTYPES = ("float64", "float32")
 
@@ -56,7 +65,10 @@ class RunConfig:
 
     Attributes
     ----------
-    scheme : {"partial", "original", "uncoded", "ignore-stragglers"}
+    scheme : str
+        A registered scheme (:func:`aiogc.coding.scheme_names`: partial, original, uncoded,
+        ignore-stragglers, and whatever else was registered); its spec checks the fields it
+        constrains (forced ℓ, accepted assignment / ordering / decoding, ``k``).
     workers : int
         m, number of workers.
     delta : int
@@ -97,16 +109,10 @@ class RunConfig:
     join_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _check_choice("scheme", self.scheme, SCHEMES)
+        _check_choice("scheme", self.scheme, scheme_names())
         _check_int("workers", self.workers, 1, MAX_WORKERS)
         _check_int("delta", self.delta, 1, self.workers)
         _check_int("n_parts", self.n_parts, 1, max(1, self.delta))
-        if self.scheme == "original" and self.n_parts >= self.delta:
-            raise ConfigError(
-                "n_parts", self.n_parts, f"< delta={self.delta} for scheme original (s = δ - ℓ ≥ 1)"
-            )
-        if self.scheme in ("uncoded", "ignore-stragglers") and self.n_parts != 1:
-            raise ConfigError("n_parts", self.n_parts, f"1 for scheme {self.scheme}")
         _check_choice("assignment", self.assignment, ASSIGNMENTS)
         if self.assignment == "fr" and self.workers % self.delta != 0:
             raise ConfigError(
@@ -116,6 +122,7 @@ class RunConfig:
         _check_choice("decoding", self.decoding, DECODINGS)
         if self.k is not None:
             _check_int("k", self.k, 1, self.workers)
+        self.spec.check(self._scheme_params())
         _check_choice("mode", self.mode, MODES)
         _check_float("deadline_s", self.deadline_s, 0.0, 1e6, optional=True)
         if self.mode == "approx" and self.deadline_s is None:
@@ -148,18 +155,33 @@ class RunConfig:
     # ------------------------------------------------------------------ derived values
 
     @property
+    def spec(self) -> SchemeSpec:
+        """The registry entry of ``scheme``."""
+        return scheme_spec(self.scheme)
+
+    @property
     def stragglers_tolerated(self) -> int:
-        """s of the classic schemes: δ - ℓ (original), 0 (uncoded), m - k (ignore)."""
-        if self.scheme == "uncoded":
-            return 0
-        if self.scheme == "ignore-stragglers":
-            return self.workers - self.effective_k
-        return self.delta - self.n_parts
+        """Finished workers the scheme's waiting rule may miss: ``m`` minus the fewest it
+        decodes with (δ - ℓ for original GC, 0 for uncoded, m - k for ignore-stragglers)."""
+        return self.workers - self.spec.min_finished(self._scheme_params())
 
     @property
     def effective_k(self) -> int:
-        """k for ignore-stragglers (default m - (δ - 1), the count original GC would wait for)."""
+        """k for schemes with ``uses_k`` (default m - (δ - 1), what original GC waits for)."""
         return self.k if self.k is not None else max(1, self.workers - (self.delta - 1))
+
+    def _scheme_params(self) -> SchemeParams:
+        return SchemeParams(m=self.workers, delta=self.delta, n_parts=self.n_parts,
+                            assignment=self.assignment, ordering=self.ordering,
+                            decoding=self.decoding,
+                            k=self.effective_k if self.spec.uses_k else None)
+
+    def for_scheme(self, name: str) -> RunConfig:
+        """This configuration for scheme ``name`` of a comparison (its forced ℓ applied)."""
+        forced = scheme_spec(name).forced_n_parts
+        if forced is not None:
+            return self.replace(scheme=name, n_parts=forced)
+        return self.replace(scheme=name)
 
     @property
     def payload_dtype(self) -> np.dtype:
@@ -169,7 +191,7 @@ class RunConfig:
         """A validated copy with ``changes``."""
         return replace(self, **changes)
 
-    def build_scheme(self) -> Any:
+    def build_scheme(self) -> Scheme:
         """The coding scheme, rebuilt deterministically from ``seed`` (same on every side)."""
         from .coding import make_scheme
 
@@ -182,7 +204,7 @@ class RunConfig:
             assignment=self.assignment,
             ordering=self.ordering,
             decoding=self.decoding,
-            k=self.effective_k if self.scheme == "ignore-stragglers" else None,
+            k=self.effective_k if self.spec.uses_k else None,
             rng=rng,
         )
 
@@ -205,7 +227,7 @@ class RunConfig:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def scheme_digest(scheme: Any) -> str:
+def scheme_digest(scheme: Scheme) -> str:
     """Hex digest of what every side must agree on: A, the orders and B (if any)."""
     h = hashlib.sha256()
     h.update(scheme.name.encode())

@@ -60,15 +60,3 @@ class FrameTooLarge(MalformedFrame):
     """A declared length exceeds the bound for this kind or connection state."""
 
     code = "frame_too_large"
-
-
-class AuthenticationFailed(RemoteProtocolError):
-    """The peer failed the HMAC challenge-response (or sent nothing in time)."""
-
-    code = "auth_failed"
-
-
-class PayloadRejected(RemoteProtocolError):
-    """A coded-gradient payload was well framed but unusable (dtype, length, non-finite)."""
-
-    code = "payload_rejected"

@@ -1,7 +1,7 @@
 """Experiment records: one run directory per run, tidy CSV + JSON, readable without aiogc.
 
-A :class:`RunRecorder` writes these files into its directory (architecture.md, "Experiment
-records"):
+A :class:`RunRecorder` writes these files into its directory, so a run can be analysed,
+plotted and replayed from the files alone:
 
 ``manifest.json``
     Whatever the caller passes (version, git sha, argv, config, seed, assignment, B ...), written
@@ -57,19 +57,26 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Final
+from types import TracebackType, UnionType
+from typing import IO, Any, Final, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
+from .coding.registry import spec_of_label
 from .core.common import RoundRecord
+from .delays import DelaySchedule
+from .status import RoundStatus
 
 __all__ = [
+    "COLUMN_TYPES",
     "REPORT_COLUMNS",
     "ROUND_COLUMNS",
     "WORKER_COLUMNS",
+    "ReportRow",
     "RunRecorder",
+    "WorkerRow",
     "is_trigger_scheme",
     "load_events",
     "load_run",
@@ -79,70 +86,103 @@ __all__ = [
     "worker_rows",
 ]
 
+#: rounds.csv column of each RoundRecord field whose column name differs from the field name.
+_COLUMN_OF_FIELD: Final[dict[str, str]] = {
+    "t_start": "start_s",
+    "t_trigger": "trigger_s",
+    "t_end": "end_s",
+    "oracle_elapsed_s": "oracle_s",
+}
+#: RoundRecord fields written to other files (or not at all: the gradient).
+_NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient"})
+
 #: rounds.csv columns: ``scheme`` then :meth:`RoundRecord.as_row` in its own order.
 ROUND_COLUMNS: Final[tuple[str, ...]] = (
     "scheme",
     *(k for k in RoundRecord(round=0, scheme="", t_start=0.0).as_row() if k != "scheme"),
 )
-WORKER_COLUMNS: Final = (
-    "round",
-    "scheme",
-    "worker",
-    "load",
-    "chunks_done",
-    "chunks_used",
-    "compute_s",
-    "arrival_s",
-    "comm_s",
-    "arrival_order",
-    "straggler",
-    "dropped_reason",
-)
-REPORT_COLUMNS: Final = ("scheme", "round", "ps_time", "worker", "count", "elapsed_s")
 
-#: Columns parsed as int / float by :func:`load_run` (everything else stays a string).
-_INT_COLUMNS: Final = frozenset(
-    {
-        "round",
-        "attempts",
-        "coverage_min",
-        "worker",
-        "load",
-        "chunks_done",
-        "chunks_used",
-        "arrival_order",
-        "straggler",
-        "count",
-    }
-)
-_FLOAT_COLUMNS: Final = frozenset(
-    {
-        "start_s",
-        "trigger_s",
-        "end_s",
-        "duration_s",
-        "residual",
-        "amplification",
-        "rel_error",
-        "loss",
-        "oracle_s",
-        "compute_s",
-        "arrival_s",
-        "comm_s",
-        "ps_time",
-        "elapsed_s",
-    }
-)
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One ``workers.csv`` row (see the module docstring); the columns are its fields."""
+
+    round: int
+    scheme: str
+    worker: int
+    load: int
+    chunks_done: int
+    chunks_used: int
+    compute_s: float | None
+    arrival_s: float | None
+    comm_s: float | None
+    arrival_order: int | None
+    straggler: int
+    dropped_reason: str
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One ``reports.csv`` row: an accepted chunk-count report."""
+
+    scheme: str
+    round: int
+    ps_time: float
+    worker: int
+    count: int
+    elapsed_s: float
+
+
+WORKER_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(WorkerRow))
+REPORT_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ReportRow))
+
+
+def _kind(tp: Any) -> type:
+    """The scalar type a CSV cell of annotation ``tp`` parses to (``X | None`` -> ``X``)."""
+    args = [a for a in get_args(tp) if a is not type(None)]
+    base = args[0] if args and get_origin(tp) in (UnionType, Union) else tp
+    origin = get_origin(base)
+    if origin is tuple:
+        return tuple
+    for kind in (str, int, float):  # str first: a StrEnum (status) is written as its value
+        if isinstance(base, type) and issubclass(base, kind):
+            return kind
+    raise TypeError(f"no CSV cell type for annotation {tp!r}")
+
+
+def _column_types() -> dict[str, dict[str, type]]:
+    """Cell type of every column of every CSV file, derived from the dataclasses."""
+    hints = get_type_hints(RoundRecord)
+    rounds: dict[str, type] = {"duration_s": float}
+    for f in fields(RoundRecord):
+        if f.name not in _NOT_IN_ROUNDS:
+            rounds[_COLUMN_OF_FIELD.get(f.name, f.name)] = _kind(hints[f.name])
+    missing = set(ROUND_COLUMNS) - set(rounds)
+    if missing:  # as_row grew a column this module does not know how to read back
+        raise TypeError(f"rounds.csv columns without a RoundRecord field: {sorted(missing)}")
+    out = {"rounds.csv": rounds}
+    for name, cls in (("workers.csv", WorkerRow), ("reports.csv", ReportRow)):
+        h = get_type_hints(cls)
+        out[name] = {f.name: _kind(h[f.name]) for f in fields(cls)}
+    return out
+
+
+#: ``{file: {column: int | float | str | tuple}}``: how :func:`load_run` parses each cell.
+COLUMN_TYPES: Final = _column_types()
 
 
 def is_trigger_scheme(scheme: str) -> bool:
-    """Whether ``scheme`` names the partial-straggler scheme (the PS triggers encoding).
+    """Whether the label ``scheme`` names a scheme whose PS triggers encoding.
 
-    Every other scheme is *send-when-done*: a worker sends its vector once it has finished all
-    its chunks, and ``trigger_s`` is when the decodable set had arrived. Labels such as
-    ``partial-random`` (the random-ordering baseline) count as partial.
+    Asks the scheme registry (:func:`aiogc.coding.registry.spec_of_label`): a registered name,
+    or one followed by ``-variant`` / ``:variant`` (``partial-random``).
+
+    Raises
+    ------
+    ConfigError
+        If the label names no registered scheme.
     """
-    return scheme.split("-", 1)[0].split(":", 1)[0].lower() == "partial"
+    return not spec_of_label(scheme).sends_when_done
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -193,23 +233,21 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _parse(column: str, s: str) -> Any:
+def _parse(kind: type, s: str) -> Any:
     if s == "":
         return None
-    if column in _INT_COLUMNS:
-        return int(s)
-    if column in _FLOAT_COLUMNS:
-        return float(s)
-    if column == "state":
+    if kind is tuple:
         return [int(x) for x in s.split()]
-    return s
+    return kind(s)
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
+    types = COLUMN_TYPES.get(path.name, {})
     with path.open(newline="", encoding="utf-8") as f:
-        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: _parse(types.get(k, str), v) for k, v in row.items()}
+                for row in csv.DictReader(f)]
 
 
 # ------------------------------------------------------------------------------ per-worker rows
@@ -264,22 +302,20 @@ def worker_rows(
                     comm = arrival - record.t_trigger
             elif compute is not None:
                 comm = arrival - record.t_start - compute
-        rows.append(
-            {
-                "round": record.round,
-                "scheme": scheme,
-                "worker": w,
-                "load": int(loads[w]),
-                "chunks_done": chunks_done,
-                "chunks_used": int(record.state[w]) if w < len(record.state) else 0,
-                "compute_s": compute,
-                "arrival_s": arrival,
-                "comm_s": comm,
-                "arrival_order": order.get(w),
-                "straggler": int(arrival is None or w in record.dropped),
-                "dropped_reason": record.dropped.get(w, ""),
-            }
-        )
+        rows.append(asdict(WorkerRow(
+            round=record.round,
+            scheme=scheme,
+            worker=w,
+            load=int(loads[w]),
+            chunks_done=chunks_done,
+            chunks_used=int(record.state[w]) if w < len(record.state) else 0,
+            compute_s=compute,
+            arrival_s=arrival,
+            comm_s=comm,
+            arrival_order=order.get(w),
+            straggler=int(arrival is None or w in record.dropped),
+            dropped_reason=record.dropped.get(w, ""),
+        )))
     return rows
 
 
@@ -347,7 +383,7 @@ class RunRecorder:
 
     # writers ----------------------------------------------------------------------------
 
-    def write_schedule(self, schedule: Any) -> None:
+    def write_schedule(self, schedule: DelaySchedule) -> None:
         """Write ``delays.csv`` through ``schedule.to_csv(path)``."""
         schedule.to_csv(self.out_dir / "delays.csv")
 
@@ -412,7 +448,8 @@ class RunRecorder:
         for wrow in worker_rows(scheme, record, m=m, loads=loads, trigger_scheme=trigger_scheme):
             self._workers.writerow([_cell(wrow[c]) for c in WORKER_COLUMNS])
         for t, w, count, elapsed in record.reports:
-            self._reports.writerow([_cell(v) for v in (scheme, record.round, t, w, count, elapsed)])
+            rep = asdict(ReportRow(scheme, record.round, t, w, count, elapsed))
+            self._reports.writerow([_cell(rep[c]) for c in REPORT_COLUMNS])
         if self._trace:
             # keep a gradient-free copy: the PS may hold (and later mutate) the original
             keep = RoundRecord(**{f: getattr(record, f) for f in _RECORD_FIELDS})
@@ -666,8 +703,22 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def _nan(x: float | None) -> float:
-    return float("nan") if x is None else float(x)
+def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
+    """A RoundRecord from a parsed rounds.csv row: every field written there, by the field
+    list of the dataclass (an empty cell restores the field's default, e.g. NaN)."""
+    kw: dict[str, Any] = {}
+    for f in fields(RoundRecord):
+        if f.name in _NOT_IN_ROUNDS:
+            continue
+        v = row.get(_COLUMN_OF_FIELD.get(f.name, f.name))
+        if v is None:
+            continue
+        if f.name == "state":
+            v = tuple(v)
+        elif f.name == "status":
+            v = RoundStatus.parse(v)
+        kw[f.name] = v
+    return RoundRecord(**kw)
 
 
 def records_from_run(run: Mapping[str, Any]) -> dict[str, list[RoundRecord]]:
@@ -679,23 +730,7 @@ def records_from_run(run: Mapping[str, Any]) -> dict[str, list[RoundRecord]]:
     out: dict[str, list[RoundRecord]] = {}
     index: dict[tuple[str, int], RoundRecord] = {}
     for row in run["rounds"]:
-        rec = RoundRecord(
-            round=row["round"],
-            scheme=row["scheme"],
-            t_start=row["start_s"],
-            t_trigger=row.get("trigger_s"),
-            t_end=row.get("end_s"),
-            status=row.get("status") or "",
-            end_reason=row.get("end_reason") or "",
-            attempts=row.get("attempts") or 0,
-            state=tuple(row.get("state") or ()),
-            coverage_min=row.get("coverage_min") or 0,
-            residual=_nan(row.get("residual")),
-            amplification=_nan(row.get("amplification")),
-            rel_error=_nan(row.get("rel_error")),
-            loss=_nan(row.get("loss")),
-            oracle_elapsed_s=row.get("oracle_s"),
-        )
+        rec = _record_of_row(row)
         out.setdefault(rec.scheme, []).append(rec)
         index[(rec.scheme, rec.round)] = rec
     for row in run["reports"]:

@@ -82,9 +82,7 @@ def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
 
 def scheme_config(config: RunConfig, name: str) -> RunConfig:
     """The run config for one scheme of a comparison (ℓ kept where the scheme allows it)."""
-    if name in ("uncoded", "ignore-stragglers"):
-        return config.replace(scheme=name, n_parts=1)
-    return config.replace(scheme=name)
+    return config.for_scheme(name)
 
 
 def git_sha() -> str | None:

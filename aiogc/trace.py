@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from .coding.registry import spec_of_label
 from .core.common import RoundRecord
-from .records import is_trigger_scheme
 
 __all__ = ["chrome_trace"]
 
@@ -66,8 +66,8 @@ def chrome_trace(
         Rows of ``events.jsonl`` (``t_ns`` on the PS clock). Frames of a scheme not in
         ``records_by_scheme`` are ignored.
     trigger_schemes : mapping of str to bool, optional
-        Whether each scheme triggers encoding (partial); default
-        :func:`aiogc.records.is_trigger_scheme`.
+        Whether each scheme triggers encoding (partial); default: what the scheme registry
+        says of the label (:func:`aiogc.coding.registry.spec_of_label`).
 
     Returns
     -------
@@ -80,7 +80,9 @@ def chrome_trace(
     for i, (scheme, recs) in enumerate(records_by_scheme.items()):
         pid = i + 1
         pids[scheme] = pid
-        partial = (trigger_schemes or {}).get(scheme, is_trigger_scheme(scheme))
+        partial = (trigger_schemes or {}).get(scheme)
+        if partial is None:
+            partial = not spec_of_label(scheme).sends_when_done
         events.append(_meta(pid, None, "process_name", name=scheme))
         events.append(_meta(pid, None, "process_sort_index", sort_index=pid))
         events.append(_meta(pid, _PS_TID, "thread_name", name="PS"))

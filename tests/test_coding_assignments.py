@@ -7,13 +7,13 @@ import warnings
 import numpy as np
 import pytest
 
+from aiogc.assignment_file import load_assignment
 from aiogc.coding import (
     assignment_from_matrix,
     check_conditioning,
     cyclic_assignment,
     decoding_matrix,
     fractional_repetition_assignment,
-    load_assignment,
     regular_assignment,
     validate_assignment,
     worst_condition_number,

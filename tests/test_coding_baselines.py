@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from aiogc.coding import (
-    SCHEME_NAMES,
     IgnoreStragglersScheme,
     OriginalScheme,
     Scheme,
@@ -20,6 +19,7 @@ from aiogc.coding import (
     cyclic_assignment,
     fractional_repetition_assignment,
     make_scheme,
+    scheme_names,
 )
 from aiogc.errors import CodingError, ConfigError
 
@@ -111,7 +111,7 @@ def test_uncoded_and_ignore_stragglers() -> None:
 
 def test_make_scheme() -> None:
     rng = np.random.default_rng(0)
-    for name in SCHEME_NAMES:
+    for name in scheme_names():
         sc = make_scheme(name, m=8, delta=4, n_parts=2, rng=rng)
         assert isinstance(sc, Scheme) and sc.name == name
     p = make_scheme("partial", m=12, delta=3, assignment="regular", ordering="random", rng=rng)
@@ -133,7 +133,7 @@ def _poly_error(m: int, ell: int, s: int, dtype: type) -> tuple[float, float]:
     sc = OriginalScheme(cyclic_assignment(m, s + ell), s, ell)
     rng = np.random.default_rng(m)
     d = 64 * ell
-    G = rng.standard_normal((m, d)).astype(dtype)
+    G: np.ndarray = rng.standard_normal((m, d)).astype(dtype)
     truth = G.astype(np.float64).sum(axis=0)
     worst, amp = 0.0, 0.0
     for _ in range(20):

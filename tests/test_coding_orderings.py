@@ -39,7 +39,7 @@ def test_reference_values_regular_optimal(m: int, delta: int, seed: int) -> None
     nat = natural_order(A)
     got = [q_max(A, opt, ell) for ell in range(1, delta + 1)]
     assert got == REFERENCE[(m, delta)]
-    # index order on a random regular graph is measurably worse (spec section 5)
+    # index order on a random regular graph is not a proper colouring: measurably worse
     assert sum(q_max(A, nat, ell) for ell in range(1, delta + 1)) > sum(got)
 
 

@@ -1,4 +1,4 @@
-"""Property tests of the partial-straggler scheme (spec section 2)."""
+"""Property tests of the partial-straggler scheme (aiogc/coding/partial.py)."""
 
 from __future__ import annotations
 

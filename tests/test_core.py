@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aiogc.coding.partial import CoverageTracker
 from aiogc.config import RunConfig
 from aiogc.core import (
     ConnectionFailed,
@@ -238,23 +239,49 @@ def test_paused_worker_rejoins_next_round() -> None:
     assert any(2 not in r.dropped and r.state[2] > 0 for r in recs[1:])
 
 
+def _scripted(cfg: RunConfig, rounds: list[np.ndarray]) -> DelaySchedule:
+    """A schedule whose round r has per-(worker, position) compute times ``rounds[r]``."""
+    comp = np.stack(rounds).astype(np.float64)
+    return DelaySchedule(comp, np.zeros(comp.shape[:2]), seed=cfg.seed,
+                         compute_spec="scripted", network_spec="none")
+
+
 def test_approx_mode_deadline() -> None:
-    cfg = _cfg(mode="approx", deadline_s=0.03, rounds=2, delay="exp:0.05", n_parts=2)
-    rig = build_rig(cfg)
+    """Round 0: only worker 0 computes a chunk before the deadline -> approximate, decoded at
+    exactly start + deadline with a positive residual; round 1: everyone fast -> the exact
+    trigger fires before the deadline; round 2: nothing by the deadline -> failed."""
+    cfg = _cfg(mode="approx", deadline_s=0.03, rounds=3, n_parts=2)
+    slow = np.full((6, 3), 1.0)
+    r0 = slow.copy()
+    r0[0, 0] = 0.01
+    rig = build_rig(cfg, schedule=_scripted(cfg, [r0, np.full((6, 3), 0.001), slow]))
     rig.sim.run()
-    for rec in rig.ps.records:
-        assert rec.status in ("approximate", "exact", "failed")
-        if rec.status == "approximate":
-            assert rec.t_trigger == pytest.approx(rec.t_start + 0.03)
-            assert rec.residual > 0
+    recs = rig.ps.records
+    assert [r.status for r in recs] == ["approximate", "exact", "failed"]
+    a, e, f = recs
+    assert a.t_trigger == pytest.approx(a.t_start + 0.03)
+    assert a.state == (1, 0, 0, 0, 0, 0) and a.residual > 0
+    assert e.t_trigger is not None and e.t_trigger < e.t_start + 0.03 and e.residual == 0.0
+    assert f.t_end == pytest.approx(f.t_start + 0.03) and not any(f.state)
 
 
 def test_original_approx_uses_finished_workers() -> None:
+    """Original GC (m - s = 4 finished needed) in approx mode: with only workers 0 and 1
+    finished at the deadline it decodes from exactly those two (least squares), not from
+    partial work; with everyone fast it is exact; with nobody finished it fails."""
     cfg = _cfg(scheme="original", mode="approx", deadline_s=0.08, rounds=3)
-    rig = build_rig(cfg)
+    slow = np.full((6, 3), 1.0)
+    r0 = slow.copy()
+    r0[:2] = 0.01  # workers 0 and 1 finish all 3 chunks at 0.03
+    rig = build_rig(cfg, schedule=_scripted(cfg, [r0, np.full((6, 3), 0.001), slow]))
     rig.sim.run()
-    statuses = {r.status for r in rig.ps.records}
-    assert statuses <= {"approximate", "exact", "failed"}
+    recs = rig.ps.records
+    assert [r.status for r in recs] == ["approximate", "exact", "failed"]
+    a = recs[0]
+    assert set(a.arrivals) == {0, 1}
+    assert a.state == (3, 3, 0, 0, 0, 0)
+    assert a.t_trigger == pytest.approx(a.t_start + 0.08) and 0 < a.residual < 1
+    assert recs[1].residual == 0.0
 
 
 # ------------------------------------------------------------------ adversarial, no sockets
@@ -564,14 +591,12 @@ def test_chunks_due_at_one_wakeup_give_one_cumulative_report() -> None:
 
 
 def test_coverage_counters_match_the_scheme() -> None:
-    from aiogc.core.ps import _Coverage
-
     cfg = _cfg(workers=12, delta=4, n_parts=2)
     scheme = cfg.build_scheme()
-    orders = [[int(c) for c in o] for o in scheme.orders]
     rng = np.random.default_rng(5)
     for _ in range(50):
-        cov = _Coverage(orders, scheme.n_chunks, scheme.n_parts)
+        cov = scheme.progress_tracker()  # the scheme's own incremental rule
+        assert isinstance(cov, CoverageTracker)
         state = [0] * scheme.m
         for _ in range(40):
             j = int(rng.integers(scheme.m))

@@ -127,7 +127,7 @@ def test_failures_from_round_k() -> None:
     assert not dead[:3].any()
     assert np.all(dead[3:].sum(axis=1) == 2)
     assert np.all(dead[3:] == dead[3])  # the same workers stay dead
-    ft = s.finish_times(5)
+    ft = np.cumsum(s.compute_s[5], axis=1)  # completion times by position
     assert np.all(np.isinf(ft[dead[5]]))
     assert np.all(np.isfinite(ft[~dead[5]]))
     # from a round beyond the run: nobody dies
@@ -186,20 +186,20 @@ def test_materialise_deterministic_and_independent_streams() -> None:
     assert not a.compute_s.flags.writeable
 
 
-def test_finish_times() -> None:
+def test_dead_workers_and_arrival_times() -> None:
+    """An inf delay kills the rest of the round; the fast path's arrival times (by position,
+    masked beyond each worker's load) see it."""
+    from aiogc.coding import UncodedScheme
+    from aiogc.sim.fast import arrival_times
+
     comp = np.array([[[1.0, 2.0, 3.0], [0.5, np.inf, 1.0], [np.inf, np.inf, np.inf]]])
     s = DelaySchedule(comp, np.zeros((1, 3)))
-    ft = s.finish_times(0)
-    assert np.array_equal(ft[0], [1.0, 3.0, 6.0])
-    assert np.array_equal(ft[1], [0.5, np.inf, np.inf])
-    assert np.all(np.isinf(ft[2]))
     assert np.array_equal(s.dead(), [[False, False, True]])
-    ft2 = s.finish_times(0, loads=np.array([2, 3, 0]))
-    assert np.array_equal(ft2[0], [1.0, 3.0, np.inf])
-    with pytest.raises(ConfigError):
-        s.finish_times(1)
-    with pytest.raises(ConfigError):
-        s.finish_times(0, loads=np.array([4, 0, 0]))
+    a = arrival_times(UncodedScheme(3), s)  # one chunk per worker
+    assert a.shape == (1, 3, 1)
+    assert np.array_equal(a[0, :, 0], [1.0, 0.5, np.inf])
+    a2 = arrival_times(UncodedScheme(3), s, latency=0.25)
+    assert np.array_equal(a2[0, :, 0], [1.5, 1.0, np.inf])
 
 
 def test_schedule_validation() -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def local_ray() -> Iterator[Path]:
     its logs are); always shut down."""
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
     try:
-        yield Path(ctx.address_info["session_dir"])
+        yield Path(cast(Any, ctx).address_info["session_dir"])
     finally:
         ray.shutdown()
     assert not ray.is_initialized()

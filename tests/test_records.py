@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
+from aiogc.delays import DelaySchedule
+from aiogc.errors import ConfigError
 from aiogc.inspect_run import inspect_round
 from aiogc.records import (
+    COLUMN_TYPES,
     REPORT_COLUMNS,
     ROUND_COLUMNS,
     WORKER_COLUMNS,
@@ -31,6 +36,7 @@ from aiogc.trace import chrome_trace
 M = 3
 LOADS = [2, 2, 2]
 NAN = float("nan")
+Records = dict[str, list[RoundRecord]]
 
 
 def partial_round(
@@ -51,6 +57,7 @@ def partial_round(
         residual=1e-15,
         amplification=1.5,
         rel_error=rel,
+        rel_error_plain=2e-7 if rel == rel else NAN,  # rel == rel: not NaN
         loss=loss,
         oracle_elapsed_s=oracle,
         reports=[
@@ -115,17 +122,16 @@ def records() -> dict[str, list[RoundRecord]]:
     return {"partial": partial, "original": original}
 
 
-class FakeSchedule:
-    def to_csv(self, path: Path) -> None:
-        Path(path).write_text("round,worker,chunk,compute_s,network_s\n0,0,0,0.1,0.0\n")
+def tiny_schedule() -> DelaySchedule:
+    return DelaySchedule(np.full((1, 1, 1), 0.1), np.zeros((1, 1)))
 
 
-def write_run(run_dir: Path, records: dict[str, list[RoundRecord]]) -> dict:
+def write_run(run_dir: Path, records: dict[str, list[RoundRecord]]) -> dict[str, Any]:
     summary = summarize(records, initial_loss=4.0)
     manifest = {"seed": np.int64(7), "B": np.eye(2), "cond": np.float64(np.inf), "path": run_dir}
     with RunRecorder(run_dir, manifest) as rec:
         assert (run_dir / "manifest.json").exists()  # written at once
-        rec.write_schedule(FakeSchedule())
+        rec.write_schedule(tiny_schedule())
         for scheme, recs in records.items():
             for r in recs:
                 if scheme == "partial" and r.round == 1:
@@ -182,7 +188,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 # ------------------------------------------------------------------------------ files
 
 
-def test_run_directory_files_exist_and_parse(tmp_path, records):
+def test_run_directory_files_exist_and_parse(tmp_path: Path, records: Records) -> None:
     run_dir = tmp_path / "run"
     write_run(run_dir, records)
     for name in (
@@ -225,37 +231,38 @@ def test_run_directory_files_exist_and_parse(tmp_path, records):
     assert set(first) == {"t_ns", "direction", "kind", "scheme", "round", "worker", "nbytes"}
 
 
-def test_floats_round_trip_exactly(tmp_path, records):
+def test_floats_round_trip_exactly(tmp_path: Path, records: Records) -> None:
+    """Every field of every RoundRecord comes back from the files (the gradient is not
+    written), floats bit for bit, NaN as NaN; the field list is the dataclass's own."""
     write_run(tmp_path, records)
     run = load_run(tmp_path)
     back = records_from_run(run)
     assert list(back) == ["partial", "original"]
+    compared = [f.name for f in dataclasses.fields(RoundRecord) if f.name != "gradient"]
+    assert "rel_error_plain" in compared
+    assert run["rounds"][0]["rel_error_plain"] == 2e-7  # typed, not the string '2e-07'
     for scheme, recs in records.items():
         for a, b in zip(recs, back[scheme], strict=True):
-            for f in (
-                "round",
-                "t_start",
-                "t_trigger",
-                "t_end",
-                "status",
-                "end_reason",
-                "attempts",
-                "state",
-                "coverage_min",
-                "oracle_elapsed_s",
-                "reports",
-                "arrivals",
-                "compute_s",
-                "dropped",
-            ):
-                assert getattr(a, f) == getattr(b, f), (scheme, a.round, f)
-            for f in ("residual", "amplification", "rel_error", "loss"):
+            for f in compared:
                 x, y = getattr(a, f), getattr(b, f)
-                assert x == y or (math.isnan(x) and math.isnan(y))
+                if isinstance(x, float) and math.isnan(x):
+                    assert isinstance(y, float) and math.isnan(y), (scheme, a.round, f)
+                else:
+                    assert (x == y and type(x) is type(y)) or (f == "status" and x == y), (
+                        scheme, a.round, f, x, y)
     assert run["summary"]["speedup"] == pytest.approx(1.75)
 
 
-def test_worker_rows_by_hand(tmp_path, records):
+def test_column_types_come_from_the_dataclasses() -> None:
+    assert tuple(COLUMN_TYPES["workers.csv"]) == WORKER_COLUMNS
+    assert tuple(COLUMN_TYPES["reports.csv"]) == REPORT_COLUMNS
+    assert set(COLUMN_TYPES["rounds.csv"]) == set(ROUND_COLUMNS)
+    assert COLUMN_TYPES["rounds.csv"]["rel_error_plain"] is float
+    assert COLUMN_TYPES["rounds.csv"]["oracle_s"] is float
+    assert COLUMN_TYPES["rounds.csv"]["state"] is tuple
+
+
+def test_worker_rows_by_hand(tmp_path: Path, records: Records) -> None:
     write_run(tmp_path, records)
     rows = load_run(tmp_path)["workers"]
     p0 = [w for w in rows if w["scheme"] == "partial" and w["round"] == 0]
@@ -276,7 +283,7 @@ def test_worker_rows_by_hand(tmp_path, records):
     assert [w["chunks_done"] for w in o2] == [2, 2, 1]
 
 
-def test_send_when_done_arrival_counts_as_all_chunks():
+def test_send_when_done_arrival_counts_as_all_chunks() -> None:
     rec = RoundRecord(
         round=0,
         scheme="uncoded",
@@ -297,15 +304,19 @@ def test_send_when_done_arrival_counts_as_all_chunks():
         worker_rows("uncoded", rec, m=3, loads=[2, 2])
 
 
-def test_is_trigger_scheme():
+def test_is_trigger_scheme() -> None:
     assert is_trigger_scheme("partial") and is_trigger_scheme("partial-random")
-    assert not any(map(is_trigger_scheme, ("original", "uncoded", "ignore-stragglers")))
+    assert is_trigger_scheme("partial:natural")
+    assert not any(map(is_trigger_scheme, ("original", "uncoded", "ignore-stragglers",
+                                           "ignore-stragglers-k4", "original-fr")))
+    with pytest.raises(ConfigError, match="scheme='mystery'"):
+        is_trigger_scheme("mystery")
 
 
 # ------------------------------------------------------------------------------ summary
 
 
-def test_summary_by_hand(records):
+def test_summary_by_hand(records: Records) -> None:
     s = summarize(records, initial_loss=4.0)
     json.dumps(s, allow_nan=False)
     p, o = s["schemes"]["partial"], s["schemes"]["original"]
@@ -330,7 +341,7 @@ def test_summary_by_hand(records):
     assert s["initial_loss"] == 4.0
 
 
-def test_summary_without_both_schemes():
+def test_summary_without_both_schemes() -> None:
     s = summarize({"partial": [], "uncoded": [original_round(0, 0.0, 1.0)]})
     assert s["speedup"] is None and s["speedup_vs_original"] == {}
     assert s["schemes"]["partial"]["round_time_mean_s"] is None
@@ -339,7 +350,7 @@ def test_summary_without_both_schemes():
     json.dumps(s, allow_nan=False)
 
 
-def test_to_jsonable():
+def test_to_jsonable() -> None:
     out = to_jsonable({1: (np.float32(0.5), np.nan), "a": {np.bool_(True), 2}, "n": None})
     assert out == {"1": [0.5, None], "a": [2, True], "n": None}
 
@@ -347,7 +358,7 @@ def test_to_jsonable():
 # ------------------------------------------------------------------------------ trace
 
 
-def test_chrome_trace_slices(tmp_path, records):
+def test_chrome_trace_slices(tmp_path: Path, records: Records) -> None:
     write_run(tmp_path, records)
     trace = json.loads((tmp_path / "trace.json").read_text())
     evs = trace["traceEvents"]
@@ -356,7 +367,7 @@ def test_chrome_trace_slices(tmp_path, records):
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs if e["name"] == "thread_name"}
     assert threads[(1, 0)] == "PS" and threads[(2, 3)] == "worker 2" and len(threads) == 8
 
-    def xs(pid: int, cat: str) -> list[dict]:
+    def xs(pid: int, cat: str) -> list[dict[str, Any]]:
         return [e for e in evs if e["ph"] == "X" and e["pid"] == pid and e["cat"] == cat]
 
     for pid, scheme in procs.items():
@@ -391,7 +402,7 @@ def test_chrome_trace_slices(tmp_path, records):
     assert len([e for e in instants if e["name"] == "dropped"]) == 1
 
 
-def test_chrome_trace_without_frames(records):
+def test_chrome_trace_without_frames(records: Records) -> None:
     trace = chrome_trace({"partial": records["partial"]})
     assert trace["displayTimeUnit"] == "ms"
     assert not [e for e in trace["traceEvents"] if e.get("cat") == "frame"]
@@ -401,7 +412,7 @@ def test_chrome_trace_without_frames(records):
 # ------------------------------------------------------------------------------ reading back
 
 
-def test_load_events_filters_and_skips_truncated_line(tmp_path, records):
+def test_load_events_filters_and_skips_truncated_line(tmp_path: Path, records: Records) -> None:
     write_run(tmp_path, records)
     with (tmp_path / "events.jsonl").open("a") as f:
         f.write('{"t_ns": 5, "kind": "cod')  # a crashed run's last, partial line
@@ -411,7 +422,8 @@ def test_load_events_filters_and_skips_truncated_line(tmp_path, records):
     assert len(load_events(tmp_path, limit=2)) == 2
 
 
-def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path, records):
+def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path: Path,
+                                                               records: Records) -> None:
     rec = RunRecorder(tmp_path / "r", {"x": 1}, trace=False)
     rec.round("partial", records["partial"][0], m=M, loads=LOADS)
     rec.close()
@@ -424,7 +436,7 @@ def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path, records
     assert len(run["rounds"]) == 1 and run["manifest"] == {"x": 1}
 
 
-def test_rows_are_on_disk_before_close(tmp_path, records):
+def test_rows_are_on_disk_before_close(tmp_path: Path, records: Records) -> None:
     rec = RunRecorder(tmp_path, {})
     rec.round("partial", records["partial"][0], m=M, loads=LOADS)
     assert len(read_csv(tmp_path / "rounds.csv")) == 1
@@ -432,7 +444,7 @@ def test_rows_are_on_disk_before_close(tmp_path, records):
     rec.close()
 
 
-def test_load_run_missing_dir(tmp_path):
+def test_load_run_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_run(tmp_path / "nope")
 
@@ -440,8 +452,9 @@ def test_load_run_missing_dir(tmp_path):
 # ------------------------------------------------------------------------------ plots
 
 
-def test_plot_run_writes_three_pngs(tmp_path, records):
-    pytest.importorskip("matplotlib")
+def test_plot_run_writes_three_pngs(tmp_path: Path, records: Records) -> None:
+    # one policy with test_experiments.py: the plot extra is a test dependency (CI installs
+    # '.[dev,plot]'), so a missing matplotlib fails here instead of skipping
     from aiogc.plots import plot_run, representative_round
 
     write_run(tmp_path / "run", records)
@@ -458,7 +471,8 @@ def test_plot_run_writes_three_pngs(tmp_path, records):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_run_without_matplotlib(tmp_path, records, monkeypatch):
+def test_plot_run_without_matplotlib(tmp_path: Path, records: Records,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from aiogc.plots import PlotUnavailable, plot_run
 
     write_run(tmp_path, records)
@@ -468,7 +482,7 @@ def test_plot_run_without_matplotlib(tmp_path, records, monkeypatch):
         plot_run(tmp_path)
 
 
-def test_representative_round_edge_cases(records):
+def test_representative_round_edge_cases(records: Records) -> None:
     from aiogc.plots import representative_round
 
     assert representative_round([]) is None
@@ -479,7 +493,7 @@ def test_representative_round_edge_cases(records):
 # ------------------------------------------------------------------------------ inspect
 
 
-def test_inspect_round_tells_the_story(tmp_path, records):
+def test_inspect_round_tells_the_story(tmp_path: Path, records: Records) -> None:
     write_run(tmp_path, records)
     text = inspect_round(tmp_path, 1, "partial")
     assert "== partial, round 1: exact" in text
@@ -500,3 +514,15 @@ def test_inspect_round_tells_the_story(tmp_path, records):
     assert "dropped" in both and "timeout" in both and "no trigger" in both
     with pytest.raises(KeyError, match=r"rounds 0\.\.2"):
         inspect_round(tmp_path, 9)
+
+
+def test_status_enums_parse_and_name_the_allowed_values() -> None:
+    from aiogc.status import EndReason, RoundStatus
+
+    assert RoundStatus.parse("exact") is RoundStatus.EXACT
+    assert str(RoundStatus.EXACT) == "exact"  # written to rounds.csv as its value
+    assert EndReason.parse("deadline") is EndReason.DEADLINE
+    with pytest.raises(ConfigError, match=r"status='approx-pending'.*exact, approximate"):
+        RoundStatus.parse("approx-pending")
+    with pytest.raises(ConfigError, match="end_reason='why'"):
+        EndReason.parse("why")

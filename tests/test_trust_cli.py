@@ -286,3 +286,17 @@ def test_run_sigterm_writes_summary_and_exits_130(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["end_reason"] == "stopped by SIGTERM"
     assert summary["schemes"]["partial"]["rounds"] >= 1
+
+
+def test_keys_derive_prints_the_worker_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiogc.core import derive_worker_key
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 32 + b"\n")
+    assert main(["keys", "derive", "--secret-file", str(secret), "--worker", "3"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == derive_worker_key(b"s" * 32, 3).hex()
+    assert bytes.fromhex(out) != derive_worker_key(b"s" * 32, 4)
+    assert main(["keys", "derive", "--secret-file", str(secret), "--worker", "-1"]) == 2

@@ -129,9 +129,11 @@ def _where() -> dict[str, Any]:
     on which event loop (Ray runs async actors on uvloop when it is installed)."""
     import ray
 
+    # ray's helper is untyped; bound to a typed name so strict mypy accepts the call
+    node_ip: Callable[[], str] = ray.util.get_node_ip_address
     return {
         "node_id": ray.get_runtime_context().get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
+        "node_ip": node_ip(),
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
@@ -163,6 +165,7 @@ class _PSActor:
         self._server: PSServer | None = None
         self._serving: asyncio.Task[None] | None = None
         self._end_reason = "PS ended without a reason"
+        self._end_t_ns = 0
 
     async def start(self) -> dict[str, Any]:
         ps, _ = make_ps(self._config, schedule=self._schedule, verify=self._verify,
@@ -181,7 +184,8 @@ class _PSActor:
             if isinstance(ev, RoundCompleted):
                 rounds.append(ev.record)
             elif isinstance(ev, Finished):
-                self._end_reason = ev.reason
+                # the PS's clock, like every frame time it records
+                self._end_reason, self._end_t_ns = ev.reason, time.monotonic_ns()
 
         server = PSServer(ps, host=host, port=0, frame_log=frame_log, on_event=on_event)
         serving = asyncio.create_task(server.serve())
@@ -216,7 +220,8 @@ class _PSActor:
         """Return when the PS finished, with every round record."""
         assert self._serving is not None and self._server is not None
         await self._serving
-        return {"records": self._server.ps.records, "end_reason": self._end_reason}
+        return {"records": self._server.ps.records, "end_reason": self._end_reason,
+                "end_t_ns": self._end_t_ns}
 
     async def stop(self, reason: str) -> None:
         if self._server is not None:
@@ -462,8 +467,12 @@ class _Driver:
             done = ps.wait.remote()
             result = self._follow(cfg, scheme, ps, done, ctx, bar)
             self._join_workers(runs)
-            self.end_reasons[cfg.scheme] = str(result.get("end_reason", ""))
-            return list(result["records"])
+            records = list(result["records"])
+            self.end_reasons[cfg.scheme] = reason = str(result["end_reason"])
+            if self.recorder is not None:
+                self.recorder.run_event(t_ns=int(result["end_t_ns"]), kind="run_end",
+                                        scheme=cfg.scheme, reason=reason, rounds=len(records))
+            return records
         finally:
             bar.close()
             for a in actors:

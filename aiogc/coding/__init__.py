@@ -1,7 +1,8 @@
 """The numerical coding library: assignments, orderings, decoding matrices, schemes.
 
 numpy/scipy only; no I/O, no clock, randomness only through ``rng: np.random.Generator``
-arguments. Speaks ndarrays and knows no messages. Every scheme implements :class:`Scheme`.
+arguments. Speaks ndarrays and knows no messages. Every scheme implements :class:`Scheme`
+and is declared once in the registry (:mod:`aiogc.coding.registry`).
 """
 
 from aiogc.coding.assignments import (
@@ -11,17 +12,14 @@ from aiogc.coding.assignments import (
     is_cyclic,
     is_fractional_repetition,
     is_regular,
-    load_assignment,
     regular_assignment,
     validate_assignment,
 )
-from aiogc.coding.base import DecodeResult, Scheme
+from aiogc.coding.base import DecodeResult, Scheme, SchemeBase
 from aiogc.coding.baselines import (
-    SCHEME_NAMES,
     IgnoreStragglersScheme,
     OriginalScheme,
     UncodedScheme,
-    make_scheme,
 )
 from aiogc.coding.decoding_matrix import (
     check_conditioning,
@@ -39,16 +37,37 @@ from aiogc.coding.orderings import (
     random_order,
 )
 from aiogc.coding.partial import PartialScheme
+from aiogc.coding.registry import (
+    ASSIGNMENTS,
+    DECODINGS,
+    ORDERINGS,
+    SchemeParams,
+    SchemeSpec,
+    build_assignment,
+    make_scheme,
+    register_scheme,
+    scheme_names,
+    scheme_spec,
+    sends_when_done,
+    spec_of_label,
+    unregister_scheme,
+)
 
 __all__ = [
-    "SCHEME_NAMES",
+    "ASSIGNMENTS",
+    "DECODINGS",
+    "ORDERINGS",
     "DecodeResult",
     "IgnoreStragglersScheme",
     "OriginalScheme",
     "PartialScheme",
     "Scheme",
+    "SchemeBase",
+    "SchemeParams",
+    "SchemeSpec",
     "UncodedScheme",
     "assignment_from_matrix",
+    "build_assignment",
     "check_conditioning",
     "colour_workers",
     "cyclic_assignment",
@@ -57,7 +76,6 @@ __all__ = [
     "is_cyclic",
     "is_fractional_repetition",
     "is_regular",
-    "load_assignment",
     "make_scheme",
     "natural_order",
     "optimal_order",
@@ -66,7 +84,13 @@ __all__ = [
     "q_max_bruteforce",
     "q_max_per_chunk",
     "random_order",
+    "register_scheme",
     "regular_assignment",
+    "scheme_names",
+    "scheme_spec",
+    "sends_when_done",
+    "spec_of_label",
+    "unregister_scheme",
     "validate_assignment",
     "worst_condition_number",
 ]

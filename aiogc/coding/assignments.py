@@ -8,8 +8,6 @@ by at least one worker. A worker with no chunk is allowed (it never contributes)
 from __future__ import annotations
 
 import warnings
-from os import PathLike
-from pathlib import Path
 
 import numpy as np
 
@@ -22,7 +20,6 @@ __all__ = [
     "is_cyclic",
     "is_fractional_repetition",
     "is_regular",
-    "load_assignment",
     "regular_assignment",
     "validate_assignment",
 ]
@@ -93,7 +90,7 @@ def fractional_repetition_assignment(m: int, s: int) -> np.ndarray:
             f"fractional repetition needs (s+1) | m: s+1={s + 1} does not divide m={m}"
         )
     g = np.arange(m) // (s + 1)
-    return g[:, None] == g[None, :]
+    return np.asarray(g[:, None] == g[None, :])
 
 
 def regular_assignment(m: int, delta: int, rng: np.random.Generator) -> np.ndarray:
@@ -180,27 +177,6 @@ def validate_assignment(A: object) -> np.ndarray:
 
 def assignment_from_matrix(M: object) -> np.ndarray:
     """Validate a user-given 0/1 matrix (see :func:`validate_assignment`); shape (N, m) bool."""
-    return validate_assignment(M)
-
-
-def load_assignment(path: str | PathLike[str]) -> np.ndarray:
-    """Load an assignment from ``.npy`` or ``.csv`` (comma separated 0/1, one chunk per row).
-
-    Returns
-    -------
-    A : ndarray of bool, shape (N, m)
-    """
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".npy":
-        M = np.load(p, allow_pickle=False)
-    elif suffix == ".csv":
-        try:
-            M = np.loadtxt(p, delimiter=",", ndmin=2)
-        except ValueError as exc:
-            raise CodingError(f"cannot parse assignment CSV {str(p)!r}: {exc}") from exc
-    else:
-        raise CodingError(f"assignment file {str(p)!r}: suffix {suffix!r} not in ('.csv', '.npy')")
     return validate_assignment(M)
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from aiogc.errors import CodingError
 
-__all__ = ["DecodeResult", "Scheme", "combine", "encode_rows", "runs"]
+__all__ = ["DecodeResult", "ProgressTracker", "Scheme", "SchemeBase", "combine", "encode_rows",
+           "runs"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,44 @@ class DecodeResult:
     n_contributions: int
 
 
+class ProgressTracker(Protocol):
+    """Incremental waiting rule of a trigger scheme, for the PS's per-report hot path.
+
+    Holds the reported counts of one round; ``deficit == 0`` iff the state is decodable
+    (:meth:`Scheme.is_decodable`). The PS calls :meth:`add` when a worker's count grows from
+    ``old`` to ``new`` and :meth:`remove` when a worker with count ``old`` drops out (its
+    count becomes 0).
+    """
+
+    deficit: int
+
+    def add(self, worker: int, old: int, new: int) -> None: ...
+    def remove(self, worker: int, old: int) -> None: ...
+
+
+class _StateTracker:
+    """Generic :class:`ProgressTracker`: keeps the counts and asks ``is_decodable``."""
+
+    __slots__ = ("_scheme", "_state", "deficit")
+
+    def __init__(self, scheme: SchemeBase) -> None:
+        self._scheme = scheme
+        self._state = np.zeros(scheme.m, dtype=np.int64)
+        self.deficit = 1
+        self._update()
+
+    def _update(self) -> None:
+        self.deficit = 0 if self._scheme.is_decodable(self._state) else 1
+
+    def add(self, worker: int, old: int, new: int) -> None:
+        self._state[worker] = new
+        self._update()
+
+    def remove(self, worker: int, old: int) -> None:
+        self._state[worker] = 0
+        self._update()
+
+
 @runtime_checkable
 class Scheme(Protocol):
     """The interface the protocol core uses (and nothing else)."""
@@ -75,6 +114,12 @@ class Scheme(Protocol):
         self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int
     ) -> DecodeResult: ...
     def q_max(self) -> int: ...
+    def states_at(self, arrivals: np.ndarray, t: np.ndarray) -> np.ndarray: ...
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray: ...
+    def contributors(self, states: np.ndarray) -> np.ndarray: ...
+    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None: ...
+    def progress_tracker(self) -> ProgressTracker: ...
+    def exact_states(self, states: np.ndarray) -> np.ndarray: ...
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
@@ -114,7 +159,7 @@ def encode_rows(theta: np.ndarray, chunk_grads: np.ndarray, n_parts: int) -> np.
     if c == 0:
         return v
     if d == p * n_parts and Xc.flags.c_contiguous:
-        return th.reshape(-1) @ Xc.reshape(c * n_parts, p)
+        return np.asarray(th.reshape(-1) @ Xc.reshape(c * n_parts, p))
     for k in range(n_parts):
         lo, hi = k * p, min((k + 1) * p, d)
         if hi > lo:
@@ -171,7 +216,14 @@ def combine(
             for a, b in rr[1:]:
                 np.matmul(Dc[:, a:b], coded[a:b], out=tmp)
                 out += tmp
-        return out.reshape(-1)[:dim]
+        return np.asarray(out.reshape(-1)[:dim])
+    return _combine_mapping(D, rows, coded, dim, p)
+
+
+def _combine_mapping(D: np.ndarray, rows: np.ndarray, coded: Mapping[int, np.ndarray], dim: int,
+                     p: int) -> np.ndarray:
+    """:func:`combine` for payloads given as ``{worker: (p,) array}``."""
+    ell = D.shape[0]
     out_m: np.ndarray | None = None
     for j in rows.tolist():
         if j not in coded:
@@ -257,18 +309,146 @@ class SchemeBase:
         self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int
     ) -> np.ndarray:
         """``decode_result(coded, state, dim).gradient``; shape (dim,)."""
-        return self.decode_result(coded, state, dim).gradient  # type: ignore[attr-defined]
+        return self.decode_result(coded, state, dim).gradient
+
+    # ---- what every scheme defines ----------------------------------------------------------
+
+    def is_decodable(self, state: object) -> bool:
+        """The waiting rule: whether the PS can decode from ``state`` (exact trigger)."""
+        raise NotImplementedError
+
+    def contributes(self, worker: int, state: object) -> bool:
+        """Whether ``worker`` sends a coded vector for ``state``."""
+        raise NotImplementedError
+
+    def encode(self, worker: int, state: object, chunk_grads: np.ndarray) -> np.ndarray:
+        """Coded vector of ``worker`` for ``state``; shape (payload_len(d),)."""
+        raise NotImplementedError
+
+    def decode_result(
+        self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int
+    ) -> DecodeResult:
+        """Decode the contributing workers' payloads for ``state``."""
+        raise NotImplementedError
+
+    def q_max(self) -> int:
+        """Worst-case chunk computations before the PS can decode."""
+        raise NotImplementedError
 
     def _finished_count_rule(self, state: object, need: int) -> bool:
         c = self.check_state(state)
-        return int((c == self.loads).sum()) >= need
+        return int(((c == self.loads) & (self.loads > 0)).sum()) >= need
 
-    def finished_count_needed(self) -> int | None:
-        """Fast-path hint for internal callers that track finished workers themselves.
+    def progress_tracker(self) -> ProgressTracker:
+        """A fresh :class:`ProgressTracker` of this scheme's waiting rule (all counts 0).
 
-        Returns k when ``is_decodable(state)`` is exactly "at least k workers have
-        ``state[j] == loads[j]``" (the schemes whose rule is ``_finished_count_rule`` with their
-        ``_need()``), else None (ask :meth:`is_decodable`).
+        Generic: re-evaluates :meth:`is_decodable` on every update; schemes with an
+        incremental form of their rule override it.
         """
-        need = getattr(self, "_need", None)
-        return int(need()) if callable(need) else None
+        return _StateTracker(self)
+
+    # ---- vectorised rules (the fast path asks these instead of re-deriving them) ----------
+    #
+    # ``arrivals`` has shape (R, m, K), K >= max load: ``arrivals[r, j, k]`` is when the PS
+    # learns, in trial ``r``, that worker ``j`` finished its ``(k+1)``-th chunk (``inf`` beyond
+    # ``loads[j]`` or never). For a send-when-done scheme ``arrivals[r, j, loads[j] - 1]`` is
+    # when worker ``j``'s vector arrives.
+
+    def _check_arrivals(self, arrivals: np.ndarray) -> np.ndarray:
+        a = np.asarray(arrivals, dtype=np.float64)
+        K = int(self.loads.max()) if self.m else 0
+        if a.ndim != 3 or a.shape[1] != self.m or a.shape[2] < K:
+            raise CodingError(f"arrivals has shape {a.shape}: expected (R, {self.m}, >= {K})")
+        return a
+
+    def done_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """When each worker's last chunk is known to the PS: shape (R, m); ``inf`` if no load."""
+        a = self._check_arrivals(arrivals)
+        idx = np.maximum(self.loads - 1, 0)
+        done = a[:, np.arange(self.m), idx]
+        return np.where(self.loads[None, :] > 0, done, np.inf)
+
+    def states_at(self, arrivals: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The state the PS holds at time ``t[r]`` (arrivals at or before ``t`` count).
+
+        Parameters
+        ----------
+        arrivals : ndarray, shape (R, m, K)
+        t : ndarray, shape (R,)
+
+        Returns
+        -------
+        states : ndarray of int64, shape (R, m)
+            Reported counts (trigger schemes) or ``loads`` of the workers whose vector
+            arrived (send-when-done schemes).
+        """
+        a = self._check_arrivals(arrivals)
+        tt = np.asarray(t, dtype=np.float64)[:, None]
+        if self.sends_when_done:
+            return np.where(self.done_times(a) <= tt, self.loads[None, :], 0).astype(np.int64)
+        K = int(self.loads.max()) if self.m else 0
+        return np.asarray((a[:, :, :K] <= tt[:, :, None]).sum(axis=2), dtype=np.int64)
+
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """Earliest time the state the PS holds is decodable (:meth:`is_decodable`), per trial.
+
+        Generic rule for any scheme: a binary search over the trial's arrival times (the
+        state only grows with time, so decodability is monotone). Schemes override it with a
+        closed form.
+
+        Parameters
+        ----------
+        arrivals : ndarray, shape (R, m, K)
+
+        Returns
+        -------
+        t : ndarray of float64, shape (R,); ``inf`` where never decodable
+        """
+        a = self._check_arrivals(arrivals)
+        R = a.shape[0]
+        cand = self.done_times(a) if self.sends_when_done else a.reshape(R, -1)
+        out = np.full(R, np.inf)
+        for r in range(R):
+            ts = np.unique(cand[r][np.isfinite(cand[r])])
+            lo, hi = 0, ts.size  # first index whose state is decodable; ts.size = never
+            while lo < hi:
+                mid = (lo + hi) // 2
+                st = self.states_at(a[r : r + 1], ts[mid : mid + 1])[0]
+                if self.is_decodable(st):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < ts.size:
+                out[r] = ts[lo]
+        return out
+
+    def contributors(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`contributes` of every worker for each state: bool, shape (R, m)."""
+        S = np.asarray(states, dtype=np.int64)
+        return np.array([[self.contributes(j, c) for j in range(self.m)] for c in S],
+                        dtype=bool).reshape(S.shape)
+
+    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None:
+        """Coded vectors of every contributing worker into ``out[j]``.
+
+        Parameters
+        ----------
+        state : array_like of int, shape (m,)
+        chunk_grads : ndarray, shape (N, d)
+            Chunk gradients by chunk index (not processing order).
+        out : ndarray, shape (m, ceil(d / ell))
+            Rows of non-contributing workers are left untouched.
+        """
+        c = self.check_state(state)
+        for j in range(self.m):
+            if self.contributes(j, c):
+                out[j] = self.encode(j, c, chunk_grads[self.orders[j]])
+
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """Whether decoding from each (decodable) state is algebraically exact: shape (R,).
+
+        Default: a decodable state decodes exactly. Schemes that decode approximately even
+        when their waiting rule is met (ignore-stragglers) override this.
+        """
+        S = np.asarray(states, dtype=np.int64)
+        return np.array([bool(self.is_decodable(c)) for c in S], dtype=bool)

@@ -2,9 +2,22 @@
 ignore-stragglers, and the :func:`make_scheme` factory.
 
 Original gradient coding keeps a fixed encoding tensor ``E`` of shape ``(m, N, ell)``:
-worker ``j`` sends ``sum_{i,k} E[j, i, k] g_i^(k)`` once it finished *all* its chunks. Exact
-decoding needs any ``m - s`` finished workers; with fewer, the PS uses least-squares optimal
-decoding coefficients (Glasgow and Wootters). Constructions:
+worker ``j`` sends ``sum_{i,k} E[j, i, k] g_i^(k)`` once it finished *all* its chunks. Any
+``m - s`` finished workers decode exactly; with fewer, the PS uses least-squares optimal
+decoding coefficients (Glasgow and Wootters), which are exact whenever the target lies in the
+span of what arrived. Every baseline waits for its *earliest* exact moment, so comparisons do
+not flatter the partial scheme (``tests/test_coding_baselines.py`` checks this against brute
+force over arrival orders):
+
+* fractional repetition (``"fr"``, and ``"polynomial"`` on a fractional-repetition assignment
+  with groups of exactly ``s + ell``): decodable as soon as every group has ``ell`` finished
+  workers (``ell = 1``: one per group), since a group's workers all send functions of the same
+  chunks; the ``"fr"`` decoder adds one finished worker's vector per group.
+* Tandon's cyclic code and the polynomial code otherwise: any ``m - s`` finished workers (no
+  smaller set spans the all-ones target for a generic ``H`` / distinct ``alpha``).
+* uncoded: all ``m``; ignore-stragglers: ``k`` finished workers (approximate unless all).
+
+Constructions:
 
 * ``"tandon"`` (ell = 1, cyclic with delta = s+1): Tandon et al. ICML 2017, Algorithm 2. A random
   ``H`` (s x m) with ``H 1 = 0``; row ``j`` of ``E`` has cyclic support ``j..j+s``, a leading 1 and
@@ -26,28 +39,29 @@ from collections.abc import Mapping
 import numpy as np
 
 from aiogc.coding.assignments import (
-    cyclic_assignment,
-    fractional_repetition_assignment,
     is_cyclic,
     is_fractional_repetition,
-    regular_assignment,
     validate_assignment,
 )
 from aiogc.coding.base import DecodeResult, SchemeBase, combine, encode_rows
 from aiogc.coding.decoding_matrix import decoding_matrix
 from aiogc.coding.orderings import natural_order, optimal_order, random_order
 from aiogc.coding.partial import PartialScheme
-from aiogc.errors import CodingError, ConfigError
+from aiogc.coding.registry import (
+    ORDERINGS,
+    SchemeParams,
+    SchemeSpec,
+    build_assignment,
+    register_scheme,
+)
+from aiogc.errors import CodingError
 
 __all__ = [
-    "SCHEME_NAMES",
     "IgnoreStragglersScheme",
     "OriginalScheme",
     "UncodedScheme",
-    "make_scheme",
 ]
 
-SCHEME_NAMES: tuple[str, ...] = ("partial", "original", "uncoded", "ignore-stragglers")
 CONSTRUCTIONS: tuple[str, ...] = ("auto", "tandon", "fr", "polynomial")
 #: Residual below which a least-squares decode counts as algebraically exact.
 EXACT_RTOL = 1e-9
@@ -111,6 +125,18 @@ class _FixedCodeScheme(SchemeBase):
         """True iff at least the required number of workers finished all their chunks."""
         return self._finished_count_rule(state, self._need())
 
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state, vectorised: shape (R,)."""
+        S = np.asarray(states, dtype=np.int64)
+        fin = (self.loads[None, :] == S) & (self.loads[None, :] > 0)
+        return np.asarray(fin.sum(axis=1) >= self._need())
+
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """The ``need``-th smallest vector arrival per trial: shape (R,); ``inf`` if never."""
+        done = self.done_times(arrivals)
+        need = self._need()
+        return np.asarray(np.partition(done, need - 1, axis=1)[:, need - 1])
+
     def q_max(self) -> int:
         """Worst-case chunk computations before enough workers finished.
 
@@ -149,7 +175,7 @@ class _FixedCodeScheme(SchemeBase):
         c = self.check_state(state)
         dim = self._check_dim(dim)
         F = self.finished(c)
-        if F.size >= self._need():
+        if self.is_decodable(c):
             D, used = self._exact_decoder(F)
             res, exact = 0.0, True
         else:
@@ -162,6 +188,27 @@ class _FixedCodeScheme(SchemeBase):
         full[:, used] = D
         grad = combine(full, used, coded, dim)
         return DecodeResult(grad, exact, res, self._amplification(D, used), int(used.size))
+
+
+def _check_original_args(Av: np.ndarray, s: object, n_parts: object, construction: str) -> int:
+    """Validate OriginalScheme's arguments; returns ``ell``."""
+    m = Av.shape[1]
+    if isinstance(s, bool) or not isinstance(s, int | np.integer) or not 0 <= s < m:
+        raise CodingError(f"s={s!r} is out of range: expected an int in [0, {m - 1}]")
+    if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer) or n_parts < 1:
+        raise CodingError(f"n_parts={n_parts!r} must be an int >= 1")
+    if construction not in CONSTRUCTIONS:
+        raise CodingError(f"construction={construction!r} not in {CONSTRUCTIONS}")
+    return int(n_parts)
+
+
+def _auto_construction(Av: np.ndarray, s: int, ell: int) -> str:
+    """"fr" / "tandon" when the assignment is that structure with groups / delta of s + 1."""
+    if ell == 1 and is_fractional_repetition(Av) == s + 1:
+        return "fr"
+    if ell == 1 and is_cyclic(Av) == s + 1:
+        return "tandon"
+    return "polynomial"
 
 
 class OriginalScheme(_FixedCodeScheme):
@@ -197,22 +244,10 @@ class OriginalScheme(_FixedCodeScheme):
         alphas: np.ndarray | None = None,
     ) -> None:
         Av = validate_assignment(A)
-        m = Av.shape[1]
-        if isinstance(s, bool) or not isinstance(s, int | np.integer) or not 0 <= s < m:
-            raise CodingError(f"s={s!r} is out of range: expected an int in [0, {m - 1}]")
-        if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer) or n_parts < 1:
-            raise CodingError(f"n_parts={n_parts!r} must be an int >= 1")
-        if construction not in CONSTRUCTIONS:
-            raise CodingError(f"construction={construction!r} not in {CONSTRUCTIONS}")
-        ell = int(n_parts)
+        ell = _check_original_args(Av, s, n_parts, construction)
         self.s = int(s)
         if construction == "auto":
-            if ell == 1 and is_fractional_repetition(Av) == self.s + 1:
-                construction = "fr"
-            elif ell == 1 and is_cyclic(Av) == self.s + 1:
-                construction = "tandon"
-            else:
-                construction = "polynomial"
+            construction = _auto_construction(Av, self.s, ell)
         self.construction = construction
         super().__init__(Av, ell, natural_order(Av))
         gen = rng if rng is not None else np.random.default_rng(0)
@@ -232,9 +267,52 @@ class OriginalScheme(_FixedCodeScheme):
             self.E = self._tandon(gen)
         else:
             self.E = self._polynomial(alphas)
+        # Groups of a fractional-repetition assignment decode independently when every chunk of
+        # a group has the same encoding polynomial up to the group's own vectors: always for
+        # "fr"; for "polynomial" when the group size is s + ell (no extra roots among holders).
+        g = is_fractional_repetition(Av)
+        self.groups: list[np.ndarray] | None = None
+        self._group_of = np.zeros(self.m, dtype=np.int64)
+        if g is not None and (construction == "fr" or g == self.s + ell):
+            first: dict[bytes, list[int]] = {}
+            for j in range(self.m):
+                first.setdefault(Av[:, j].tobytes(), []).append(j)
+            self.groups = [np.asarray(v, dtype=np.int64) for v in first.values()]
+            for gi, members in enumerate(self.groups):
+                self._group_of[members] = gi
 
     def _need(self) -> int:
         return self.m - self.s
+
+    def is_decodable(self, state: object) -> bool:
+        """Any ``m - s`` finished workers; with groups, ``ell`` finished workers per group."""
+        if self.groups is None:
+            return self._finished_count_rule(state, self._need())
+        F = self.finished(state)
+        per_group = np.bincount(self._group_of[F], minlength=len(self.groups))
+        return bool(per_group.min() >= self.n_parts)
+
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state, vectorised: shape (R,)."""
+        if self.groups is None:
+            return super().exact_states(states)
+        S = np.asarray(states, dtype=np.int64)
+        fin = (self.loads[None, :] == S) & (self.loads[None, :] > 0)
+        per_group = np.stack([fin[:, g].sum(axis=1) for g in self.groups], axis=1)
+        return np.asarray(per_group.min(axis=1) >= self.n_parts)
+
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """Closed form of :meth:`is_decodable` per trial: shape (R,); ``inf`` if never.
+
+        With groups: the latest over groups of the group's ``ell``-th vector arrival;
+        otherwise the ``(m - s)``-th arrival.
+        """
+        if self.groups is None:
+            return super().decode_times(arrivals)
+        done = self.done_times(arrivals)
+        ell = self.n_parts
+        per_group = [np.partition(done[:, g], ell - 1, axis=1)[:, ell - 1] for g in self.groups]
+        return np.asarray(np.max(np.stack(per_group, axis=1), axis=1))
 
     def _tandon(self, rng: np.random.Generator) -> np.ndarray:
         m, s = self.m, self.s
@@ -281,10 +359,15 @@ class OriginalScheme(_FixedCodeScheme):
         return E
 
     def _exact_decoder(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.construction != "polynomial":
+        if self.construction == "fr" and self.groups is not None:
+            # one finished worker per group sends the plain sum of that group's chunks
+            used = np.sort(np.array([F[self._group_of[F] == gi][0]
+                                     for gi in range(len(self.groups))], dtype=np.int64))
+            return np.ones((1, used.size)), used
+        k = self.m - self.s
+        if self.construction != "polynomial" or F.size < k:
             return self._ls_decoder(F)[0], F
         assert self.alphas is not None
-        k = self.m - self.s
         used = F[:k]
         V = np.vander(self.alphas[used], k)  # column t <-> x^(k-1-t)
         D = np.linalg.solve(V.T, np.eye(k)[:, : self.n_parts]).T  # top ell rows of V^{-1}
@@ -342,6 +425,11 @@ class IgnoreStragglersScheme(UncodedScheme):
         res = np.sqrt(((N / r - 1) ** 2 * r + (N - r)) / N)
         return np.full((1, r), N / r), float(res)
 
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """Exact only when every worker finished: shape (R,)."""
+        S = np.asarray(states, dtype=np.int64)
+        return np.asarray((self.loads[None, :] == S).all(axis=1))
+
     def decode_result(
         self, coded: Mapping[int, np.ndarray] | np.ndarray, state: object, dim: int
     ) -> DecodeResult:
@@ -358,93 +446,55 @@ class IgnoreStragglersScheme(UncodedScheme):
         return DecodeResult(grad, exact, 0.0 if exact else res, amp, int(F.size))
 
 
-def _int_field(field: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
-        raise ConfigError(field, value, f"an integer in [{lo}, {hi}]")
-    return int(value)
+def _build_partial(p: SchemeParams) -> PartialScheme:
+    A = build_assignment(p)
+    if p.ordering == "optimal":
+        orders = optimal_order(A, p.n_parts, p.rng)
+    elif p.ordering == "natural":
+        orders = natural_order(A)
+    else:
+        orders = random_order(A, p.rng)
+    B = decoding_matrix(A, p.n_parts, p.decoding, p.rng)  # type: ignore[arg-type]
+    return PartialScheme(A, p.n_parts, orders, B, p.rng)
 
 
-def make_scheme(
-    name: str,
-    *,
-    m: int,
-    delta: int,
-    n_parts: int = 1,
-    assignment: str = "cyclic",
-    ordering: str = "optimal",
-    decoding: str = "frame",
-    k: int | None = None,
-    rng: np.random.Generator | None = None,
-    A: np.ndarray | None = None,
-) -> SchemeBase:
-    """Build a scheme from configuration values.
+def _build_original(p: SchemeParams) -> OriginalScheme:
+    return OriginalScheme(build_assignment(p), p.delta - p.n_parts, p.n_parts, p.rng)
 
-    Parameters
-    ----------
-    name : {"partial", "original", "uncoded", "ignore-stragglers"}
-    m : int
-        Workers.
-    delta : int
-        Load per worker (ignored by "uncoded" / "ignore-stragglers" except for the default k).
-    n_parts : int
-        ``ell``; for "original", ``s = delta - n_parts``.
-    assignment : {"cyclic", "fr", "regular"}
-        Ignored when ``A`` is given. "fr" uses groups of ``delta`` workers (``s = delta - 1``).
-    ordering : {"optimal", "natural", "random"}
-        Partial scheme only.
-    decoding : {"frame", "gaussian", "ones"}
-        Partial scheme only.
-    k : int, optional
-        "ignore-stragglers": workers to wait for; default ``m - (delta - n_parts)``.
-    rng : numpy.random.Generator, optional
-        ``None`` means ``default_rng(0)``.
-    A : ndarray, shape (N, m), optional
-        Explicit assignment.
 
-    Raises
-    ------
-    ConfigError
-        Unknown names or out-of-range values.
-    """
-    if name not in SCHEME_NAMES:
-        raise ConfigError("scheme", name, f"one of {SCHEME_NAMES}")
-    m = _int_field("m", m, 1, 1 << 20)
-    delta = _int_field("delta", delta, 1, m)
-    n_parts = _int_field("n_parts", n_parts, 1, delta)
-    gen = rng if rng is not None else np.random.default_rng(0)
-    if name == "uncoded":
-        return UncodedScheme(m)
-    if name == "ignore-stragglers":
-        kk = max(1, m - (delta - n_parts)) if k is None else k
-        return IgnoreStragglersScheme(m, _int_field("k", kk, 1, m))
-    if assignment not in ("cyclic", "fr", "regular"):
-        raise ConfigError("assignment", assignment, "one of ('cyclic', 'fr', 'regular')")
-    try:
-        if A is not None:
-            Av = validate_assignment(A)
-            if Av.shape[1] != m:
-                raise ConfigError("A", Av.shape, f"an (N, m={m}) 0/1 matrix")
-        elif assignment == "cyclic":
-            Av = cyclic_assignment(m, delta)
-        elif assignment == "fr":
-            if m % delta:
-                raise ConfigError("delta", delta, f"a divisor of m={m} for assignment='fr'")
-            Av = fractional_repetition_assignment(m, delta - 1)
-        else:
-            Av = regular_assignment(m, delta, gen)
-        if name == "original":
-            return OriginalScheme(Av, delta - n_parts, n_parts, gen)
-        if ordering not in ("optimal", "natural", "random"):
-            raise ConfigError("ordering", ordering, "one of ('optimal', 'natural', 'random')")
-        if decoding not in ("frame", "gaussian", "ones"):
-            raise ConfigError("decoding", decoding, "one of ('frame', 'gaussian', 'ones')")
-        if ordering == "optimal":
-            orders = optimal_order(Av, n_parts, gen)
-        elif ordering == "natural":
-            orders = natural_order(Av)
-        else:
-            orders = random_order(Av, gen)
-        B = decoding_matrix(Av, n_parts, decoding, gen)  # type: ignore[arg-type]
-        return PartialScheme(Av, n_parts, orders, B, gen)
-    except CodingError as exc:
-        raise ConfigError(name, {"m": m, "delta": delta, "n_parts": n_parts}, str(exc)) from exc
+def _build_uncoded(p: SchemeParams) -> UncodedScheme:
+    return UncodedScheme(p.m)
+
+
+def _ignore_k(p: SchemeParams) -> int:
+    return max(1, p.m - (p.delta - p.n_parts)) if p.k is None else p.k
+
+
+def _build_ignore(p: SchemeParams) -> IgnoreStragglersScheme:
+    return IgnoreStragglersScheme(p.m, _ignore_k(p))
+
+
+register_scheme(SchemeSpec(
+    name="partial", build=_build_partial, sends_when_done=False,
+    waiting="every chunk has ell reported holders (min_i |U_i(c)| >= ell)",
+    exactness="exact at the trigger; approximate (projection) at an approx deadline",
+    decoder="g^(k) = sum_j B[k, j] v_j with per-chunk pinv(B_U) encoding",
+    orderings=ORDERINGS, decodings=("frame", "gaussian")))
+register_scheme(SchemeSpec(
+    name="original", build=_build_original, sends_when_done=True,
+    waiting="any m - s finished workers; fractional repetition: ell finished per group",
+    exactness="exact once decodable; least-squares optimal (Glasgow-Wootters) before",
+    decoder="fr: one finished worker per group; tandon / polynomial: the construction's "
+    "decoder from m - s workers, least squares from fewer",
+    min_redundancy=1))
+register_scheme(SchemeSpec(
+    name="uncoded", build=_build_uncoded, sends_when_done=True,
+    waiting="all m workers finished", exactness="exact only with every worker",
+    decoder="sum of the vectors that arrived", forced_n_parts=1, assignments=(),
+    min_finished=lambda p: p.m))
+register_scheme(SchemeSpec(
+    name="ignore-stragglers", build=_build_ignore, sends_when_done=True,
+    waiting="k finished workers (default m - (delta - 1))",
+    exactness="approximate unless all m finished",
+    decoder="(N / r) times the sum of the r vectors that arrived", forced_n_parts=1,
+    assignments=(), uses_k=True, min_finished=_ignore_k))

@@ -1,4 +1,4 @@
-"""Chunk processing orders and the Q_max metric (spec section 5).
+"""Chunk processing orders and the Q_max metric.
 
 An ordering is a list of ``m`` int64 arrays; ``orders[j]`` lists worker ``j``'s chunks in the
 order it processes them (a permutation of ``flatnonzero(A[:, j])``). ``p_j(i)`` is the 1-based
@@ -39,7 +39,8 @@ def natural_order(A: np.ndarray) -> list[np.ndarray]:
     """Natural order: worker ``j`` processes its chunks by increasing ``(i - j) mod N``.
 
     For the cyclic assignment this is ``j, j+1, ..., j+delta-1 (mod m)``, which is an optimal
-    order (a proper edge-colouring, spec section 5). For a general assignment it is "index
+    order: consecutive positions never repeat a chunk, a proper edge-colouring of the
+    worker-chunk graph). For a general assignment it is "index
     order, rotated to start at the worker's own index".
 
     Parameters
@@ -106,7 +107,7 @@ def _check_parts(A: np.ndarray, n_parts: int) -> int:
 
 
 def q_max_per_chunk(A: np.ndarray, orders: Sequence[np.ndarray], n_parts: int = 1) -> np.ndarray:
-    """The closed-form ``M_i`` of spec section 5 for every chunk; ``Q_max = 1 + max(M)``.
+    """The closed-form ``M_i`` for every chunk; ``Q_max = 1 + max(M)``.
 
     ``M_i`` is the largest total work with chunk ``i`` still covered by fewer than ``n_parts``
     holders: every non-holder finishes, ``n_parts - 1`` holders finish, the other holders stop
@@ -122,10 +123,10 @@ def q_max_per_chunk(A: np.ndarray, orders: Sequence[np.ndarray], n_parts: int = 
     held = P > 0
     base = loads.sum() - (held * loads[None, :]).sum(axis=1) + np.where(held, P - 1, 0).sum(axis=1)
     if ell == 1:
-        return base
+        return np.asarray(base)
     gain = np.where(held, loads[None, :] - P + 1, -1)
     gain.sort(axis=1)
-    return base + gain[:, ::-1][:, : ell - 1].sum(axis=1)
+    return np.asarray(base + gain[:, ::-1][:, : ell - 1].sum(axis=1))
 
 
 def q_max(A: np.ndarray, orders: Sequence[np.ndarray], n_parts: int = 1) -> int:
@@ -253,7 +254,8 @@ def optimal_order(
     * ``delta``-regular with ``N == m``: the natural order if it already is a proper edge
       colouring (cyclic), otherwise a colouring from ``delta`` successive perfect matchings
       (``scipy.sparse.csgraph.maximum_bipartite_matching``); position = colour. Optimal for
-      every ``n_parts`` (spec section 5).
+      every ``n_parts``: a proper colouring puts every chunk at distinct positions across
+      its holders, which is what minimises the worst-case work before coverage.
     * Otherwise: first-improvement local search on ``(Q_max, #argmax chunks)`` by swapping two
       positions of one worker, from the natural order; never worse than natural.
 

@@ -1,4 +1,4 @@
-"""The partial-straggler gradient coding scheme (spec section 2).
+"""The partial-straggler gradient coding scheme (Ramamoorthy, Meng and Girimaji, NeurIPS 2024).
 
 Given the broadcast state ``c``, chunk ``i`` is covered by ``U_i(c)``; its coefficient matrix is
 ``Theta_i = pinv(B_U)`` (|U| x ell), the min-norm least-squares solution of ``B_U Theta = I``.
@@ -23,10 +23,41 @@ from aiogc.coding.decoding_matrix import decoding_matrix
 from aiogc.coding.orderings import optimal_order, q_max, validate_orders
 from aiogc.errors import CodingError
 
-__all__ = ["PartialScheme"]
+__all__ = ["CoverageTracker", "PartialScheme"]
 
 #: Relative singular-value / R-diagonal threshold below which B_U counts as rank deficient.
 RANK_RTOL = 1e-12
+
+
+class CoverageTracker:
+    """Incremental exact trigger of the partial scheme (a :class:`ProgressTracker`).
+
+    ``cov[i]`` counts the holders of chunk ``i`` whose reported count covers it; ``deficit``
+    the chunks with ``cov < ell``, so the state is decodable iff ``deficit == 0``. Each update
+    costs O(chunks moved), against O(N * gamma) for :meth:`PartialScheme.is_decodable`.
+    """
+
+    __slots__ = ("_ell", "_orders", "cov", "deficit")
+
+    def __init__(self, orders: list[list[int]], n_chunks: int, ell: int) -> None:
+        self._orders = orders
+        self._ell = ell
+        self.cov = [0] * n_chunks
+        self.deficit = n_chunks
+
+    def add(self, worker: int, old: int, new: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][old:new]:
+            cov[i] += 1
+            if cov[i] == ell:
+                self.deficit -= 1
+
+    def remove(self, worker: int, old: int) -> None:
+        cov, ell = self.cov, self._ell
+        for i in self._orders[worker][:old]:
+            if cov[i] == ell:
+                self.deficit += 1
+            cov[i] -= 1
 
 
 class PartialScheme(SchemeBase):
@@ -122,6 +153,50 @@ class PartialScheme(SchemeBase):
         """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
         return q_max(self.A, self.orders, self.n_parts)
 
+    def progress_tracker(self) -> CoverageTracker:
+        """Incremental form of :meth:`is_decodable` (see :class:`CoverageTracker`)."""
+        orders = self.__dict__.get("_order_lists")
+        if orders is None:
+            orders = [o.tolist() for o in self.orders]
+            self.__dict__["_order_lists"] = orders
+        return CoverageTracker(orders, self.n_chunks, self.n_parts)
+
+    def exact_states(self, states: np.ndarray) -> np.ndarray:
+        """:meth:`is_decodable` of each state (every chunk has ``ell`` covering holders),
+        vectorised: shape (R,)."""
+        S = np.asarray(states, dtype=np.int64)
+        T = self._HP[None, :, :] <= S[:, self._H]  # (R, N, gmax); padding never covers
+        return np.asarray(T.sum(axis=2).min(axis=1) >= self.n_parts)
+
+    def contributors(self, states: np.ndarray) -> np.ndarray:
+        """Workers with ``c_j > 0``: bool, shape (R, m)."""
+        return np.asarray(states) > 0
+
+    def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None:
+        """Every contributing worker's vector into ``out[j]``, each chunk factorised once.
+
+        ``chunk_grads`` is (N, d) by chunk index; ``out`` is (m, ceil(d / ell)).
+        """
+        c = self.check_state(state)
+        thetas = self.all_coefficients(c)
+        for j in np.flatnonzero(c > 0).tolist():
+            out[j] = encode_rows(thetas[j], chunk_grads[self.orders[j][: c[j]]], self.n_parts)
+
+    def decode_times(self, arrivals: np.ndarray) -> np.ndarray:
+        """Earliest time every chunk has ``ell`` reported holders, per trial.
+
+        ``max_i`` of the ``ell``-th smallest ``arrivals[r, j, p_j(i) - 1]`` over the holders
+        ``j`` of chunk ``i`` (``p_j(i)``: 1-based position of ``i`` in ``orders[j]``); shapes
+        as :meth:`SchemeBase.decode_times` (``(R, m, K)`` -> ``(R,)``).
+        """
+        a = self._check_arrivals(arrivals)
+        pad = np.iinfo(np.int64).max == self._HP
+        T = a[:, self._H, np.where(pad, 1, self._HP) - 1]  # (R, N, gmax)
+        T[:, pad] = np.inf
+        ell = self.n_parts
+        kth = np.partition(T, ell - 1, axis=2)[:, :, ell - 1]
+        return np.asarray(kth.max(axis=1))
+
     # ---- coefficients -------------------------------------------------------------------
     def _masked(self, chunks: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Padded ``B_U^T`` stacks, shape (len(chunks), gmax, ell), and coverage masks."""
@@ -172,7 +247,7 @@ class PartialScheme(SchemeBase):
         X, mask = self._masked(chunks, c)
         th = self._theta(X, mask)
         own = np.argmax(self._H[chunks] == j, axis=1)
-        return th[np.arange(chunks.size), own]
+        return np.asarray(th[np.arange(chunks.size), own])
 
     def all_coefficients(self, state: object) -> list[np.ndarray]:
         """:meth:`coefficients` of every worker, each chunk factorised once; list of (c_j, ell)."""
@@ -324,5 +399,5 @@ class PartialScheme(SchemeBase):
             coef.append(bj / den if den > 0 else 0.0)
         X = chunk_grads[:cj]
         if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
-            return np.array(coef) @ X  # encode_rows' product for ell = 1, without its checks
+            return np.asarray(np.array(coef) @ X)  # encode_rows' product for ell = 1, unchecked
         return encode_rows(np.array(coef)[:, None], chunk_grads, 1)

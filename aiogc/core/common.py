@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 
 from ..messages import Message
+from ..status import RoundStatus
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
@@ -242,7 +243,7 @@ class RoundRecord:
     t_start: float
     t_trigger: float | None = None
     t_end: float | None = None
-    status: str = "running"  # exact | approximate | failed
+    status: str = RoundStatus.RUNNING  # a RoundStatus: exact | approximate | failed
     end_reason: str = ""
     attempts: int = 0
     state: tuple[int, ...] = ()

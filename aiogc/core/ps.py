@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..coding.base import ProgressTracker
 from ..coding.consistency import RoundGuard
 from ..config import RunConfig, scheme_digest
 from ..errors import (
@@ -57,6 +58,7 @@ from ..messages import (
     Welcome,
     state_digest,
 )
+from ..status import RoundStatus
 from .common import (
     AUTH_DEADLINE_S,
     DuplicateWorker,
@@ -154,44 +156,14 @@ class _Peer:
     keys: SessionKeys | None = None
 
 
-class _Coverage:
-    """Incremental trigger state of a coverage scheme (partial): ``cov[i]`` counts the holders
-    of chunk i whose reported count covers it; ``deficit`` the chunks with ``cov < ell``.
-
-    Decodable iff ``deficit == 0`` (every chunk covered by at least ell holders: the exact
-    trigger of the partial scheme). Each update costs O(chunks moved).
-    """
-
-    __slots__ = ("_ell", "_n", "_orders", "cov", "deficit")
-
-    def __init__(self, orders: list[list[int]], n_chunks: int, ell: int) -> None:
-        self._orders = orders
-        self._ell = ell
-        self._n = n_chunks
-        self.cov = [0] * n_chunks
-        self.deficit = n_chunks
-
-    def add(self, worker: int, old: int, new: int) -> None:
-        cov, ell = self.cov, self._ell
-        for i in self._orders[worker][old:new]:
-            cov[i] += 1
-            if cov[i] == ell:
-                self.deficit -= 1
-
-    def remove(self, worker: int, old: int) -> None:
-        cov, ell = self.cov, self._ell
-        for i in self._orders[worker][:old]:
-            if cov[i] == ell:
-                self.deficit += 1
-            cov[i] -= 1
-
 @dataclass
 class _RoundState:
     """Mutable per-round bookkeeping; ``record`` is what gets published."""
 
     record: RoundRecord
     state: list[int]  # (m,) latest accepted counts
-    cover: _Coverage | None = None  # trigger schemes only
+    cover: ProgressTracker | None = None  # trigger schemes only: the scheme's rule
+    approx: bool = False  # an approximate trigger is pending (not a public status)
     finished: np.ndarray | None = None  # send-when-done: (m,) loads of the received workers
     attempt: int = 0
     broadcast: tuple[int, ...] | None = None
@@ -276,12 +248,6 @@ class ParameterServer(Endpoint):
         self._orders: list[list[int]] = [[int(c) for c in o] for o in self.scheme.orders]
         self._n_parts = int(self.scheme.n_parts)
         self._sends_when_done = bool(self.scheme.sends_when_done)
-        # send-when-done schemes whose rule is "k workers finished": decodable iff k vectors
-        # were received (a worker with load 0 would count as finished unseen: generic rule)
-        need_fn = getattr(self.scheme, "finished_count_needed", None)
-        need = need_fn() if self._sends_when_done and callable(need_fn) else None
-        self._need_finished: int | None = (
-            need if need is not None and min(self._loads_list, default=0) > 0 else None)
         # work queued for run_pending: stage 1 (decode, update, next round), stage 2 (analytics)
         self._stage1: tuple[RoundRecord, bool, str, bool, np.ndarray, int] | None = None
         self._stage2: list[tuple[RoundRecord, np.ndarray | None, np.ndarray, np.ndarray]] = []
@@ -808,7 +774,7 @@ class ParameterServer(Endpoint):
                 rs.record.t_trigger = now
                 self._end_round(now, exact=True, reason="decodable")
         elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
-            self._end_round(now, exact=rs.record.status != "approx-pending",
+            self._end_round(now, exact=not rs.approx,
                             reason="all_expected")
 
     # ------------------------------------------------------------------ rounds
@@ -845,7 +811,7 @@ class ParameterServer(Endpoint):
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         cover = None
         if not self._sends_when_done:
-            cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+            cover = self.scheme.progress_tracker()
         self._round = _RoundState(record=rec, state=[0] * self.m, cover=cover)
         # a copy: the transport may still read it after we update self.model
         model = self.model.astype(self.config.payload_dtype, copy=True)
@@ -891,7 +857,7 @@ class ParameterServer(Endpoint):
         if rs.record.t_trigger is None:
             rs.record.t_trigger = now
         if not exact:
-            rs.record.status = "approx-pending"
+            rs.approx = True
         self._set_phase(_P_COLLECTING)
         self._broadcast(_new_encode(self.epoch, rs.record.round, rs.attempt,
                                                   state), ready_only=True)
@@ -900,8 +866,6 @@ class ParameterServer(Endpoint):
             self._end_round(now, exact=False, reason="no_contributors")
 
     def _decodable_received(self, rs: _RoundState) -> bool:
-        if self._need_finished is not None:
-            return len(rs.received) >= self._need_finished
         if rs.finished is None:
             rs.finished = self._finished_state(rs.received)
         return bool(self.scheme.is_decodable(rs.finished))
@@ -945,7 +909,7 @@ class ParameterServer(Endpoint):
         assert rs.cover is not None
         if rs.cover.deficit == 0:
             self._trigger(now, exact=True)
-        elif rs.record.status == "approx-pending":
+        elif rs.approx:
             if any(rs.state):
                 self._trigger(now, exact=False)
             else:
@@ -1006,7 +970,7 @@ class ParameterServer(Endpoint):
     def _end_round_failed(self, now: float, reason: str) -> None:
         rs = self._round
         assert rs is not None
-        rs.record.status = "failed"
+        rs.record.status = RoundStatus.FAILED
         rs.record.end_reason = reason
         self.stats["failed_rounds"] += 1
         self._close_round(now, exact=False, reason=reason, decode=False)
@@ -1041,13 +1005,14 @@ class ParameterServer(Endpoint):
             if not np.isfinite(grad).all():
                 self.stats["nonfinite_decode"] += 1
                 self.stats["failed_rounds"] += 1
-                rec.status = "failed"
+                rec.status = RoundStatus.FAILED
                 rec.end_reason = "decoded gradient is not finite"
                 grad = None
             else:
                 rec.residual = float(result.residual)
                 rec.amplification = float(result.amplification)
-                rec.status = "exact" if (result.exact and exact) else "approximate"
+                rec.status = (RoundStatus.EXACT if (result.exact and exact)
+                              else RoundStatus.APPROXIMATE)
                 rec.end_reason = reason
                 if self.keep_gradients:
                     rec.gradient = grad.copy()
@@ -1077,7 +1042,7 @@ class ParameterServer(Endpoint):
         if bad is not None:
             self.stats[f"rejected_{bad.check}"] += 1
             self.stats["failed_rounds"] += 1
-            rec.status = "failed"
+            rec.status = RoundStatus.FAILED
             rec.end_reason = f"rejected by {bad.check} check: {bad.reason}"
             return False
         assert new is not None
@@ -1090,7 +1055,7 @@ class ParameterServer(Endpoint):
         if self.phase is _P_JOINING:
             # no round started at once: tell the workers this one is over (when a round does
             # start, its round_start says so)
-            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=rec.status),
+            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=str(rec.status)),
                             ready_only=True)
 
     def _run_stage2(self) -> None:
@@ -1173,9 +1138,6 @@ class ParameterServer(Endpoint):
             # decodability only grows with the finished set: binary search over the workers
             # in order of their finish times
             fin = sorted((e, w) for w, e in rec.compute_s.items())
-            k = self._need_finished
-            if k is not None and k > 0:  # "k finished": the k-th finish time
-                return float(fin[k - 1][0]) if k <= len(fin) else None
             order = [w for _, w in fin]
             if not fin or not self.scheme.is_decodable(self._finished_state(order)):
                 return None
@@ -1187,7 +1149,7 @@ class ParameterServer(Endpoint):
                 else:
                     lo = mid + 1
             return float(fin[lo - 1][0])
-        cover = _Coverage(self._orders, self.scheme.n_chunks, self._n_parts)
+        cover = self.scheme.progress_tracker()
         st = [0] * self.m
         for _, w, c, elapsed in sorted(rec.reports, key=lambda x: x[3]):
             if c > st[w]:

@@ -11,11 +11,13 @@ import json
 import math
 import sys
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
-from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, SCHEMES, RunConfig
+from ..coding.registry import scheme_names, scheme_spec
+from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
 from ..errors import ConfigError
 
 __all__ = ["register", "run_simulate", "simulate_summary"]
@@ -33,7 +35,7 @@ _FLAGS = {
 MAX_TRIALS = 1_000_000
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``simulate`` and ``experiment`` to an argparse subparsers object."""
     p = subparsers.add_parser(
         "simulate",
@@ -47,7 +49,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--delta", type=int, default=4, help="chunks per worker (default 4)")
     p.add_argument("--ell", type=int, default=1, help="communication split ℓ (default 1)")
     p.add_argument("--schemes", default="partial,original",
-                   help=f"comma-separated subset of {', '.join(SCHEMES)}")
+                   help="comma-separated subset of: " + "; ".join(
+                       f"{n} (waits for {scheme_spec(n).waiting})" for n in scheme_names()))
     p.add_argument("--delay", default="exp:1.0",
                    help="chunk compute-time model (delays.py spec, e.g. exp:1.0, pareto:1.5, "
                    "shiftexp:0.5,0.5, straggle:0.2,5,exp:1.0)")
@@ -91,61 +94,76 @@ def _flag_error(exc: ConfigError) -> str:
     return f"aiogc simulate: error: {flag}: {exc.value!r} is invalid: expected {exc.allowed}"
 
 
-def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
-    schemes = [s.strip() for s in str(args.schemes).split(",") if s.strip()]
+def _parse_schemes(text: str) -> list[str]:
+    schemes = [s.strip() for s in str(text).split(",") if s.strip()]
+    names = scheme_names()
     if not schemes:
-        raise ConfigError("schemes", args.schemes,
-                          "a comma-separated list of " + ", ".join(SCHEMES))
+        raise ConfigError("schemes", text, "a comma-separated list of " + ", ".join(names))
     for s in schemes:
-        if s not in SCHEMES:
-            raise ConfigError("schemes", s, "one of " + ", ".join(SCHEMES))
+        if s not in names:
+            raise ConfigError("schemes", s, "one of " + ", ".join(names))
     if len(set(schemes)) != len(schemes):
-        raise ConfigError("schemes", args.schemes, "distinct scheme names")
+        raise ConfigError("schemes", text, "distinct scheme names")
+    return schemes
+
+
+def _parse_latency(text: str) -> tuple[float, str]:
+    """``(one-way seconds, "none")`` for a number, ``(0.0, spec)`` for a delays.py spec."""
+    try:
+        latency = float(text)
+    except ValueError:
+        from ..delays import parse_delay
+
+        parse_delay(str(text), field="latency")
+        return 0.0, str(text)
+    if not math.isfinite(latency) or latency < 0:
+        raise ConfigError("latency", text, "seconds >= 0 or a delays.py spec")
+    return latency, "none"
+
+
+def _parse_deadlines(mode: str, text: str | None) -> list[float]:
+    if mode != "approx":
+        return []
+    if not text:
+        raise ConfigError("deadline_s", text, "T1,T2,... (seconds > 0) in approx mode")
+    deadlines: list[float] = []
+    for tok in str(text).split(","):
+        try:
+            t = float(tok)
+        except ValueError:
+            raise ConfigError("deadline_s", tok, "a number of seconds > 0") from None
+        if not (math.isfinite(t) and t > 0):
+            raise ConfigError("deadline_s", tok, "a number of seconds in (0, 1e6]")
+        deadlines.append(t)
+    return deadlines
+
+
+def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
+    schemes = _parse_schemes(args.schemes)
     if args.engine not in ("fast", "protocol"):
         raise ConfigError("engine", args.engine, "fast or protocol")
     if type(args.trials) is not int or not 1 <= args.trials <= MAX_TRIALS:
         raise ConfigError("rounds", args.trials, f"an integer in [1, {MAX_TRIALS}]")
     if not 1 <= args.dim <= 1_000_000:
         raise ConfigError("dim", args.dim, "an integer in [1, 1000000]")
-    latency = 0.0
-    spec = "none"
-    try:
-        latency = float(args.latency)
-    except ValueError:
-        spec = str(args.latency)
-        from ..delays import parse_delay
-
-        parse_delay(spec, field="latency")
-    else:
-        if not math.isfinite(latency) or latency < 0:
-            raise ConfigError("latency", args.latency, "seconds >= 0 or a delays.py spec")
-    deadlines: list[float] = []
-    if args.mode == "approx":
-        if not args.deadline:
-            raise ConfigError("deadline_s", args.deadline, "T1,T2,... (seconds > 0) in approx mode")
-        for tok in str(args.deadline).split(","):
-            try:
-                t = float(tok)
-            except ValueError:
-                raise ConfigError("deadline_s", tok, "a number of seconds > 0") from None
-            if not (math.isfinite(t) and t > 0):
-                raise ConfigError("deadline_s", tok, "a number of seconds in (0, 1e6]")
-            deadlines.append(t)
+    latency, spec = _parse_latency(args.latency)
+    deadlines = _parse_deadlines(args.mode, args.deadline)
     from ..delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
+    # the base config carries the configured ell; each scheme then sees its own view
+    # (RunConfig.for_scheme), so the base must be a scheme that accepts any ell
+    base = next((s for s in schemes if scheme_spec(s).forced_n_parts is None), "partial")
     cfg = RunConfig(
-        scheme=schemes[0] if schemes[0] not in ("uncoded", "ignore-stragglers") else "partial",
+        scheme=base,
         workers=args.workers, delta=args.delta, n_parts=args.ell, assignment=args.assignment,
         ordering=args.ordering, decoding=args.decoding, k=args.k, mode=args.mode,
         deadline_s=deadlines[0] if deadlines else None, rounds=args.trials, seed=args.seed,
         delay=str(args.delay), latency=spec, dtype=args.dtype,
         heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
     )
-    from .fast import scheme_config
-
     for s in schemes:  # validate every scheme's view of the config up front
-        scheme_config(cfg, s)
+        cfg.for_scheme(s)
     return cfg, schemes, latency, deadlines
 
 
@@ -178,11 +196,20 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  deadlines: list[float] | None = None, engine: str = "fast",
                  dim: int = 120) -> list[dict[str, Any]]:
     """Result rows (one per scheme, or per scheme and deadline in approx mode)."""
-    from .fast import build_schemes, schedule_for, simulate_fast
+    from .fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
     from .protocol import record_arrays, simulate_protocol
 
     built = build_schemes(cfg, schemes)
     schedule = schedule_for(cfg, built)
+    if engine == "fast":
+        ties = max(tie_fraction(arrival_times(s, schedule, latency=latency))
+                   for s in built.values())
+        if ties > 0:
+            warnings.warn(
+                f"--delay {cfg.delay!r}: {100 * ties:.1f}% of trials have arrival ties (a delay "
+                "law with atoms); the fast engine counts tied arrivals together while the "
+                "protocol engine takes them one at a time, so decoding states and statuses "
+                "may differ: use --engine protocol for this law", stacklevel=2)
     rows: list[dict[str, Any]] = []
     runs = [(cfg, None)] if cfg.mode == "exact" else [
         (cfg.replace(deadline_s=t), t) for t in (deadlines or [])
@@ -198,7 +225,7 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
             recs = simulate_protocol(c, schemes, schedule=schedule, latency=latency,
                                      gradients="gaussian", dim=dim, built=built)
             for name in schemes:
-                a = record_arrays(recs[name])
+                a = record_arrays(recs[name], mode=c.mode)
                 rows.append(_row(name, c.mode, t, a["completion_s"], a["status"],
                                  a["mse"] if c.mode == "approx" else None))
     return rows

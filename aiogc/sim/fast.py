@@ -3,7 +3,8 @@
 One *trial* is one round ``r`` of a materialised :class:`~aiogc.delays.DelaySchedule`. Everything
 here is a pure function of the scheme, the schedule and (for the MSE) a seed, and reproduces, trial
 by trial, what the state-machine simulation (:mod:`aiogc.sim.protocol`) records on the same
-schedule; ``tests/test_sim.py`` checks that.
+schedule; ``tests/test_sim.py`` and the seeded property in ``tests/test_sim_property.py``
+check that.
 
 Timing model (times relative to the PS's round start ``t_start``; ``L`` = one-way per-frame
 latency of the engine, ``net_j`` = the schedule's per-(round, worker) hold on frames worker ``j``
@@ -12,22 +13,29 @@ sends):
 * worker ``j`` finishes its ``k``-th chunk at ``F[j, k] = cumsum(compute_s[r, j, :k+1])`` after
   its ``round_start`` arrived (``L`` after ``t_start``); its report reaches the PS at
   ``a[j, k] = L + F[j, k] + net_j + L``;
-* **partial, exact**: trigger = ``max_i`` of the ``ell``-th smallest ``a[j, p_j(i)-1]`` over the
-  holders ``j`` of chunk ``i`` (the earliest time every chunk has ``ell`` reported holders); the
-  round ends when the last contributor's vector arrives, ``trigger + max_{c_j>0}(L + net_j + L)``
-  (``= trigger`` with zero latency);
+* the **exact trigger** is the scheme's own rule, ``scheme.decode_times(a)`` (the earliest time
+  the state the PS holds is decodable; every scheme in the registry has one, closed-form for the
+  built-in ones, a binary search over :meth:`~aiogc.coding.base.SchemeBase.is_decodable` for any
+  other), so this module knows no scheme by name or type;
+* **trigger schemes** (``sends_when_done`` false, e.g. partial): the round ends when the last
+  contributor's vector arrives, ``trigger + max_{contributors}(L + net_j + L)`` (``= trigger``
+  with zero latency);
 * **send-when-done schemes** (original, uncoded, ignore-stragglers): worker ``j``'s vector
-  arrives at ``a[j, load_j - 1]``; the round ends at the ``need``-th smallest (``m - s``,
-  ``m``, ``k``);
+  arrives at ``a[j, load_j - 1]``; the round ends at the trigger;
+* **status**: exact when the trigger fired and ``scheme.exact_states`` says the decode from
+  that state is exact (ignore-stragglers: only with every worker);
 * **approximate mode** with deadline ``T``: if the exact rule fires by ``T`` the round is exact as
   above; otherwise the PS uses the state it has at ``T`` (reports / vectors arrived by ``T``);
   a state with nothing in it is a *failed* round (estimate 0, MSE 1).
 
 Ties (two reports arriving at the same instant, or a report exactly at the deadline) are resolved
 here by "arrived at or before"; the event-driven engine processes them one at a time, so for
-delay laws with atoms (``const:``) the *state* at a tied trigger can differ. Continuous laws have
-no ties (almost surely). A round that can never complete (dead workers) has time ``inf``; the
-protocol engine instead fails it at ``round_timeout_s``.
+delay laws with atoms (``const:``, ``none``, or a law built on them) the *state* at a tied
+trigger can differ: :func:`tie_fraction` measures how often
+that happens on a schedule, and ``aiogc simulate --engine fast`` warns when it does. Continuous
+laws have no ties (almost surely). A round that can never complete (dead workers) has time
+``inf``; the protocol engine fails it (early, or at ``round_timeout_s``), which
+:func:`aiogc.sim.protocol.record_arrays` also reports as ``inf`` in exact mode.
 
 MSE: chunk gradients are i.i.d. ``N(0, I_d)`` drawn by :func:`gaussian_chunk_gradients` keyed by
 (seed, round), the coded vectors come from the schemes' real ``encode`` and the estimate from
@@ -39,15 +47,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..coding import IgnoreStragglersScheme, OriginalScheme, PartialScheme, UncodedScheme
-from ..coding.base import encode_rows
+from ..coding.base import Scheme
 from ..config import RunConfig
 from ..delays import DelaySchedule, materialise
 from ..errors import ConfigError
+from ..status import RoundStatus
 
 __all__ = [
     "FastResult",
@@ -56,12 +63,11 @@ __all__ = [
     "exact_times",
     "gaussian_chunk_gradients",
     "mse_of_states",
-    "need_of",
     "outcomes",
     "schedule_for",
-    "scheme_config",
     "simulate_fast",
     "states_at",
+    "tie_fraction",
 ]
 
 #: Salt of the gradient stream, so it never coincides with the delay or scheme streams.
@@ -78,50 +84,34 @@ def gaussian_chunk_gradients(seed: int, rnd: int, n_chunks: int, dim: int) -> np
     return rng.standard_normal((int(n_chunks), int(dim)))
 
 
-def scheme_config(config: RunConfig, name: str) -> RunConfig:
-    """``config`` for one scheme of a comparison (uncoded / ignore-stragglers force ``ell = 1``)."""
-    if name in ("uncoded", "ignore-stragglers"):
-        return config.replace(scheme=name, n_parts=1)
-    return config.replace(scheme=name)
+def build_schemes(config: RunConfig, schemes: Sequence[str]) -> dict[str, Scheme]:
+    """``{name: scheme}`` built deterministically from ``config`` (raises ConfigError).
 
-
-def build_schemes(config: RunConfig, schemes: Sequence[str]) -> dict[str, Any]:
-    """``{name: scheme}`` built deterministically from ``config`` (raises ConfigError)."""
+    Each scheme sees :meth:`RunConfig.for_scheme` (its forced ``ell`` applied).
+    """
     if not schemes:
         raise ConfigError("schemes", list(schemes), "at least one scheme name")
-    return {name: scheme_config(config, name).build_scheme() for name in schemes}
+    return {name: config.for_scheme(name).build_scheme() for name in schemes}
 
 
-def schedule_for(config: RunConfig, schemes: dict[str, Any]) -> DelaySchedule:
+def schedule_for(config: RunConfig, schemes: dict[str, Scheme]) -> DelaySchedule:
     """The schedule a comparison shares: ``config.rounds`` rounds, wide enough for every load."""
     max_load = max(int(np.max(s.loads)) for s in schemes.values())
     return materialise(config.delay, config.latency, rounds=config.rounds, m=config.workers,
                        max_chunks=max(1, max_load), seed=config.seed)
 
 
-def need_of(scheme: Any) -> int | None:
-    """Finished workers a send-when-done scheme waits for; ``None`` for the partial scheme."""
-    if isinstance(scheme, PartialScheme):
-        return None
-    if isinstance(scheme, IgnoreStragglersScheme):
-        return scheme.k
-    if isinstance(scheme, UncodedScheme):
-        return scheme.m
-    if isinstance(scheme, OriginalScheme):
-        return scheme.m - scheme.s
-    raise TypeError(f"unsupported scheme {type(scheme).__name__}")
-
-
-def arrival_times(scheme: Any, schedule: DelaySchedule, *, latency: float = 0.0) -> np.ndarray:
+def arrival_times(scheme: Scheme, schedule: DelaySchedule, *,
+                  latency: float = 0.0) -> np.ndarray:
     """PS arrival time of worker ``j``'s report of its ``k``-th chunk, per round.
 
     Returns
     -------
     a : ndarray of float64, shape (R, m, K)
-        ``K = max load``; ``inf`` beyond a worker's load (never happens) or if it is dead.
+        ``K = max load``; ``inf`` beyond a worker's load or if it is dead.
     """
     loads = np.asarray(scheme.loads, dtype=np.int64)
-    K = int(loads.max())
+    K = max(1, int(loads.max()))
     if schedule.m != scheme.m or schedule.max_chunks < K:
         raise ConfigError("schedule", (schedule.m, schedule.max_chunks),
                           f"m={scheme.m} workers and >= {K} chunk positions")
@@ -131,64 +121,45 @@ def arrival_times(scheme: Any, schedule: DelaySchedule, *, latency: float = 0.0)
     return F
 
 
-def _holder_tables(scheme: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(H, P): holders of each chunk padded with -1, 0-based positions (N, gmax)."""
-    A = np.asarray(scheme.A, dtype=bool)
-    N = A.shape[0]
-    g = int(A.sum(axis=1).max())
-    H = np.full((N, g), -1, dtype=np.int64)
-    P = np.zeros((N, g), dtype=np.int64)
-    pos = np.zeros(A.shape, dtype=np.int64)
-    for j, o in enumerate(scheme.orders):
-        pos[np.asarray(o, dtype=np.int64), j] = np.arange(len(o))
-    for i in range(N):
-        h = np.flatnonzero(A[i])
-        H[i, : h.size] = h
-        P[i, : h.size] = pos[i, h]
-    return H, P
-
-
-def _partial_trigger(scheme: Any, a: np.ndarray) -> np.ndarray:
-    """Earliest PS time every chunk has ``ell`` reported holders: shape (R,)."""
-    H, P = _holder_tables(scheme)
-    T = a[:, np.maximum(H, 0), P]  # (R, N, gmax)
-    T[:, H < 0] = np.inf
-    ell = int(scheme.n_parts)
-    kth = np.partition(T, ell - 1, axis=2)[:, :, ell - 1]
-    return np.asarray(kth.max(axis=1))
-
-
 def states_at(a: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """State vectors (R, m): reports arrived at or before ``t[r]``."""
+    """Reported counts (R, m): reports arrived at or before ``t[r]`` (trigger schemes).
+
+    For any scheme use ``scheme.states_at(a, t)``, which also knows send-when-done states.
+    """
     return np.asarray((a <= np.asarray(t, dtype=np.float64)[:, None, None]).sum(axis=2),
                       dtype=np.int64)
 
 
-def _partial_end(trigger: np.ndarray, states: np.ndarray, schedule: DelaySchedule,
-                 latency: float) -> np.ndarray:
+def tie_fraction(a: np.ndarray) -> float:
+    """Fraction of trials in which two finite arrival times of ``a`` (R, m, K) are equal.
+
+    Where this is nonzero the fast path (which counts every arrival "at or before" an instant)
+    and the event-driven engine (one event at a time) may decode from different states.
+    """
+    R = a.shape[0]
+    if R == 0:
+        return 0.0
+    flat = np.sort(a.reshape(R, -1), axis=1)
+    eq = (flat[:, 1:] == flat[:, :-1]) & np.isfinite(flat[:, 1:])
+    return float(eq.any(axis=1).mean())
+
+
+def _trigger_end(scheme: Scheme, trigger: np.ndarray, states: np.ndarray,
+                 schedule: DelaySchedule, latency: float) -> np.ndarray:
+    """End of a triggered round: the last contributor's vector arrives (shape (R,))."""
     if latency == 0.0 and not schedule.network_s.any():
         return trigger.copy()
-    back = np.where(states > 0, schedule.network_s + 2.0 * latency, -np.inf).max(axis=1)
+    contrib = scheme.contributors(states)
+    back = np.where(contrib, schedule.network_s[: states.shape[0]] + 2.0 * latency,
+                    -np.inf).max(axis=1)
     return np.where(np.isfinite(trigger), trigger + back, trigger)
 
 
-def exact_times(scheme: Any, schedule: DelaySchedule, *,
+def exact_times(scheme: Scheme, schedule: DelaySchedule, *,
                 latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Exact-mode (trigger, end) times relative to round start, each of shape (R,)."""
-    a = arrival_times(scheme, schedule, latency=latency)
-    need = need_of(scheme)
-    if need is None:
-        trig = _partial_trigger(scheme, a)
-        st = states_at(a, trig)
-        return trig, _partial_end(trig, st, schedule, latency)
-    done = _done_times(scheme, a)
-    t = np.partition(done, need - 1, axis=1)[:, need - 1]
-    return t, t.copy()
-
-
-def _done_times(scheme: Any, a: np.ndarray) -> np.ndarray:
-    loads = np.asarray(scheme.loads, dtype=np.int64)
-    return np.asarray(a[:, np.arange(scheme.m), loads - 1])
+    trig, end, _, _ = outcomes(scheme, schedule, mode="exact", latency=latency)
+    return trig, end
 
 
 @dataclass(frozen=True)
@@ -202,7 +173,7 @@ class FastResult:
     trigger_s, completion_s : ndarray (R,)
         Seconds from round start to the trigger / to the round's end.
     status : ndarray of str (R,)
-        ``exact`` / ``approximate`` / ``failed``.
+        :class:`~aiogc.status.RoundStatus` values: ``exact`` / ``approximate`` / ``failed``.
     states : ndarray of int64 (R, m)
         The state the PS decoded with (send-when-done: finished workers' loads).
     mse : ndarray (R,) or None
@@ -219,54 +190,46 @@ class FastResult:
     mse: np.ndarray | None = None
 
 
-def outcomes(scheme: Any, schedule: DelaySchedule, *, mode: str = "exact",
+def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
              deadline_s: float | None = None,
              latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(trigger, end, status, states) per round in exact or approximate mode."""
+    """(trigger, end, status, states) per round in exact or approximate mode.
+
+    Every scheme-specific fact comes from the scheme: ``decode_times`` (its waiting rule),
+    ``states_at`` (what the PS holds at an instant), ``contributors`` and ``exact_states``.
+    """
+    if mode not in ("exact", "approx"):
+        raise ConfigError("mode", mode, "exact or approx")
     a = arrival_times(scheme, schedule, latency=latency)
-    need = need_of(scheme)
-    R = a.shape[0]
-    if need is None:
-        t_ex = _partial_trigger(scheme, a)
-    else:
-        done = _done_times(scheme, a)
-        t_ex = np.partition(done, need - 1, axis=1)[:, need - 1]
+    t_ex = np.asarray(scheme.decode_times(a), dtype=np.float64)
     if mode == "exact":
-        hit = np.ones(R, dtype=bool)
+        hit = np.isfinite(t_ex)
         trig = t_ex
     else:
         if deadline_s is None:
             raise ConfigError("deadline_s", None, "a positive number when mode=approx")
         hit = t_ex <= deadline_s
         trig = np.where(hit, t_ex, float(deadline_s))
-    if need is None:
-        states = states_at(a, trig)
-        failed = ~states.any(axis=1)
-        end = _partial_end(trig, states, schedule, latency)
-        end = np.where(failed, trig, end)
-    else:
-        done = _done_times(scheme, a)
-        fin = done <= trig[:, None]
-        states = np.where(fin, np.asarray(scheme.loads, dtype=np.int64)[None, :], 0)
-        failed = ~fin.any(axis=1)
+    states = scheme.states_at(a, trig)
+    failed = ~hit if mode == "exact" else ~hit & ~states.any(axis=1)
+    if scheme.sends_when_done:
         end = trig.copy()
-    status = np.where(hit, "exact", np.where(failed, "failed", "approximate"))
-    if mode == "exact":
-        status = np.where(np.isfinite(trig), "exact", "failed")
-    if isinstance(scheme, IgnoreStragglersScheme):
-        status = np.where(status == "exact", np.where(states.all(axis=1), "exact", "approximate"),
-                          status)
+    else:
+        end = np.where(failed, trig, _trigger_end(scheme, trig, states, schedule, latency))
+    exact = hit & np.asarray(scheme.exact_states(states), dtype=bool)
+    status = np.where(exact, RoundStatus.EXACT.value,
+                      np.where(failed, RoundStatus.FAILED.value, RoundStatus.APPROXIMATE.value))
     return trig, end, status, states
 
 
-def mse_of_states(scheme: Any, states: np.ndarray, *, seed: int, dim: int = 120,
+def mse_of_states(scheme: Scheme, states: np.ndarray, *, seed: int, dim: int = 120,
                   dtype: np.dtype | str = "float64", rounds: Sequence[int] | None = None,
                   ) -> np.ndarray:
     """``||g_hat - g||^2 / ||g||^2`` per state, with the schemes' real encode and decode.
 
     Parameters
     ----------
-    scheme : a coding scheme
+    scheme : Scheme
     states : ndarray of int, shape (R, m)
         The state decoded with in each trial (an all-zero state gives the estimate 0: MSE 1).
     seed : int
@@ -286,7 +249,6 @@ def mse_of_states(scheme: Any, states: np.ndarray, *, seed: int, dim: int = 120,
     p = scheme.payload_len(dim)
     out = np.empty(R)
     idx = list(range(R)) if rounds is None else [int(x) for x in rounds]
-    partial = isinstance(scheme, PartialScheme)
     V = np.zeros((m, p), dtype=dt)
     for t in range(R):
         c = S[t]
@@ -295,13 +257,7 @@ def mse_of_states(scheme: Any, states: np.ndarray, *, seed: int, dim: int = 120,
         if not c.any():
             out[t] = 1.0
             continue
-        if partial:
-            thetas = scheme.all_coefficients(c)
-            for j in np.flatnonzero(c > 0):
-                V[j] = encode_rows(thetas[j], G[scheme.orders[j][: c[j]]], scheme.n_parts)
-        else:
-            for j in np.flatnonzero(c > 0):
-                V[j] = scheme.encode(int(j), c, G[scheme.orders[j]])
+        scheme.encode_all(c, G, V)
         est = np.asarray(scheme.decode_result(V, c, dim).gradient, dtype=np.float64)
         out[t] = float(np.sum((est - g) ** 2) / np.sum(g**2))
     return out
@@ -310,7 +266,7 @@ def mse_of_states(scheme: Any, states: np.ndarray, *, seed: int, dim: int = 120,
 def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
                   schedule: DelaySchedule | None = None, latency: float = 0.0,
                   dim: int = 120, mse: bool | None = None,
-                  built: dict[str, Any] | None = None) -> dict[str, FastResult]:
+                  built: dict[str, Scheme] | None = None) -> dict[str, FastResult]:
     """Fast-path counterpart of :func:`aiogc.sim.protocol.simulate_protocol`.
 
     Parameters

@@ -19,17 +19,18 @@ i.i.d. ``N(0, I_dim)`` chunk gradients keyed by (seed, round) via
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..coding.base import Scheme
 from ..config import RunConfig
 from ..core import ParameterServer, RoundRecord, Setup, Worker
 from ..delays import DelaySchedule
 from ..errors import ConfigError
+from ..status import RoundStatus
 from .engine import Simulation
-from .fast import build_schemes, gaussian_chunk_gradients, schedule_for, scheme_config
+from .fast import build_schemes, gaussian_chunk_gradients, schedule_for
 
 __all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
 
@@ -41,7 +42,7 @@ def simulation_config(config: RunConfig) -> RunConfig:
     return config.replace(heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6)
 
 
-def _nonces(salt: int) -> Any:
+def _nonces(salt: int) -> Callable[[], bytes]:
     state = [0]
 
     def nonce() -> bytes:
@@ -66,7 +67,7 @@ class _GaussianGradients:
         return self._G
 
 
-def _run_one(cfg: RunConfig, scheme: Any, schedule: DelaySchedule, *, latency: float,
+def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency: float,
              bandwidth_Bps: float | None, gradients: str, dim: int) -> list[RoundRecord]:
     m = scheme.m
     workers: list[Worker] = []
@@ -80,13 +81,13 @@ def _run_one(cfg: RunConfig, scheme: Any, schedule: DelaySchedule, *, latency: f
         def verify(w: np.ndarray) -> np.ndarray:
             return np.asarray(gg.of_round(ps_box[0].round))
 
-        def setup_for(j: int) -> Any:
+        def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
                 return np.asarray(gg.of_round(workers[j].round)[chunk])
 
             return lambda c: Setup(c, scheme, chunk_gradient)
 
-        verify_fn: Any = verify
+        verify_fn: Callable[[np.ndarray], np.ndarray] = verify
     else:
         from ..tasks import chunk_grads_fn, make_task
 
@@ -96,7 +97,7 @@ def _run_one(cfg: RunConfig, scheme: Any, schedule: DelaySchedule, *, latency: f
         loss_fn = task.loss
         verify_fn = chunk_grads_fn(task)
 
-        def setup_for(j: int) -> Any:
+        def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             return lambda c: Setup(c, scheme, task.chunk_gradient)
 
         ps_box = []
@@ -118,15 +119,15 @@ def simulate_protocol(
     bandwidth_Bps: float | None = None,
     gradients: str = "task",
     dim: int = 120,
-    built: dict[str, Any] | None = None,
+    built: dict[str, Scheme] | None = None,
 ) -> dict[str, list[RoundRecord]]:
     """Simulate ``config.rounds`` rounds of each scheme with the real PS and worker cores.
 
     Parameters
     ----------
     config : RunConfig
-        Base configuration; ``scheme`` is replaced by each name (uncoded / ignore-stragglers
-        with ``n_parts = 1``). ``mode`` / ``deadline_s`` apply to every scheme.
+        Base configuration; each scheme runs with :meth:`RunConfig.for_scheme` (its forced
+        ``ell`` applied). ``mode`` / ``deadline_s`` apply to every scheme.
     schemes : sequence of str
     schedule : DelaySchedule, optional
         Shared by every scheme; default drawn from ``config`` (``delay``, ``latency``, ``seed``)
@@ -156,29 +157,41 @@ def simulate_protocol(
         raise ConfigError("schedule", schedule.rounds, f">= config.rounds={config.rounds} rounds")
     out: dict[str, list[RoundRecord]] = {}
     for name in schemes:
-        cfg = simulation_config(scheme_config(config, name))
+        cfg = simulation_config(config.for_scheme(name))
         out[name] = _run_one(cfg, sch[name], schedule, latency=float(latency),
                              bandwidth_Bps=bandwidth_Bps, gradients=gradients, dim=dim)
     return out
 
 
-def record_arrays(records: Sequence[RoundRecord]) -> dict[str, np.ndarray]:
+def record_arrays(records: Sequence[RoundRecord], *, mode: str) -> dict[str, np.ndarray]:
     """Per-round arrays of a record list.
+
+    Parameters
+    ----------
+    records : sequence of RoundRecord
+    mode : {"exact", "approx"}
+        The run's mode. In exact mode a failed round never completes (its gradient step never
+        happens, whatever ended it: the workers able to decode are gone or the round timed
+        out), so its completion is ``inf``, as in the fast path; in approx mode a failed round
+        ends at its deadline with nothing decoded.
 
     Returns
     -------
     dict with keys
         ``trigger_s`` (t_trigger - t_start, ``inf`` if none), ``completion_s``
-        (t_end - t_start; ``inf`` for a failed round that timed out), ``status`` (str),
-        ``mse`` (``rel_error_plain**2``; 1.0 for a failed round, whose estimate is 0).
+        (t_end - t_start, see ``mode``), ``status`` (str), ``mse`` (``rel_error_plain**2``;
+        1.0 for a failed round, whose estimate is 0).
     """
+    if mode not in ("exact", "approx"):
+        raise ConfigError("mode", mode, "exact or approx")
     trig, comp, mse, status = [], [], [], []
     for r in records:
         t0 = r.t_start
+        failed = r.status == RoundStatus.FAILED
         trig.append(np.inf if r.t_trigger is None else r.t_trigger - t0)
-        timeout = r.status == "failed" and r.end_reason.startswith("round timeout")
-        comp.append(np.inf if timeout or r.t_end is None else r.t_end - t0)
-        mse.append(1.0 if r.status == "failed" else r.rel_error_plain**2)
-        status.append(r.status)
+        never = failed and mode == "exact"
+        comp.append(np.inf if never or r.t_end is None else r.t_end - t0)
+        mse.append(1.0 if failed else r.rel_error_plain**2)
+        status.append(str(r.status))
     return {"trigger_s": np.array(trig), "completion_s": np.array(comp),
             "mse": np.array(mse), "status": np.array(status)}

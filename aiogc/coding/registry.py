@@ -1,0 +1,294 @@
+"""The scheme registry: every scheme declared once, read by config, runner, sim, records and CLI.
+
+A :class:`SchemeSpec` says what a scheme *is* for everything outside the coding library: its
+name, how to build it from configuration values, whether the PS triggers encoding or workers
+send when done, the waiting rule and exactness (in words, for help texts and docs; the rules
+themselves are the scheme's :meth:`~aiogc.coding.base.SchemeBase.is_decodable`,
+:meth:`~aiogc.coding.base.SchemeBase.decode_times` and
+:meth:`~aiogc.coding.base.SchemeBase.exact_states`), the ``ell`` it forces and the
+assignments, orderings and decodings it accepts.
+
+Adding a scheme is one :func:`register_scheme` call (a test module may do it): the config
+validates the name against the registry, :func:`make_scheme` builds it, the fast path asks the
+built scheme for its decode times, the protocol core calls its ``is_decodable`` /
+``contributes`` / ``encode`` / ``decode_result``, and the records ask :func:`sends_when_done`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aiogc.coding.assignments import (
+    cyclic_assignment,
+    fractional_repetition_assignment,
+    regular_assignment,
+    validate_assignment,
+)
+from aiogc.coding.base import Scheme
+from aiogc.errors import CodingError, ConfigError
+
+__all__ = [
+    "ASSIGNMENTS",
+    "DECODINGS",
+    "ORDERINGS",
+    "SchemeParams",
+    "SchemeSpec",
+    "build_assignment",
+    "make_scheme",
+    "register_scheme",
+    "scheme_names",
+    "scheme_spec",
+    "sends_when_done",
+    "spec_of_label",
+    "unregister_scheme",
+]
+
+#: Assignment constructions a configuration may name (see :func:`build_assignment`).
+ASSIGNMENTS: tuple[str, ...] = ("cyclic", "fr", "regular")
+#: Processing orders of the partial scheme.
+ORDERINGS: tuple[str, ...] = ("optimal", "natural", "random")
+#: Decoding-matrix constructions of the partial scheme a configuration may name.
+DECODINGS: tuple[str, ...] = ("frame", "gaussian")
+
+
+@dataclass(frozen=True)
+class SchemeParams:
+    """Validated configuration values a scheme is built from.
+
+    Attributes
+    ----------
+    m, delta, n_parts : int
+        Workers, load per worker, ``ell`` (already the scheme's forced value, if it forces one).
+    assignment, ordering, decoding : str
+    k : int or None
+        Finished workers to wait for (schemes with ``uses_k``).
+    rng : numpy.random.Generator
+        The only randomness a constructor may use (same seed on every side).
+    A : ndarray of bool, shape (N, m), optional
+        Explicit assignment overriding ``assignment``.
+    """
+
+    m: int
+    delta: int
+    n_parts: int = 1
+    assignment: str = "cyclic"
+    ordering: str = "optimal"
+    decoding: str = "frame"
+    k: int | None = None
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    A: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    """One scheme, declared once.
+
+    Attributes
+    ----------
+    name : str
+        Registry key; also ``scheme.name`` of what :attr:`build` returns.
+    build : callable (SchemeParams) -> Scheme
+        Constructor; may raise :class:`~aiogc.errors.CodingError` (reported as a ConfigError).
+    sends_when_done : bool
+        True: a worker sends one vector after finishing all its chunks. False: the PS triggers
+        encoding from the reported progress (``encode_and_transmit``).
+    waiting : str
+        The waiting rule in words (CLI help, docs); the rule itself is the built scheme's
+        ``is_decodable`` / ``decode_times``.
+    exactness : str
+        When a decode is algebraically exact, in words; the rule is ``exact_states``.
+    decoder : str
+        Which decoder the scheme uses (docs: a baseline must be at its strongest).
+    forced_n_parts : int or None
+        ``ell`` the scheme always uses whatever the configuration says (comparisons replace
+        the configured ``ell`` by it; a single-scheme configuration must state it).
+    assignments : tuple of str
+        Assignment constructions accepted; empty: the scheme builds its own (ignores it).
+    orderings, decodings : tuple of str
+        Orderings / decodings accepted; empty: ignored.
+    uses_k : bool
+        Whether the configuration's ``k`` applies.
+    min_redundancy : int
+        Smallest ``delta - ell`` accepted (original gradient coding needs ``s >= 1``).
+    min_finished : callable (SchemeParams) -> int
+        Fewest finished workers that always suffice (the classic straggler tolerance is ``m``
+        minus this); default ``m - (delta - ell)``.
+    """
+
+    name: str
+    build: Callable[[SchemeParams], Scheme]
+    sends_when_done: bool
+    waiting: str
+    exactness: str
+    decoder: str
+    forced_n_parts: int | None = None
+    assignments: tuple[str, ...] = ASSIGNMENTS
+    orderings: tuple[str, ...] = ()
+    decodings: tuple[str, ...] = ()
+    uses_k: bool = False
+    min_redundancy: int = 0
+    min_finished: Callable[[SchemeParams], int] = lambda p: p.m - (p.delta - p.n_parts)
+
+    def check(self, p: SchemeParams) -> None:
+        """Raise :class:`ConfigError` (naming the field) if ``p`` is not valid for this scheme."""
+        if self.forced_n_parts is not None and p.n_parts != self.forced_n_parts:
+            raise ConfigError("n_parts", p.n_parts, f"{self.forced_n_parts} for scheme {self.name}")
+        if p.delta - p.n_parts < self.min_redundancy:
+            raise ConfigError("n_parts", p.n_parts,
+                              f"<= delta - {self.min_redundancy} = "
+                              f"{p.delta - self.min_redundancy} for scheme {self.name}")
+        if self.assignments and p.A is None and p.assignment not in self.assignments:
+            raise ConfigError("assignment", p.assignment,
+                              f"one of {', '.join(self.assignments)} for scheme {self.name}")
+        for fname, allowed in (("ordering", self.orderings), ("decoding", self.decodings)):
+            value = getattr(p, fname)
+            if allowed and value not in allowed:
+                raise ConfigError(fname, value, f"one of {', '.join(allowed)} for {self.name}")
+        if p.k is not None and not 1 <= p.k <= p.m:
+            raise ConfigError("k", p.k, f"an integer in [1, {p.m}]")
+
+
+_REGISTRY: dict[str, SchemeSpec] = {}
+
+
+def register_scheme(spec: SchemeSpec, *, replace: bool = False) -> SchemeSpec:
+    """Add ``spec`` to the registry (``replace=True`` to redefine a name); returns it."""
+    if not spec.name or not isinstance(spec.name, str):
+        raise ConfigError("scheme", spec.name, "a non-empty name")
+    if spec.name in _REGISTRY and not replace:
+        raise ConfigError("scheme", spec.name, "a name not registered yet")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister_scheme(name: str) -> None:
+    """Remove ``name`` (a test that registered a scheme cleans up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def scheme_names() -> tuple[str, ...]:
+    """Registered scheme names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def scheme_spec(name: str) -> SchemeSpec:
+    """The spec of ``name``; ConfigError naming the registered schemes otherwise."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise ConfigError("scheme", name, "one of " + ", ".join(_REGISTRY))
+    return spec
+
+
+def spec_of_label(label: str) -> SchemeSpec:
+    """The spec a record label names: a registered name, or one followed by ``-variant`` or
+    ``:variant`` (``partial-random``: the random-ordering variant of partial); the longest
+    registered name that prefixes the label decides. ConfigError if none does."""
+    if label in _REGISTRY:
+        return _REGISTRY[label]
+    prefixes = [n for n in _REGISTRY if label.startswith((n + "-", n + ":"))]
+    if not prefixes:
+        raise ConfigError("scheme", label, "a registered scheme name, optionally with "
+                          "-variant: " + ", ".join(_REGISTRY))
+    return _REGISTRY[max(prefixes, key=len)]
+
+
+def sends_when_done(name: str) -> bool:
+    """Whether scheme ``name`` sends when done (False: the PS triggers encoding)."""
+    return scheme_spec(name).sends_when_done
+
+
+def _int_field(fname: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
+        raise ConfigError(fname, value, f"an integer in [{lo}, {hi}]")
+    return int(value)
+
+
+def build_assignment(p: SchemeParams) -> np.ndarray:
+    """The assignment ``A`` (N, m) of ``p``: ``p.A`` if given, else ``p.assignment`` built.
+
+    Raises
+    ------
+    ConfigError
+        Unknown construction, or ``delta`` not dividing ``m`` for ``"fr"``.
+    """
+    if p.A is not None:
+        Av = validate_assignment(p.A)
+        if Av.shape[1] != p.m:
+            raise ConfigError("A", Av.shape, f"an (N, m={p.m}) 0/1 matrix")
+        return Av
+    if p.assignment == "cyclic":
+        return cyclic_assignment(p.m, p.delta)
+    if p.assignment == "fr":
+        if p.m % p.delta:
+            raise ConfigError("delta", p.delta, f"a divisor of m={p.m} for assignment='fr'")
+        return fractional_repetition_assignment(p.m, p.delta - 1)
+    if p.assignment == "regular":
+        return regular_assignment(p.m, p.delta, p.rng)
+    raise ConfigError("assignment", p.assignment, "one of " + ", ".join(ASSIGNMENTS))
+
+
+def make_scheme(
+    name: str,
+    *,
+    m: int,
+    delta: int,
+    n_parts: int = 1,
+    assignment: str = "cyclic",
+    ordering: str = "optimal",
+    decoding: str = "frame",
+    k: int | None = None,
+    rng: np.random.Generator | None = None,
+    A: np.ndarray | None = None,
+) -> Scheme:
+    """Build the registered scheme ``name`` from configuration values.
+
+    Parameters
+    ----------
+    name : str
+        A registered scheme (:func:`scheme_names`).
+    m : int
+        Workers.
+    delta : int
+        Load per worker.
+    n_parts : int
+        ``ell``; replaced by the scheme's ``forced_n_parts`` if it has one.
+    assignment : {"cyclic", "fr", "regular"}
+        Ignored when ``A`` is given or the scheme builds its own.
+    ordering, decoding : str
+        Checked against the scheme's accepted values.
+    k : int, optional
+        Workers waited for (schemes with ``uses_k``).
+    rng : numpy.random.Generator, optional
+        ``None`` means ``default_rng(0)``.
+    A : ndarray, shape (N, m), optional
+        Explicit assignment.
+
+    Raises
+    ------
+    ConfigError
+        Unknown names or out-of-range values (field, value and allowed range named).
+    """
+    spec = scheme_spec(name)
+    m = _int_field("m", m, 1, 1 << 20)
+    delta = _int_field("delta", delta, 1, m)
+    n_parts = _int_field("n_parts", n_parts, 1, delta)
+    if spec.forced_n_parts is not None:
+        n_parts = spec.forced_n_parts
+    if k is not None:
+        k = _int_field("k", k, 1, m)
+    p = SchemeParams(m=m, delta=delta, n_parts=n_parts, assignment=assignment,
+                     ordering=ordering, decoding=decoding, k=k,
+                     rng=rng if rng is not None else np.random.default_rng(0), A=A)
+    spec.check(p)
+    try:
+        scheme = spec.build(p)
+    except CodingError as exc:
+        raise ConfigError(name, {"m": m, "delta": delta, "n_parts": n_parts}, str(exc)) from exc
+    if scheme.sends_when_done != spec.sends_when_done or scheme.name != name:
+        raise ConfigError("scheme", name,
+                          f"a constructor returning a scheme named {name!r} with "
+                          f"sends_when_done={spec.sends_when_done}")
+    return scheme

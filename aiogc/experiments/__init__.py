@@ -1,0 +1,142 @@
+"""The documented experiments (docs/experiments.md).
+
+``aiogc experiment NAME --out DIR [--quick] [--seed S]`` writes ``NAME.csv`` (tidy rows with
+their confidence intervals), ``NAME.png`` (drawn from the CSV alone) and ``NAME.json`` (the
+command, grid, seed, wall time and headline figures, read by ``aiogc report``).
+
+Each experiment is compute -> CSV -> plot (see :mod:`aiogc.experiments._common`); every one
+repeats over trials *and* over code instances (the assignment draw, Tandon's H, the seed of B,
+the random order) and reports 95 % percentile-bootstrap intervals that resample instances, then
+trials within them, or min-max ranges where the quantity is a worst case or depends on the
+platform's rounding. Everything except the live halves (``live-vs-sim``, ``latency``'s live
+points, ``training``) is a deterministic function of the grid and the seed.
+
+=============== =================================================================================
+exact-speedup   exact round time vs ℓ, partial vs original, cyclic and regular, three delay laws
+approx-mse      MSE vs deadline T, partial vs original, ℓ ∈ {1, 2, 3}
+approx-tails    MSE vs T under pareto (α ≤ 2), persistent stragglers, failures, and a mix
+ordering        optimal vs random vs natural order, three assignment families, ℓ = 1..δ
+stability       decode error vs m (float64/float32) and worst-case condition numbers
+poly-digits     polynomial-code decoding error vs decimal digits of precision, next to partial
+latency         exact speedup vs one-way latency: simulated sweep + live loopback points
+training        live loss / accuracy vs wall time on a real data set, four schemes, seeds
+live-vs-sim     one schedule live on loopback and in the protocol simulator, gap itemised
+=============== =================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from . import approx, live, ordering, speedup, stability
+from ._common import Experiment, read_csv, write_csv
+
+__all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
+
+_ALL: tuple[Experiment, ...] = (
+    speedup.EXPERIMENT,
+    approx.APPROX_MSE,
+    approx.APPROX_TAILS,
+    ordering.EXPERIMENT,
+    stability.STABILITY,
+    stability.POLY_DIGITS,
+    live.LATENCY,
+    live.TRAINING,
+    live.LIVE_VS_SIM,
+)
+
+#: name -> Experiment, in the documented order.
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, float) and x in (float("inf"), float("-inf")):
+        return str(x)
+    if hasattr(x, "item"):
+        return _json_safe(x.item())
+    return x
+
+
+def _check(name: str, seed: int) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ConfigError("experiment", name, "one of " + ", ".join(EXPERIMENTS))
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError("seed", seed, "an integer >= 0")
+    return EXPERIMENTS[name]
+
+
+def run_experiment(name: str, out: str | Path, *, quick: bool = False,
+                   seed: int = 1) -> dict[str, Any]:
+    """Run experiment ``name``: ``NAME.csv``, ``NAME.png``, ``NAME.json`` in ``out``.
+
+    Returns
+    -------
+    dict
+        The headline figures (also in ``NAME.json``), computed from the CSV as written.
+    """
+    exp = _check(name, seed)
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    rows = exp.compute(quick, seed)
+    if not rows:
+        raise RuntimeError(f"experiment {name} produced no rows")
+    write_csv(path / f"{name}.csv", rows)
+    compute_s = time.monotonic() - t0
+    back = read_csv(path / f"{name}.csv")
+    head = exp.summarise(back)
+    png: str | None = f"{name}.png"
+    try:
+        exp.plot(back, path / f"{name}.png")
+    except ImportError as exc:  # the plot extra is optional; the CSV and JSON still stand
+        print(f"aiogc experiment {name}: figure skipped ({exc}); install the 'plot' extra",
+              file=sys.stderr)
+        png = None
+    meta = {
+        "experiment": name,
+        "command": f"aiogc experiment {name} --out {path}" + (" --quick" if quick else "")
+                   + f" --seed {seed}",
+        "quick": quick, "seed": seed, "grid": exp.grid,
+        "wall_s": round(time.monotonic() - t0, 2), "compute_s": round(compute_s, 2),
+        "rows": len(rows), "csv": f"{name}.csv", "png": png,
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "headline": head,
+    }
+    (path / f"{name}.json").write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
+    return head
+
+
+def replot(name: str, out: str | Path) -> Path:
+    """Redraw ``NAME.png`` from ``NAME.csv`` in ``out`` (no recomputation)."""
+    exp = _check(name, 0)
+    path = Path(out)
+    png = path / f"{name}.png"
+    exp.plot(read_csv(path / f"{name}.csv"), png)
+    return png
+
+
+def refresh(name: str, out: str | Path) -> dict[str, Any]:
+    """Redraw ``NAME.png`` and recompute the headline in ``NAME.json`` from ``NAME.csv`` (after
+    a change to the analysis or the figure; nothing is re-run). Returns the headline."""
+    exp = _check(name, 0)
+    path = Path(out)
+    rows = read_csv(path / f"{name}.csv")
+    head = exp.summarise(rows)
+    exp.plot(rows, path / f"{name}.png")
+    meta_path = path / f"{name}.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"experiment": name}
+    meta["headline"] = head
+    meta_path.write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
+    return head

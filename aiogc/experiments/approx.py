@@ -1,0 +1,210 @@
+"""``approx-mse`` and ``approx-tails``: MSE at a deadline T, over code instances and trials.
+
+The MSE of one trial is ``||ĝ-g||²/||g||²`` with i.i.d. Gaussian chunk gradients, encoded and
+decoded by the schemes' own code (:func:`aiogc.sim.fast.mse_of_states`). A code instance is one
+draw of the scheme's randomness (Tandon's H at ℓ=1, the partial scheme's B, the assignment for
+random assignments) with its own delay schedule and gradient stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..coding import make_scheme
+from ..delays import materialise
+from ._common import (
+    Experiment,
+    Row,
+    band,
+    boot_rng,
+    code_rng,
+    delay_seed,
+    mean_ci,
+    mse_floor,
+    plt,
+    ratio_of_means_ci,
+    save,
+    select,
+)
+
+DIM = 120
+
+
+def _scheme(name: str, m: int, delta: int, ell: int, seed: int, c: int) -> Any:
+    if name == "ignore-stragglers":  # as aiogc run builds it: ℓ = 1, waits for m - δ + 1
+        return make_scheme(name, m=m, delta=delta, n_parts=1, k=m - delta + 1)
+    return make_scheme(name, m=m, delta=delta, n_parts=ell, rng=code_rng(seed, c))
+
+
+def _mse_cell(*, m: int, delta: int, ell: int, delay: str, deadlines: list[float],
+              schemes: tuple[str, ...], C: int, R: int, seed: int, key: tuple[int, ...],
+              base: Row) -> list[Row]:
+    """Rows for every (T, scheme) of one (ℓ, delay) cell: mean MSE with CI, and the
+    original/partial MSE ratio with CI."""
+    from ..sim.fast import mse_of_states, outcomes
+
+    mse = {(T, n): np.empty((C, R)) for T in deadlines for n in schemes}
+    exact = {(T, n): np.empty((C, R), dtype=bool) for T in deadlines for n in schemes}
+    for c in range(C):
+        sched = materialise(delay, rounds=R, m=m, max_chunks=delta, seed=delay_seed(seed, c))
+        for n in schemes:
+            s = _scheme(n, m, delta, ell, seed, c)
+            for T in deadlines:
+                _, _, status, states = outcomes(s, sched, mode="approx", deadline_s=T)
+                mse[T, n][c] = mse_of_states(s, states, seed=delay_seed(seed, c), dim=DIM)
+                exact[T, n][c] = status == "exact"
+    rows: list[Row] = []
+    for t_i, T in enumerate(deadlines):
+        rng = boot_rng(seed, *key, t_i)
+        ratio = ratio_of_means_ci(mse[T, "original"], mse[T, "partial"], rng=rng)
+        for n in schemes:
+            x = mse[T, n]
+            mu, lo, hi = mean_ci(x, rng=rng)
+            inst = x.mean(axis=1)
+            rows.append({**base, "ell": ell, "delay": delay, "deadline": T, "scheme": n,
+                         "instances": C, "trials": R, "mse_mean": mu, "mse_lo": lo,
+                         "mse_hi": hi, "mse_median": float(np.median(x)),
+                         "mse_instance_min": float(inst.min()),
+                         "mse_instance_max": float(inst.max()),
+                         "exact_fraction": float(exact[T, n].mean()),
+                         "ratio_orig_over_partial": ratio[0], "ratio_lo": ratio[1],
+                         "ratio_hi": ratio[2]})
+    return rows
+
+
+def _plot_cells(rows: list[Row], path: Path, panels: list[tuple[str, dict[str, Any]]],
+                title: str) -> None:
+    p = plt()
+    fig, axes = p.subplots(1, len(panels), figsize=(3 * len(panels), 3.2), sharey=True,
+                           squeeze=False)
+    colors = {"partial": "C0", "original": "C3", "ignore-stragglers": "C2", "uncoded": "C7"}
+    for ax, (label, eq) in zip(axes[0], panels, strict=True):
+        for n, color in colors.items():
+            sel = select(rows, scheme=n, **eq)
+            if not sel:
+                continue
+            band(ax, [r["deadline"] for r in sel], [r["mse_mean"] for r in sel],
+                 [max(r["mse_lo"], 1e-33) for r in sel], [r["mse_hi"] for r in sel],
+                 label=n, color=color)
+        ax.set_yscale("log")
+        ax.set_title(label)
+        ax.set_xlabel("deadline T (s)")
+        ax.legend()
+    mse_floor(axes[0, 0], [r["mse_mean"] for r in rows])  # shared y axis
+    axes[0, 0].set_ylim(top=2.0)
+    axes[0, 0].set_ylabel("mean MSE  ||ĝ-g||²/||g||²")
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def _ratio_table(rows: list[Row], keys: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in select(rows, scheme="partial"):
+        o = next(x for x in rows if x["scheme"] == "original"
+                 and all(x[k] == r[k] for k in (*keys, "deadline")))
+        label = ",".join(f"{k}={r[k]}" for k in keys) + f",T={r['deadline']}"
+        out[label] = {"partial": r["mse_mean"], "partial_ci": [r["mse_lo"], r["mse_hi"]],
+                      "original": o["mse_mean"], "original_ci": [o["mse_lo"], o["mse_hi"]],
+                      "ratio": r["ratio_orig_over_partial"],
+                      "ratio_ci": [r["ratio_lo"], r["ratio_hi"]],
+                      "partial_exact_fraction": r["exact_fraction"]}
+    return out
+
+
+# ------------------------------------------------------------------------------ approx-mse
+
+
+def mse_grid(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"m": 20, "delta": 4, "instances": 2, "trials": 40,
+                "deadlines": [1.0, 2.0, 4.0]}
+    return {"m": 20, "delta": 4, "instances": 6, "trials": 300,
+            "deadlines": [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}
+
+
+def mse_compute(quick: bool, seed: int) -> list[Row]:
+    g = mse_grid(quick)
+    rows: list[Row] = []
+    for ell in (1, 2, 3):
+        rows += _mse_cell(m=g["m"], delta=g["delta"], ell=ell, delay="exp:1.0",
+                          deadlines=g["deadlines"], schemes=("partial", "original"),
+                          C=g["instances"], R=g["trials"], seed=seed, key=(ell,),
+                          base={"m": g["m"], "delta": g["delta"], "dim": DIM})
+    return rows
+
+
+def mse_plot(rows: list[Row], path: Path) -> None:
+    r0 = rows[0]
+    _plot_cells(rows, path, [(f"ℓ={e} (s={r0['delta'] - e} for original)", {"ell": e})
+                             for e in (1, 2, 3)],
+                f"Approximate recovery (cyclic m={r0['m']}, δ={r0['delta']}, exp:1.0, "
+                f"d={r0['dim']}, {r0['instances']} code instances × {r0['trials']} trials; "
+                "band: 95% CI)")
+
+
+def mse_summarise(rows: list[Row]) -> dict[str, Any]:
+    r0 = rows[0]
+    return {"m": r0["m"], "delta": r0["delta"], "instances": r0["instances"],
+            "trials": r0["trials"], "mse": _ratio_table(rows, ("ell",))}
+
+
+APPROX_MSE = Experiment(
+    "approx-mse", mse_compute, mse_plot, mse_summarise,
+    "cyclic m=20, δ=4, ℓ∈{1,2,3}, exp:1.0, T∈{0.5,1,2,3,4,5,6}, d=120, 6 code instances x "
+    "300 trials (quick: 2 x 40, T∈{1,2,4})")
+
+
+# ------------------------------------------------------------------------------ approx-tails
+
+TAIL_DELAYS = ("pareto:1.5", "pareto:2.0", "straggle:0.2,5,exp:1.0", "fail:0.1,exp:1.0",
+               "fail:0.1,straggle:0.2,5,exp:1.0")
+TAIL_SCHEMES = ("partial", "original", "ignore-stragglers")
+
+
+def tails_grid(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"m": 20, "delta": 4, "ell": 2, "instances": 2, "trials": 30,
+                "deadlines": [2.0, 4.0], "delays": TAIL_DELAYS}
+    return {"m": 20, "delta": 4, "ell": 2, "instances": 4, "trials": 200,
+            "deadlines": [1.0, 2.0, 3.0, 4.0, 6.0, 8.0], "delays": TAIL_DELAYS}
+
+
+def tails_compute(quick: bool, seed: int) -> list[Row]:
+    g = tails_grid(quick)
+    rows: list[Row] = []
+    for d_i, delay in enumerate(g["delays"]):
+        rows += _mse_cell(m=g["m"], delta=g["delta"], ell=g["ell"], delay=delay,
+                          deadlines=g["deadlines"], schemes=TAIL_SCHEMES,
+                          C=g["instances"], R=g["trials"], seed=seed, key=(100 + d_i,),
+                          base={"m": g["m"], "delta": g["delta"], "dim": DIM})
+    return rows
+
+
+def tails_plot(rows: list[Row], path: Path) -> None:
+    r0 = rows[0]
+    delays = list(dict.fromkeys(r["delay"] for r in rows))
+    _plot_cells(rows, path, [(d.replace(",straggle", ",\nstraggle"), {"delay": d})
+                             for d in delays],
+                f"Approximate recovery under heavy tails, persistent stragglers and failures "
+                f"(cyclic m={r0['m']}, δ={r0['delta']}, ℓ={r0['ell']}, {r0['instances']} "
+                f"instances × {r0['trials']} trials; band: 95% CI)")
+
+
+def tails_summarise(rows: list[Row]) -> dict[str, Any]:
+    r0 = rows[0]
+    return {"m": r0["m"], "delta": r0["delta"], "ell": r0["ell"], "instances": r0["instances"],
+            "trials": r0["trials"], "mse": _ratio_table(rows, ("delay",)),
+            "partial_lowest_everywhere": all(
+                r["mse_mean"] <= min(x["mse_mean"] for x in rows if x["delay"] == r["delay"]
+                                     and x["deadline"] == r["deadline"])
+                for r in select(rows, scheme="partial"))}
+
+
+APPROX_TAILS = Experiment(
+    "approx-tails", tails_compute, tails_plot, tails_summarise,
+    "cyclic m=20, δ=4, ℓ=2; pareto:1.5, pareto:2.0, straggle:0.2,5,exp:1.0, fail:0.1,exp:1.0, "
+    "fail:0.1,straggle:0.2,5,exp:1.0; partial / original / ignore-stragglers; "
+    "T∈{1,2,3,4,6,8}; 4 instances x 200 trials (quick: 2 x 30, T∈{2,4})")
