@@ -372,6 +372,7 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
     from .worker_setup import TaskPolicy
 
+    _check_local_task_files(a.task, a.data_dir or ())
     # no code from the wire: only built-in tasks, this worker's own --task, or data files
     # inside its own --data-dir directories (docs/protocol.md §4.5)
     policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
@@ -478,6 +479,24 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ main
+
+
+def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
+    """Fail at once, naming the flag, when a file or directory this worker's own command line
+    names is missing (rather than after connecting, where it would look like a PS problem)."""
+    from .tasks import task_kind
+
+    for d in data_dirs:
+        if not Path(d).expanduser().is_dir():
+            raise ConfigError("data-dir", d, "an existing directory on this worker")
+    if task is None:
+        return
+    kind, path = task_kind(task)
+    if kind == "logreg-file" and path is not None and not Path(path).expanduser().is_file():
+        raise ConfigError("task", task, "a logreg:PATH whose data file exists on this worker")
+    module = task.partition(":")[0].strip()
+    if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
+        raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
 
 
 # ------------------------------------------------------------------ keys
