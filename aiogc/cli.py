@@ -392,6 +392,7 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
     from .worker_setup import TaskPolicy
 
+    _check_local_task_files(a.task, a.data_dir or ())
     # no code from the wire: only built-in tasks, this worker's own --task, or data files
     # inside its own --data-dir directories (docs/protocol.md §4.5)
     policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
@@ -500,6 +501,50 @@ def cmd_report(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ main
 
 
+def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
+    """Fail at once, naming the flag, when a file or directory this worker's own command line
+    names is missing (rather than after connecting, where it would look like a PS problem)."""
+    from .tasks import task_kind
+
+    for d in data_dirs:
+        if not Path(d).expanduser().is_dir():
+            raise ConfigError("data-dir", d, "an existing directory on this worker")
+    if task is None:
+        return
+    kind, path = task_kind(task)
+    if kind == "logreg-file" and path is not None and not Path(path).expanduser().is_file():
+        raise ConfigError("task", task, "a logreg:PATH whose data file exists on this worker")
+    module = task.partition(":")[0].strip()
+    if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
+        raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
+
+
+# ------------------------------------------------------------------ keys
+
+
+def add_keys_parser(sub: Any) -> None:
+    p = sub.add_parser("keys", help="derive a worker's own key from the run's master secret")
+    ksub = p.add_subparsers(dest="keys_command", required=True)
+    d = ksub.add_parser("derive", help="print k_j (64 hex digits) for `aiogc worker "
+                                       "--worker-key-file`: it authenticates worker j only")
+    d.add_argument("--secret-file", default=None,
+                   help="the master secret (default: $AIOGC_SECRET)")
+    d.add_argument("--worker", type=int, required=True, help="worker id j")
+    d.set_defaults(func=cmd_keys_derive)
+
+
+def cmd_keys_derive(a: argparse.Namespace) -> int:
+    from .core import derive_worker_key
+
+    if not 0 <= a.worker < MAX_WORKERS:
+        raise ConfigError("worker", a.worker, f"an integer in [0, {MAX_WORKERS - 1}]")
+    secret = read_secret(a.secret_file)
+    if secret is None:
+        raise ConfigError("secret-file", a.secret_file, "a secret file or $AIOGC_SECRET")
+    print(derive_worker_key(secret, a.worker).hex())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
@@ -507,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_ps_parser(sub)
     add_worker_parser(sub)
+    add_keys_parser(sub)
     try:
         from .sim import cli as sim_cli
 

@@ -164,14 +164,13 @@ def bench_protocol(m: int, d: int, rounds: int, trials: int, task: str | None,
 
 
 def bench_bulk(ms: list[int], d: int, rounds: int, trials: int, raw_mb: float,
-               log: Any) -> dict[str, Any]:
+               log: Any, schemes: tuple[str, ...] = ("partial", "uncoded")) -> dict[str, Any]:
     import bulk_task
     from bench_wire import _coded, _raw_receiver, _start, raw_trial
 
     from aiogc.config import RunConfig
 
     spec = bulk_task.spec(d)
-    schemes = ["partial", "uncoded"]
     msg = _coded(d)
     frame_bytes = msg.payload.nbytes
     frames = max(1, round(raw_mb * 1e6 / frame_bytes))
@@ -184,7 +183,7 @@ def bench_bulk(ms: list[int], d: int, rounds: int, trials: int, raw_mb: float,
             raw.append(raw_trial(raw_port, msg, frames))
             log(f"  bulk trial {t}: raw socket {raw[-1] / 1e9:.2f} GB/s")
             for m in ms:
-                for scheme in (schemes if t % 2 == 0 else schemes[::-1]):
+                for scheme in (schemes if t % 2 == 0 else schemes[::-1]):  # alternate
                     cfg = RunConfig(scheme=scheme, workers=m, delta=3, n_parts=1,
                                     rounds=rounds, delay="none", task=spec, dtype="float32")
                     recs, _ = _one_run(cfg, scheme)

@@ -85,7 +85,9 @@ def _raw_receiver(ready: Any) -> None:
             sock.sendall(b"k")
 
 
-def _framed_receiver(ready: Any, loop_kind: str) -> None:
+def _framed_receiver(ready: Any, loop_kind: str, auth_key: bytes | None = None) -> None:
+    """``auth_key``: verify a per-frame tag on every frame received (protocol v2 session key;
+    needs a build whose FramedConnection has ``set_auth``)."""
     rows: dict[int, np.ndarray] = {}
 
     def alloc(kind: str, header: dict[str, Any], dtype: np.dtype, n: int) -> np.ndarray:
@@ -110,7 +112,10 @@ def _framed_receiver(ready: Any, loop_kind: str) -> None:
         def on_close(conn: FramedConnection, exc: BaseException | None) -> None:
             pass
 
-        return FramedConnection(on_message, on_close, alloc=alloc)
+        conn = FramedConnection(on_message, on_close, alloc=alloc)
+        if auth_key is not None:
+            conn.set_auth(recv=auth_key)  # type: ignore[attr-defined,unused-ignore]
+        return conn
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -157,9 +162,18 @@ class _Client:
         return conn
 
 
-async def framed_trial(port: int, msg: CodedGradient, frames: int) -> float:
+def has_frame_auth() -> bool:
+    """Whether this build tags frames (protocol v2: ``FramedConnection.set_auth``)."""
+    return hasattr(FramedConnection, "set_auth")
+
+
+async def framed_trial(port: int, msg: CodedGradient, frames: int,
+                       auth_key: bytes | None = None) -> float:
+    """Payload bytes/s of ``frames`` frames; ``auth_key``: tag every frame sent with it."""
     client = _Client()
     conn = await client.connect(port)
+    if auth_key is not None:
+        conn.set_auth(send=auth_key)  # type: ignore[attr-defined,unused-ignore]
     frame_bytes = sum(len(p) for p in encode_frame(msg))
     conn.send(Ping(seq=frames))
     client.waiter = asyncio.get_running_loop().create_future()

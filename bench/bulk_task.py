@@ -42,7 +42,7 @@ def factory(n_chunks: int, seed: int) -> FunctionTask:
     return make(n_chunks, seed)
 
 
-def __getattr__(name: str):  # PEP 562: ``bulk_<d>`` factories for any d
+def __getattr__(name: str) -> object:  # PEP 562: ``bulk_<d>`` factories for any d
     if name.startswith(_PREFIX) and name[len(_PREFIX):].isdigit():
         dim = int(name[len(_PREFIX):])
         if dim >= 1:

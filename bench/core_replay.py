@@ -24,9 +24,11 @@ from aiogc.core import Setup, Worker
 from aiogc.runner import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
-METHODS = ("receive", "handle_timer", "connection_made", "connection_lost", "messages_to_send",
-           "next_event", "next_deadline", "chunks_done", "next_work", "run_pending",
-           "has_pending", "drain_events", "drain_work", "setup_ready", "start")
+METHODS = ("poll", "finish_chunks", "receive_and_poll", "handle_timer_and_poll",
+           "receive", "handle_timer", "connection_made",
+           "connection_lost", "messages_to_send", "next_event", "next_deadline", "chunks_done",
+           "next_work", "run_pending", "has_pending", "drain_events", "drain_work",
+           "setup_ready", "start")
 
 
 def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
@@ -50,6 +52,7 @@ def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
 def record(scheme: str, m: int, rounds: int) -> tuple[list[tuple[int, str, Any, Any]], int]:
     _, ps, ws = build(scheme, m, rounds)
     log: list[tuple[int, str, Any, Any]] = []
+    depth = [0]  # only the driver's calls are recorded, not a core method calling another
     for k, o in enumerate([ps, *ws]):
         for name in METHODS:
             f = getattr(o, name, None)
@@ -57,12 +60,18 @@ def record(scheme: str, m: int, rounds: int) -> tuple[list[tuple[int, str, Any, 
                 continue
 
             def rec(*a: Any, _f: Any = f, _k: int = k, _n: str = name, **kw: Any) -> Any:
-                if _n == "run_pending":  # replay with the virtual time the driver passed
-                    t = a[0]()
-                    log.append((_k, _n, (lambda t=t: t,), kw))
-                    return _f(lambda: t)
-                log.append((_k, _n, a, kw))
-                return _f(*a, **kw)
+                if depth[0]:
+                    return _f(*a, **kw)
+                depth[0] += 1
+                try:
+                    if _n == "run_pending":  # replay with the virtual time the driver passed
+                        t = a[0]()
+                        log.append((_k, _n, (lambda t=t: t,), kw))
+                        return _f(lambda: t)
+                    log.append((_k, _n, a, kw))
+                    return _f(*a, **kw)
+                finally:
+                    depth[0] -= 1
 
             setattr(o, name, rec)
     sim = Simulation(ps, ws)
@@ -100,7 +109,7 @@ def main() -> None:
             tot: dict[str, float] = defaultdict(float)
             for k, n, args, kw in log:
                 key = ("ps." if k == 0 else "w.") + n + (
-                    ":" + args[1].kind if n == "receive" else "")
+                    ":" + args[1].kind if n in ("receive", "receive_and_poll") else "")
                 t = time.perf_counter()
                 getattr(objs[k], n)(*args, **kw)
                 tot[key] += time.perf_counter() - t

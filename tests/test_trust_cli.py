@@ -284,3 +284,31 @@ def test_run_sigterm_writes_summary_and_exits_130(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["end_reason"] == "stopped by SIGTERM"
     assert summary["schemes"]["partial"]["rounds"] >= 1
+
+
+def test_keys_derive_prints_the_worker_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiogc.core import derive_worker_key
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 32 + b"\n")
+    assert main(["keys", "derive", "--secret-file", str(secret), "--worker", "3"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == derive_worker_key(b"s" * 32, 3).hex()
+    assert bytes.fromhex(out) != derive_worker_key(b"s" * 32, 4)
+    assert main(["keys", "derive", "--secret-file", str(secret), "--worker", "-1"]) == 2
+
+
+def test_worker_with_a_missing_task_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the file check comes before any connection attempt: no "PS unreachable" for a local typo
+    for task in (f"logreg:{tmp_path / 'missing.csv'}", f"{tmp_path / 'missing.py'}:make"):
+        rc = main(["worker", "--connect", "127.0.0.1:9", "--id", "0", "--task", task])
+        err = capsys.readouterr().err
+        assert rc == 2 and "task" in err and "exists on this worker" in err
+        assert "unreachable" not in err
+    rc = main(["worker", "--connect", "127.0.0.1:9", "--id", "0",
+               "--data-dir", str(tmp_path / "nodir")])
+    assert rc == 2 and "data-dir" in capsys.readouterr().err

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -36,7 +36,8 @@ class Endpoint:
 
     def __init__(self) -> None:
         self._outbox: list[Outgoing] = []
-        self._events: deque[Event] = deque()
+        # lists, not deques: drivers drain them whole (a swap), one pop(0) per next_event
+        self._events: list[Event] = []
         self.stats: Counter[str] = Counter()
 
     def messages_to_send(self) -> list[Outgoing]:
@@ -46,19 +47,41 @@ class Endpoint:
 
     def next_event(self) -> Event | None:
         """The next event, or None."""
-        return self._events.popleft() if self._events else None
+        return self._events.pop(0) if self._events else None
 
     def drain_events(self) -> list[Event]:
         """Every queued event, in order (one call instead of ``next_event`` until None)."""
         if not self._events:
             return []
-        out = list(self._events)
-        self._events.clear()
+        out, self._events = self._events, []
         return out
 
     def statistics(self) -> dict[str, int]:
         """Counters of dropped, rejected and closed things, by reason."""
         return dict(self.stats)
+
+
+def fast_new(cls: type, names: tuple[str, ...] | None = None) -> Any:
+    """A positional constructor of the slotted, frozen dataclass ``cls`` that skips
+    ``__init__``, ``__post_init__`` validation and frozen ``__setattr__`` (it stores each field
+    through its slot descriptor).
+
+    Only for values this process built itself (messages it sends, its own events): anything
+    that came from the network is still built through the validating constructors. About 3x
+    cheaper than ``Message.trusted`` and 1.5x than a frozen dataclass ``__init__``, which
+    matters on the per-report path (several objects per chunk and worker).
+    """
+    if names is None:
+        names = tuple(f.name for f in fields(cls))
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for i, name in enumerate(names):
+        ns[f"_s{i}"] = getattr(cls, name).__set__  # the slot's member descriptor
+    args = ", ".join(f"a{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
+    exec(f"def make({args}):\n    o = _new(_cls)\n{body}    return o\n", ns)
+    make = ns["make"]
+    make.__doc__ = f"Unvalidated positional constructor of {cls.__name__}{names}."
+    return make
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,3 +369,16 @@ class ConnectionFailed(Event):
     time: float
     #: True when reconnecting cannot help (wrong secret, config or version): stop the worker
     fatal: bool = False
+
+
+# ------------------------------------------------------------------------------ hot-path builders
+# (see fast_new: for objects the cores build themselves, several per chunk and worker)
+
+#: ``new_outgoing(peer, message, close, reason)``
+new_outgoing = fast_new(Outgoing)
+#: ``new_chunk_computed(round, position, chunk, time, compute_s)``
+new_chunk_computed = fast_new(ChunkComputed)
+#: ``new_coded_sent(round, attempt, chunks_used, time)``
+new_coded_sent = fast_new(CodedSent)
+#: ``new_compute_chunks(round, first, chunks, model)``
+new_compute_chunks = fast_new(ComputeChunks)

@@ -77,11 +77,17 @@ from .common import (
     WorkerJoined,
     config_hash,
     derive_worker_key,
+    fast_new,
     hello_mac,
     macs_equal,
+    new_outgoing,
     session_keys,
     welcome_mac,
 )
+
+# unvalidated constructors of the frames the PS builds itself (see fast_new)
+_new_round_start = fast_new(RoundStart, RoundStart._names)
+_new_encode = fast_new(EncodeAndTransmit, EncodeAndTransmit._names)
 
 #: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
 #: When they are all taken, a new connection evicts the *oldest* pending one (an honest worker
@@ -93,6 +99,7 @@ MAX_PENDING_CONNECTIONS = 64
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
 PING_MIN_RATE = 10.0
+_INF = float("inf")
 
 
 class PSPhase(enum.Enum):
@@ -131,6 +138,14 @@ _ACCEPTS: dict[str, frozenset[PSPhase]] = {
     "bye": frozenset(PSPhase),
     "error": frozenset(PSPhase),
 }
+
+
+# phase members as module constants: an Enum class attribute lookup costs ~10x a
+# global read, and the hot path compares phases several times per message
+_P_COLLECTING = PSPhase.COLLECTING
+_P_COMPUTING = PSPhase.COMPUTING
+_P_FINISHED = PSPhase.FINISHED
+_P_JOINING = PSPhase.JOINING
 
 
 @dataclass
@@ -246,7 +261,7 @@ class ParameterServer(Endpoint):
         self.guard: RoundGuard | None = (
             RoundGuard(self.model, predicted_error=self.predicted_error) if guard else None)
 
-        self.phase = PSPhase.JOINING
+        self.phase = _P_JOINING
         self._peers: dict[Hashable, _Peer] = {}
         self._worker_peer: dict[int, Hashable] = {}
         self._last_heard: dict[int, float] = {}
@@ -267,7 +282,7 @@ class ParameterServer(Endpoint):
     def start(self, *, now: float) -> None:
         """The PS is listening: the join deadline runs from here, not from the first
         connection (a PS nobody connects to ends with a reason instead of waiting forever)."""
-        if self._join_deadline is None and self.phase is PSPhase.JOINING:
+        if self._join_deadline is None and self.phase is _P_JOINING:
             self._join_deadline = now + self.config.join_timeout_s
 
     def connection_made(self, peer: Hashable, *, now: float) -> None:
@@ -283,7 +298,7 @@ class ParameterServer(Endpoint):
         nonce = self.nonce_fn()
         self._peers[peer] = _Peer(nonce=nonce)
         self._pending[peer] = now + self.auth_deadline_s
-        if self._join_deadline is None and self.phase is PSPhase.JOINING:
+        if self._join_deadline is None and self.phase is _P_JOINING:
             self._join_deadline = now + self.config.join_timeout_s
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
 
@@ -307,17 +322,22 @@ class ParameterServer(Endpoint):
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
         """Feed one decoded message from ``peer``. Garbage closes that peer only."""
-        self._catch_up(now)
+        if self._stage1 is not None:
+            self._catch_up(now)
         info = self._peers.get(peer)
         if info is None:
             self.stats["from_unknown_peer"] += 1
             return
         try:
-            if info.worker is None:
+            worker = info.worker
+            if worker is None:
                 self._handshake(peer, info, msg, now)
             else:
-                self._last_heard[info.worker] = now
-                self._dispatch(info.worker, peer, msg, now)
+                self._last_heard[worker] = now
+                if type(msg) is ChunkReport:  # the most frequent kind, accepted in every phase
+                    self._on_report(worker, msg, now)
+                else:
+                    self._dispatch(worker, peer, msg, now)
         except RemoteProtocolError as exc:
             self._close(peer, exc.code, exc.reason, now)
 
@@ -350,7 +370,7 @@ class ParameterServer(Endpoint):
                 self._drop_workers(dead, "heartbeat_timeout", now)
             for peer in peers:
                 self._close(peer, "heartbeat_timeout", "silent too long", now)
-        if self.phase is PSPhase.JOINING:
+        if self.phase is _P_JOINING:
             if self._join_deadline is not None and now >= self._join_deadline:
                 if self._round_no == -1 and self._ready_can_decode():
                     # round 0 waits for all m only until join_timeout_s; then it starts with
@@ -364,21 +384,21 @@ class ParameterServer(Endpoint):
                     )
             return
         rs = self._round
-        if rs is None or self.phase is PSPhase.FINISHED:
+        if rs is None or self.phase is _P_FINISHED:
             return
         rec = rs.record
         if now >= rec.t_start + self.config.round_timeout_s:
             self._on_round_timeout(now)
             return
         if (
-            self.phase is PSPhase.COLLECTING
+            self.phase is _P_COLLECTING
             and rs.collect_deadline is not None
             and now >= rs.collect_deadline
         ):
             self._drop_workers(sorted(rs.expected - set(rs.received)), "collect_timeout", now)
             return
         if (
-            self.phase is PSPhase.COMPUTING
+            self.phase is _P_COMPUTING
             and self.config.mode == "approx"
             and self.config.deadline_s is not None
             and now >= rec.t_start + self.config.deadline_s
@@ -422,25 +442,47 @@ class ParameterServer(Endpoint):
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``handle_timer`` has something to do, or None."""
-        times: list[float] = []
+        # called after every pump: plain comparisons, no list and no min() over one
+        best = _INF
         if self._pending:
-            times.append(min(self._pending.values()))
-        if self.config.dead_after_s is not None and self._sweep_at is not None:
-            times.append(self._sweep_at)
-        if self.phase is PSPhase.JOINING and self._join_deadline is not None:
-            times.append(self._join_deadline)
-        rs = self._round
-        if rs is not None and self.phase in (PSPhase.COMPUTING, PSPhase.COLLECTING):
-            times.append(rs.record.t_start + self.config.round_timeout_s)
-            if self.phase is PSPhase.COLLECTING and rs.collect_deadline is not None:
-                times.append(rs.collect_deadline)
-            if (
-                self.phase is PSPhase.COMPUTING
-                and self.config.mode == "approx"
-                and self.config.deadline_s is not None
-            ):
-                times.append(rs.record.t_start + self.config.deadline_s)
-        return min(times) if times else None
+            best = min(self._pending.values())
+        cfg = self.config
+        if cfg.dead_after_s is not None and self._sweep_at is not None and self._sweep_at < best:
+            best = self._sweep_at
+        phase = self.phase
+        if phase is _P_JOINING:
+            if self._join_deadline is not None and self._join_deadline < best:
+                best = self._join_deadline
+        elif phase is _P_COMPUTING or phase is _P_COLLECTING:
+            rs = self._round
+            if rs is not None:
+                t0 = rs.record.t_start
+                t = t0 + cfg.round_timeout_s
+                if t < best:
+                    best = t
+                if phase is _P_COLLECTING:
+                    if rs.collect_deadline is not None and rs.collect_deadline < best:
+                        best = rs.collect_deadline
+                elif cfg.mode == "approx" and cfg.deadline_s is not None:
+                    t = t0 + cfg.deadline_s
+                    if t < best:
+                        best = t
+        return None if best == _INF else best
+
+    def poll(self) -> tuple[list[Outgoing], list[Event] | None, float | None]:
+        """One driver call per pump instead of four: ``(outgoing, events, deadline)``.
+
+        Drains the outbox; then, when :meth:`run_pending` has work, returns
+        ``(outgoing, None, None)`` (the driver flushes, calls ``run_pending`` and polls
+        again); otherwise also drains the events and returns :meth:`next_deadline`. Same order
+        and results as ``messages_to_send``, ``has_pending``, ``drain_events``,
+        ``next_deadline`` called in turn.
+        """
+        out, self._outbox = self._outbox, []
+        if self._stage1 is not None or self._stage2:
+            return out, None, None
+        events, self._events = self._events, []
+        return out, events, self.next_deadline()
 
     # ================================================================== public helpers
 
@@ -452,7 +494,7 @@ class ParameterServer(Endpoint):
 
     @property
     def finished(self) -> bool:
-        return self.phase is PSPhase.FINISHED
+        return self.phase is _P_FINISHED
 
     def _ready_workers(self) -> dict[int, Hashable]:
         """Authenticated workers that said ``ready`` (they take part in the next round)."""
@@ -477,9 +519,9 @@ class ParameterServer(Endpoint):
         if w in rs.received or w in rs.excluded:
             return None
         if self.scheme.sends_when_done:
-            ok = self.phase is PSPhase.COMPUTING
+            ok = self.phase is _P_COMPUTING
         else:
-            ok = self.phase is PSPhase.COLLECTING and w in rs.expected
+            ok = self.phase is _P_COLLECTING and w in rs.expected
         return self._rows[w] if ok else None
 
     def worker_of(self, peer: Hashable) -> int | None:
@@ -494,7 +536,7 @@ class ParameterServer(Endpoint):
 
     def stop(self, reason: str, *, now: float) -> None:
         """Abort the run (e.g. SIGTERM): tell the workers and finish."""
-        if self.phase is not PSPhase.FINISHED:
+        if self.phase is not _P_FINISHED:
             self._finish(reason, now)
 
     # ================================================================== internals
@@ -525,16 +567,17 @@ class ParameterServer(Endpoint):
         self.phase = new
 
     def _send(self, peer: Hashable, msg: Message) -> None:
-        self._outbox.append(Outgoing(peer, msg))
+        self._outbox.append(new_outgoing(peer, msg, False, ""))
 
     def _broadcast(self, msg: Message, *, ready_only: bool = False) -> None:
         """Queue ``msg`` for every authenticated worker (``ready_only``: only those that said
         ``ready``: a worker still building its task is in no round, and round messages would
         only make it fail the connection)."""
         peers = self._peers
+        append = self._outbox.append
         for peer in self._worker_peer.values():
             if not ready_only or peers[peer].ready:
-                self._outbox.append(Outgoing(peer, msg))
+                append(new_outgoing(peer, msg, False, ""))
 
     def _close(self, peer: Hashable, code: str, reason: str, now: float) -> None:
         self.stats[f"closed_{code}"] += 1
@@ -618,7 +661,7 @@ class ParameterServer(Endpoint):
             if msg.epoch != self.epoch:
                 raise RemoteProtocolError(f"ready for epoch {msg.epoch}", code="stale_epoch")
             self._peers[peer].ready = True
-            if self.phase is PSPhase.JOINING and self._can_start(self._round_no + 1):
+            if self.phase is _P_JOINING and self._can_start(self._round_no + 1):
                 self._start_round(now)
         elif isinstance(msg, Ping):
             if self._ping_allowed(worker, now):
@@ -647,8 +690,8 @@ class ParameterServer(Endpoint):
             self.stats[f"stale_epoch_{kind}"] += 1
             return None
         if rs is None or rnd != rs.record.round or self.phase not in (
-            PSPhase.COMPUTING,
-            PSPhase.COLLECTING,
+            _P_COMPUTING,
+            _P_COLLECTING,
         ):
             if rs is not None and rnd > rs.record.round:
                 raise RemoteProtocolError(f"{kind} for future round {rnd}", code="future_round")
@@ -676,7 +719,7 @@ class ParameterServer(Endpoint):
         rs.record.reports.append((now, worker, count, msg.elapsed_s))
         if rs.cover is not None:
             rs.cover.add(worker, old, count)
-            if self.phase is PSPhase.COMPUTING and rs.cover.deficit == 0:
+            if self.phase is _P_COMPUTING and rs.cover.deficit == 0:
                 self._trigger(now, exact=True)
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
@@ -688,11 +731,11 @@ class ParameterServer(Endpoint):
             self.stats["late_or_duplicate_coded"] += 1
             return
         if self._sends_when_done:
-            if self.phase is not PSPhase.COMPUTING:
+            if self.phase is not _P_COMPUTING:
                 self.stats["late_or_duplicate_coded"] += 1
                 return
         else:
-            if self.phase is not PSPhase.COLLECTING or msg.attempt != rs.attempt or (
+            if self.phase is not _P_COLLECTING or msg.attempt != rs.attempt or (
                 worker not in rs.expected
             ):
                 self.stats["stale_attempt_coded"] += 1
@@ -758,13 +801,13 @@ class ParameterServer(Endpoint):
             return
         if not force and not self._can_start(r):
             # only reached when a round just ended: wait (join_timeout_s) for enough workers
-            if self.phase is not PSPhase.JOINING:
-                self._set_phase(PSPhase.JOINING)
+            if self.phase is not _P_JOINING:
+                self._set_phase(_P_JOINING)
             self._round = None
             self._join_deadline = now + self.config.join_timeout_s
             return
         self._round_no = r
-        self._set_phase(PSPhase.COMPUTING)
+        self._set_phase(_P_COMPUTING)
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         cover = None
         if not self._sends_when_done:
@@ -775,16 +818,17 @@ class ParameterServer(Endpoint):
         ready = self._ready_workers()
         sched = self.schedule
         if sched is not None and r < sched.compute_s.shape[0]:
-            comp = sched.compute_s[r]
-            net_row = sched.network_s[r]
+            # one tolist() per round rather than numpy slicing and scalars per worker
+            comp = sched.compute_s[r].tolist()
+            net_row = sched.network_s[r].tolist()
+            loads = self._loads_list
             for worker, peer in sorted(ready.items()):
-                load = self._loads_list[worker]
-                delays = tuple(comp[worker, :load].tolist())
-                self._send(peer, RoundStart.trusted(self.epoch, r, delays,
-                                                    float(net_row[worker]), model))
+                delays = tuple(comp[worker][:loads[worker]])
+                self._send(peer, _new_round_start(self.epoch, r, delays,
+                                                  float(net_row[worker]), model))
         else:
             # one message object for everyone: the driver encodes it once
-            msg = RoundStart.trusted(self.epoch, r, (), 0.0, model)
+            msg = _new_round_start(self.epoch, r, (), 0.0, model)
             for _worker, peer in sorted(ready.items()):
                 self._send(peer, msg)
         # workers not connected and ready now cannot take part in this round
@@ -814,8 +858,8 @@ class ParameterServer(Endpoint):
             rs.record.t_trigger = now
         if not exact:
             rs.approx = True
-        self._set_phase(PSPhase.COLLECTING)
-        self._broadcast(EncodeAndTransmit.trusted(self.epoch, rs.record.round, rs.attempt,
+        self._set_phase(_P_COLLECTING)
+        self._broadcast(_new_encode(self.epoch, rs.record.round, rs.attempt,
                                                   state), ready_only=True)
         self._events.append(Triggered(rs.record.round, rs.attempt, state, now, exact))
         if not rs.expected:  # nothing to wait for (cannot happen when exact)
@@ -836,7 +880,7 @@ class ParameterServer(Endpoint):
     def _drop_workers(self, workers: list[int], reason: str, now: float) -> None:
         """Take ``workers`` out of the running round, then re-broadcast or resume once."""
         rs = self._round
-        if rs is None or self.phase not in (PSPhase.COMPUTING, PSPhase.COLLECTING):
+        if rs is None or self.phase not in (_P_COMPUTING, _P_COLLECTING):
             return
         lost_expected = False
         for worker in workers:
@@ -860,7 +904,7 @@ class ParameterServer(Endpoint):
             # deadline, which decodes what there is)
             self._end_round_failed(now, f"cannot decode: workers {sorted(rs.excluded)} gone")
             return
-        if self.phase is not PSPhase.COLLECTING or not lost_expected:
+        if self.phase is not _P_COLLECTING or not lost_expected:
             return
         assert rs.cover is not None
         if rs.cover.deficit == 0:
@@ -876,7 +920,7 @@ class ParameterServer(Endpoint):
             rs.expected = set()
             rs.received = {}
             rs.collect_deadline = None
-            self._set_phase(PSPhase.COMPUTING)
+            self._set_phase(_P_COMPUTING)
             self._broadcast(Resume.trusted(self.epoch, rs.record.round, rs.attempt),
                             ready_only=True)
             self._events.append(RoundResumed(rs.record.round, rs.attempt, now))
@@ -945,7 +989,7 @@ class ParameterServer(Endpoint):
             state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(int(x) for x in state)
         self._round = None
-        self._set_phase(PSPhase.JOINING)
+        self._set_phase(_P_JOINING)
         self._stage1 = (rec, exact, reason, decode, state, rs.attempt)
 
     def _run_stage1(self, now_fn: Callable[[], float]) -> None:
@@ -980,7 +1024,7 @@ class ParameterServer(Endpoint):
         self._stage2.append((rec, grad, w_prev, self.model))
         # the next round starts now, after the decode: its t_start is a fresh clock reading
         now = now_fn()
-        if self.phase is PSPhase.JOINING and self._round is None:
+        if self.phase is _P_JOINING and self._round is None:
             self._after_round(rec, now)
 
     def _guarded_step(self, rec: RoundRecord, grad: np.ndarray, w_prev: np.ndarray,
@@ -1008,7 +1052,7 @@ class ParameterServer(Endpoint):
 
     def _after_round(self, rec: RoundRecord, now: float) -> None:
         self._start_round(now)
-        if self.phase is PSPhase.JOINING:
+        if self.phase is _P_JOINING:
             # no round started at once: tell the workers this one is over (when a round does
             # start, its round_start says so)
             self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round, status=str(rec.status)),
@@ -1070,7 +1114,7 @@ class ParameterServer(Endpoint):
     def _finish(self, reason: str, now: float) -> None:
         while self._stage1 is not None:
             self._run_stage1(lambda: now)
-        self._set_phase(PSPhase.FINISHED)
+        self._set_phase(_P_FINISHED)
         self._round = None
         self._broadcast(Shutdown(reason=reason))
         for peer in list(self._worker_peer.values()):

@@ -25,7 +25,7 @@ import enum
 import operator
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,11 +53,10 @@ from ..messages import (
 )
 from .common import (
     FATAL_CODES,
-    ChunkComputed,
-    CodedSent,
     ComputeChunks,
     ConnectionFailed,
     Endpoint,
+    Event,
     Outgoing,
     RoundEnded,
     SessionKeys,
@@ -66,13 +65,22 @@ from .common import (
     Welcomed,
     config_hash,
     derive_worker_key,
+    fast_new,
     hello_mac,
     macs_equal,
+    new_chunk_computed,
+    new_coded_sent,
+    new_compute_chunks,
+    new_outgoing,
     session_keys,
     welcome_mac,
 )
 
 PS_PEER = "ps"
+
+# unvalidated constructors of the frames this worker builds itself (see fast_new)
+_new_report = fast_new(ChunkReport, ChunkReport._names)
+_new_coded = fast_new(CodedGradient, CodedGradient._names)
 
 #: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
 #: gives up on that connection and reconnects.
@@ -129,6 +137,17 @@ _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
 }
 
 
+# phase members as module constants: an Enum class attribute lookup costs ~10x a
+# global read, and the hot path compares phases several times per message
+_W_AUTHENTICATING = WorkerPhase.AUTHENTICATING
+_W_CLOSED = WorkerPhase.CLOSED
+_W_COMPUTING = WorkerPhase.COMPUTING
+_W_CONNECTING = WorkerPhase.CONNECTING
+_W_IDLE = WorkerPhase.IDLE
+_W_SETTING_UP = WorkerPhase.SETTING_UP
+_W_WAITING = WorkerPhase.WAITING
+
+
 class ChunkGradientFn(Protocol):
     def __call__(self, chunk: int, w: np.ndarray) -> np.ndarray: ...
 
@@ -145,6 +164,11 @@ class Setup:
     scheme: Any
     chunk_gradient: ChunkGradientFn
     digest: str = ""
+    #: the last broadcast state a worker of this setup validated against ``scheme.loads``,
+    #: with its digest: every worker of a process receives the same state in a round, so the
+    #: others skip the O(m) bound check and the hash (they still check their own entry)
+    checked_state: tuple[tuple[int, ...], bytes] | None = field(default=None, repr=False,
+                                                                 compare=False)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -208,13 +232,13 @@ class Worker(Endpoint):
         self.nonce_fn = nonce_fn
         self.handshake_timeout_s = float(handshake_timeout_s)
         self._connected_at = 0.0
-        self.phase = WorkerPhase.CLOSED
+        self.phase = _W_CLOSED
         self.setup: Setup | None = None
         #: keys of the current session (after a verified welcome), or None without a secret
         self.session: SessionKeys | None = None
         self._pending_config: RunConfig | None = None
         self._pending_digest: object = None
-        self._work: deque[ComputeChunks] = deque()
+        self._work: list[ComputeChunks] = []
         self._delayed: deque[tuple[float, Message]] = deque()
         self._epoch = 0
         self._nonce = b""
@@ -237,12 +261,20 @@ class Worker(Endpoint):
         self._loads: list[int] = []
         self._order: list[int] = []
         self._fixed_theta: np.ndarray | None = None
+        # hot-path copies of setup/config values (set in _on_welcome / _setup_ready)
+        self._dead_after: float | None = None
+        self._heartbeat: float | None = None
+        self._report_every = 1
+        self._swd = False  # scheme sends when done
+        self._payload_dtype: np.dtype = np.dtype("<f8")
+        self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
+        self._fixed_digest = b""
 
     # ================================================================== driver contract
 
     def connection_made(self, *, now: float) -> None:
         """A fresh transport to the PS is up (first connect or a reconnect)."""
-        self.phase = WorkerPhase.CONNECTING
+        self.phase = _W_CONNECTING
         self._delayed.clear()
         self._work.clear()
         self.session = None
@@ -253,15 +285,15 @@ class Worker(Endpoint):
 
     def connection_lost(self, *, now: float) -> None:
         """The transport is gone; the driver reconnects (with backoff) unless shut down."""
-        if self.phase is not WorkerPhase.CLOSED:
-            self.phase = WorkerPhase.CLOSED
+        if self.phase is not _W_CLOSED:
+            self.phase = _W_CLOSED
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
         self.session = None
 
     def receive(self, peer: Hashable, msg: Message, *, now: float) -> None:
-        if self.phase is WorkerPhase.CLOSED:
+        if self.phase is _W_CLOSED:
             # we closed this connection (frames still in flight, e.g. the PS's answer to
             # our Error): nothing on it matters any more
             self.stats["after_close"] += 1
@@ -283,15 +315,26 @@ class Worker(Endpoint):
 
     def next_work(self) -> ComputeChunks | None:
         """The next work item for the driver, or None."""
-        return self._work.popleft() if self._work else None
+        return self._work.pop(0) if self._work else None
 
     def drain_work(self) -> list[ComputeChunks]:
         """Every queued work item, in order."""
         if not self._work:
             return []
-        out = list(self._work)
-        self._work.clear()
+        out, self._work = self._work, []
         return out
+
+    def poll(self) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """One driver call per pump instead of four: ``(events, work, outgoing, deadline)``.
+
+        Drains the event, work and outgoing queues and returns :meth:`next_deadline`. A driver
+        that answers an event or work item (``setup_ready``, ``chunks_done``) polls again: that
+        poll carries what the answer produced and the deadline that then holds.
+        """
+        events, self._events = self._events, []
+        work, self._work = self._work, []
+        out, self._outbox = self._outbox, []
+        return events, work, out, self.next_deadline()
 
     def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
         """The driver computed the gradients of a :class:`ComputeChunks` item.
@@ -303,6 +346,25 @@ class Worker(Endpoint):
             self._chunks_done(rnd, first, grads, now)
         except Exception as exc:
             self._internal_error(exc, now)
+
+    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
+                         ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
+        self.receive(peer, msg, now=now)
+        return self.poll()
+
+    def handle_timer_and_poll(self, *, now: float
+                              ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing],
+                                         float | None]:
+        """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
+        self.handle_timer(now=now)
+        return self.poll()
+
+    def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
+                      ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+        """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
+        self.chunks_done(rnd, first, grads, now=now)
+        return self.poll()
 
     def work_failed(self, exc: Exception, *, now: float) -> None:
         """The driver's gradient computation raised: close with the reason (and reconnect)."""
@@ -324,7 +386,7 @@ class Worker(Endpoint):
     def setup_failed(self, code: str, reason: str, *, now: float) -> None:
         """The driver could not (or may not) build the configured task: close with ``code``
         (``task_not_allowed`` is fatal: reconnecting cannot help)."""
-        if self.phase is WorkerPhase.SETTING_UP:
+        if self.phase is _W_SETTING_UP:
             self._fail(code, reason, now, send_error=True)
 
     def next_deadline(self) -> float | None:
@@ -333,19 +395,21 @@ class Worker(Endpoint):
         best = _INF
         if self._delayed:
             best = self._delayed[0][0]
-        if phase is WorkerPhase.COMPUTING and self._requested == self._count:
+        if phase is _W_COMPUTING and self._requested == self._count:
             dl = self._deadline_list
             if self._count < len(dl) and dl[self._count] < best:
                 best = dl[self._count]
         elif phase in _HANDSHAKING:
             best = min(best, self._connected_at + self.handshake_timeout_s)
-        if phase is not WorkerPhase.CLOSED:
-            cfg = self.setup.config if self.setup else self._pending_config
-            if cfg is not None:
-                if cfg.dead_after_s is not None:
-                    best = min(best, self._last_heard + cfg.dead_after_s)
-                if cfg.heartbeat_s is not None:
-                    best = min(best, self._last_sent + cfg.heartbeat_s)
+        if phase is not _W_CLOSED:
+            if self._dead_after is not None:
+                t = self._last_heard + self._dead_after
+                if t < best:
+                    best = t
+            if self._heartbeat is not None:
+                t = self._last_sent + self._heartbeat
+                if t < best:
+                    best = t
         return None if best == _INF else best
 
     # ================================================================== helpers
@@ -375,30 +439,31 @@ class Worker(Endpoint):
             self._delayed.append((now + hold, msg))
             self._release(now)
         else:
-            self._outbox.append(Outgoing(PS_PEER, msg))
+            self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
 
     def _release(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
-            self._outbox.append(Outgoing(PS_PEER, self._delayed.popleft()[1]))
+            self._outbox.append(new_outgoing(PS_PEER, self._delayed.popleft()[1], False, ""))
 
     def _fail(self, code: str, reason: str, now: float, *, send_error: bool) -> None:
         self.stats[f"failed_{code}"] += 1
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
-        self.phase = WorkerPhase.CLOSED
+        self.phase = _W_CLOSED
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
 
     def _internal_error(self, exc: Exception, now: float) -> None:
-        if self.phase is WorkerPhase.CLOSED:
+        if self.phase is _W_CLOSED:
             self.stats["error_while_closed"] += 1
             return
         self._fail("worker_error", f"{type(exc).__name__}: {exc}", now, send_error=True)
 
     def _handle_timer(self, now: float) -> None:
-        self._release(now)
+        if self._delayed:
+            self._release(now)
         if self.phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
             # e.g. a connection the PS's kernel completed but its accept queue dropped: the
             # PS will never speak on it, and without a config there is no liveness timer yet
@@ -406,18 +471,18 @@ class Worker(Endpoint):
                        send_error=False)
             return
         if (
-            self.phase is WorkerPhase.COMPUTING
+            self.phase is _W_COMPUTING
             and self._requested == self._count
             and self._count < len(self._deadline_list)
             and now >= self._deadline_list[self._count]
         ):
             self._request_due(now)
-        cfg = self.setup.config if self.setup else self._pending_config
-        if cfg is not None and self.phase is not WorkerPhase.CLOSED:
-            if cfg.dead_after_s is not None and now >= self._last_heard + cfg.dead_after_s:
+        if self.phase is not _W_CLOSED:
+            dead_after, heartbeat = self._dead_after, self._heartbeat
+            if dead_after is not None and now >= self._last_heard + dead_after:
                 self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
                 return
-            if cfg.heartbeat_s is not None and now >= self._last_sent + cfg.heartbeat_s:
+            if heartbeat is not None and now >= self._last_sent + heartbeat:
                 self._ping_seq += 1
                 self._emit(Ping.trusted(self._ping_seq), now, delay=False)
 
@@ -447,7 +512,7 @@ class Worker(Endpoint):
             self._on_round_end(msg, now)
         elif isinstance(msg, Shutdown):
             self._events.append(ShutdownRequested(msg.reason, now))
-            self.phase = WorkerPhase.CLOSED
+            self.phase = _W_CLOSED
             self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
         elif isinstance(msg, Error):
             self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
@@ -463,7 +528,7 @@ class Worker(Endpoint):
             if self.key is not None
             else b""
         )
-        self._set_phase(WorkerPhase.AUTHENTICATING)
+        self._set_phase(_W_AUTHENTICATING)
         self._emit(Hello(worker=self.worker_id, nonce=self._nonce, mac=mac, epoch=msg.epoch),
                    now, delay=False)
 
@@ -486,24 +551,39 @@ class Worker(Endpoint):
         if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._pending_digest = digest
-        self._set_phase(WorkerPhase.SETTING_UP)
+        self._set_phase(_W_SETTING_UP)
         if self.setup is not None and self.setup.config == config:
             self._setup_ready(self.setup, now)
             return
         self._pending_config = config
+        if self.setup is None:  # liveness follows the setup's config once there is one
+            self._dead_after, self._heartbeat = config.dead_after_s, config.heartbeat_s
         self._events.append(SetupNeeded(config, now))
 
     def _setup_ready(self, setup: Setup, now: float) -> None:
-        if self.phase is not WorkerPhase.SETTING_UP:
+        if self.phase is not _W_SETTING_UP:
             return  # the connection closed while the driver was building: keep nothing
         if self._pending_digest != setup.digest:
             raise RemoteProtocolError("scheme digest mismatch", code="config_mismatch")
         self.setup = setup
+        cfg = setup.config
+        self._dead_after, self._heartbeat = cfg.dead_after_s, cfg.heartbeat_s
+        self._report_every = cfg.report_every
+        self._swd = bool(setup.scheme.sends_when_done)
+        self._payload_dtype = cfg.payload_dtype
         self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
+        self._fixed_coef = (
+            np.ascontiguousarray(self._fixed_theta[:, 0])
+            if self._fixed_theta is not None and self._fixed_theta.shape[1] == 1 else None)
+        if self._swd:
+            # a send-when-done vector is always encoded with "only me, all my chunks"
+            st = [0] * setup.scheme.m
+            st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
+            self._fixed_digest = state_digest(st)
         self._loads = [int(x) for x in setup.scheme.loads]
         self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
         self._pending_config = None
-        self._set_phase(WorkerPhase.IDLE)
+        self._set_phase(_W_IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
         self._emit(Ready.trusted(self._epoch), now, delay=False)
 
@@ -520,7 +600,7 @@ class Worker(Endpoint):
         if msg.round <= self._round:
             raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
                                       code="bad_round")
-        if self._round >= 0 and self.phase is not WorkerPhase.IDLE:
+        if self._round >= 0 and self.phase is not _W_IDLE:
             # round_end is folded into the next round_start: the previous round is over
             self._events.append(RoundEnded(self._round, "", now))
         load = self._loads[self.worker_id]
@@ -548,7 +628,7 @@ class Worker(Endpoint):
                 acc += delays[k]
             dl.append(now + acc)
         self._deadline_list = dl
-        self._set_phase(WorkerPhase.COMPUTING)
+        self._set_phase(_W_COMPUTING)
         if load == 0:
             self._after_all_computed(now)
         elif self._deadline_list[0] <= now:
@@ -566,43 +646,48 @@ class Worker(Endpoint):
             return
         chunks = tuple(self._order[k:due])
         self._requested = due
-        self._work.append(ComputeChunks(self._round, k, chunks, self._model))
+        self._work.append(new_compute_chunks(self._round, k, chunks, self._model))
 
     def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
         if rnd != self._round or first != self._count or self._grads is None:
             self.stats["stale_work"] += 1
             return
-        if self.phase not in (WorkerPhase.COMPUTING, WorkerPhase.WAITING):
+        if self.phase not in (_W_COMPUTING, _W_WAITING):
             self.stats["stale_work"] += 1
             return
         n = len(grads)
         if first + n > self._requested:
             raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
                                      "were requested")
-        assert self.setup is not None
         order = self._order
         dl = self._deadline_list
+        store = self._grads
+        events = self._events
+        rnd = self._round
+        prev = dl[first - 1] if first > 0 else self._t0
+        compute_s = self._compute_s
         for i in range(n):
             k = first + i
-            self._grads[k] = grads[i]
+            store[k] = grads[i]
             # compute_s: the scheduled (injected) duration of this chunk
-            prev = dl[k - 1] if k > 0 else self._t0
-            dur = dl[k] - prev
-            self._compute_s += dur
-            self._events.append(ChunkComputed(self._round, k, order[k], now, dur))
+            t = dl[k]
+            dur = t - prev
+            prev = t
+            compute_s += dur
+            events.append(new_chunk_computed(rnd, k, order[k], now, dur))
+        self._compute_s = compute_s
         self._count = first + n
-        if self.phase is not WorkerPhase.COMPUTING:
+        if self.phase is not _W_COMPUTING:
             return  # told to encode meanwhile: these gradients only matter after a resume
-        cfg = self.setup.config
+        every = self._report_every
         load = len(dl)
-        if (self._count // cfg.report_every > self._reported // cfg.report_every
-                or self._count == load):
+        if self._count // every > self._reported // every or self._count == load:
             self._reported = self._count
             # send-when-done schemes need no reports: the coded vector itself says "finished"
             # (and carries compute_s, the finish time on the worker's schedule)
-            if not self.setup.scheme.sends_when_done:
+            if not self._swd:
                 self._emit(
-                    ChunkReport.trusted(self._epoch, self._round, self._count, max(now, 0.0),
+                    _new_report(self._epoch, self._round, self._count, max(now, 0.0),
                                         max(now - self._t0, 0.0)),
                     now,
                 )
@@ -612,13 +697,13 @@ class Worker(Endpoint):
     def _after_all_computed(self, now: float) -> None:
         assert self.setup is not None
         scheme = self.setup.scheme
-        self._set_phase(WorkerPhase.WAITING)
+        self._set_phase(_W_WAITING)
         if scheme.sends_when_done:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
             self._send_coded(state, attempt=0, now=now)
 
-    def _send_coded(self, state: list[int], *, attempt: int, now: float,
+    def _send_coded(self, state: list[int] | tuple[int, ...], *, attempt: int, now: float,
                     digest: bytes | None = None) -> None:
         assert self.setup is not None and self._grads is not None
         scheme = self.setup.scheme
@@ -628,7 +713,13 @@ class Worker(Endpoint):
             # send-when-done: the coefficients do not depend on the state (computed once)
             if c != self._loads[self.worker_id] or c == 0:
                 return
-            vec = encode_rows(self._fixed_theta, self._grads[:c], scheme.n_parts)
+            X = self._grads[:c]
+            if self._fixed_coef is not None and X.dtype == np.float64:
+                vec = self._fixed_coef @ X  # encode_rows' product for ell = 1, no checks
+            else:
+                vec = encode_rows(self._fixed_theta, X, scheme.n_parts)
+            if digest is None:
+                digest = self._fixed_digest
         elif fast is not None:
             if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
                 return
@@ -638,20 +729,20 @@ class Worker(Endpoint):
             if not scheme.contributes(self.worker_id, arr):
                 return
             vec = scheme.encode(self.worker_id, arr, self._grads[:c])
-        payload = np.ascontiguousarray(vec, dtype=self.setup.config.payload_dtype)
+        payload = np.ascontiguousarray(vec, dtype=self._payload_dtype)
         self._attempt_sent = attempt
         self._emit(
-            CodedGradient.trusted(self._epoch, self._round, attempt,
+            _new_coded(self._epoch, self._round, attempt,
                                   digest if digest is not None else state_digest(state),
                                   self._compute_s, payload),
             now,
         )
-        self._events.append(CodedSent(self._round, attempt, c, now))
+        self._events.append(new_coded_sent(self._round, attempt, c, now))
 
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return
-        if msg.round != self._round or self.phase is WorkerPhase.IDLE:
+        if msg.round != self._round or self.phase is _W_IDLE:
             self.stats["stale_encode"] += 1
             return
         assert self.setup is not None
@@ -668,21 +759,27 @@ class Worker(Endpoint):
                 f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
                 code="bad_state",
             )
-        loads = self._loads
-        if any(map(operator.gt, state, loads)):
-            j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
-            raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
-                                      code="bad_state")
+        checked = self.setup.checked_state
+        if checked is not None and (checked[0] is state or checked[0] == state):
+            digest = checked[1]  # the same state passed the bound check below (same loads)
+        else:
+            loads = self._loads
+            if any(map(operator.gt, state, loads)):
+                j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
+                raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
+                                          code="bad_state")
+            digest = state_digest(state)
+            self.setup.checked_state = (tuple(state), digest)
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
-        self._set_phase(WorkerPhase.WAITING)
-        self._send_coded(list(state), attempt=msg.attempt, now=now)
+        self._set_phase(_W_WAITING)
+        self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return
-        if msg.round != self._round or self.phase is not WorkerPhase.WAITING:
+        if msg.round != self._round or self.phase is not _W_WAITING:
             self.stats["stale_resume"] += 1
             return
         self._attempt_sent = None
@@ -696,7 +793,7 @@ class Worker(Endpoint):
                 dl[k] = now + acc
             self._requested = self._count
             self._work.clear()
-            self._set_phase(WorkerPhase.COMPUTING)
+            self._set_phase(_W_COMPUTING)
             if self._deadline_list[self._count] <= now:
                 self._request_due(now)
 
@@ -708,5 +805,5 @@ class Worker(Endpoint):
             return
         self._deadline_list = []
         self._work.clear()
-        self._set_phase(WorkerPhase.IDLE)
+        self._set_phase(_W_IDLE)
         self._events.append(RoundEnded(msg.round, msg.status, now))

@@ -28,6 +28,7 @@ from ..core import (
     ConnectionFailed,
     Event,
     Finished,
+    Outgoing,
     ParameterServer,
     SetupNeeded,
     ShutdownRequested,
@@ -278,9 +279,8 @@ class PSServer:
         self.ps.handle_timer(now=self._now())
         self._pump()
 
-    def _flush_outbox(self) -> None:
+    def _flush_outbox(self, outbox: list[Outgoing]) -> None:
         ps = self.ps
-        outbox = ps.messages_to_send()
         if not outbox:
             return
         encoded: dict[int, tuple[Message, list[Any]]] = {}
@@ -310,18 +310,22 @@ class PSServer:
 
     def _pump(self) -> None:
         ps = self.ps
-        self._flush_outbox()
-        while ps.has_pending():
-            # decode / analytics after the frames above left; the next round_start first
-            ps.run_pending(_clock)
-            self._flush_outbox()
-        for ev in ps.drain_events():
+        while True:
+            # one poll per stage; decode / analytics run after the frames above left (the next
+            # round_start first), then the events and the timer deadline come with the poll
+            outbox, events, when = ps.poll()
+            self._flush_outbox(outbox)
+            if events is None:
+                ps.run_pending(_clock)
+                continue
+            break
+        for ev in events:
             if self._on_event is not None:
                 self._on_event(ev)
             if isinstance(ev, Finished) and self._done is not None and not self._done.done():
                 self._done.set_result(None)
         if self._timer is not None:
-            self._timer.arm(ps.next_deadline())
+            self._timer.arm(when)
 
 
 class WorkerClient:
@@ -488,9 +492,11 @@ class WorkerClient:
 
     def _pump(self) -> None:
         w = self.worker
+        polled = w.poll()
         while True:
+            # one poll per iteration: frames, events, work and the deadline at once
+            events, work, outbox, when = polled
             conn = self._conn
-            outbox = w.messages_to_send()
             if conn is not None and outbox:
                 for out in outbox:
                     if out.message is not None:
@@ -499,7 +505,7 @@ class WorkerClient:
                         conn.close()
                 conn.flush()
             progressed = False
-            for ev in w.drain_events():
+            for ev in events:
                 if isinstance(ev, ShutdownRequested):
                     self._shutdown = True
                 elif isinstance(ev, Welcomed):
@@ -511,7 +517,7 @@ class WorkerClient:
                     progressed = True
                 if self._on_event is not None:
                     self._on_event(ev)
-            for item in w.drain_work():
+            for item in work:
                 # the gradients, computed here (the core only asked); a fresh now afterwards
                 setup = w.setup
                 assert setup is not None
@@ -525,6 +531,6 @@ class WorkerClient:
                 progressed = True
             if not progressed and not w.has_output():
                 break
+            polled = w.poll()
         if self._timer is not None:
-            when = w.next_deadline()
             self._timer.arm(when if self._conn is not None else None)

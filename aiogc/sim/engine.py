@@ -189,17 +189,27 @@ class Simulation:
 
     def _pump_ps(self, now: float) -> None:
         ps = self.ps
-        for out in ps.messages_to_send():
-            self._route_down(out, now)
-        while ps.has_pending():
-            ps.run_pending(lambda: now)
-            for out in ps.messages_to_send():
-                self._route_down(out, now)
-        for ev in ps.drain_events():
+        while True:
+            # one poll per stage: outbox, then (when no application work is queued) the
+            # events and the timer deadline
+            out, events, t = ps.poll()
+            closed = False
+            for o in out:
+                self._route_down(o, now)
+                closed = closed or o.close
+            if events is None:
+                ps.run_pending(lambda: now)
+                continue
+            if closed:
+                # routing a close told the PS the connection is lost (its events count in
+                # this pump, its frames leave in the next, as before poll existed)
+                events += ps.drain_events()
+                t = ps.next_deadline()
+            break
+        for ev in events:
             self.ps_events.append(ev)
             if isinstance(ev, Finished):
                 self.finished = True
-        t = ps.next_deadline()
         if t is not None and t != self._ps_timer:
             self._ps_timer = t
             self._schedule(max(t, now), self._ps_timer_fired(t))
@@ -229,8 +239,8 @@ class Simulation:
                 if worker in self._paused:
                     self._schedule(at + 1e-3, deliver)
                     return
-                self.workers[worker].receive(PS_PEER, msg, now=at)
-                self._pump_worker(worker, at)
+                self._pump_worker(worker, at,
+                                  self.workers[worker].receive_and_poll(PS_PEER, msg, now=at))
 
             self._schedule(t, deliver)
         if out.close:
@@ -267,7 +277,10 @@ class Simulation:
 
         return act
 
-    def _pump_worker(self, worker: int, now: float) -> None:
+    def _pump_worker(self, worker: int, now: float, polled: tuple[Any, ...] | None = None
+                     ) -> None:
+        """Flush worker ``worker``; ``polled``: the result of the poll the last core call
+        made."""
         if worker in self._dead or worker in self._paused:
             return
         w = self.workers[worker]
@@ -275,28 +288,53 @@ class Simulation:
         closing = False
         failed = False
         events = self.worker_events[worker]
+        if polled is None:
+            polled = w.poll()
         while True:
+            # one poll per iteration: events, work, frames and the deadline at once; answering
+            # an event or a work item needs another poll (it may queue frames and moves the
+            # deadline); the last work item's answer comes back with that poll (finish_chunks)
+            evs, work, out, due = polled
+            again: tuple[Any, ...] | None = None
             progressed = False
-            for ev in w.drain_events():
+            for ev in evs:
                 events.append(ev)
                 if isinstance(ev, ConnectionFailed):
                     failed = True
                 elif isinstance(ev, SetupNeeded):
                     self._setup(w, ev, now)
                     progressed = True
-            for item in w.drain_work():
+            if out:
+                closing = self._route_up(worker, gen, out, now) or closing
+            last = len(work) - 1
+            for k, item in enumerate(work):
                 assert w.setup is not None
                 fn = w.setup.chunk_gradient
                 try:
                     grads = [fn(c, item.model) for c in item.chunks]
                 except Exception as exc:  # the worker closes with the reason, reconnects
                     w.work_failed(exc, now=now)
+                    again = None
                 else:
-                    w.chunks_done(item.round, item.first, grads, now=now)
+                    if k == last:
+                        again = w.finish_chunks(item.round, item.first, grads, now=now)
+                    else:
+                        w.chunks_done(item.round, item.first, grads, now=now)
                 progressed = True
             if not progressed:
                 break
-        for out in w.messages_to_send():
+            polled = again if again is not None else w.poll()
+        if closing and failed:
+            self._worker_lost(worker, now)
+            return
+        if due is not None and (due, gen) != self._w_timer.get(worker):
+            self._w_timer[worker] = (due, gen)
+            self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
+
+    def _route_up(self, worker: int, gen: int, outbox: list[Outgoing], now: float) -> bool:
+        """Schedule ``outbox`` towards the PS; True if it closes the connection."""
+        closing = False
+        for out in outbox:
             t = self._arrival(worker, "up", now, out.message)
             if out.message is not None:
                 msg = out.message
@@ -318,13 +356,7 @@ class Simulation:
                         self._pump_ps(at)
 
                 self._schedule(t, eof)
-        if closing and failed:
-            self._worker_lost(worker, now)
-            return
-        due = w.next_deadline()
-        if due is not None and (due, gen) != self._w_timer.get(worker):
-            self._w_timer[worker] = (due, gen)
-            self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
+        return closing
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:
@@ -336,8 +368,7 @@ class Simulation:
                 self._schedule(now + 1e-3, act)
                 return
             self._w_timer[worker] = None
-            self.workers[worker].handle_timer(now=now)
-            self._pump_worker(worker, now)
+            self._pump_worker(worker, now, self.workers[worker].handle_timer_and_poll(now=now))
 
         return act
 
