@@ -561,7 +561,7 @@ def run_live(
             result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
         raise
     finally:
-        _close_run(result, interrupted, recorder)
+        close_run(result, interrupted, recorder)
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
@@ -609,8 +609,8 @@ def _check_local_args(backend: str, address: str | None, mode: str) -> None:
         raise ConfigError("as", mode, "processes or coroutines")
 
 
-def _close_run(result: RunResult, interrupted: Sequence[str],
-               recorder: RunRecorder | None) -> None:
+def close_run(result: RunResult, interrupted: Sequence[str],
+              recorder: RunRecorder | None) -> None:
     """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
     from .records import summarize
 

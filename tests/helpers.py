@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,3 +83,39 @@ def partial_trigger_offset(scheme: Any, ft: list[np.ndarray]) -> float:
         if scheme.is_decodable(state):
             return t
     return float("inf")
+
+
+def interleaved_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
+    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
+    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
+    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
+    rng = np.random.default_rng(11)
+    comp = np.empty((rounds, m, k))
+    for r in range(rounds):
+        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
+        finish = np.empty((m, k))
+        done = np.zeros(m, dtype=int)
+        for slot, j in enumerate(order):
+            finish[j, done[j]] = gap_s * (slot + 1)
+            done[j] += 1
+        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
+                         compute_spec="spaced", network_spec="none")
+
+
+def wait_pids_exit(pids: set[int], timeout_s: float) -> None:
+    """Wait on pidfds (not by sleeping) until every pid exited or ``timeout_s`` passed."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds[os.pidfd_open(pid)] = pid
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)

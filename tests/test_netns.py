@@ -25,24 +25,21 @@ import json
 import os
 import re
 import secrets
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from aiogc.config import RunConfig
-from aiogc.delays import DelaySchedule
 from aiogc.runner import run_live
+from tests.helpers import interleaved_schedule, wait_pids_exit
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -149,24 +146,6 @@ def hosts() -> Iterator[Hosts]:
         assert not any(name in left for name in made), left
 
 
-def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
-    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
-    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
-    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
-    rng = np.random.default_rng(11)
-    comp = np.empty((rounds, m, k))
-    for r in range(rounds):
-        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
-        finish = np.empty((m, k))
-        done = np.zeros(m, dtype=int)
-        for slot, j in enumerate(order):
-            finish[j, done[j]] = gap_s * (slot + 1)
-            done[j] += 1
-        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
-    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
-                         compute_spec="spaced", network_spec="none")
-
-
 def run_remote(tmp: Path, out: Path, *, bind: str, hosts: Hosts | None) -> tuple[str, str]:
     """`aiogc ps` bound to ``bind`` and four `aiogc worker` processes (in their namespaces
     when ``hosts`` is given); returns the PS's stdout and stderr."""
@@ -219,7 +198,7 @@ def decision_rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 def test_three_namespace_hosts_equal_loopback_bit_for_bit(hosts: Hosts, tmp_path: Path) -> None:
-    spaced_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
+    interleaved_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
     tx_before = {h: hosts.tx_bytes(h) for h in HOSTS}
     run_remote(tmp_path, tmp_path / "netns", bind=PS_ADDR, hosts=hosts)
     tx_after = {h: hosts.tx_bytes(h) for h in HOSTS}
@@ -268,24 +247,6 @@ class OutputWatcher:
             return needle in self.text
 
 
-def wait_all_exit(pids: set[int], timeout_s: float) -> None:
-    """Wait on pidfds (not by sleeping) until every pid exited or ``timeout_s`` passed."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            fds[os.pidfd_open(pid)] = pid
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
                                                                 tmp_path: Path) -> None:
     """`ray start --head` in "ps", `ray start --address` in "w1" and "w2" (2 CPUs each), then
@@ -297,7 +258,7 @@ def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
             pytest.fail("AIOGC_REQUIRE_RAY=1 but ray is not installed")
         pytest.skip("the ray extra is not installed (pip install -e '.[ray]')")
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    spaced_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
+    interleaved_schedule(M, K, ROUNDS, gap_s=0.05).to_csv(tmp_path / "delays.csv")
     # Ray's own token authentication, with a token made for this test (not ~/.ray's); the
     # session directory is short because Ray's Unix socket paths must fit in 107 bytes
     temp = tempfile.mkdtemp(prefix="aiogcr")
@@ -336,7 +297,7 @@ def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=GUARD_S)
-        wait_all_exit(hosts.pids(), timeout_s=GUARD_S / 2)
+        wait_pids_exit(hosts.pids(), timeout_s=GUARD_S / 2)
         left = hosts.pids()
         shutil.rmtree(temp, ignore_errors=True)
     assert not left, f"processes left in the namespaces: {sorted(left)}"

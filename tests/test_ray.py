@@ -15,14 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import pytest
 
 from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord, derive_worker_key
-from aiogc.delays import DelaySchedule
 from aiogc.records import load_run
+from tests.helpers import interleaved_schedule
 
 if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
     import ray
@@ -53,24 +52,6 @@ def local_ray() -> Iterator[Path]:
     assert not ray.is_initialized()
 
 
-def spaced_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
-    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
-    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
-    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
-    rng = np.random.default_rng(11)
-    comp = np.empty((rounds, m, k))
-    for r in range(rounds):
-        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
-        finish = np.empty((m, k))
-        done = np.zeros(m, dtype=int)
-        for slot, j in enumerate(order):
-            finish[j, done[j]] = gap_s * (slot + 1)
-            done[j] += 1
-        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
-    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
-                         compute_spec="spaced", network_spec="none")
-
-
 def decision_rows(run_dir: Path) -> list[dict[str, str]]:
     with (run_dir / "rounds.csv").open() as fh:
         return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
@@ -94,7 +75,7 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     decisions do not depend on timing -- the same state vectors, losses and errors bit for bit."""
     m, k, rounds = 4, 2, 3
     delays = tmp_path / "delays_in.csv"
-    spaced_schedule(m, k, rounds, gap_s=0.05).to_csv(delays)
+    interleaved_schedule(m, k, rounds, gap_s=0.05).to_csv(delays)
     common = ["--workers", str(m), "--delta", str(k), "--rounds", str(rounds),
               "--schemes", "partial", "--delay", f"replay:{delays}", "--seed", "3",
               "--task", "linreg:samples=120,dim=6", "--no-plots", "--no-progress"]

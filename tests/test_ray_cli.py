@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ import pytest
 from aiogc.cli import main
 from aiogc.cluster import ray_backend
 from aiogc.cluster.ray_backend import cpus_per_actor
+from tests.helpers import wait_pids_exit
 
 #: Hang guard only (no assertion on durations).
 GUARD_S = 180
@@ -59,20 +58,7 @@ def alive(pid: int) -> bool:
 
 def wait_all_exit(pids: set[int], timeout_s: float) -> set[int]:
     """Wait (on pidfds, not by sleeping) until every pid exited; return those still alive."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            fds[os.pidfd_open(pid)] = pid
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(fds), [], [], deadline - time.monotonic())
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-    finally:
-        for fd in fds:
-            os.close(fd)
+    wait_pids_exit(pids, timeout_s)
     return {p for p in pids if alive(p)}
 
 

@@ -69,9 +69,9 @@ from ..runner import (
     RunResult,
     _plot_run,
     build_manifest,
+    close_run,
     make_ps,
     materialise_for,
-    run_end_reason,
     scheme_config,
 )
 from ..worker_setup import TaskPolicy
@@ -654,18 +654,9 @@ def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Seque
                    recorder: Any, out_dir: str | Path | None) -> None:
     """Fill ``result.summary`` and write it, and ``nodes.csv``: the same summary keys as a
     local run, even when the run stopped early."""
-    from ..records import summarize
-
     if driver is not None:
         result.end_reasons = dict(driver.end_reasons)
-    result.summary = summarize(result.records, end_reasons=result.end_reasons)
-    if not result.end_reason:
-        result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
-    result.summary["wall_s"] = result.wall_s
-    result.summary["end_reason"] = result.end_reason
-    result.summary["interrupted_by"] = interrupted[0] if interrupted else None
-    if recorder is not None:
-        recorder.close(result.summary or None)
+    close_run(result, interrupted, recorder)
     if driver is not None and out_dir is not None:
         _write_nodes(Path(out_dir) / "nodes.csv", driver.placements)
 
