@@ -736,10 +736,10 @@ def _load_logreg_data(path_text: str, fmt: str | None, opts: dict[str, str], spe
     return X, y_raw, where, canonical_path
 
 
-def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegression:
+def _split_logreg(rest: str) -> tuple[str, list[str]]:
+    """``logreg:`` spec body -> (path text, option tokens). Options are the trailing
+    key=value tokens; everything before them is the path (which may itself contain commas)."""
     tokens = rest.split(",")
-    # Options are the trailing key=value tokens; everything before them is the path (which
-    # may itself contain commas).
     cut = len(tokens)
     while (
         cut > 1
@@ -747,8 +747,12 @@ def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegr
         and (tokens[cut - 1].split("=", 1)[0].strip() in _LOGREG_OPTIONS)
     ):
         cut -= 1
-    path_text = ",".join(tokens[:cut]).strip()
-    opts = _options(tokens[cut:], spec, set(_LOGREG_OPTIONS))
+    return ",".join(tokens[:cut]).strip(), tokens[cut:]
+
+
+def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegression:
+    path_text, option_tokens = _split_logreg(rest)
+    opts = _options(option_tokens, spec, set(_LOGREG_OPTIONS))
     if not path_text:
         raise ConfigError("task", spec, "logreg:PATH or logreg:builtin")
     reg = float(_number(opts, "reg", spec, float, "a number")) if "reg" in opts else 0.0
@@ -919,15 +923,7 @@ def task_kind(spec: str) -> tuple[str, str | None]:
     if name == "linreg":
         return "linreg", None
     if name == "logreg":
-        tokens = rest.split(",")
-        cut = len(tokens)
-        while (
-            cut > 1
-            and re.fullmatch(r"\s*(\w+)\s*=.*", tokens[cut - 1])
-            and (tokens[cut - 1].split("=", 1)[0].strip() in _LOGREG_OPTIONS)
-        ):
-            cut -= 1
-        path_text = ",".join(tokens[:cut]).strip()
+        path_text, _ = _split_logreg(rest)
         if path_text in ("builtin", BREAST_CANCER):  # shipped inside the package
             return "logreg-builtin", None
         return "logreg-file", path_text

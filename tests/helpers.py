@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -119,3 +120,33 @@ def wait_pids_exit(pids: set[int], timeout_s: float) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+class StreamWatcher:
+    """Collects a process's output stream in a thread; :meth:`wait_for` blocks (on a condition,
+    not by sleeping) until the text appears or the stream ends."""
+
+    def __init__(self, stream: Any) -> None:
+        self.text = ""
+        self._cond = threading.Condition()
+        self._eof = False
+        self._fd = stream.fileno()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self._fd, 65536):
+            with self._cond:
+                self.text += chunk.decode(errors="replace")
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def wait_for(self, needle: str, timeout_s: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s)
+            return needle in self.text
+
+    def wait_eof(self, timeout_s: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._eof, timeout_s)

@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import pytest
 
 from aiogc.config import RunConfig
 from aiogc.runner import run_live
-from tests.helpers import interleaved_schedule, wait_pids_exit
+from tests.helpers import StreamWatcher, interleaved_schedule, wait_pids_exit
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -221,32 +220,6 @@ def test_three_namespace_hosts_equal_loopback_bit_for_bit(hosts: Hosts, tmp_path
 # ------------------------------------------------------------------ a Ray cluster of three nodes
 
 
-class OutputWatcher:
-    """Collects a process's output in a thread; :meth:`wait_for` blocks until text appears."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.text = ""
-        self._cond = threading.Condition()
-        self._eof = False
-        assert proc.stdout is not None
-        self._fd = proc.stdout.fileno()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        while chunk := os.read(self._fd, 65536):
-            with self._cond:
-                self.text += chunk.decode(errors="replace")
-                self._cond.notify_all()
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    def wait_for(self, needle: str, timeout_s: float) -> bool:
-        with self._cond:
-            self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s)
-            return needle in self.text
-
-
 def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
                                                                 tmp_path: Path) -> None:
     """`ray start --head` in "ps", `ray start --address` in "w1" and "w2" (2 CPUs each), then
@@ -277,7 +250,8 @@ def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
                  "--num-cpus", "2", "--block"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
             nodes.append(proc)
-            watcher = OutputWatcher(proc)
+            assert proc.stdout is not None
+            watcher = StreamWatcher(proc.stdout)
             assert watcher.wait_for("Ray runtime started", GUARD_S), watcher.text[-3000:]
         out = tmp_path / "ray"
         driver = subprocess.run(

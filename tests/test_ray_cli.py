@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import pytest
 from aiogc.cli import main
 from aiogc.cluster import ray_backend
 from aiogc.cluster.ray_backend import cpus_per_actor
-from tests.helpers import wait_pids_exit
+from tests.helpers import StreamWatcher, wait_pids_exit
 
 #: Hang guard only (no assertion on durations).
 GUARD_S = 180
@@ -62,36 +61,6 @@ def wait_all_exit(pids: set[int], timeout_s: float) -> set[int]:
     return {p for p in pids if alive(p)}
 
 
-class StderrWatcher:
-    """Collects a process's stderr in a thread; :meth:`wait_for` blocks until text appears."""
-
-    def __init__(self, stream: object) -> None:
-        self.text = ""
-        self._cond = threading.Condition()
-        self._stream = stream
-        self._eof = False
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        fd = self._stream.fileno()  # type: ignore[attr-defined]
-        while chunk := os.read(fd, 65536):
-            with self._cond:
-                self.text += chunk.decode(errors="replace")
-                self._cond.notify_all()
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    def wait_for(self, needle: str, timeout_s: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: needle in self.text or self._eof, timeout_s) \
-                and needle in self.text
-
-    def wait_eof(self, timeout_s: float) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._eof, timeout_s)
-
-
 @pytest.mark.processes
 @pytest.mark.slow
 def test_ctrl_c_on_the_driver_tears_everything_down(tmp_path: Path) -> None:
@@ -108,7 +77,7 @@ def test_ctrl_c_on_the_driver_tears_everything_down(tmp_path: Path) -> None:
          "--out", str(out), "--no-plots", "--progress"],
         stdout=stdout, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     stdout.close()  # the child holds its own copy
-    err = StderrWatcher(driver.stderr)
+    err = StreamWatcher(driver.stderr)
     tree: set[int] = set()
     try:
         # the progress bar shows a finished round: the PS and the workers are running
