@@ -46,7 +46,9 @@ def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
         return counter[0].to_bytes(16, "big")
 
     ps.nonce_fn = nonce
-    return cfg, ps, [Worker(j, setup=lambda c: setup, nonce_fn=nonce) for j in range(m)]
+    # progress_events=False: what Simulation sets on its workers (the recorded run's)
+    return cfg, ps, [Worker(j, setup=lambda c: setup, nonce_fn=nonce, progress_events=False)
+                     for j in range(m)]
 
 
 def record(scheme: str, m: int, rounds: int) -> tuple[list[tuple[int, str, Any, Any]], int]:

@@ -12,7 +12,7 @@ import hmac
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -84,9 +84,13 @@ def fast_new(cls: type, names: tuple[str, ...] | None = None) -> Any:
     return make
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """Send ``message`` to ``peer`` (if any), then close the connection if ``close``."""
+class Outgoing(NamedTuple):
+    """Send ``message`` to ``peer`` (if any), then close the connection if ``close``.
+
+    A named tuple rather than a frozen dataclass: the cores build several per worker-round,
+    and ``new_outgoing`` (a bare ``tuple.__new__``) costs a third of a slotted dataclass's
+    constructor.
+    """
 
     peer: Hashable
     message: Message | None
@@ -319,10 +323,10 @@ class SetupNeeded(Event):
     time: float
 
 
-@dataclass(frozen=True, slots=True)
-class ComputeChunks:
+class ComputeChunks(NamedTuple):
     """Work item: compute the gradients of ``chunks`` (positions ``first``, ``first + 1``, ...
-    of this worker's order in ``round``) at ``model``, then call ``Worker.chunks_done``."""
+    of this worker's order in ``round``) at ``model``, then call ``Worker.chunks_done``.
+    (A named tuple, like :class:`Outgoing`: one is built per worker wake-up.)"""
 
     round: int
     first: int
@@ -374,11 +378,22 @@ class ConnectionFailed(Event):
 # ------------------------------------------------------------------------------ hot-path builders
 # (see fast_new: for objects the cores build themselves, several per chunk and worker)
 
-#: ``new_outgoing(peer, message, close, reason)``
-new_outgoing = fast_new(Outgoing)
+_tuple_new = tuple.__new__
+
+
+def new_outgoing(peer: Hashable, message: Message | None, close: bool, reason: str
+                 ) -> Outgoing:
+    """``Outgoing(peer, message, close, reason)`` without the named tuple's ``__new__``."""
+    return _tuple_new(Outgoing, (peer, message, close, reason))
+
+
+def new_compute_chunks(rnd: int, first: int, chunks: tuple[int, ...], model: np.ndarray
+                       ) -> ComputeChunks:
+    """``ComputeChunks(rnd, first, chunks, model)`` without the named tuple's ``__new__``."""
+    return _tuple_new(ComputeChunks, (rnd, first, chunks, model))
+
+
 #: ``new_chunk_computed(round, position, chunk, time, compute_s)``
 new_chunk_computed = fast_new(ChunkComputed)
 #: ``new_coded_sent(round, attempt, chunks_used, time)``
 new_coded_sent = fast_new(CodedSent)
-#: ``new_compute_chunks(round, first, chunks, model)``
-new_compute_chunks = fast_new(ComputeChunks)

@@ -24,8 +24,9 @@ from __future__ import annotations
 import enum
 import operator
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import numpy as np
@@ -121,6 +122,10 @@ _TRANSITIONS = frozenset(
 _RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
 _HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
 _INF = float("inf")
+_NONE: tuple[()] = ()  # what poll returns for an empty queue
+
+#: what :meth:`Worker.poll` returns: ``(events, work, outgoing, deadline)``
+Polled = tuple[Sequence[Event], Sequence[ComputeChunks], Sequence[Outgoing], float | None]
 
 #: kind -> phases in which the worker accepts it from the PS
 _ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
@@ -208,6 +213,10 @@ class Worker(Endpoint):
     nonce_fn : callable, optional
         Fresh 16-byte nonces for the handshake; drivers install one (``secrets.token_bytes``,
         or a deterministic counter on the virtual clock) when None.
+    progress_events : bool
+        Emit the per-chunk :class:`ChunkComputed` and per-vector :class:`CodedSent` events
+        (telemetry only: no driver decision depends on them). Drivers with no event sink turn
+        them off (attribute ``progress_events``): they are ~5 objects per worker-round.
     """
 
     def __init__(
@@ -219,6 +228,7 @@ class Worker(Endpoint):
         setup: Callable[[RunConfig], Setup] | None = None,
         nonce_fn: Callable[[], bytes] | None = None,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        progress_events: bool = True,
     ) -> None:
         super().__init__()
         if secret is not None and worker_key is not None:
@@ -231,6 +241,7 @@ class Worker(Endpoint):
         self.setup_fn = setup
         self.nonce_fn = nonce_fn
         self.handshake_timeout_s = float(handshake_timeout_s)
+        self.progress_events = progress_events
         self._connected_at = 0.0
         self.phase = _W_CLOSED
         self.setup: Setup | None = None
@@ -269,6 +280,7 @@ class Worker(Endpoint):
         self._payload_dtype: np.dtype = np.dtype("<f8")
         self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
         self._fixed_digest = b""
+        self._encode_fast: Callable[[int, Any, np.ndarray], np.ndarray] | None = None
 
     # ================================================================== driver contract
 
@@ -324,16 +336,29 @@ class Worker(Endpoint):
         out, self._work = self._work, []
         return out
 
-    def poll(self) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+    def poll(self) -> Polled:
         """One driver call per pump instead of four: ``(events, work, outgoing, deadline)``.
 
         Drains the event, work and outgoing queues and returns :meth:`next_deadline`. A driver
         that answers an event or work item (``setup_ready``, ``chunks_done``) polls again: that
         poll carries what the answer produced and the deadline that then holds.
         """
-        events, self._events = self._events, []
-        work, self._work = self._work, []
-        out, self._outbox = self._outbox, []
+        # a queue that is empty is returned as the shared empty tuple: no list per poll
+        events: Sequence[Event] = self._events
+        if events:
+            self._events = []
+        else:
+            events = _NONE
+        work: Sequence[ComputeChunks] = self._work
+        if work:
+            self._work = []
+        else:
+            work = _NONE
+        out: Sequence[Outgoing] = self._outbox
+        if out:
+            self._outbox = []
+        else:
+            out = _NONE
         return events, work, out, self.next_deadline()
 
     def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
@@ -348,20 +373,19 @@ class Worker(Endpoint):
             self._internal_error(exc, now)
 
     def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
-                         ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+                         ) -> Polled:
         """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
         self.receive(peer, msg, now=now)
         return self.poll()
 
     def handle_timer_and_poll(self, *, now: float
-                              ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing],
-                                         float | None]:
+                              ) -> Polled:
         """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
         self.handle_timer(now=now)
         return self.poll()
 
     def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
-                      ) -> tuple[list[Event], list[ComputeChunks], list[Outgoing], float | None]:
+                      ) -> Polled:
         """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
         self.chunks_done(rnd, first, grads, now=now)
         return self.poll()
@@ -489,33 +513,31 @@ class Worker(Endpoint):
     # ================================================================== receive
 
     def _receive(self, msg: Message, now: float) -> None:
-        allowed = _ACCEPTS.get(msg.kind)
-        if allowed is None:
+        # one dict lookup by exact type gives the phases and the handler (an isinstance
+        # chain cost up to nine checks per message)
+        entry = _DISPATCH.get(type(msg))
+        if entry is None:
             raise RemoteProtocolError(f"{msg.kind} is not a PS message", code="bad_kind")
+        allowed, handler = entry
         if self.phase not in allowed:
             raise RemoteProtocolError(f"{msg.kind} not allowed in {self.phase.value}",
                                       code="bad_kind")
         self._last_heard = now
-        if isinstance(msg, RoundStart):
-            self._on_round_start(msg, now)
-        elif isinstance(msg, EncodeAndTransmit):
-            self._on_encode(msg, now)
-        elif isinstance(msg, Ping):
-            self._emit(Pong.trusted(msg.seq), now, delay=False)
-        elif isinstance(msg, Challenge):
-            self._on_challenge(msg, now)
-        elif isinstance(msg, Welcome):
-            self._on_welcome(msg, now)
-        elif isinstance(msg, Resume):
-            self._on_resume(msg, now)
-        elif isinstance(msg, RoundEnd):
-            self._on_round_end(msg, now)
-        elif isinstance(msg, Shutdown):
-            self._events.append(ShutdownRequested(msg.reason, now))
-            self.phase = _W_CLOSED
-            self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
-        elif isinstance(msg, Error):
-            self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
+        handler(self, msg, now)
+
+    def _on_ping(self, msg: Ping, now: float) -> None:
+        self._emit(Pong.trusted(msg.seq), now, delay=False)
+
+    def _on_shutdown(self, msg: Shutdown, now: float) -> None:
+        self._events.append(ShutdownRequested(msg.reason, now))
+        self.phase = _W_CLOSED
+        self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
+
+    def _on_error(self, msg: Error, now: float) -> None:
+        self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
+
+    def _on_pong(self, msg: Pong, now: float) -> None:
+        pass  # hearing it refreshed _last_heard
 
     def _on_challenge(self, msg: Challenge, now: float) -> None:
         if self.nonce_fn is None:
@@ -580,6 +602,7 @@ class Worker(Endpoint):
             st = [0] * setup.scheme.m
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
             self._fixed_digest = state_digest(st)
+        self._encode_fast = getattr(setup.scheme, "encode_trusted", None)
         self._loads = [int(x) for x in setup.scheme.loads]
         self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
         self._pending_config = None
@@ -594,7 +617,8 @@ class Worker(Endpoint):
         return True
 
     def _on_round_start(self, msg: RoundStart, now: float) -> None:
-        if not self._check_epoch(msg.epoch, msg.kind):
+        if msg.epoch != self._epoch:
+            self._check_epoch(msg.epoch, msg.kind)  # counts it
             return
         assert self.setup is not None
         if msg.round <= self._round:
@@ -620,18 +644,14 @@ class Worker(Endpoint):
         self._t0 = now
         self._net_delay = msg.net_delay_s
         # absolute deadlines now + (d_0 + ... + d_k), summed left to right (as np.cumsum does)
-        dl: list[float] = []
-        acc = 0.0
         delays = msg.delays_s
-        for k in range(load):
-            if delays:
-                acc += delays[k]
-            dl.append(now + acc)
+        dl = ([now + acc for acc in accumulate(delays[:load])] if delays
+              else [now] * load)
         self._deadline_list = dl
         self._set_phase(_W_COMPUTING)
         if load == 0:
             self._after_all_computed(now)
-        elif self._deadline_list[0] <= now:
+        elif dl[0] <= now:
             self._request_due(now)
 
     def _request_due(self, now: float) -> None:
@@ -659,22 +679,21 @@ class Worker(Endpoint):
         if first + n > self._requested:
             raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
                                      "were requested")
-        order = self._order
         dl = self._deadline_list
-        store = self._grads
-        events = self._events
-        rnd = self._round
         prev = dl[first - 1] if first > 0 else self._t0
+        if n == 1:
+            self._grads[first] = grads[0]
+        else:
+            self._grads[first:first + n] = grads
+        if self.progress_events:
+            self._chunk_events(first, n, prev, now)
+        # compute_s: the scheduled (injected) duration of the chunks done so far, summed chunk
+        # by chunk (the same floats as the ChunkComputed durations add up to)
         compute_s = self._compute_s
-        for i in range(n):
-            k = first + i
-            store[k] = grads[i]
-            # compute_s: the scheduled (injected) duration of this chunk
+        for k in range(first, first + n):
             t = dl[k]
-            dur = t - prev
+            compute_s += t - prev
             prev = t
-            compute_s += dur
-            events.append(new_chunk_computed(rnd, k, order[k], now, dur))
         self._compute_s = compute_s
         self._count = first + n
         if self.phase is not _W_COMPUTING:
@@ -694,6 +713,13 @@ class Worker(Endpoint):
         if self._count == load:
             self._after_all_computed(now)
 
+    def _chunk_events(self, first: int, n: int, prev: float, now: float) -> None:
+        order, dl, rnd, append = self._order, self._deadline_list, self._round, self._events.append
+        for k in range(first, first + n):
+            t = dl[k]
+            append(new_chunk_computed(rnd, k, order[k], now, t - prev))
+            prev = t
+
     def _after_all_computed(self, now: float) -> None:
         assert self.setup is not None
         scheme = self.setup.scheme
@@ -708,7 +734,7 @@ class Worker(Endpoint):
         assert self.setup is not None and self._grads is not None
         scheme = self.setup.scheme
         c = state[self.worker_id]
-        fast = getattr(scheme, "encode_trusted", None)
+        fast = self._encode_fast
         if self._fixed_theta is not None:
             # send-when-done: the coefficients do not depend on the state (computed once)
             if c != self._loads[self.worker_id] or c == 0:
@@ -737,10 +763,12 @@ class Worker(Endpoint):
                                   self._compute_s, payload),
             now,
         )
-        self._events.append(new_coded_sent(self._round, attempt, c, now))
+        if self.progress_events:
+            self._events.append(new_coded_sent(self._round, attempt, c, now))
 
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
-        if not self._check_epoch(msg.epoch, msg.kind):
+        if msg.epoch != self._epoch:
+            self._check_epoch(msg.epoch, msg.kind)  # counts it
             return
         if msg.round != self._round or self.phase is _W_IDLE:
             self.stats["stale_encode"] += 1
@@ -807,3 +835,25 @@ class Worker(Endpoint):
         self._work.clear()
         self._set_phase(_W_IDLE)
         self._events.append(RoundEnded(msg.round, msg.status, now))
+
+
+#: exact message type -> (phases in which the worker accepts it, handler); built from
+#: ``_ACCEPTS`` so the two cannot disagree (frames from the network are built as their exact
+#: class, never a subclass)
+_HANDLERS: dict[type[Message], Callable[[Worker, Any, float], None]] = {
+    RoundStart: Worker._on_round_start,
+    EncodeAndTransmit: Worker._on_encode,
+    Ping: Worker._on_ping,
+    Pong: Worker._on_pong,
+    Challenge: Worker._on_challenge,
+    Welcome: Worker._on_welcome,
+    Resume: Worker._on_resume,
+    RoundEnd: Worker._on_round_end,
+    Shutdown: Worker._on_shutdown,
+    Error: Worker._on_error,
+}
+_DISPATCH: dict[type[Message], tuple[frozenset[WorkerPhase],
+                                     Callable[[Worker, Any, float], None]]] = {
+    cls: (_ACCEPTS[cls.kind], fn) for cls, fn in _HANDLERS.items()
+}
+assert set(_ACCEPTS) == {cls.kind for cls in _HANDLERS}

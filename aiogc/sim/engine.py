@@ -62,6 +62,10 @@ class Simulation:
         direction ``"up"`` (worker -> PS) or ``"down"``.
     bandwidth_Bps : float, optional
         Adds ``array bytes / bandwidth`` to frames that carry an array.
+    progress_events : bool
+        Keep the workers' per-chunk telemetry events (``ChunkComputed``, ``CodedSent``) in
+        :attr:`worker_events`. Off by default: nothing in a simulation reads them, and they
+        are most of the objects a worker core builds (sets ``Worker.progress_events``).
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class Simulation:
         start_time: float = 0.0,
         reconnect: bool = True,
         setups: SetupCache | None = None,
+        progress_events: bool = False,
     ) -> None:
         self.ps = ps
         self.workers = workers
@@ -82,6 +87,7 @@ class Simulation:
         if ps.nonce_fn is None:
             ps.nonce_fn = _counter_nonces(1_000_000)
         for w in workers:
+            w.progress_events = progress_events
             if w.nonce_fn is None:
                 w.nonce_fn = _counter_nonces(w.worker_id)
         self.now = start_time
