@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -100,6 +101,7 @@ MAX_PENDING_CONNECTIONS = 64
 PING_BURST = 20.0
 PING_MIN_RATE = 10.0
 _INF = float("inf")
+_NONE: tuple[()] = ()
 
 
 class PSPhase(enum.Enum):
@@ -254,6 +256,7 @@ class ParameterServer(Endpoint):
         self._deferred_events: list[Event] = []
         self._analysing: int | None = None
         self._ping_bucket: dict[int, tuple[float, float]] = {}
+        self._all_decodable: bool | None = None  # is_decodable with every worker finished
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
         self.predicted_error = self._check_conditioning()
         # verify_fn is not called here (it may read PS state that does not exist yet): with it,
@@ -334,8 +337,12 @@ class ParameterServer(Endpoint):
                 self._handshake(peer, info, msg, now)
             else:
                 self._last_heard[worker] = now
-                if type(msg) is ChunkReport:  # the most frequent kind, accepted in every phase
+                # the two per-round kinds first (both accepted in every phase)
+                kind = type(msg)
+                if kind is ChunkReport:
                     self._on_report(worker, msg, now)
+                elif kind is CodedGradient:
+                    self._on_coded(worker, msg, now)
                 else:
                     self._dispatch(worker, peer, msg, now)
         except RemoteProtocolError as exc:
@@ -344,48 +351,61 @@ class ParameterServer(Endpoint):
     def handle_timer(self, *, now: float) -> None:
         """Process every deadline that is due at ``now``."""
         self._catch_up(now)
+        if self._pending:
+            self._expire_pending(now)
+        dead_after = self.config.dead_after_s
+        if dead_after is not None and self._sweep_at is not None and now >= self._sweep_at:
+            self._sweep_liveness(now, dead_after)
+        if self.phase is _P_JOINING:
+            if self._join_deadline is not None and now >= self._join_deadline:
+                self._on_join_deadline(now)
+            return
+        rs = self._round
+        if rs is not None and self.phase is not _P_FINISHED:
+            self._round_deadlines(rs, now)
+
+    def _expire_pending(self, now: float) -> None:
         for peer, deadline in list(self._pending.items()):
             if now >= deadline:
                 self._close(peer, "auth_timeout", "no valid hello within the deadline", now)
-        dead_after = self.config.dead_after_s
-        if dead_after is not None and self._sweep_at is not None and now >= self._sweep_at:
-            # liveness is swept every dead_after/4 rather than tracked per worker, so that
-            # next_deadline() stays O(1) per message: a silent worker is declared dead between
-            # dead_after and 1.25 * dead_after after it was last heard
-            self._sweep_at = now + dead_after / 4 if self._last_heard else None
-            dead = [w for w, t in self._last_heard.items() if now >= t + dead_after]
-            # Forget the dead workers *before* the round reacts to their loss: a round that
-            # fails because of them starts the next one at once, and that round must not
-            # count them as ready (it would wait for them until round_timeout_s).
-            peers = []
-            for worker in dead:
-                peer = self._worker_peer.pop(worker, None)
-                self._last_heard.pop(worker, None)
-                if peer is not None:
-                    peers.append(peer)
-                    info = self._peers.get(peer)
-                    if info is not None:
-                        info.ready = False
-            if dead:
-                self._drop_workers(dead, "heartbeat_timeout", now)
-            for peer in peers:
-                self._close(peer, "heartbeat_timeout", "silent too long", now)
-        if self.phase is _P_JOINING:
-            if self._join_deadline is not None and now >= self._join_deadline:
-                if self._round_no == -1 and self._ready_can_decode():
-                    # round 0 waits for all m only until join_timeout_s; then it starts with
-                    # the ready workers if they can decode (the others join later rounds)
-                    self._start_round(now, force=True)
-                else:
-                    self._finish(
-                        f"only {len(self._ready_workers())} of {self.m} workers ready for round "
-                        f"{self._round_no + 1} within join_timeout_s={self.config.join_timeout_s}",
-                        now,
-                    )
-            return
-        rs = self._round
-        if rs is None or self.phase is _P_FINISHED:
-            return
+
+    def _sweep_liveness(self, now: float, dead_after: float) -> None:
+        # liveness is swept every dead_after/4 rather than tracked per worker, so that
+        # next_deadline() stays O(1) per message: a silent worker is declared dead between
+        # dead_after and 1.25 * dead_after after it was last heard
+        self._sweep_at = now + dead_after / 4 if self._last_heard else None
+        dead = [w for w, t in self._last_heard.items() if now >= t + dead_after]
+        # Forget the dead workers *before* the round reacts to their loss: a round that
+        # fails because of them starts the next one at once, and that round must not
+        # count them as ready (it would wait for them until round_timeout_s).
+        peers = []
+        for worker in dead:
+            peer = self._worker_peer.pop(worker, None)
+            self._last_heard.pop(worker, None)
+            if peer is not None:
+                peers.append(peer)
+                info = self._peers.get(peer)
+                if info is not None:
+                    info.ready = False
+        if dead:
+            self._drop_workers(dead, "heartbeat_timeout", now)
+        for peer in peers:
+            self._close(peer, "heartbeat_timeout", "silent too long", now)
+
+    def _on_join_deadline(self, now: float) -> None:
+        if self._round_no == -1 and self._ready_can_decode():
+            # round 0 waits for all m only until join_timeout_s; then it starts with
+            # the ready workers if they can decode (the others join later rounds)
+            self._start_round(now, force=True)
+        else:
+            self._finish(
+                f"only {len(self._ready_workers())} of {self.m} workers ready for round "
+                f"{self._round_no + 1} within join_timeout_s={self.config.join_timeout_s}",
+                now,
+            )
+
+    def _round_deadlines(self, rs: _RoundState, now: float) -> None:
+        """The running round's timers: round timeout, collect timeout, approx deadline."""
         rec = rs.record
         if now >= rec.t_start + self.config.round_timeout_s:
             self._on_round_timeout(now)
@@ -469,7 +489,7 @@ class ParameterServer(Endpoint):
                         best = t
         return None if best == _INF else best
 
-    def poll(self) -> tuple[list[Outgoing], list[Event] | None, float | None]:
+    def poll(self) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
         """One driver call per pump instead of four: ``(outgoing, events, deadline)``.
 
         Drains the outbox; then, when :meth:`run_pending` has work, returns
@@ -478,10 +498,19 @@ class ParameterServer(Endpoint):
         and results as ``messages_to_send``, ``has_pending``, ``drain_events``,
         ``next_deadline`` called in turn.
         """
-        out, self._outbox = self._outbox, []
+        # an empty queue comes back as the shared empty tuple: no list per poll
+        out: Sequence[Outgoing] = self._outbox
+        if out:
+            self._outbox = []
+        else:
+            out = _NONE
         if self._stage1 is not None or self._stage2:
             return out, None, None
-        events, self._events = self._events, []
+        events: Sequence[Event] = self._events
+        if events:
+            self._events = []
+        else:
+            events = _NONE
         return out, events, self.next_deadline()
 
     # ================================================================== public helpers
@@ -700,9 +729,12 @@ class ParameterServer(Endpoint):
         return rs
 
     def _on_report(self, worker: int, msg: ChunkReport, now: float) -> None:
-        rs = self._current(msg.epoch, msg.round, "chunk_report")
-        if rs is None:
-            return
+        rs = self._round
+        if rs is None or msg.round != rs.record.round or msg.epoch != self.epoch or (
+                self.phase is not _P_COMPUTING and self.phase is not _P_COLLECTING):
+            rs = self._current(msg.epoch, msg.round, "chunk_report")  # counts it, or raises
+            if rs is None:
+                return
         count = msg.count
         if count > self._loads_list[worker]:
             raise RemoteProtocolError(
@@ -724,40 +756,53 @@ class ParameterServer(Endpoint):
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
         rs = self._current(msg.epoch, msg.round, "coded_gradient")
-        if rs is None:
+        if rs is None or not self._awaited(rs, worker, msg):
             return
-        # 1. is this a vector we are waiting for? (stale ones are dropped whatever they hold)
-        if worker in rs.excluded or worker in rs.received:
-            self.stats["late_or_duplicate_coded"] += 1
-            return
-        if self._sends_when_done:
-            if self.phase is not _P_COMPUTING:
-                self.stats["late_or_duplicate_coded"] += 1
-                return
-        else:
-            if self.phase is not _P_COLLECTING or msg.attempt != rs.attempt or (
-                worker not in rs.expected
-            ):
-                self.stats["stale_attempt_coded"] += 1
-                return
-            if msg.state_digest != rs.digest:
-                raise RemoteProtocolError("coded vector encoded against another state",
-                                          code="bad_state_digest")
         # 2. is it usable? A bad payload is a rejected contribution, not a closed connection:
         # the worker counts as a straggler this round.
         payload = msg.payload
-        problem = None
-        if payload.shape != (self.payload_len,):
-            problem = f"length {payload.shape[0]} != {self.payload_len}"
-        elif payload.dtype != self._payload_rows.dtype:
-            problem = f"dtype {payload.dtype.str} != {self._payload_rows.dtype.str}"
-        elif not np.isfinite(payload).all():
-            problem = "non-finite values"
+        problem = self._payload_problem(payload)
         if problem is not None:
             self.stats["payload_rejected"] += 1
             rs.record.dropped[worker] = f"payload_rejected: {problem}"
             self._drop_workers([worker], "payload_rejected", now)
             return
+        self._accept_coded(rs, worker, msg, payload, now)
+
+    def _awaited(self, rs: _RoundState, worker: int, msg: CodedGradient) -> bool:
+        """Is this a vector we are waiting for? (stale ones are dropped whatever they hold)"""
+        if worker in rs.excluded or worker in rs.received:
+            self.stats["late_or_duplicate_coded"] += 1
+            return False
+        if self._sends_when_done:
+            if self.phase is not _P_COMPUTING:
+                self.stats["late_or_duplicate_coded"] += 1
+                return False
+            return True
+        if self.phase is not _P_COLLECTING or msg.attempt != rs.attempt or (
+            worker not in rs.expected
+        ):
+            self.stats["stale_attempt_coded"] += 1
+            return False
+        if msg.state_digest != rs.digest:
+            raise RemoteProtocolError("coded vector encoded against another state",
+                                      code="bad_state_digest")
+        return True
+
+    def _payload_problem(self, payload: np.ndarray) -> str | None:
+        """Why ``payload`` cannot be used (length, dtype, non-finite values), or None."""
+        if payload.shape != (self.payload_len,):
+            return f"length {payload.shape[0]} != {self.payload_len}"
+        if payload.dtype != self._payload_rows.dtype:
+            return f"dtype {payload.dtype.str} != {self._payload_rows.dtype.str}"
+        # count_nonzero of the mask: the same test as isfinite(...).all(), without the
+        # ndarray.all() wrapper that costs more than the test itself on short payloads
+        if np.count_nonzero(np.isfinite(payload)) != payload.size:
+            return "non-finite values"
+        return None
+
+    def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient,
+                      payload: np.ndarray, now: float) -> None:
         if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
             # it finished everything (send-when-done workers send no chunk reports)
             rs.state[worker] = self._loads_list[worker]
@@ -781,9 +826,13 @@ class ParameterServer(Endpoint):
 
     def _ready_can_decode(self) -> bool:
         ready = self._ready_workers()
-        if self.config.mode != "exact":
+        if self.config.mode != "exact" or not ready:
             return bool(ready)
-        return bool(ready) and bool(self.scheme.is_decodable(self._finished_state(ready)))
+        if len(ready) == self.m:  # the usual case between rounds: the answer never changes
+            if self._all_decodable is None:
+                self._all_decodable = bool(self.scheme.is_decodable(self._finished_state(ready)))
+            return self._all_decodable
+        return bool(self.scheme.is_decodable(self._finished_state(ready)))
 
     def _can_start(self, r: int) -> bool:
         """Round 0 waits for all m workers (until join_timeout_s, see handle_timer); later
@@ -1151,7 +1200,7 @@ class ParameterServer(Endpoint):
             return float(fin[lo - 1][0])
         cover = self.scheme.progress_tracker()
         st = [0] * self.m
-        for _, w, c, elapsed in sorted(rec.reports, key=lambda x: x[3]):
+        for _, w, c, elapsed in sorted(rec.reports, key=itemgetter(3)):
             if c > st[w]:
                 cover.add(w, st[w], c)
                 st[w] = c

@@ -209,7 +209,7 @@ class Simulation:
             if closed:
                 # routing a close told the PS the connection is lost (its events count in
                 # this pump, its frames leave in the next, as before poll existed)
-                events += ps.drain_events()
+                events = [*events, *ps.drain_events()]
                 t = ps.next_deadline()
             break
         for ev in events:
