@@ -338,10 +338,9 @@ class ParameterServer(Endpoint):
             else:
                 self._last_heard[worker] = now
                 # the two per-round kinds first (both accepted in every phase)
-                kind = type(msg)
-                if kind is ChunkReport:
+                if type(msg) is ChunkReport:
                     self._on_report(worker, msg, now)
-                elif kind is CodedGradient:
+                elif type(msg) is CodedGradient:
                     self._on_coded(worker, msg, now)
                 else:
                     self._dispatch(worker, peer, msg, now)

@@ -19,7 +19,7 @@ import ipaddress
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -279,7 +279,7 @@ class PSServer:
         self.ps.handle_timer(now=self._now())
         self._pump()
 
-    def _flush_outbox(self, outbox: list[Outgoing]) -> None:
+    def _flush_outbox(self, outbox: Sequence[Outgoing]) -> None:
         ps = self.ps
         if not outbox:
             return
