@@ -399,5 +399,7 @@ class PartialScheme(SchemeBase):
             coef.append(bj / den if den > 0 else 0.0)
         X = chunk_grads[:cj]
         if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
-            return np.asarray(np.array(coef) @ X)  # encode_rows' product for ell = 1, unchecked
+            # encode_rows' product for ell = 1, unchecked; ndarray.dot rather than ``@``: the
+            # same gemv and bits, without the matmul ufunc's overhead on short vectors
+            return np.asarray(np.array(coef).dot(X))
         return encode_rows(np.array(coef)[:, None], chunk_grads, 1)

@@ -457,10 +457,9 @@ class Worker(Endpoint):
     def _emit(self, msg: Message, now: float, *, delay: bool = True) -> None:
         """Queue ``msg``, held back by this round's artificial network delay."""
         self._last_sent = now
-        hold = self._net_delay if delay else 0.0
-        if hold > 0 or self._delayed:
+        if self._delayed or (delay and self._net_delay > 0):
             # keep frame order: once something is held, everything queues behind it
-            self._delayed.append((now + hold, msg))
+            self._delayed.append((now + (self._net_delay if delay else 0.0), msg))
             self._release(now)
         else:
             self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
@@ -669,48 +668,43 @@ class Worker(Endpoint):
         self._work.append(new_compute_chunks(self._round, k, chunks, self._model))
 
     def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
-        if rnd != self._round or first != self._count or self._grads is None:
-            self.stats["stale_work"] += 1
-            return
-        if self.phase not in (_W_COMPUTING, _W_WAITING):
+        store = self._grads
+        phase = self.phase
+        if rnd != self._round or first != self._count or store is None or (
+                phase is not _W_COMPUTING and phase is not _W_WAITING):
             self.stats["stale_work"] += 1
             return
         n = len(grads)
-        if first + n > self._requested:
+        count = first + n
+        if count > self._requested:
             raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
                                      "were requested")
         dl = self._deadline_list
         prev = dl[first - 1] if first > 0 else self._t0
-        if n == 1:
-            self._grads[first] = grads[0]
-        else:
-            self._grads[first:first + n] = grads
         if self.progress_events:
             self._chunk_events(first, n, prev, now)
         # compute_s: the scheduled (injected) duration of the chunks done so far, summed chunk
         # by chunk (the same floats as the ChunkComputed durations add up to)
         compute_s = self._compute_s
-        for k in range(first, first + n):
+        for k in range(first, count):
+            store[k] = grads[k - first]  # row by row: a slice assignment converts the list
             t = dl[k]
             compute_s += t - prev
             prev = t
         self._compute_s = compute_s
-        self._count = first + n
-        if self.phase is not _W_COMPUTING:
+        self._count = count
+        if phase is not _W_COMPUTING:
             return  # told to encode meanwhile: these gradients only matter after a resume
-        every = self._report_every
         load = len(dl)
-        if self._count // every > self._reported // every or self._count == load:
-            self._reported = self._count
+        if count == load or count // self._report_every > self._reported // self._report_every:
+            self._reported = count
             # send-when-done schemes need no reports: the coded vector itself says "finished"
             # (and carries compute_s, the finish time on the worker's schedule)
             if not self._swd:
-                self._emit(
-                    _new_report(self._epoch, self._round, self._count, max(now, 0.0),
-                                        max(now - self._t0, 0.0)),
-                    now,
-                )
-        if self._count == load:
+                t0 = self._t0
+                self._emit(_new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
+                                       now - t0 if now > t0 else 0.0), now)
+        if count == load:
             self._after_all_computed(now)
 
     def _chunk_events(self, first: int, n: int, prev: float, now: float) -> None:
@@ -741,7 +735,7 @@ class Worker(Endpoint):
                 return
             X = self._grads[:c]
             if self._fixed_coef is not None and X.dtype == np.float64:
-                vec = self._fixed_coef @ X  # encode_rows' product for ell = 1, no checks
+                vec = self._fixed_coef.dot(X)  # encode_rows' product for ell = 1, no checks
             else:
                 vec = encode_rows(self._fixed_theta, X, scheme.n_parts)
             if digest is None:
