@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core import (
+    ComputeChunks,
     ConnectionFailed,
     Event,
     Finished,
@@ -36,6 +37,7 @@ from ..core import (
     Worker,
 )
 from ..core.ps import MAX_PENDING_CONNECTIONS
+from ..core.worker import Polled
 from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message, Welcome
 from ..wire import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits, encode_frame
@@ -43,6 +45,7 @@ from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 from .framing import FramedConnection
 
 log = logging.getLogger("aiogc.net")
+_INF = float("inf")
 
 #: Header bound after authentication: the largest header is round_start with a delay row or
 #: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
@@ -114,24 +117,47 @@ def _clock() -> float:
 
 
 class _Timer:
-    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line."""
+    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
+
+    Re-arming is lazy: the cores move their deadline after almost every pump, mostly *later*
+    (a worker's next chunk, a round's timeout). Only a deadline earlier than the one the loop
+    handle is set for needs a new handle; a later (or no) deadline is just remembered, and an
+    early wake-up re-arms itself for it without calling ``fire``. So a pump costs one
+    comparison, not a cancel and a ``call_at``.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
         self._loop = loop
         self._fire = fire
         self._handle: asyncio.TimerHandle | None = None
-        self._when: float | None = None
+        self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
+        self._when: float | None = None  # the deadline the owner wants
 
     def arm(self, when: float | None) -> None:
-        if when == self._when and self._handle is not None:
-            return
-        self.cancel()
-        if when is not None:
-            self._when = when
-            self._handle = self._loop.call_later(max(0.0, when - _clock()), self._on_fire)
+        self._when = when
+        if when is not None and when < self._armed:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._set(when)
+
+    def _set(self, when: float) -> None:
+        self._armed = when
+        loop = self._loop
+        # the loop's clock may differ from _clock (uvloop's has ms resolution): convert
+        self._handle = loop.call_at(loop.time() + max(0.0, when - _clock()), self._on_fire)
 
     def _on_fire(self) -> None:
         self._handle = None
+        self._armed = _INF
+        when = self._when
+        if when is None:
+            return  # the deadline was withdrawn after this handle was set
+        # a deadline that moved later meanwhile: sleep on. Within a millisecond it counts as
+        # due (uvloop's timers have ms resolution and may fire that early): the core is asked,
+        # as it always was on a wake-up, and answers with its deadline again if it was early
+        if when > _clock() + 1e-3:
+            self._set(when)
+            return
         self._when = None
         self._fire()
 
@@ -139,6 +165,7 @@ class _Timer:
         if self._handle is not None:
             self._handle.cancel()
         self._handle = None
+        self._armed = _INF
         self._when = None
 
 
@@ -172,6 +199,7 @@ class PSServer:
         self._frame_log = frame_log
         self._on_event = on_event
         self._conns: set[FramedConnection] = set()
+        self._conns_changed = asyncio.Event()  # set on every connection opened or closed
         self._done: asyncio.Future[None] | None = None
         self._timer: _Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -229,10 +257,16 @@ class PSServer:
             c.close()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2.0):
-                while self._conns:
-                    await asyncio.sleep(0.01)
+                await self.wait_connections(lambda: not self._conns)
         for c in list(self._conns):
             c.abort()
+
+    async def wait_connections(self, pred: Callable[[], bool]) -> None:
+        """Return once ``pred()`` holds; it is re-checked whenever a connection opens or
+        closes (no polling). Bound the wait with ``asyncio.timeout`` at the call site."""
+        while not pred():
+            self._conns_changed.clear()
+            await self._conns_changed.wait()
 
     # ------------------------------------------------------------------ protocol plumbing
 
@@ -253,6 +287,7 @@ class PSServer:
         self._conns.add(conn)
         self.ps.connection_made(conn, now=self._now())
         self._pump()
+        self._conns_changed.set()
 
     def _on_message(self, conn: FramedConnection, msg: Message) -> None:
         if self._frame_log is not None:
@@ -274,6 +309,7 @@ class PSServer:
         code = exc.code if isinstance(exc, RemoteProtocolError) else None
         self.ps.connection_lost(conn, now=self._now(), code=code)
         self._pump()
+        self._conns_changed.set()
 
     def _on_timer(self) -> None:
         self.ps.handle_timer(now=self._now())
@@ -298,7 +334,7 @@ class PSServer:
                 touched[id(conn)] = conn
                 if frame_log is not None:
                     frame_log("out", conn, msg, n)
-                if isinstance(msg, Welcome):
+                if type(msg) is Welcome:
                     keys = ps.session_keys(conn)
                     if keys is not None:
                         conn.set_auth(send=keys.ps_to_worker)  # tags start after welcome
@@ -319,11 +355,13 @@ class PSServer:
                 ps.run_pending(_clock)
                 continue
             break
-        for ev in events:
-            if self._on_event is not None:
-                self._on_event(ev)
-            if isinstance(ev, Finished) and self._done is not None and not self._done.done():
-                self._done.set_result(None)
+        if events:
+            sink = self._on_event
+            for ev in events:
+                if sink is not None:
+                    sink(ev)
+                if type(ev) is Finished and self._done is not None and not self._done.done():
+                    self._done.set_result(None)
         if self._timer is not None:
             self._timer.arm(when)
 
@@ -342,6 +380,9 @@ class WorkerClient:
     policy : TaskPolicy, optional
         What this worker may build (used when ``setups`` is None): built-in tasks only by
         default; no code is ever taken from the wire.
+    progress_events : bool, optional
+        Sets ``worker.progress_events`` (per-chunk telemetry events); default: on iff
+        ``on_event`` is given.
     """
 
     def __init__(
@@ -356,6 +397,7 @@ class WorkerClient:
         connect_timeout_s: float = 5.0,
         setups: SetupCache | None = None,
         policy: TaskPolicy | None = None,
+        progress_events: bool | None = None,
     ) -> None:
         if not is_loopback(host) and worker.key is None:
             raise ConfigError("secret", None,
@@ -370,6 +412,9 @@ class WorkerClient:
         self.setups = setups if setups is not None else SetupCache(policy)
         if worker.nonce_fn is None:
             worker.nonce_fn = _nonce16
+        # per-chunk telemetry only for a sink that may want it
+        worker.progress_events = on_event is not None if progress_events is None \
+            else progress_events
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: FramedConnection | None = None
         self._closed: asyncio.Future[None] | None = None
@@ -496,41 +541,59 @@ class WorkerClient:
         while True:
             # one poll per iteration: frames, events, work and the deadline at once
             events, work, outbox, when = polled
-            conn = self._conn
-            if conn is not None and outbox:
-                for out in outbox:
-                    if out.message is not None:
-                        conn.queue(out.message)
-                    if out.close:
-                        conn.close()
-                conn.flush()
-            progressed = False
-            for ev in events:
-                if isinstance(ev, ShutdownRequested):
-                    self._shutdown = True
-                elif isinstance(ev, Welcomed):
-                    self._welcomed = True
-                elif isinstance(ev, ConnectionFailed) and ev.fatal:
-                    self._fatal = ev
-                elif isinstance(ev, SetupNeeded):
-                    self._setup(ev)
-                    progressed = True
-                if self._on_event is not None:
-                    self._on_event(ev)
-            for item in work:
-                # the gradients, computed here (the core only asked); a fresh now afterwards
-                setup = w.setup
-                assert setup is not None
-                fn = setup.chunk_gradient
-                try:
-                    grads = [fn(c, item.model) for c in item.chunks]
-                except Exception as exc:  # the core closes with the reason
-                    w.work_failed(exc, now=self._now())
-                else:
-                    w.chunks_done(item.round, item.first, grads, now=self._now())
-                progressed = True
+            if outbox:
+                self._flush(outbox)
+            progressed = self._on_events(events) if events else False
+            if work:
+                # the answer to the last item comes back with the poll that follows it
+                polled = self._run_work(work)
+                continue
             if not progressed and not w.has_output():
                 break
             polled = w.poll()
         if self._timer is not None:
             self._timer.arm(when if self._conn is not None else None)
+
+    def _flush(self, outbox: Sequence[Outgoing]) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        for out in outbox:
+            if out.message is not None:
+                conn.queue(out.message)
+            if out.close:
+                conn.close()
+        conn.flush()
+
+    def _on_events(self, events: Sequence[Event]) -> bool:
+        """Act on the worker's events; True if one was answered (the core has news)."""
+        progressed = False
+        for ev in events:
+            if isinstance(ev, ShutdownRequested):
+                self._shutdown = True
+            elif isinstance(ev, Welcomed):
+                self._welcomed = True
+            elif isinstance(ev, ConnectionFailed) and ev.fatal:
+                self._fatal = ev
+            elif isinstance(ev, SetupNeeded):
+                self._setup(ev)
+                progressed = True
+            if self._on_event is not None:
+                self._on_event(ev)
+        return progressed
+
+    def _run_work(self, work: Sequence[ComputeChunks]) -> Polled:
+        """Compute the gradients the core asked for (a fresh ``now`` after each item); returns
+        the poll that follows the last answer."""
+        w = self.worker
+        setup = w.setup
+        assert setup is not None
+        fn = setup.chunk_gradient
+        for item in work:
+            try:
+                grads = [fn(c, item.model) for c in item.chunks]
+            except Exception as exc:  # the core closes with the reason
+                w.work_failed(exc, now=_clock())
+            else:
+                w.chunks_done(item.round, item.first, grads, now=_clock())
+        return w.poll()
