@@ -166,11 +166,11 @@ class EventLog:
         self.events.append(ev)
         self._changed.set()
 
-    async def wait_for(self, pred: Callable[[], bool], timeout: float = STEP_S) -> None:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                self._changed.clear()
-                await self._changed.wait()
+    async def wait_for(self, pred: Callable[[], bool]) -> None:
+        """Return once ``pred()`` holds (bound it with ``asyncio.timeout`` at the call)."""
+        while not pred():
+            self._changed.clear()
+            await self._changed.wait()
 
     def of(self, cls: type) -> list[Any]:
         return [e for e in self.events if isinstance(e, cls)]
@@ -205,13 +205,12 @@ class Cluster:
         self.client_tasks.append(task)
         return task
 
-    async def finish(self, timeout: float = GUARD_S) -> list[RoundRecord]:
+    async def finish(self) -> list[RoundRecord]:
         """Wait for the PS to finish and every worker client to return; re-raise a client's
-        error."""
+        error. (Bound it with ``asyncio.timeout(GUARD_S)`` at the call.)"""
         assert self.serve_task is not None
-        async with asyncio.timeout(timeout):
-            await self.serve_task
-            results = await asyncio.gather(*self.client_tasks, return_exceptions=True)
+        await self.serve_task
+        results = await asyncio.gather(*self.client_tasks, return_exceptions=True)
         for t, res in zip(self.client_tasks, results, strict=True):
             if isinstance(res, BaseException):
                 closes = [(e.code, e.reason, self.ps.worker_of(e.peer))
@@ -280,7 +279,8 @@ def test_scheme_trains_over_loopback(run: Runner, kw: dict[str, Any]) -> None:
 
     async def scenario() -> tuple[list[RoundRecord], Cluster]:
         cl = await start_cluster(make_ps(config))
-        return await cl.finish(), cl
+        async with asyncio.timeout(GUARD_S):
+            return await cl.finish(), cl
 
     records, cl = run(scenario)
     assert cl.ps.finished
@@ -307,7 +307,8 @@ def test_float32_payloads(run: Runner) -> None:
     config = cfg(scheme="partial", n_parts=2, dtype="float32")
 
     async def scenario() -> list[RoundRecord]:
-        return await (await start_cluster(make_ps(config))).finish()
+        async with asyncio.timeout(GUARD_S):
+            return await (await start_cluster(make_ps(config))).finish()
 
     records = run(scenario)
     assert_exact_rounds(records, 3, tol=1e-5)
@@ -325,7 +326,8 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
 
     async def scenario() -> tuple[Cluster, BaseException | None]:
         cl = await start_cluster(make_ps(config, secret=secret), secret=secret)
-        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
+        async with asyncio.timeout(STEP_S):
+            await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         # an impostor claiming an honest worker's id, with the wrong secret
         impostor = WorkerClient(Worker(1, secret=b"wrong-secret-0123456789abcdef-xx"), HOST,
                                 cl.server.port, backoff_s=FAST_BACKOFF)
@@ -335,7 +337,8 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
                 await impostor.run()
         except ConnectionError as exc:  # fatal: auth_failed is not retried
             outcome = exc
-        await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
         return cl, outcome
 
     cl, outcome = run(scenario)
@@ -356,8 +359,9 @@ def test_auth_secret_everywhere_trains(run: Runner) -> None:
     config = cfg(scheme="partial", n_parts=2)
 
     async def scenario() -> list[RoundRecord]:
-        return await (await start_cluster(make_ps(config, secret=secret),
-                                          secret=secret)).finish()
+        cl = await start_cluster(make_ps(config, secret=secret), secret=secret)
+        async with asyncio.timeout(GUARD_S):
+            return await cl.finish()
 
     assert_exact_rounds(run(scenario), 3, tol=1e-9)
 
@@ -427,7 +431,8 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
     async def scenario() -> tuple[Cluster, Cluster, dict[str, bytes], bool]:
         clean = await start_cluster(make_ps(config, schedule=schedule))
         dirty = await start_cluster(make_ps(config, schedule=schedule))
-        await dirty.log.wait_for(lambda: dirty.log.rounds_completed() >= 1)
+        async with asyncio.timeout(STEP_S):
+            await dirty.log.wait_for(lambda: dirty.log.rounds_completed() >= 1)
         port = dirty.server.port
         names = list(blobs)
         coros = [_bad_peer(port, blobs[n], eof_after=n.endswith("then_eof")) for n in names]
@@ -439,8 +444,10 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
         coros.append(_bad_peer(port, b"", eof_after=False))
         got = await asyncio.gather(*coros)
         during_training = not dirty.ps.finished
-        await clean.finish()
-        await dirty.finish()
+        async with asyncio.timeout(GUARD_S):
+            await clean.finish()
+        async with asyncio.timeout(GUARD_S):
+            await dirty.finish()
         return clean, dirty, dict(zip(names, got, strict=True)), during_training
 
     clean, dirty, got, during_training = run(scenario)
@@ -487,11 +494,13 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
 
     async def scenario() -> tuple[Cluster, list[bytes], bool]:
         cl = await start_cluster(make_ps(config, schedule=schedule))
-        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
+        async with asyncio.timeout(STEP_S):
+            await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         got = await asyncio.gather(
             *[_bad_peer(cl.server.port, b"", eof_after=False) for _ in range(n_flood)])
         during_training = not cl.ps.finished
-        await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
         return cl, got, during_training
 
     cl, got, during_training = run(scenario)
@@ -521,7 +530,7 @@ def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
         lost = 0
         trials = 50
         for _ in range(trials):
-            server_side: list[FramedConnection] = []
+            accepted: asyncio.Future[FramedConnection] = loop.create_future()
             got: list[str] = []
             closed: asyncio.Future[None] = loop.create_future()
 
@@ -530,10 +539,11 @@ def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
                 if not closed.done():
                     closed.set_result(None)
 
-            def make_server_side(server_side: list[FramedConnection] = server_side
+            def make_server_side(accepted: asyncio.Future[FramedConnection] = accepted
                                  ) -> FramedConnection:
                 c = FramedConnection(lambda c, m: None, lambda c, e: None)
-                server_side.append(c)
+                if not accepted.done():
+                    accepted.set_result(c)
                 return c
 
             server = await loop.create_server(make_server_side, HOST, 0)
@@ -544,10 +554,9 @@ def test_last_frames_survive_a_peer_still_sending(run: Runner) -> None:
 
             _, client = await loop.create_connection(make_client, HOST, port)
             async with asyncio.timeout(STEP_S):
-                while not server_side:
-                    await asyncio.sleep(0)
-                server_side[0].send(Shutdown(reason="all rounds done"))
-                server_side[0].close()
+                server_side = await accepted
+                server_side.send(Shutdown(reason="all rounds done"))
+                server_side.close()
                 await asyncio.sleep(0)  # the close happens; the client has not read yet
                 for seq in range(3):  # ... and keeps sending: late report, coded vector
                     client.send(Ping(seq=seq))
@@ -604,7 +613,8 @@ def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner)
         cl.clients.append(client)
         cl.client_tasks.append(asyncio.create_task(client.run()))
         cl.worker_logs.append(EventLog())
-        recs = await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            recs = await cl.finish()
         mitm.close()
         assert recs
         return cl, tampered[0]
@@ -639,11 +649,10 @@ def test_closed_connections_are_freed_without_the_cyclic_gc(run: Runner) -> None
                 writers.append(w)
             for w in writers:
                 w.close()
-            # every connection is closed by the PS (cap, garbage, EOF, auth deadline); poll
-            # its table (a hang guard only, no timing asserted)
+            # every connection is closed by the PS (cap, garbage, EOF, auth deadline): wait
+            # for its table to empty (a hang guard only, no timing asserted)
             async with asyncio.timeout(GUARD_S):
-                while cl.server._conns:
-                    await asyncio.sleep(0.02)
+                await cl.server.wait_connections(lambda: not cl.server._conns)
             await asyncio.sleep(0.05)  # the transports' last close callbacks
             alive = sum(1 for o in gc.get_objects() if isinstance(o, FramedConnection))
         finally:
@@ -651,7 +660,8 @@ def test_closed_connections_are_freed_without_the_cyclic_gc(run: Runner) -> None
             cl.server._on_event = sink
         for j in range(config.workers):
             cl.add_worker(j)
-        await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
         return alive, len(cl.ps.records)
 
     alive, rounds = run(scenario)
@@ -684,18 +694,20 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
 
         hogs = [asyncio.create_task(hog()) for _ in range(MAX_PENDING_CONNECTIONS + 8)]
         async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
-            while len(cl.ps._pending) < MAX_PENDING_CONNECTIONS:
-                await asyncio.sleep(0.01)
+            await cl.server.wait_connections(
+                lambda: len(cl.ps._pending) >= MAX_PENDING_CONNECTIONS)
         for j in range(config.workers):
             cl.add_worker(j)
-        await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 3, timeout=GUARD_S)
+        async with asyncio.timeout(GUARD_S):
+            await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 3)
         conn = cl.clients[3]._conn
         assert conn is not None
         conn.abort()  # worker 3 drops mid-run and must get back in
-        await cl.log.wait_for(
-            lambda: sum(1 for e in cl.log.of(WorkerJoined) if e.worker == 3) >= 2,
-            timeout=GUARD_S)
-        await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            await cl.log.wait_for(
+                lambda: sum(1 for e in cl.log.of(WorkerJoined) if e.worker == 3) >= 2)
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
         stop.set()
         for h in hogs:
             h.cancel()
@@ -756,7 +768,8 @@ def test_a_slow_setup_never_blocks_other_handshakes(run: Runner) -> None:
             cl.clients.append(client)
             cl.client_tasks.append(asyncio.create_task(client.run()))
             cl.worker_logs.append(EventLog())
-        await cl.finish()
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
         return seen, cache.builds
 
     seen, builds = run(scenario)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from ..core import (
     PS_PEER,
+    ComputeChunks,
     ConnectionFailed,
     Event,
     Finished,
@@ -32,6 +33,7 @@ from ..core import (
     ShutdownRequested,
     Worker,
 )
+from ..core.worker import Polled
 from ..messages import Message
 from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
 
@@ -293,7 +295,6 @@ class Simulation:
         gen = self._gen[worker]
         closing = False
         failed = False
-        events = self.worker_events[worker]
         if polled is None:
             polled = w.poll()
         while True:
@@ -301,35 +302,18 @@ class Simulation:
             # an event or a work item needs another poll (it may queue frames and moves the
             # deadline); the last work item's answer comes back with that poll (finish_chunks)
             evs, work, out, due = polled
-            again: tuple[Any, ...] | None = None
             progressed = False
-            for ev in evs:
-                events.append(ev)
-                if isinstance(ev, ConnectionFailed):
-                    failed = True
-                elif isinstance(ev, SetupNeeded):
-                    self._setup(w, ev, now)
-                    progressed = True
+            if evs:
+                failed_now, progressed = self._worker_events(w, evs, now)
+                failed = failed or failed_now
             if out:
                 closing = self._route_up(worker, gen, out, now) or closing
-            last = len(work) - 1
-            for k, item in enumerate(work):
-                assert w.setup is not None
-                fn = w.setup.chunk_gradient
-                try:
-                    grads = [fn(c, item.model) for c in item.chunks]
-                except Exception as exc:  # the worker closes with the reason, reconnects
-                    w.work_failed(exc, now=now)
-                    again = None
-                else:
-                    if k == last:
-                        again = w.finish_chunks(item.round, item.first, grads, now=now)
-                    else:
-                        w.chunks_done(item.round, item.first, grads, now=now)
-                progressed = True
-            if not progressed:
+            if work:
+                polled = self._run_work(w, work, now)
+            elif progressed:
+                polled = w.poll()
+            else:
                 break
-            polled = again if again is not None else w.poll()
         if closing and failed:
             self._worker_lost(worker, now)
             return
@@ -337,7 +321,40 @@ class Simulation:
             self._w_timer[worker] = (due, gen)
             self._schedule(max(due, now), self._w_timer_fired(worker, due, gen))
 
-    def _route_up(self, worker: int, gen: int, outbox: list[Outgoing], now: float) -> bool:
+    def _worker_events(self, w: Worker, evs: Sequence[Event], now: float
+                       ) -> tuple[bool, bool]:
+        """Record a worker's events and answer a SetupNeeded; ``(failed, answered)``."""
+        events = self.worker_events[w.worker_id]
+        failed = answered = False
+        for ev in evs:
+            events.append(ev)
+            if isinstance(ev, ConnectionFailed):
+                failed = True
+            elif isinstance(ev, SetupNeeded):
+                self._setup(w, ev, now)
+                answered = True
+        return failed, answered
+
+    def _run_work(self, w: Worker, work: Sequence[ComputeChunks], now: float) -> Polled:
+        """Compute the chunk gradients asked for (no virtual time passes); the poll that
+        follows the last answer (finish_chunks returns it)."""
+        setup = w.setup
+        assert setup is not None
+        fn = setup.chunk_gradient
+        last = len(work) - 1
+        for k, item in enumerate(work):
+            try:
+                grads = [fn(c, item.model) for c in item.chunks]
+            except Exception as exc:  # the worker closes with the reason, reconnects
+                w.work_failed(exc, now=now)
+            else:
+                if k == last:
+                    return w.finish_chunks(item.round, item.first, grads, now=now)
+                w.chunks_done(item.round, item.first, grads, now=now)
+        return w.poll()
+
+    def _route_up(self, worker: int, gen: int, outbox: Sequence[Outgoing], now: float
+                  ) -> bool:
         """Schedule ``outbox`` towards the PS; True if it closes the connection."""
         closing = False
         for out in outbox:
