@@ -174,6 +174,10 @@ class _RoundState:
     received: dict[int, np.ndarray] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
     collect_deadline: float | None = None
+    #: t_start + round_timeout_s, and t_start + deadline_s in approx mode (inf if none):
+    #: next_deadline reads them after every pump
+    timeout_at: float = float("inf")
+    approx_at: float = float("inf")
 
 
 class ParameterServer(Endpoint):
@@ -461,31 +465,27 @@ class ParameterServer(Endpoint):
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``handle_timer`` has something to do, or None."""
-        # called after every pump: plain comparisons, no list and no min() over one
-        best = _INF
-        if self._pending:
-            best = min(self._pending.values())
-        cfg = self.config
-        if cfg.dead_after_s is not None and self._sweep_at is not None and self._sweep_at < best:
-            best = self._sweep_at
+        # called after every pump: plain comparisons, no list and no min() over one; the
+        # round's deadlines were computed when it started
+        best = min(self._pending.values()) if self._pending else _INF
+        sweep = self._sweep_at
+        if sweep is not None and sweep < best and self.config.dead_after_s is not None:
+            best = sweep
         phase = self.phase
-        if phase is _P_JOINING:
-            if self._join_deadline is not None and self._join_deadline < best:
-                best = self._join_deadline
-        elif phase is _P_COMPUTING or phase is _P_COLLECTING:
+        if phase is _P_COMPUTING or phase is _P_COLLECTING:
             rs = self._round
             if rs is not None:
-                t0 = rs.record.t_start
-                t = t0 + cfg.round_timeout_s
+                t = rs.timeout_at
                 if t < best:
                     best = t
                 if phase is _P_COLLECTING:
                     if rs.collect_deadline is not None and rs.collect_deadline < best:
                         best = rs.collect_deadline
-                elif cfg.mode == "approx" and cfg.deadline_s is not None:
-                    t = t0 + cfg.deadline_s
-                    if t < best:
-                        best = t
+                elif rs.approx_at < best:
+                    best = rs.approx_at
+        elif phase is _P_JOINING:
+            if self._join_deadline is not None and self._join_deadline < best:
+                best = self._join_deadline
         return None if best == _INF else best
 
     def poll(self) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
@@ -860,7 +860,11 @@ class ParameterServer(Endpoint):
         cover = None
         if not self._sends_when_done:
             cover = self.scheme.progress_tracker()
-        self._round = _RoundState(record=rec, state=[0] * self.m, cover=cover)
+        cfg = self.config
+        self._round = _RoundState(
+            record=rec, state=[0] * self.m, cover=cover, timeout_at=now + cfg.round_timeout_s,
+            approx_at=(now + cfg.deadline_s if cfg.mode == "approx" and cfg.deadline_s is not None
+                       else _INF))
         # a copy: the transport may still read it after we update self.model
         model = self.model.astype(self.config.payload_dtype, copy=True)
         ready = self._ready_workers()
@@ -870,10 +874,12 @@ class ParameterServer(Endpoint):
             comp = sched.compute_s[r].tolist()
             net_row = sched.network_s[r].tolist()
             loads = self._loads_list
+            epoch = self.epoch
+            append = self._outbox.append
             for worker, peer in sorted(ready.items()):
-                delays = tuple(comp[worker][:loads[worker]])
-                self._send(peer, _new_round_start(self.epoch, r, delays,
-                                                  float(net_row[worker]), model))
+                append(new_outgoing(peer, _new_round_start(
+                    epoch, r, tuple(comp[worker][:loads[worker]]), float(net_row[worker]),
+                    model), False, ""))
         else:
             # one message object for everyone: the driver encodes it once
             msg = _new_round_start(self.epoch, r, (), 0.0, model)
