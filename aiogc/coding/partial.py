@@ -14,6 +14,7 @@ the same code path, so all holders derive bit-identical ``Theta_i`` independentl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -359,7 +360,41 @@ class PartialScheme(SchemeBase):
         residual = 0.0 if exact else float(np.sqrt(deficit / self.n_chunks))
         return DecodeResult(grad, exact, residual, 1.0, int(rows.size))
 
-    def encode_trusted(self, worker: int, c: list[int], chunk_grads: np.ndarray) -> np.ndarray:
+    def _closed_form_dens(self, c: Sequence[int]) -> list[float]:
+        """Per chunk ``i``: ``sum_{h in U_i(c)} B_h^2`` (``ell == 1``), summed over the holders
+        in index order; shape (N,) as a list.
+
+        Every worker of a process encodes against the same broadcast state in a round, so the
+        last state's sums are kept: the first worker pays O(N * gamma), the others a tuple
+        comparison.
+        """
+        key = c if type(c) is tuple else tuple(c)
+        cached = self.__dict__.get("_dens_cache")
+        if cached is not None and (cached[0] is key or cached[0] == key):
+            return cast(list[float], cached[1])
+        table = self.__dict__.get("_den_table")
+        if table is None:
+            b = self.B[0].tolist()
+            never = np.iinfo(np.int64).max
+            table = [[(h, p, b[h] * b[h]) for h, p in zip(self._H[i].tolist(),
+                                                          self._HP[i].tolist(), strict=True)
+                      if p != never] for i in range(self.n_chunks)]
+            self.__dict__["_den_table"] = table
+            self.__dict__["_b_list"] = b
+            if "_order_lists" not in self.__dict__:
+                self.__dict__["_order_lists"] = [[int(i) for i in o] for o in self.orders]
+        dens = []
+        for hold in table:
+            den = 0.0
+            for h, p, b2 in hold:
+                if p <= key[h]:
+                    den += b2
+            dens.append(den)
+        self.__dict__["_dens_cache"] = (key, dens)
+        return dens
+
+    def encode_trusted(self, worker: int, c: Sequence[int], chunk_grads: np.ndarray
+                       ) -> np.ndarray:
         """:meth:`encode` for internal callers with an already validated state.
 
         ``c`` is the broadcast state as a list of ints (``0 <= c[j] <= loads[j]``, checked by
@@ -375,28 +410,10 @@ class PartialScheme(SchemeBase):
         if self.n_parts != 1:
             th = self.coefficients(worker, np.asarray(c, dtype=np.int64))
             return encode_rows(th, chunk_grads, self.n_parts)
-        table = self.__dict__.get("_enc_table")
-        if table is None:
-            b = self.B[0].tolist()
-            table = []
-            for j, o in enumerate(self.orders):
-                rows = []
-                for i in o.tolist():
-                    hold = [(h, p, b[h] * b[h]) for h, p in zip(self._H[i].tolist(),
-                                                                 self._HP[i].tolist(),
-                                                                 strict=True)
-                            if p != np.iinfo(np.int64).max]
-                    rows.append(hold)
-                table.append((b[j], rows))
-            self.__dict__["_enc_table"] = table
-        bj, rows = table[worker]
-        coef: list[float] = []
-        for k in range(cj):
-            den = 0.0
-            for h, p, b2 in rows[k]:
-                if p <= c[h]:
-                    den += b2
-            coef.append(bj / den if den > 0 else 0.0)
+        dens = self._closed_form_dens(c)  # also builds _b_list and _order_lists
+        bj = self.__dict__["_b_list"][worker]
+        coef = [bj / den if den > 0 else 0.0
+                for den in [dens[i] for i in self.__dict__["_order_lists"][worker][:cj]]]
         X = chunk_grads[:cj]
         if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
             # encode_rows' product for ell = 1, unchecked; ndarray.dot rather than ``@``: the

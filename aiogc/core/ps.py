@@ -483,9 +483,9 @@ class ParameterServer(Endpoint):
                         best = rs.collect_deadline
                 elif rs.approx_at < best:
                     best = rs.approx_at
-        elif phase is _P_JOINING:
-            if self._join_deadline is not None and self._join_deadline < best:
-                best = self._join_deadline
+        elif (phase is _P_JOINING and self._join_deadline is not None
+              and self._join_deadline < best):
+            best = self._join_deadline
         return None if best == _INF else best
 
     def poll(self) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
