@@ -293,7 +293,7 @@ class PSServer:
         if self._frame_log is not None:
             self._frame_log("in", conn, msg, conn.last_frame_nbytes)
         ps = self.ps
-        ps.receive(conn, msg, now=self._now())
+        ps.receive(conn, msg, now=_clock())
         if conn.limits is PREAUTH_LIMITS and ps.is_authenticated(conn):
             conn.set_limits(self._post_auth)
             keys = ps.session_keys(conn)
@@ -312,7 +312,7 @@ class PSServer:
         self._conns_changed.set()
 
     def _on_timer(self) -> None:
-        self.ps.handle_timer(now=self._now())
+        self.ps.handle_timer(now=_clock())
         self._pump()
 
     def _flush_outbox(self, outbox: Sequence[Outgoing]) -> None:
@@ -483,11 +483,11 @@ class WorkerClient:
         if conn is not self._conn:
             return
         w = self.worker
-        w.receive("ps", msg, now=self._now())
+        polled = w.receive_and_poll("ps", msg, now=_clock())
         if w.session is not None and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
-        self._pump()
+        self._pump(polled)
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
         if conn is not self._conn:
@@ -499,8 +499,7 @@ class WorkerClient:
             self._closed.set_result(None)
 
     def _on_timer(self) -> None:
-        self.worker.handle_timer(now=self._now())
-        self._pump()
+        self._pump(self.worker.handle_timer_and_poll(now=_clock()))
 
     def _setup(self, ev: SetupNeeded) -> None:
         """Scheme and task for ``ev.config``: from the cache at once, else built in an
@@ -535,9 +534,12 @@ class WorkerClient:
             return
         w.setup_ready(setup, now=self._now())
 
-    def _pump(self) -> None:
+    def _pump(self, polled: Polled | None = None) -> None:
+        """Flush, answer events and work until the worker core is quiet; ``polled``: the
+        result of the poll the last core call made (``*_and_poll``)."""
         w = self.worker
-        polled = w.poll()
+        if polled is None:
+            polled = w.poll()
         while True:
             # one poll per iteration: frames, events, work and the deadline at once
             events, work, outbox, when = polled
@@ -595,5 +597,7 @@ class WorkerClient:
             except Exception as exc:  # the core closes with the reason
                 w.work_failed(exc, now=_clock())
             else:
+                if item is work[-1]:
+                    return w.finish_chunks(item.round, item.first, grads, now=_clock())
                 w.chunks_done(item.round, item.first, grads, now=_clock())
         return w.poll()
