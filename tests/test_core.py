@@ -16,6 +16,8 @@ from aiogc.coding.baselines import OriginalScheme
 from aiogc.coding.partial import CoverageTracker, PartialScheme
 from aiogc.config import RunConfig
 from aiogc.core import (
+    ChunkComputed,
+    CodedSent,
     ConnectionFailed,
     DuplicateWorker,
     Finished,
@@ -819,3 +821,30 @@ def test_round_messages_skip_workers_that_are_not_ready() -> None:
     assert "late" not in to and len(to) == rig.config.workers - 1
     rig.ps._broadcast(Shutdown(reason="bye"))
     assert "late" in {o.peer for o in rig.ps.messages_to_send()}
+
+
+def test_progress_events_are_telemetry_only() -> None:
+    """Per-chunk ChunkComputed and per-vector CodedSent events come only when asked for
+    (drivers with no sink leave them off), and asking for them changes nothing else: the
+    same rounds, states, arrival times and frames."""
+    cfg = _cfg(scheme="partial", workers=8, delta=3, rounds=4, delay="exp:0.01")
+    runs = {}
+    for on in (False, True):
+        rig = build_rig(cfg)
+        rig.sim = Simulation(rig.ps, rig.workers, progress_events=on)
+        rig.sim.run()
+        evs = [e for j in range(cfg.workers) for e in rig.sim.worker_events[j]]
+        runs[on] = (rig, evs)
+    off_rig, off_evs = runs[False]
+    on_rig, on_evs = runs[True]
+    assert not [e for e in off_evs if isinstance(e, ChunkComputed | CodedSent)]
+    computed = [e for e in on_evs if isinstance(e, ChunkComputed)]
+    sent = [e for e in on_evs if isinstance(e, CodedSent)]
+    # every chunk computed before the trigger is reported once; each round, every worker
+    # with a nonzero broadcast entry sends once
+    assert len(computed) >= sum(sum(r.state) for r in on_rig.ps.records)
+    assert len(sent) == sum(sum(1 for c in r.state if c) for r in on_rig.ps.records)
+    assert all(e.compute_s > 0 for e in computed)
+    key = [(r.state, r.t_trigger, r.t_end, r.arrivals) for r in off_rig.ps.records]
+    assert key == [(r.state, r.t_trigger, r.t_end, r.arrivals) for r in on_rig.ps.records]
+    assert off_rig.sim.frames == on_rig.sim.frames

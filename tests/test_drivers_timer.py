@@ -1,0 +1,114 @@
+"""The asyncio drivers' lazy timer, on a fake loop and a fake clock (no sockets, no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from aiogc.net import drivers
+
+
+class _Handle:
+    def __init__(self, when: float, cb: Callable[[], None]) -> None:
+        self.when = when
+        self.cb = cb
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Loop:
+    """call_at / time only; the loop clock runs 1000 s ahead of the drivers' clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.handles: list[_Handle] = []
+
+    def time(self) -> float:
+        return self.clock[0] + 1000.0
+
+    def call_at(self, when: float, cb: Callable[[], None]) -> _Handle:
+        h = _Handle(when, cb)
+        self.handles.append(h)
+        return h
+
+    def live(self) -> list[_Handle]:
+        return [h for h in self.handles if not h.cancelled]
+
+    def run_until(self, t: float) -> None:
+        """Advance the clock to ``t`` firing due, uncancelled handles in time order."""
+        while True:
+            due = sorted((h for h in self.live() if h.when <= t + 1000.0),
+                         key=lambda h: h.when)
+            if not due:
+                break
+            h = due[0]
+            self.clock[0] = max(self.clock[0], h.when - 1000.0)
+            h.cancelled = True  # a fired handle is spent
+            h.cb()
+        self.clock[0] = t
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Loop, list[float], list[float]]:
+    clock = [0.0]
+    monkeypatch.setattr(drivers, "_clock", lambda: clock[0])
+    loop = _Loop(clock)
+    fired: list[float] = []
+    timer = drivers._Timer(loop, lambda: fired.append(clock[0]))  # type: ignore[arg-type]
+    return timer, loop, clock, fired
+
+
+def test_later_deadline_keeps_the_handle_earlier_one_replaces_it(rig: Any) -> None:
+    timer, loop, _, fired = rig
+    timer.arm(10.0)
+    assert [h.when for h in loop.live()] == [1010.0]
+    for later in (12.0, 10.0, 30.0):  # the usual case: no cancel, no call_at
+        timer.arm(later)
+    assert len(loop.handles) == 1
+    timer.arm(8.0)  # earlier: a new handle, the old one cancelled
+    assert [h.when for h in loop.live()] == [1008.0]
+    assert loop.handles[0].cancelled
+    loop.run_until(8.0)
+    assert fired == [8.0]
+
+
+def test_an_early_wake_up_sleeps_on_to_the_moved_deadline(rig: Any) -> None:
+    timer, loop, _, fired = rig
+    timer.arm(5.0)
+    timer.arm(9.0)  # moved later after the handle was set
+    loop.run_until(5.0)
+    assert fired == []  # woke at 5, the owner wants 9: re-armed, not fired
+    assert [h.when for h in loop.live()] == [1009.0]
+    loop.run_until(9.0)
+    assert fired == [9.0]
+    loop.run_until(100.0)
+    assert fired == [9.0]  # fired once; nothing armed since
+
+
+def test_withdrawn_or_cancelled_deadline_never_fires(rig: Any) -> None:
+    timer, loop, _, fired = rig
+    timer.arm(20.0)
+    timer.arm(None)
+    loop.run_until(50.0)
+    assert fired == []
+    timer.arm(60.0)
+    timer.cancel()
+    assert loop.live() == []
+    loop.run_until(100.0)
+    assert fired == []
+    timer.arm(120.0)  # usable again after a cancel
+    loop.run_until(130.0)
+    assert fired == [120.0]
+
+
+def test_a_deadline_in_the_past_fires_at_once(rig: Any) -> None:
+    timer, loop, clock, fired = rig
+    clock[0] = 40.0
+    timer.arm(35.0)
+    assert [h.when for h in loop.live()] == [1040.0]  # now, not in the past
+    loop.run_until(40.0)
+    assert fired == [40.0]
