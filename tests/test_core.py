@@ -23,6 +23,7 @@ from aiogc.core import (
     Finished,
     PeerClosed,
     PSPhase,
+    RoundEnded,
     RoundResumed,
     Setup,
     SetupNeeded,
@@ -824,9 +825,9 @@ def test_round_messages_skip_workers_that_are_not_ready() -> None:
 
 
 def test_progress_events_are_telemetry_only() -> None:
-    """Per-chunk ChunkComputed and per-vector CodedSent events come only when asked for
-    (drivers with no sink leave them off), and asking for them changes nothing else: the
-    same rounds, states, arrival times and frames."""
+    """Per-chunk ChunkComputed, per-vector CodedSent and per-round RoundEnded events come
+    only when asked for (drivers with no sink leave them off), and asking for them changes
+    nothing else: the same rounds, states, arrival times and frames."""
     cfg = _cfg(scheme="partial", workers=8, delta=3, rounds=4, delay="exp:0.01")
     runs = {}
     for on in (False, True):
@@ -837,7 +838,10 @@ def test_progress_events_are_telemetry_only() -> None:
         runs[on] = (rig, evs)
     off_rig, off_evs = runs[False]
     on_rig, on_evs = runs[True]
-    assert not [e for e in off_evs if isinstance(e, ChunkComputed | CodedSent)]
+    assert not [e for e in off_evs if isinstance(e, ChunkComputed | CodedSent | RoundEnded)]
+    # the folded round ends (rounds 0..R-2, seen at the next round_start) of every worker
+    ended = [e for e in on_evs if isinstance(e, RoundEnded)]
+    assert len(ended) >= cfg.workers * (cfg.rounds - 1)
     computed = [e for e in on_evs if isinstance(e, ChunkComputed)]
     sent = [e for e in on_evs if isinstance(e, CodedSent)]
     # every chunk computed before the trigger is reported once; each round, every worker

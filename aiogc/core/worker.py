@@ -214,9 +214,10 @@ class Worker(Endpoint):
         Fresh 16-byte nonces for the handshake; drivers install one (``secrets.token_bytes``,
         or a deterministic counter on the virtual clock) when None.
     progress_events : bool
-        Emit the per-chunk :class:`ChunkComputed` and per-vector :class:`CodedSent` events
-        (telemetry only: no driver decision depends on them). Drivers with no event sink turn
-        them off (attribute ``progress_events``): they are ~5 objects per worker-round.
+        Emit the per-chunk :class:`ChunkComputed`, per-vector :class:`CodedSent` and
+        per-round :class:`RoundEnded` events (telemetry only: no driver decision depends on
+        them). Drivers with no event sink turn them off (attribute ``progress_events``): they
+        are ~6 objects per worker-round.
     """
 
     def __init__(
@@ -637,7 +638,7 @@ class Worker(Endpoint):
         if msg.round <= self._round:
             raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
                                       code="bad_round")
-        if self._round >= 0 and self.phase is not _W_IDLE:
+        if self._round >= 0 and self.phase is not _W_IDLE and self.progress_events:
             # round_end is folded into the next round_start: the previous round is over
             self._events.append(RoundEnded(self._round, "", now))
         load = self._loads[self.worker_id]
@@ -842,7 +843,8 @@ class Worker(Endpoint):
         self._deadline_list = []
         self._work.clear()
         self._set_phase(_W_IDLE)
-        self._events.append(RoundEnded(msg.round, msg.status, now))
+        if self.progress_events:
+            self._events.append(RoundEnded(msg.round, msg.status, now))
 
 
 #: exact message type -> (phases in which the worker accepts it, handler); built from

@@ -65,7 +65,7 @@ class Simulation:
     bandwidth_Bps : float, optional
         Adds ``array bytes / bandwidth`` to frames that carry an array.
     progress_events : bool
-        Keep the workers' per-chunk telemetry events (``ChunkComputed``, ``CodedSent``) in
+        Keep the workers' telemetry events (``ChunkComputed``, ``CodedSent``, ``RoundEnded``) in
         :attr:`worker_events`. Off by default: nothing in a simulation reads them, and they
         are most of the objects a worker core builds (sets ``Worker.progress_events``).
     """
