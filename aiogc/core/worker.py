@@ -21,8 +21,10 @@ Invariants
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import operator
+import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -158,26 +160,45 @@ class ChunkGradientFn(Protocol):
 
 
 @dataclass
+class _SchemeFacts:
+    """What the workers of a process learn once per scheme object and share."""
+
+    digest: str = ""
+    #: the last broadcast state a worker validated against ``scheme.loads``, with its digest:
+    #: every worker of a process receives the same state in a round, so the others skip the
+    #: O(m) bound check and the hash (each still checks its own entry)
+    checked_state: tuple[tuple[int, ...], bytes] | None = None
+
+
+#: scheme object -> its shared facts (weak: a scheme nobody uses any more is forgotten)
+_FACTS: weakref.WeakKeyDictionary[Any, _SchemeFacts] = weakref.WeakKeyDictionary()
+
+
+@dataclass
 class Setup:
     """What a worker needs for a configuration: the scheme and its gradient function.
 
     Built by the driver layer (``aiogc.worker_setup``), shared by every worker of a process
-    that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once).
+    that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once
+    per scheme object). Setups of one scheme object share what their workers validated
+    (``facts``), also when a driver builds one Setup per worker (the simulator's per-worker
+    gradient functions).
     """
 
     config: RunConfig
     scheme: Any
     chunk_gradient: ChunkGradientFn
     digest: str = ""
-    #: the last broadcast state a worker of this setup validated against ``scheme.loads``,
-    #: with its digest: every worker of a process receives the same state in a round, so the
-    #: others skip the O(m) bound check and the hash (they still check their own entry)
-    checked_state: tuple[tuple[int, ...], bytes] | None = field(default=None, repr=False,
-                                                                 compare=False)
+    facts: _SchemeFacts = field(default_factory=_SchemeFacts, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # a scheme that is not hashable or weak-referenceable keeps its facts per Setup
+        with contextlib.suppress(TypeError):
+            self.facts = _FACTS.setdefault(self.scheme, self.facts)
         if not self.digest:
-            self.digest = scheme_digest(self.scheme)
+            if not self.facts.digest:
+                self.facts.digest = scheme_digest(self.scheme)
+            self.digest = self.facts.digest
 
 
 def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
@@ -796,7 +817,8 @@ class Worker(Endpoint):
                 f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
                 code="bad_state",
             )
-        checked = self.setup.checked_state
+        facts = self.setup.facts
+        checked = facts.checked_state
         if checked is not None and (checked[0] is state or checked[0] == state):
             digest = checked[1]  # the same state passed the bound check below (same loads)
         else:
@@ -806,7 +828,7 @@ class Worker(Endpoint):
                 raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
                                           code="bad_state")
             digest = state_digest(state)
-            self.setup.checked_state = (tuple(state), digest)
+            facts.checked_state = (tuple(state), digest)
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
