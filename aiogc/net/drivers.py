@@ -6,7 +6,8 @@ connection (a message sent to many peers is encoded once; everything for one pee
 write), (3) runs the application work the cores queue (the PS's ``run_pending``: decode and
 analytics; the worker's ``next_work``: chunk gradients; ``SetupNeeded``: scheme and task, built
 once per configuration in an executor thread), (4) switches a connection to tagged frames once
-the core derived its session keys, and (5) re-arms one timer at ``next_deadline()``. Protocol
+the core derived its session keys, and (5) keeps one timer at ``next_deadline()`` (re-armed
+only when the deadline moves earlier, see :class:`_Timer`). Protocol
 decisions live in ``aiogc.core``; framing, tags and bounded decoding in
 :mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
 """
