@@ -26,6 +26,8 @@ from aiogc.errors import CodingError
 
 __all__ = ["CoverageTracker", "PartialScheme"]
 
+_F8 = np.dtype(np.float64)
+
 #: Relative singular-value / R-diagonal threshold below which B_U counts as rank deficient.
 RANK_RTOL = 1e-12
 
@@ -415,8 +417,8 @@ class PartialScheme(SchemeBase):
         coef = [bj / den if den > 0 else 0.0
                 for den in [dens[i] for i in self.__dict__["_order_lists"][worker][:cj]]]
         X = chunk_grads[:cj]
-        if X.dtype == np.float64 and X.ndim == 2 and X.flags.c_contiguous:
+        if (X.dtype is _F8 or X.dtype == _F8) and X.ndim == 2 and X.flags.c_contiguous:
             # encode_rows' product for ell = 1, unchecked; ndarray.dot rather than ``@``: the
             # same gemv and bits, without the matmul ufunc's overhead on short vectors
-            return np.asarray(np.array(coef).dot(X))
+            return np.array(coef).dot(X)  # type: ignore[no-any-return]
         return encode_rows(np.array(coef)[:, None], chunk_grads, 1)
