@@ -852,3 +852,35 @@ def test_progress_events_are_telemetry_only() -> None:
     key = [(r.state, r.t_trigger, r.t_end, r.arrivals) for r in off_rig.ps.records]
     assert key == [(r.state, r.t_trigger, r.t_end, r.arrivals) for r in on_rig.ps.records]
     assert off_rig.sim.frames == on_rig.sim.frames
+
+
+def test_live_oracle_matches_the_post_hoc_one() -> None:
+    """The oracle the PS keeps from its live coverage counters equals the post-hoc one (all
+    reports re-sorted by their stamps), with reports in stamp order, out of it (per-worker
+    latency) and after a worker's coverage was removed (a kill)."""
+    cfg = _cfg(scheme="partial", workers=12, delta=3, rounds=8, delay="exp:0.01")
+    seen = {"live": 0, "recomputed": 0}
+    for latency in (None, lambda w, d, m: 0.0007 * (w % 5)):
+        for kill in (False, True):
+            rig = build_rig(cfg)
+            ps = rig.ps
+            if latency is not None:
+                rig.sim = Simulation(ps, rig.workers, latency=latency)
+            if kill:
+                rig.sim.kill(5, at=0.05)
+            orig = ps._oracle
+
+            def counted(rec: Any, _orig: Any = orig) -> Any:
+                seen["recomputed"] += 1
+                return _orig(rec)
+
+            ps._oracle = counted  # type: ignore[method-assign]
+            rig.sim.run()
+            assert not ps._oracle_hints
+            for rec in ps.records:
+                if rec.status == "failed":
+                    continue
+                assert rec.oracle_elapsed_s == orig(rec), (latency, kill, rec.round)
+                seen["live"] += 1
+    # both paths ran: some rounds kept the live answer, some were recomputed
+    assert 0 < seen["recomputed"] < seen["live"], seen

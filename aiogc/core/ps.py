@@ -178,6 +178,12 @@ class _RoundState:
     #: next_deadline reads them after every pump
     timeout_at: float = float("inf")
     approx_at: float = float("inf")
+    #: the oracle from the live counters (see ParameterServer._oracle): the elapsed stamp of
+    #: the report at which the coverage deficit first reached 0; valid while the accepted
+    #: reports arrived in order of their stamps and no worker's coverage was removed
+    oracle_at: float | None = None
+    last_elapsed: float = float("-inf")
+    oracle_live: bool = True
 
 
 class ParameterServer(Endpoint):
@@ -261,6 +267,8 @@ class ParameterServer(Endpoint):
         self._analysing: int | None = None
         self._ping_bucket: dict[int, tuple[float, float]] = {}
         self._all_decodable: bool | None = None  # is_decodable with every worker finished
+        #: round -> the oracle the live counters found (see _RoundState.oracle_at)
+        self._oracle_hints: dict[int, float | None] = {}
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
         self.predicted_error = self._check_conditioning()
         # verify_fn is not called here (it may read PS state that does not exist yet): with it,
@@ -747,11 +755,19 @@ class ParameterServer(Endpoint):
             self.stats["duplicate_report" if count == old else "nonmonotone_report"] += 1
             return
         rs.state[worker] = count
-        rs.record.reports.append((now, worker, count, msg.elapsed_s))
-        if rs.cover is not None:
-            rs.cover.add(worker, old, count)
-            if self.phase is _P_COMPUTING and rs.cover.deficit == 0:
-                self._trigger(now, exact=True)
+        elapsed = msg.elapsed_s
+        rs.record.reports.append((now, worker, count, elapsed))
+        cover = rs.cover
+        if cover is not None:
+            cover.add(worker, old, count)
+            if elapsed < rs.last_elapsed:
+                rs.oracle_live = False  # out of stamp order: the oracle re-sorts (stage 2)
+            rs.last_elapsed = elapsed
+            if cover.deficit == 0:
+                if rs.oracle_at is None:
+                    rs.oracle_at = float(elapsed)
+                if self.phase is _P_COMPUTING:
+                    self._trigger(now, exact=True)
 
     def _on_coded(self, worker: int, msg: CodedGradient, now: float) -> None:
         rs = self._current(msg.epoch, msg.round, "coded_gradient")
@@ -951,6 +967,7 @@ class ParameterServer(Endpoint):
                 lost_expected = True
             if old > 0 and rs.cover is not None:
                 rs.cover.remove(worker, old)
+                rs.oracle_live = False
             rs.state[worker] = 0
         if self._hopeless(rs):
             # not even every remaining worker finishing everything could decode exactly: say
@@ -1042,6 +1059,8 @@ class ParameterServer(Endpoint):
         else:
             state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(int(x) for x in state)
+        if rs.oracle_live and rs.cover is not None:
+            self._oracle_hints[rec.round] = rs.oracle_at
         self._round = None
         self._set_phase(_P_JOINING)
         self._stage1 = (rec, exact, reason, decode, state, rs.attempt)
@@ -1115,11 +1134,13 @@ class ParameterServer(Endpoint):
     def _run_stage2(self) -> None:
         rec, grad, w_prev, w_new = self._stage2.pop(0)
         self._analysing = rec.round
+        live = rec.round in self._oracle_hints
+        hint = self._oracle_hints.pop(rec.round, None)
         try:
             if grad is not None:
                 if self.verify_fn is not None and math.isnan(rec.rel_error):
                     rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
-                rec.oracle_elapsed_s = self._oracle(rec)
+                rec.oracle_elapsed_s = hint if live else self._oracle(rec)
             if self.loss_fn is not None:
                 rec.loss = float(self.loss_fn(w_new))
         finally:
@@ -1186,7 +1207,9 @@ class ParameterServer(Endpoint):
         (report_every = 1) and an upper bound otherwise. For the send-when-done schemes a
         worker's finish time is the ``compute_s`` its coded vector carries (the elapsed time of
         its last chunk on its own schedule). Computed post hoc, once per round, from the same
-        coverage counters the trigger uses.
+        coverage counters the trigger uses. (When the reports arrived in order of their stamps
+        and no coverage was removed, the live counters already met this answer: the PS keeps
+        it and does not call this; ``tests/test_core.py`` checks the two agree.)
         """
         if self._sends_when_done:
             # decodability only grows with the finished set: binary search over the workers
