@@ -819,18 +819,40 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
 # ------------------------------------------------------------------------------ wire
 
 
+def _wire_trials(sz: Sizes, name: str, key: bytes | None, raw_port: int, fr_port: int,
+                 gmac: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """Interleaved raw / framed trials per d (and, with ``key``, the GMAC rate beside each)."""
+    from bench_wire import _coded, _loop_factory, framed_trial, raw_trial
+
+    per_d: list[dict[str, Any]] = []
+    with asyncio.Runner(loop_factory=_loop_factory("uvloop")) as runner:
+        for d in sz.wire_d:
+            msg = _coded(d)
+            frames = max(1, round(sz.wire_mb * 1e6 / msg.payload.nbytes))
+            raw_trial(raw_port, msg, 1)
+            runner.run(framed_trial(fr_port, msg, 1, key))
+            raw: list[float] = []
+            fr: list[float] = []
+            for t in range(sz.wire_trials):
+                if t % 2 == 0:
+                    raw.append(raw_trial(raw_port, msg, frames))
+                    fr.append(runner.run(framed_trial(fr_port, msg, frames, key)))
+                else:
+                    fr.append(runner.run(framed_trial(fr_port, msg, frames, key)))
+                    raw.append(raw_trial(raw_port, msg, frames))
+                if key is not None:
+                    gmac.setdefault(d, []).append(_gmac_rate(key, msg.payload))
+            per_d.append({"d": d, "frames": frames, "raw_gb_s": [x / 1e9 for x in raw],
+                          "framed_gb_s": [x / 1e9 for x in fr],
+                          "ratio": _med(fr) / _med(raw)})
+            _log(f"  {name} d={d}: framed {_med(fr) / 1e9:.2f} GB/s raw "
+                 f"{_med(raw) / 1e9:.2f} GB/s ratio {per_d[-1]['ratio']:.2f}")
+    return per_d
+
+
 def wire_records(sz: Sizes, only: set[str]) -> list[dict[str, Any]]:
     """wire_payload_vs_raw_socket (and its _auth twin): bench_wire's trials, uvloop."""
-    from bench_wire import (
-        _coded,
-        _framed_receiver,
-        _loop_factory,
-        _raw_receiver,
-        _start,
-        framed_trial,
-        has_frame_auth,
-        raw_trial,
-    )
+    from bench_wire import _framed_receiver, _raw_receiver, _start, has_frame_auth
 
     out = []
     base = "blocking raw loopback socket, same bytes (sendall / recv_into)"
@@ -854,29 +876,7 @@ def wire_records(sz: Sizes, only: set[str]) -> list[dict[str, Any]]:
             procs.append(raw_proc)
             fr_proc, fr_port = _start(_framed_receiver, "uvloop", key)
             procs.append(fr_proc)
-            per_d: list[dict[str, Any]] = []
-            with asyncio.Runner(loop_factory=_loop_factory("uvloop")) as runner:
-                for d in sz.wire_d:
-                    msg = _coded(d)
-                    frames = max(1, round(sz.wire_mb * 1e6 / msg.payload.nbytes))
-                    raw_trial(raw_port, msg, 1)
-                    runner.run(framed_trial(fr_port, msg, 1, key))
-                    raw: list[float] = []
-                    fr: list[float] = []
-                    for t in range(sz.wire_trials):
-                        if t % 2 == 0:
-                            raw.append(raw_trial(raw_port, msg, frames))
-                            fr.append(runner.run(framed_trial(fr_port, msg, frames, key)))
-                        else:
-                            fr.append(runner.run(framed_trial(fr_port, msg, frames, key)))
-                            raw.append(raw_trial(raw_port, msg, frames))
-                        if key is not None:
-                            gmac.setdefault(d, []).append(_gmac_rate(key, msg.payload))
-                    per_d.append({"d": d, "frames": frames, "raw_gb_s": [x / 1e9 for x in raw],
-                                  "framed_gb_s": [x / 1e9 for x in fr],
-                                  "ratio": _med(fr) / _med(raw)})
-                    _log(f"  {name} d={d}: framed {_med(fr) / 1e9:.2f} GB/s raw "
-                         f"{_med(raw) / 1e9:.2f} GB/s ratio {per_d[-1]['ratio']:.2f}")
+            per_d = _wire_trials(sz, name, key, raw_port, fr_port, gmac)
             if key is not None:
                 auth_per_d = per_d
             worst = min(per_d, key=lambda x: x["ratio"])
