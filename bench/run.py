@@ -294,6 +294,8 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
     fast engine of ``aiogc simulate --delay replay:RUN/delays.csv`` (same assignment, δ, ℓ,
     rounds), its per-round completion times taken on the rounds the live run completed.
     """
+    import numpy as np
+
     from aiogc.config import RunConfig
     from aiogc.runner import run_live
     from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
@@ -337,6 +339,12 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
             "sim_mean_all_rounds_s": float(sim[name].completion_s.mean()),
             "live_legs_ms": _legs(done),
         }
+    # the fewest frames partial can use on this schedule: round_start and encode_and_transmit,
+    # one report per chunk finished before the simulated trigger (exp delays: no ties) and one
+    # coded vector per contributing worker
+    st = np.asarray(sim["partial"].states, dtype=np.float64)
+    out["partial"]["sim_frames_floor"] = float(2.0 + st.sum(axis=1).mean() / m
+                                               + (st > 0).mean())
     p, o = out["partial"], out["original"]
     out["round_ratio"] = _div(p["live_mean_s"], p["sim_mean_s"])
     out["live_speedup"] = _div(o["live_mean_s"], p["live_mean_s"])
@@ -460,13 +468,20 @@ def live_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
                 trials=len(ts), note=short, detail=conf))
             fp = [t["frames_per_worker_round"].get("partial") for t in ts]
             fo = [t["frames_per_worker_round"].get("original") for t in ts]
+            floor = _med([t["partial"]["sim_frames_floor"] for t in ts])
             out.append(record(
                 "frames_per_worker_round", _med([x for x in fp if x is not None]),
-                baseline="original (send-when-done) frames per worker-round, same runs",
-                baseline_value=_med([x for x in fo if x is not None]), trials=len(ts),
+                baseline="the protocol's floor on the run's own schedule (simulator)",
+                baseline_value=floor, trials=len(ts),
+                note="" if floor <= 4 else
+                f"below the goal: the protocol's own floor on this schedule is {floor:.2f} "
+                "(a report per chunk finished before the trigger)",
                 detail={"m": sz.m_live, "source": "events.jsonl frames with a round number, "
                         "both directions, / (m x recorded rounds)", "partial": fp,
-                        "original": fo}))
+                        "original": fo,
+                        "floor": "2 (round_start, encode_and_transmit) + chunks finished "
+                                 "before the simulated trigger per worker + the fraction of "
+                                 "workers that contribute"}))
         except Exception as exc:  # every record is written, with the reason
             for name in sorted(only & names64):
                 out.append(failed(name, "simulator replaying the run's schedule", exc))
