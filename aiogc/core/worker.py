@@ -450,26 +450,31 @@ class Worker(Endpoint):
             self._fail(code, reason, now, send_error=True)
 
     def next_deadline(self) -> float | None:
-        # called after every pump: no list, no min() over a list
+        # called after every poll: plain comparisons, the common phases first
         phase = self.phase
-        best = _INF
-        if self._delayed:
-            best = self._delayed[0][0]
-        if phase is _W_COMPUTING and self._requested == self._count:
+        if phase is _W_COMPUTING:
+            k = self._count
             dl = self._deadline_list
-            if self._count < len(dl) and dl[self._count] < best:
-                best = dl[self._count]
-        elif phase in _HANDSHAKING:
-            best = min(best, self._connected_at + self.handshake_timeout_s)
-        if phase is not _W_CLOSED:
-            if self._dead_after is not None:
-                t = self._last_heard + self._dead_after
-                if t < best:
-                    best = t
-            if self._heartbeat is not None:
-                t = self._last_sent + self._heartbeat
-                if t < best:
-                    best = t
+            # the next chunk's deadline, unless it was handed to the driver already
+            best = dl[k] if self._requested == k and k < len(dl) else _INF
+        elif phase is _W_CLOSED:
+            return self._delayed[0][0] if self._delayed else None
+        elif phase is _W_CONNECTING or phase is _W_AUTHENTICATING:
+            best = self._connected_at + self.handshake_timeout_s
+        else:
+            best = _INF
+        if self._delayed:
+            t = self._delayed[0][0]
+            if t < best:
+                best = t
+        if self._dead_after is not None:
+            t = self._last_heard + self._dead_after
+            if t < best:
+                best = t
+        if self._heartbeat is not None:
+            t = self._last_sent + self._heartbeat
+            if t < best:
+                best = t
         return None if best == _INF else best
 
     # ================================================================== helpers
