@@ -554,7 +554,7 @@ class ParameterServer(Endpoint):
         # not overwrite an accepted vector
         if w in rs.received or w in rs.excluded:
             return None
-        if self.scheme.sends_when_done:
+        if self._sends_when_done:
             ok = self.phase is _P_COMPUTING
         else:
             ok = self.phase is _P_COLLECTING and w in rs.expected
