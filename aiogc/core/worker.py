@@ -363,7 +363,9 @@ class Worker(Endpoint):
 
         Drains the event, work and outgoing queues and returns :meth:`next_deadline`. A driver
         that answers an event or work item (``setup_ready``, ``chunks_done``) polls again: that
-        poll carries what the answer produced and the deadline that then holds.
+        poll carries what the answer produced and the deadline that then holds. While work
+        items are returned the deadline is None (as the PS's poll does while it has pending
+        work): the answer's poll gives it.
         """
         # a queue that is empty is returned as the shared empty tuple: no list per poll
         events: Sequence[Event] = self._events
@@ -371,17 +373,16 @@ class Worker(Endpoint):
             self._events = []
         else:
             events = _NONE
-        work: Sequence[ComputeChunks] = self._work
-        if work:
-            self._work = []
-        else:
-            work = _NONE
         out: Sequence[Outgoing] = self._outbox
         if out:
             self._outbox = []
         else:
             out = _NONE
-        return events, work, out, self.next_deadline()
+        work: Sequence[ComputeChunks] = self._work
+        if work:
+            self._work = []
+            return events, work, out, None
+        return events, _NONE, out, self.next_deadline()
 
     def chunks_done(self, rnd: int, first: int, grads: Any, *, now: float) -> None:
         """The driver computed the gradients of a :class:`ComputeChunks` item.
