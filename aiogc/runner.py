@@ -428,7 +428,13 @@ def _scheme_event_handler(
     end_reason: list[str] | None,
 ) -> Callable[[Event], None]:
     """The PS event callback of one scheme's run: records rounds and the run's end (if
-    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``."""
+    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``.
+
+    It runs on the event loop between rounds: recording a round only buffers a copy of the
+    record (:meth:`aiogc.records.RunRecorder.round`); the rows are written later."""
+    loads = tuple(int(x) for x in scheme.loads)
+    m = scheme.m
+    trigger = not scheme.sends_when_done
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, Finished):
@@ -440,8 +446,7 @@ def _scheme_event_handler(
                                    rounds=ev.rounds_completed)
         if isinstance(ev, RoundCompleted):
             if recorder is not None:
-                recorder.round(scheme_name, ev.record, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
+                recorder.round(scheme_name, ev.record, m=m, loads=loads, trigger_scheme=trigger)
             if on_round is not None:
                 on_round(ev.record)
 
@@ -450,14 +455,11 @@ def _scheme_event_handler(
 
 def _frame_logger(scheme_name: str, ps: ParameterServer,
                   recorder: Any) -> Callable[[str, Any, Message, int], None]:
-    """The PS's frame log callback: one ``recorder.frame`` row per frame."""
-
-    def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
-        recorder.frame(t_ns=time.monotonic_ns(), direction=direction, kind=msg.kind,
-                       scheme=scheme_name, round=getattr(msg, "round", None),
-                       worker=ps.worker_of(peer), nbytes=nbytes)
-
-    return frame_log
+    """The PS's frame log callback: one buffered ``events.jsonl`` row per frame (a tuple
+    append on the loop; :meth:`aiogc.records.RunRecorder.frame_logger`)."""
+    log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
+                                                                          ps.worker_of)
+    return log
 
 
 async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:

@@ -437,10 +437,19 @@ def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path: Path,
 
 
 def test_rows_are_on_disk_before_close(tmp_path: Path, records: Records) -> None:
+    """Rows are buffered (nothing formatted on the event loop per round), and on disk after
+    :meth:`RunRecorder.flush` or as soon as the buffer passes ``flush_rows``."""
     rec = RunRecorder(tmp_path, {})
     rec.round("partial", records["partial"][0], m=M, loads=LOADS)
+    assert rec.buffered_rows == 1 + M + len(records["partial"][0].reports)
+    rec.flush()
+    assert rec.buffered_rows == 0
     assert len(read_csv(tmp_path / "rounds.csv")) == 1
     assert len(read_csv(tmp_path / "workers.csv")) == M
+    rec.flush_rows = 2 * M
+    rec.round("partial", records["partial"][1], m=M, loads=LOADS)  # 1 + M + 3 rows > 2 M
+    assert rec.buffered_rows == 0
+    assert len(read_csv(tmp_path / "rounds.csv")) == 2
     rec.close()
 
 
