@@ -72,7 +72,7 @@ import numpy as np
 from .coding.registry import spec_of_label
 from .core.common import RoundRecord
 from .delays import DelaySchedule
-from .status import RoundStatus
+from .status import EndReason, RoundStatus
 
 __all__ = [
     "COLUMN_TYPES",
@@ -711,7 +711,8 @@ def summarize(
         ``max_residual``, ``max_amplification``, ``first_loss`` (after round 0),
         ``final_loss`` (after the last round that was not failed; None if not finite),
         ``worst_round`` (``{"round", "rel_error"}`` of the largest decode error, or None),
-        ``failed_rounds`` (``[{"round", "reason"}]``, at most
+        ``failed_rounds`` (``[{"round", "reason", "detail"}]``: the round's
+        :class:`~aiogc.status.EndReason` value and its ``end_detail``; at most
         :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
         and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
         ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
@@ -760,7 +761,7 @@ def summarize(
             "final_loss": _opt(stepped[-1].loss) if stepped else None,
             "worst_round": (None if worst is None
                             else {"round": worst[1], "rel_error": worst[0]}),
-            "failed_rounds": [{"round": r.round, "reason": r.end_reason}
+            "failed_rounds": [{"round": r.round, "reason": r.end_reason, "detail": r.end_detail}
                               for r in recs if r.status == "failed"][:MAX_LISTED_FAILED_ROUNDS],
             "failure": None if nonfinite is None else nonfinite[1],
             "failed_round": None if nonfinite is None else nonfinite[0],
@@ -867,6 +868,8 @@ def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
             v = tuple(v)
         elif f.name == "status":
             v = RoundStatus.parse(v)
+        elif f.name == "end_reason":
+            v = EndReason.parse(v)
         kw[f.name] = v
     return RoundRecord(**kw)
 

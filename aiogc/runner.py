@@ -45,6 +45,7 @@ from .core import (
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from .status import describe_end
 from .tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:
@@ -663,7 +664,7 @@ def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
             first = (s.get("failed_rounds") or [{}])[0]
             return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
                     f"{name} rounds failed (first: round {first.get('round')}: "
-                    f"{first.get('reason')})")
+                    f"{describe_end(first.get('reason'), first.get('detail'))})")
     return ALL_ROUNDS_DONE
 
 
@@ -711,7 +712,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             listed = s.get("failed_rounds") or []
             lines.append(f"{name}: {n_failed} failed round(s):")
             for fr in listed[:FAILED_ROUNDS_SHOWN]:
-                lines.append(f"  round {fr.get('round')}: {fr.get('reason') or 'no reason given'}")
+                lines.append(f"  round {fr.get('round')}: "
+                             f"{describe_end(fr.get('reason'), fr.get('detail'))}")
             if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
                 lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
                              "(rounds.csv has every one)")

@@ -31,6 +31,7 @@ from aiogc.records import (
     to_jsonable,
     worker_rows,
 )
+from aiogc.status import EndReason
 from aiogc.trace import chrome_trace
 
 M = 3
@@ -50,7 +51,7 @@ def partial_round(
         t_trigger=t0 + 0.5 * dur,
         t_end=t0 + dur,
         status="exact",
-        end_reason="all_expected",
+        end_reason=EndReason.ALL_EXPECTED,
         attempts=1,
         state=(2, 1, 0),
         coverage_min=1,
@@ -81,7 +82,7 @@ def original_round(
         t_trigger=t0 + 0.9 * dur,
         t_end=t0 + dur,
         status="exact",
-        end_reason="decodable",
+        end_reason=EndReason.DECODABLE,
         attempts=1,
         state=(2, 2, 0),
         coverage_min=1,
@@ -100,7 +101,8 @@ def original_round(
         compute_s={0: 0.6 * dur, 1: 0.8 * dur},
     )
     if failed:
-        rec.status, rec.end_reason, rec.t_trigger = "failed", "round timeout (10 s)", None
+        rec.status, rec.end_reason, rec.t_trigger = "failed", EndReason.TIMEOUT, None
+        rec.end_detail = "round timeout (10 s)"
         rec.state, rec.oracle_elapsed_s = (2, 1, 1), None
         del rec.arrivals[1]
         rec.dropped[1] = "timeout"
