@@ -36,7 +36,8 @@ plotted and replayed from the files alone:
 ``summary.json``
     :func:`summarize` of the rounds (or whatever dict the caller passes to :meth:`close`).
 ``trace.json``
-    A Perfetto / ``chrome://tracing`` trace of the rounds seen (:func:`aiogc.trace.chrome_trace`).
+    A Perfetto / ``chrome://tracing`` trace of the rounds seen (:func:`aiogc.trace.chrome_trace`),
+    compact (one line).
 
 Invariants
 ----------
@@ -222,6 +223,17 @@ def to_jsonable(obj: Any) -> Any:
 
 def _write_json(path: Path, obj: Any) -> None:
     text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _write_json_compact(path: Path, obj: Any) -> None:
+    """``obj`` as one line of strict JSON, for large machine-read files (the trace): plain
+    values go straight to the encoder; only when it meets something it cannot write strictly
+    (a NaN, a numpy value) is ``obj`` converted by :func:`to_jsonable` first."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps(to_jsonable(obj), separators=(",", ":"), allow_nan=False)
     path.write_text(text + "\n", encoding="utf-8")
 
 
@@ -624,7 +636,8 @@ class RunRecorder:
                 from .trace import chrome_trace
 
                 frames = load_events(self.out_dir, limit=self.MAX_TRACE_FRAMES)
-                _write_json(self.out_dir / "trace.json", chrome_trace(self._records, frames))
+                _write_json_compact(self.out_dir / "trace.json",
+                                    chrome_trace(self._records, frames))
         if summary is not None:
             _write_json(self.out_dir / "summary.json", dict(summary))
 

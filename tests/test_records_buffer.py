@@ -231,3 +231,18 @@ def test_writes_after_close_are_refused(tmp_path: Path) -> None:
     for call in calls:
         with pytest.raises(ValueError, match="closed"):
             call()
+
+
+def test_trace_is_strict_json_even_with_nan_and_numpy_values(tmp_path: Path) -> None:
+    """trace.json goes straight to the encoder; a NaN or a numpy value takes the converting
+    path instead of writing non-strict JSON."""
+    _, r = golden_rounds()[0]
+    r.reports.append((0.45, 1, 2, float("nan")))
+    r.state = (np.int64(2), 1, 0)  # type: ignore[assignment]
+    with RunRecorder(tmp_path, {}) as rec:
+        rec.round("partial", r, m=M, loads=LOADS)
+    trace = json.loads((tmp_path / "trace.json").read_text(),
+                       parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    chunks = [e for e in trace["traceEvents"] if e.get("cat") == "chunk"]
+    assert any(e["args"]["worker_elapsed_s"] is None for e in chunks)
+    assert any(e["args"].get("state") == [2, 1, 0] for e in trace["traceEvents"])
