@@ -73,6 +73,7 @@ import numpy as np
 from .coding.registry import spec_of_label
 from .core.common import RoundRecord
 from .delays import DelaySchedule
+from .errors import ConfigError
 from .status import EndReason, RoundStatus
 
 __all__ = [
@@ -869,7 +870,17 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
     """A RoundRecord from a parsed rounds.csv row: every field written there, by the field
-    list of the dataclass (an empty cell restores the field's default, e.g. NaN)."""
+    list of the dataclass (an empty cell restores the field's default, e.g. NaN).
+
+    ``end_reason`` must be an :class:`~aiogc.status.EndReason` value, except in a file
+    written before rounds.csv had an ``end_detail`` column: there it was free text, which
+    becomes the detail of a round whose code is unknown (None).
+    """
+    if "end_detail" not in row and row.get("end_reason") is not None:
+        try:
+            EndReason.parse(row["end_reason"])
+        except ConfigError:
+            row = {**row, "end_reason": None, "end_detail": row["end_reason"]}
     kw: dict[str, Any] = {}
     for f in fields(RoundRecord):
         if f.name in _NOT_IN_ROUNDS:

@@ -14,6 +14,7 @@ import pytest
 from aiogc.coding.consistency import RoundGuard, Verdict
 from aiogc.config import RunConfig
 from aiogc.core.common import RoundRecord
+from aiogc.errors import ConfigError
 from aiogc.records import RunRecorder, load_run, records_from_run, summarize
 from aiogc.runner import format_summary, run_end_reason
 from aiogc.status import EndReason, RoundStatus, describe_end
@@ -105,3 +106,25 @@ def test_describe_end() -> None:
         "round timeout (60 s) (timeout)"
     assert describe_end(EndReason.DEADLINE) == "deadline"
     assert describe_end(None, None) == "no reason given"
+
+
+def test_rounds_csv_of_an_older_run_keeps_its_free_text_as_the_detail(tmp_path: Path) -> None:
+    """A run directory written before the ``end_detail`` column had free text in
+    ``end_reason``: it still loads (code unknown, the text kept as the detail); in a current
+    file a value outside the vocabulary is an error."""
+    header = ("scheme,round,start_s,trigger_s,end_s,duration_s,status,end_reason,attempts,"
+              "state,coverage_min,residual,amplification,rel_error,rel_error_plain,loss,"
+              "oracle_s\r\n")
+    (tmp_path / "rounds.csv").write_text(
+        header + "partial,0,0.0,,1.0,1.0,failed,round timeout (10 s),0,0 0,0,nan,nan,nan,nan,"
+        "nan,\r\npartial,1,1.0,1.5,2.0,1.0,exact,decodable,1,1 1,1,0.0,1.0,nan,nan,nan,\r\n",
+        encoding="utf-8")
+    a, b = records_from_run(load_run(tmp_path))["partial"]
+    assert (a.end_reason, a.end_detail) == (None, "round timeout (10 s)")
+    assert (b.end_reason, b.end_detail) == (EndReason.DECODABLE, "")
+    with RunRecorder(tmp_path / "new", {}, trace=False) as rec:
+        rec.round("partial", RoundRecord(round=0, scheme="partial", t_start=0.0,
+                                         end_reason="why"),  # type: ignore[arg-type]
+                  m=1, loads=[1])
+    with pytest.raises(ConfigError, match="end_reason='why'"):
+        records_from_run(load_run(tmp_path / "new"))
