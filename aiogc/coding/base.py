@@ -13,6 +13,7 @@ non-contributing workers are never read (they may hold garbage).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -212,12 +213,31 @@ def combine(
         a, b = rr[0]
         out = Dc[:, a:b] @ coded[a:b]
         if len(rr) > 1:
-            tmp = np.empty_like(out)
+            # a fresh payload-sized temporary per decode costs a page fault per 4 KiB (~40 %
+            # of the products at d = 10^6, m = 64); one scratch buffer per thread is reused
+            tmp = _scratch(out.shape, dt)
             for a, b in rr[1:]:
                 np.matmul(Dc[:, a:b], coded[a:b], out=tmp)
                 out += tmp
         return np.asarray(out.reshape(-1)[:dim])
     return _combine_mapping(D, rows, coded, dim, p)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A reusable ``shape`` array of ``dtype`` private to this thread (contents undefined).
+
+    Kept at the largest size asked for so far (one payload-sized buffer per decoding thread);
+    callers must not hold it across calls.
+    """
+    n = int(np.prod(shape))
+    buf: np.ndarray | None = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.dtype != dtype or buf.size < n:
+        buf = np.empty(n, dtype=dtype)
+        _SCRATCH.buf = buf
+    return buf[:n].reshape(shape)
 
 
 def _combine_mapping(D: np.ndarray, rows: np.ndarray, coded: Mapping[int, np.ndarray], dim: int,
