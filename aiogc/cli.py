@@ -248,15 +248,19 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     import time
 
     from .core import Finished, RoundCompleted
+    from .status import describe_end
+
+    loads = tuple(int(x) for x in scheme.loads)
+    trigger = not scheme.sends_when_done
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = ev.record
-            why = f" ({r.end_reason})" if r.status == "failed" and r.end_reason else ""
+            why = (f" ({describe_end(r.end_reason, r.end_detail)})"
+                   if r.status == "failed" and r.end_reason else "")
             print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
             if recorder is not None:
-                recorder.round(scheme_name, r, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
+                recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
         elif isinstance(ev, Finished):
             ended.append(ev.reason)
             if recorder is not None:

@@ -45,6 +45,7 @@ from .core import (
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from .status import describe_end
 from .tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:
@@ -428,7 +429,13 @@ def _scheme_event_handler(
     end_reason: list[str] | None,
 ) -> Callable[[Event], None]:
     """The PS event callback of one scheme's run: records rounds and the run's end (if
-    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``."""
+    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``.
+
+    It runs on the event loop between rounds: recording a round only buffers a copy of the
+    record (:meth:`aiogc.records.RunRecorder.round`); the rows are written later."""
+    loads = tuple(int(x) for x in scheme.loads)
+    m = scheme.m
+    trigger = not scheme.sends_when_done
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, Finished):
@@ -440,8 +447,7 @@ def _scheme_event_handler(
                                    rounds=ev.rounds_completed)
         if isinstance(ev, RoundCompleted):
             if recorder is not None:
-                recorder.round(scheme_name, ev.record, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
+                recorder.round(scheme_name, ev.record, m=m, loads=loads, trigger_scheme=trigger)
             if on_round is not None:
                 on_round(ev.record)
 
@@ -450,14 +456,11 @@ def _scheme_event_handler(
 
 def _frame_logger(scheme_name: str, ps: ParameterServer,
                   recorder: Any) -> Callable[[str, Any, Message, int], None]:
-    """The PS's frame log callback: one ``recorder.frame`` row per frame."""
-
-    def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
-        recorder.frame(t_ns=time.monotonic_ns(), direction=direction, kind=msg.kind,
-                       scheme=scheme_name, round=getattr(msg, "round", None),
-                       worker=ps.worker_of(peer), nbytes=nbytes)
-
-    return frame_log
+    """The PS's frame log callback: one buffered ``events.jsonl`` row per frame (a tuple
+    append on the loop; :meth:`aiogc.records.RunRecorder.frame_logger`)."""
+    log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
+                                                                          ps.worker_of)
+    return log
 
 
 async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
@@ -661,7 +664,7 @@ def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
             first = (s.get("failed_rounds") or [{}])[0]
             return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
                     f"{name} rounds failed (first: round {first.get('round')}: "
-                    f"{first.get('reason')})")
+                    f"{describe_end(first.get('reason'), first.get('detail'))})")
     return ALL_ROUNDS_DONE
 
 
@@ -709,7 +712,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             listed = s.get("failed_rounds") or []
             lines.append(f"{name}: {n_failed} failed round(s):")
             for fr in listed[:FAILED_ROUNDS_SHOWN]:
-                lines.append(f"  round {fr.get('round')}: {fr.get('reason') or 'no reason given'}")
+                lines.append(f"  round {fr.get('round')}: "
+                             f"{describe_end(fr.get('reason'), fr.get('detail'))}")
             if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
                 lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
                              "(rounds.csv has every one)")
