@@ -172,6 +172,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemes", default="partial,original",
                    help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
+    p.add_argument("--worker-hosts", type=int, default=0, metavar="N",
+                   help="with --as coroutines: run the workers in N worker-host processes "
+                        "(coroutines sharing one loop each) instead of beside the PS on its "
+                        "loop (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="record each round's decode error against the uncoded gradient")
@@ -200,7 +204,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     try:
         result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify,
                           loop=a.loop, progress=progress, argv=argv, plots=a.plots,
-                          backend=a.backend, address=a.address)
+                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts)
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")

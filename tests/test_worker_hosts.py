@@ -1,0 +1,82 @@
+"""``--worker-hosts``: coroutine workers in worker-host processes, the PS on its own loop."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiogc import runner
+from aiogc.cli import main
+from aiogc.config import RunConfig
+from aiogc.errors import ConfigError
+from aiogc.runner import host_blocks, run_live
+
+SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
+                             task="linreg:samples=300,dim=10", delay="exp:0.004")
+
+
+@pytest.mark.parametrize(("m", "hosts"), [(5, 2), (5, 5), (5, 9), (64, 3), (1, 1)])
+def test_host_blocks_partition_the_workers(m: int, hosts: int) -> None:
+    blocks = host_blocks(m, hosts)
+    assert [j for b in blocks for j in b] == list(range(m))  # every worker once, in order
+    assert len(blocks) == min(hosts, m) and all(blocks)
+    sizes = [len(b) for b in blocks]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_run_with_worker_hosts_decodes_every_round(tmp_path: Path) -> None:
+    cfg = RunConfig(**SMALL)
+    res = run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=tmp_path,
+                   plots=False, loop="asyncio", worker_hosts=2)
+    for scheme in ("partial", "original"):
+        recs = res.records[scheme]
+        assert [r.round for r in recs] == list(range(SMALL["rounds"]))
+        assert all(r.status == "exact" for r in recs), [r.status for r in recs]
+        assert all(r.rel_error is not None and r.rel_error < 1e-9 for r in recs)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["mode"] == "coroutines, 2 worker-host processes"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["end_reason"] == "all rounds done"
+
+
+@pytest.mark.parametrize(("hosts", "mode", "why"), [
+    (-1, "coroutines", "[0, m=5]"), (6, "coroutines", "[0, m=5]"),
+    (True, "coroutines", "[0, m=5]"), (2, "processes", "--as coroutines"),
+])
+def test_bad_worker_hosts_fail_fast_naming_the_field(hosts: Any, mode: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="worker_hosts") as err:
+        run_live(RunConfig(**SMALL), ["partial"], mode=mode, out_dir=None, plots=False,
+                 worker_hosts=hosts)
+    assert why in str(err.value)
+
+
+def test_cli_worker_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = main(["run", "--as", "coroutines", "--worker-hosts", "2", "--workers", "4",
+                 "--delta", "2", "--rounds", "2", "--delay", "exp:0.002", "--schemes",
+                 "partial", "--out", str(out), "--no-plots", "--loop", "asyncio"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["schemes"]["partial"]["rounds"] == 2
+
+
+def test_worker_host_exits_when_the_runner_dies() -> None:
+    """The host's workers never reach a PS (a listener that never speaks); closing the
+    runner's end of the parent-watch pipe ends the whole host with EXIT_PARENT_DIED."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        ctx = runner._mp_context()
+        parent_alive, keep_alive = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=runner._worker_host_process,
+                        args=([0, 1], "127.0.0.1", port, [None, None], "asyncio", None,
+                              parent_alive), daemon=True)
+        p.start()
+        parent_alive.close()
+        keep_alive.close()  # the "runner" is gone
+        p.join(60)  # hang guard only: the host sees EOF on its next loop iteration
+        assert p.exitcode == runner.EXIT_PARENT_DIED
