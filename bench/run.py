@@ -19,6 +19,8 @@ speedup_vs_sim_m64           live speedup (original / partial) / simulated speed
 round_vs_sim_m256            as round_vs_sim_m64 at m=256; holds only if every round of both
                              schemes completed
 round_vs_sim_m64_processes   as round_vs_sim_m64 with ``--as processes``
+round_vs_sim_m64_worker_hosts  as round_vs_sim_m64 with ``--worker-hosts 1``: the 64 coroutine
+                             workers in one worker-host process, the PS on a loop of its own
 frames_per_worker_round      frames (both directions) per worker-round of partial, from the
                              m=64 run's events.jsonl; baseline: original in the same run
 core_us_per_worker_round     CPU inside the PS and worker state machines per worker-round on
@@ -93,6 +95,7 @@ GOALS: dict[str, tuple[str, str]] = {
     "speedup_vs_sim_m64": ("x", "ratio >= 0.90"),
     "round_vs_sim_m256": ("s", "ratio <= 1.25"),
     "round_vs_sim_m64_processes": ("s", "ratio <= 1.5"),
+    "round_vs_sim_m64_worker_hosts": ("s", "ratio <= 1.10"),
     "core_us_per_worker_round": ("us", "value <= 40"),
     "ready_s_m1024": ("s", "value <= 10"),
     "report_p99_ms_1024_workers": ("ms", "value <= 2"),
@@ -310,8 +313,11 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
     recs: dict[str, list[Any]]
     with watchdog(limit_s) as fired:
         try:
-            res = run_live(cfg, SCHEMES, mode=mode, out_dir=run_dir, verify=True, loop=loop,
-                           plots=False)
+            # "hostsN": coroutine workers in N worker-host processes (--worker-hosts N)
+            hosts = int(mode[5:]) if mode.startswith("hosts") else 0
+            res = run_live(cfg, SCHEMES, mode="coroutines" if hosts else mode,
+                           out_dir=run_dir, verify=True, loop=loop, plots=False,
+                           worker_hosts=hosts)
             recs = res.records
         except KeyboardInterrupt:
             if not fired:
@@ -489,6 +495,8 @@ def live_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
         ("round_vs_sim_m64_processes", sz.m_live, sz.live_rounds, sz.proc_trials, "processes",
          None),
         ("round_vs_sim_m256", sz.m_big, sz.big_rounds, sz.big_trials, "coroutines", "all"),
+        ("round_vs_sim_m64_worker_hosts", sz.m_live, sz.live_rounds, sz.proc_trials, "hosts1",
+         None),
     ):
         if name not in only:
             continue
@@ -1112,7 +1120,8 @@ def run_suite(sz: Sizes, only: set[str], workdir: Path,
     stage("bulk", {"bulk_round_vs_raw"}, lambda: [bulk_record(sz)])
     stage("rss", {"ps_peak_rss_mb_m64_d1e6"}, lambda: [rss_record(sz)])
     stage("live", {"round_vs_sim_m64", "speedup_vs_sim_m64", "frames_per_worker_round",
-                   "round_vs_sim_m256", "round_vs_sim_m64_processes"},
+                   "round_vs_sim_m256", "round_vs_sim_m64_processes",
+                   "round_vs_sim_m64_worker_hosts"},
           lambda: live_records(sz, workdir, only))
     stage("1024", {"ready_s_m1024", "report_p99_ms_1024_workers"},
           lambda: many_records(sz, workdir, only))

@@ -13,7 +13,6 @@ non-contributing workers are never read (they may hold garbage).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -214,29 +213,32 @@ def combine(
         out = Dc[:, a:b] @ coded[a:b]
         if len(rr) > 1:
             # a fresh payload-sized temporary per decode costs a page fault per 4 KiB (~40 %
-            # of the products at d = 10^6, m = 64); one scratch buffer per thread is reused
+            # of the products at d = 10^6, m = 64): reuse a pooled one
             tmp = _scratch(out.shape, dt)
             for a, b in rr[1:]:
                 np.matmul(Dc[:, a:b], coded[a:b], out=tmp)
                 out += tmp
+            _SCRATCH.append(tmp.base if tmp.base is not None else tmp)
         return np.asarray(out.reshape(-1)[:dim])
     return _combine_mapping(D, rows, coded, dim, p)
 
 
-_SCRATCH = threading.local()
+#: Spare payload-sized buffers for :func:`combine`. A caller takes one with ``list.pop`` and
+#: gives it back with ``append`` (both atomic under the GIL), so concurrent decodes never share
+#: a buffer: one that finds the pool empty allocates its own.
+_SCRATCH: list[np.ndarray] = []
 
 
 def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A reusable ``shape`` array of ``dtype`` private to this thread (contents undefined).
-
-    Kept at the largest size asked for so far (one payload-sized buffer per decoding thread);
-    callers must not hold it across calls.
-    """
+    """A ``shape`` array of ``dtype`` from the pool (contents undefined); give it back with
+    ``_SCRATCH.append(buf.base)`` once done."""
     n = int(np.prod(shape))
-    buf: np.ndarray | None = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.dtype != dtype or buf.size < n:
+    try:
+        buf = _SCRATCH.pop()
+    except IndexError:
         buf = np.empty(n, dtype=dtype)
-        _SCRATCH.buf = buf
+    if buf.dtype != dtype or buf.size < n:
+        buf = np.empty(n, dtype=dtype)
     return buf[:n].reshape(shape)
 
 
