@@ -446,7 +446,7 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     setups = SetupCache(policy)  # one scheme and task for every worker of this process
     whys = [ExitReason() for _ in ids]
     clients = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
-                            setups=setups, on_event=why)
+                            setups=setups, on_event=why, progress_events=False)
                for w, why in zip(_worker_cores(a, ids), whys, strict=True)]
     stopped: list[str] = []
 

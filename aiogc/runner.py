@@ -262,7 +262,8 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     worker = Worker(worker_id, worker_key=worker_key)
     why = ExitReason()
-    client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why)
+    client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why,
+                          progress_events=False)
     died: list[bool] = []
     try:
         if parent_alive is None:
@@ -294,7 +295,8 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     setups = SetupCache(TaskPolicy(task=task))
     whys = [ExitReason() for _ in worker_ids]
-    clients = [WorkerClient(Worker(j, worker_key=k), host, port, setups=setups, on_event=why)
+    clients = [WorkerClient(Worker(j, worker_key=k), host, port, setups=setups, on_event=why,
+                            progress_events=False)
                for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
     died: list[bool] = []
 
