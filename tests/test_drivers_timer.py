@@ -112,25 +112,3 @@ def test_a_deadline_in_the_past_fires_at_once(rig: Any) -> None:
     assert [h.when for h in loop.live()] == [1040.0]  # now, not in the past
     loop.run_until(40.0)
     assert fired == [40.0]
-
-
-def test_timers_of_one_loop_share_one_loop_handle(rig: Any) -> None:
-    """Many timers (one per worker coroutine) behind one loop timer at the earliest deadline;
-    they fire in deadline order, in one loop callback when due together; a cancelled one
-    never fires and does not hold the loop timer."""
-    first, loop, _, fired = rig
-    order: list[str] = []
-    timers = {name: drivers._Timer(loop, lambda n=name: order.append(n))  # type: ignore[misc]
-              for name in ("a", "b", "c")}
-    timers["b"].arm(7.0)
-    timers["a"].arm(5.0)
-    timers["c"].arm(5.0)
-    assert [h.when for h in loop.live()] == [1005.0]  # one loop timer, at the earliest
-    n_handles = len(loop.handles)
-    loop.run_until(5.0)
-    assert order == ["a", "c"] and len(loop.handles) == n_handles + 1  # then set for b
-    timers["b"].cancel()
-    assert loop.live() == []
-    first.arm(9.0)
-    loop.run_until(10.0)
-    assert order == ["a", "c"] and fired == [9.0]

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import ipaddress
 import logging
 import secrets
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,144 +117,57 @@ def _clock() -> float:
     return time.monotonic()
 
 
-#: a loop timer may fire up to a millisecond early (uvloop's timers have ms resolution): a
-#: deadline within this much of now counts as due (the core is asked, as on any wake-up, and
-#: answers with its deadline again if it was early)
-_EARLY_S = 1e-3
-
-
-class _TimerQueue:
-    """Every :class:`_Timer` of one event loop in one heap, behind one loop timer.
-
-    A process that runs many worker coroutines wakes each of them every few milliseconds; a
-    loop ``call_at`` per wake-up (a handle object and a timer-heap insert in the loop) cost
-    more than the wake-up's own bookkeeping. Here a wake-up costs a ``heappush``, the loop
-    timer is re-set only when the earliest deadline of all changes, and the timers due at one
-    loop wake-up run in deadline order in one callback. Entries are invalidated lazily (a
-    token per timer): a cancelled or superseded entry is dropped when it reaches the top.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        # weak: only to recognise the loop (the scheduled handle holds it while it matters)
-        self._loop = weakref.ref(loop)
-        self._heap: list[tuple[float, int, _Timer, int]] = []
-        self._seq = 0
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed = _INF  # when the loop timer fires (_clock time line), inf if none
-        self._running = False
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> _TimerQueue:
-        q = _QUEUES.get(id(loop))
-        if q is None or q._loop() is not loop:  # (an id reused after its loop died)
-            q = _QUEUES[id(loop)] = cls(loop)
-        return q
-
-    def push(self, when: float, timer: _Timer, token: int) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, timer, token))
-        if when < self._armed and not self._running:
-            self._set(when)
-
-    def _set(self, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._armed = when
-        loop = self._loop()
-        if loop is None:
-            return
-        # the loop's clock may differ from _clock (uvloop's has ms resolution): convert
-        self._handle = loop.call_at(loop.time() + max(0.0, when - _clock()), self._run)
-
-    def remove(self, timer: _Timer) -> None:
-        """Forget every entry of ``timer`` (a stopped owner is not kept alive until its last
-        deadline would have come)."""
-        self._heap[:] = [e for e in self._heap if e[2] is not timer]  # in place: _run holds it
-        heapq.heapify(self._heap)
-        self.prune()
-
-    def prune(self) -> None:
-        """Drop invalid entries from the top; stop the loop timer when nothing is left."""
-        heap = self._heap
-        while heap and heap[0][3] != heap[0][2]._token:
-            heapq.heappop(heap)
-        if not heap and self._handle is not None and not self._running:
-            self._handle.cancel()
-            self._handle = None
-            self._armed = _INF
-
-    def _run(self) -> None:
-        self._handle = None
-        self._armed = _INF
-        self._running = True
-        heap = self._heap
-        try:
-            while heap:
-                when, _, timer, token = heap[0]
-                if token != timer._token:
-                    heapq.heappop(heap)  # cancelled or superseded
-                    continue
-                if when > _clock() + _EARLY_S:
-                    break
-                heapq.heappop(heap)
-                timer._due()
-        finally:
-            self._running = False
-            self.prune()
-            if heap:
-                self._set(heap[0][0])
-
-
-#: id(event loop) -> its timer queue. Weak values: the timers (and a scheduled loop handle)
-#: keep a queue alive, nothing else; a registry keyed by the loop itself would keep the loop
-#: alive through the queue's handle, and with it every driver that ran on it.
-_QUEUES: weakref.WeakValueDictionary[int, _TimerQueue] = weakref.WeakValueDictionary()
-
-
 class _Timer:
-    """One re-armable timer; ``when`` is on the :func:`_clock` time line.
+    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
 
     Re-arming is lazy: the cores move their deadline after almost every pump, mostly *later*
-    (a worker's next chunk, a round's timeout). Only a deadline earlier than the one already
-    queued needs a new entry (in the loop's :class:`_TimerQueue`); a later (or no) deadline is
-    just remembered, and an early wake-up re-queues itself for it without calling ``fire``. So
-    a pump costs one comparison.
+    (a worker's next chunk, a round's timeout). Only a deadline earlier than the one the loop
+    handle is set for needs a new handle; a later (or no) deadline is just remembered, and an
+    early wake-up re-arms itself for it without calling ``fire``. So a pump costs one
+    comparison, not a cancel and a ``call_at``.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
-        self._queue = _TimerQueue.of(loop)
+        self._loop = loop
         self._fire = fire
-        self._token = 0  # the valid queue entry carries this token
-        self._armed = _INF  # when the valid entry is due, inf if none
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
         self._when: float | None = None  # the deadline the owner wants
 
     def arm(self, when: float | None) -> None:
         self._when = when
         if when is not None and when < self._armed:
-            self._push(when)
+            if self._handle is not None:
+                self._handle.cancel()
+            self._set(when)
 
-    def _push(self, when: float) -> None:
-        self._token += 1
+    def _set(self, when: float) -> None:
         self._armed = when
-        self._queue.push(when, self, self._token)
+        loop = self._loop
+        # the loop's clock may differ from _clock (uvloop's has ms resolution): convert
+        self._handle = loop.call_at(loop.time() + max(0.0, when - _clock()), self._on_fire)
 
-    def _due(self) -> None:
-        self._token += 1  # the entry is spent
+    def _on_fire(self) -> None:
+        self._handle = None
         self._armed = _INF
         when = self._when
         if when is None:
-            return  # the deadline was withdrawn after the entry was queued
-        if when > _clock() + _EARLY_S:
-            self._push(when)  # the deadline moved later meanwhile: sleep on
+            return  # the deadline was withdrawn after this handle was set
+        # a deadline that moved later meanwhile: sleep on. Within a millisecond it counts as
+        # due (uvloop's timers have ms resolution and may fire that early): the core is asked,
+        # as it always was on a wake-up, and answers with its deadline again if it was early
+        if when > _clock() + 1e-3:
+            self._set(when)
             return
         self._when = None
         self._fire()
 
     def cancel(self) -> None:
-        self._token += 1
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None
         self._armed = _INF
         self._when = None
-        self._queue.remove(self)
 
 
 class PSServer:
