@@ -436,6 +436,23 @@ def _print_table(results: dict[str, Any], trials: int) -> None:
         print(f"{row['subject']:<36} {row['n']:>6} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f}")
 
 
+def _micro_main(args: argparse.Namespace) -> int:
+    if args.ab:
+        ab = micro_ab(args.ab, args.trials, args.micro_n)
+        if args.json:
+            print(json.dumps(ab, indent=2))
+        else:
+            _print_ab(ab)
+        return 0
+    res = micro(args.micro_n)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for case, v in res.items():
+            print(f"{case:<28} send {v['send_us']:6.2f} us  recv {v['recv_us']:6.2f} us")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -454,21 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab", metavar="OLD_TREE",
                     help="interleaved A/B of --micro: OLD_TREE's aiogc vs this one")
     args = ap.parse_args(argv)
-    if args.ab:
-        ab = micro_ab(args.ab, args.trials, args.micro_n)
-        if args.json:
-            print(json.dumps(ab, indent=2))
-        else:
-            _print_ab(ab)
-        return 0
-    if args.micro:
-        res = micro(args.micro_n)
-        if args.json:
-            print(json.dumps(res))
-        else:
-            for case, v in res.items():
-                print(f"{case:<28} send {v['send_us']:6.2f} us  recv {v['recv_us']:6.2f} us")
-        return 0
+    if args.ab or args.micro:
+        return _micro_main(args)
     loops = ["uvloop", "asyncio"] if args.loop == "both" else [args.loop]
 
     procs = []
