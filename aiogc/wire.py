@@ -731,6 +731,8 @@ class FrameDecoder:
         self._msg: Message | None = None
         self._dest: np.ndarray | None = None
         self._dest_view: memoryview | None = None
+        #: the last alloc result found usable, with its n and dtype
+        self._checked_dest: tuple[np.ndarray, int, np.dtype] | None = None
         self._body_pos = 0
         self._error: MalformedFrame | None = None
         self.frames_decoded = 0
@@ -825,7 +827,7 @@ class FrameDecoder:
     def _poison(self, exc: MalformedFrame) -> None:
         self._error = exc
         self._buf = bytearray(0)
-        self._dest = self._dest_view = None
+        self._dest = self._dest_view = self._checked_dest = None
         self._msg = None
 
     def _advance(self, nbytes: int, limit: int | None) -> list[Message]:
@@ -908,10 +910,22 @@ class FrameDecoder:
             self._start = end
             self._await_tag(msg)
             return None
-        if auth is not None:
-            self._head = bytes(buf[start:end])
         self._start = end
-        return self._begin_body(msg, dtype, n)
+        done = self._begin_body(msg, dtype, n)
+        if auth is None:
+            return done
+        t = self._start
+        if (self._state == _TAG_STATE and self._end - t >= TAG_BYTES
+                and t - start <= _ONESHOT_BELOW):
+            # prefix, header and body arrived in one read: verify them in place
+            self._start = t + TAG_BYTES
+            self._tagged = None
+            if not auth.verify((buf[start:t],), buf[t:t + TAG_BYTES]):
+                raise _bad_tag(msg)
+            self.last_frame_nbytes += TAG_BYTES
+            return self._complete(msg)
+        self._head = bytes(buf[start:end])  # for the tag, after the body or the tag arrived
+        return None
 
     def _complete(self, msg: Message) -> Message:
         self._state = _PREFIX_STATE
@@ -929,9 +943,15 @@ class FrameDecoder:
             dest = self._alloc(msg.kind, fields_, dtype, n)
         if dest is None:
             dest = np.empty(n, dtype)
-        elif (not isinstance(dest, np.ndarray) or dest.dtype != dtype or dest.shape != (n,)
-              or not dest.flags.c_contiguous or not dest.flags.writeable):
-            raise LocalProtocolError(f"alloc returned an unusable destination for {msg.kind}")
+        else:
+            checked = self._checked_dest  # alloc usually hands out the same row again
+            if checked is None or checked[0] is not dest or checked[1] != n or checked[2] != dtype:
+                if (not isinstance(dest, np.ndarray) or dest.dtype != dtype
+                        or dest.shape != (n,) or not dest.flags.c_contiguous
+                        or not dest.flags.writeable):
+                    raise LocalProtocolError(
+                        f"alloc returned an unusable destination for {msg.kind}")
+                self._checked_dest = (dest, n, dtype)
         self._msg = msg
         self._dest = dest
         view = self._dest_view = dest.data.cast("B")
@@ -939,7 +959,8 @@ class FrameDecoder:
         # body bytes that arrived with the header: copy them into the destination
         take = min(self._end - self._start, len(view))
         if take:
-            view[:take] = self._buf[self._start:self._start + take]
+            with memoryview(self._buf) as src:  # one copy, straight from the read buffer
+                view[:take] = src[self._start:self._start + take]
             self._start += take
         self._body_pos = take
         if take < len(view):
