@@ -21,7 +21,7 @@ Invariants
   destroyed by an RST; a closing connection whose peer does not drain or does not close
   within ``close_timeout_s`` is aborted.
 
-* Frame tags (protocol v2): once :meth:`FramedConnection.set_auth` gave a direction a session
+* Frame tags (since protocol v2): once :meth:`FramedConnection.set_auth` gave a direction a session
   key, every frame sent is tagged and every frame received must carry a valid tag; a bad tag
   closes the connection (``bad_tag``) before the message is delivered.
 * :meth:`FramedConnection.queue` + :meth:`FramedConnection.flush`: everything queued for the
