@@ -40,6 +40,7 @@ from aiogc.wire import (
     DEFAULT_LIMITS,
     KIND_CODES,
     PREAUTH_LIMITS,
+    FrameAuth,
     FrameDecoder,
     FrameLimits,
     decode_frame_bytes,
@@ -766,3 +767,24 @@ def test_one_message_at_a_time_lets_the_caller_act_between_frames() -> None:
     # without the pause, the second frame is judged by the pre-auth limits
     with pytest.raises(FrameTooLarge):
         FrameDecoder(PREAUTH_LIMITS).feed(stream)
+
+
+def test_frame_auth_verify_and_verify_one_agree_with_tag() -> None:
+    key = bytes(range(32))
+    frames = [encode_frame_bytes(Ping(seq=1)), encode_frame_bytes(_VALID["coded_gradient"]),
+              encode_frame_bytes(CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"",
+                                               compute_s=0.0, payload=np.ones(40_000, "<f4")))]
+    sender = FrameAuth(key)
+    tags = [sender.tag([f]) for f in frames]
+    one, parts = FrameAuth(key), FrameAuth(key)
+    for f, t in zip(frames, tags, strict=True):
+        assert one.verify_one(f, t)
+        assert parts.verify([f[:7], memoryview(f)[7:]], t)  # split anywhere: same tag
+    # a wrong tag, a wrong sequence number (replay), a flipped bit: all refused
+    fresh = FrameAuth(key)
+    assert not fresh.verify_one(frames[0], bytes(16))
+    assert not fresh.verify_one(frames[0], tags[0])  # seq 1 now: the seq-0 tag is a replay
+    flipped = bytearray(frames[0])  # seq 0, its own tag, one bit of the header flipped
+    flipped[6] ^= 1
+    assert not FrameAuth(key).verify_one(flipped, tags[0])
+    assert not FrameAuth(key).verify([bytes(flipped)], tags[0])
