@@ -4,7 +4,7 @@ Throughput: a client sends ``CodedGradient`` frames (d float32) to a receiver in
 process; the receiver's ``alloc`` hands the decoder a preallocated row, so the payload lands in
 place. Baseline: the same bytes sent with a blocking socket ``sendall`` to a receiver doing
 ``recv_into`` a preallocated buffer. Baseline and subjects are interleaved trial by trial (the
-machine is noisy, see docs: performance.md); medians of ``--trials`` each; the ratio is
+machine is shared and noisy); medians of ``--trials`` each; the ratio is
 median(subject) / median(raw). Both ends of a framed subject use the same loop.
 
 Round trip: the client sends a ``chunk_report`` and waits for the receiver's ``pong``;

@@ -1,5 +1,5 @@
-"""aiogc.wire: round trips (property-based, any split) and every bad-input row of reliability.md
-for the framing, msgpack and schema groups, in protocol version 3 (a two-byte preamble, compact
+"""aiogc.wire: round trips (property-based, any split) and every bad input of the framing, msgpack
+and schema groups (docs/protocol.md §2.4), in protocol version 3 (a two-byte preamble, compact
 big-endian headers for the hot kinds, msgpack maps for the others). No sockets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seeded decoder fuzz (reliability.md "Decoder fuzz"): random and mutated frames through a fresh
+"""Seeded decoder fuzz: random and mutated frames through a fresh
 FrameDecoder each; only MalformedFrame (or subclasses) may escape, none slower than 100 ms.
 
 The pytest run uses 20 000 frames (< 10 s). The stated goal (>= 1e5 frames) runs as a script::
@@ -219,7 +219,7 @@ def run_fuzz(n_frames: int, seed: int, *, max_frame_s: float | None = None) -> F
     """Fuzz the decoder; ``max_frame_s`` (script mode only) bounds each frame's time.
 
     The unit test does not assert on wall-clock time (shared, noisy machines); the script
-    run (``python tests/test_wire_fuzz.py``) checks the 100 ms goal of reliability.md.
+    run (``python tests/test_wire_fuzz.py``) checks the goal: no frame takes 100 ms to reject.
     """
     rng = np.random.default_rng(seed)
     msgs = [random_message(rng) for _ in range(200)]
