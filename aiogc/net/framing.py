@@ -33,8 +33,8 @@ No protocol logic here: the core decides what messages mean (and derives the key
 Known imperfections: the Error frame before a close is best effort (a peer that neither reads
 nor closes within ``close_timeout_s`` is aborted, and the abort's RST may destroy it). The 3.11
 default loop copies the unsent rest of every large write (into its bytearray write buffer):
-prefer uvloop for big payloads. A per-frame read deadline (slowloris) and write deadlines are the caller's timers: see
-``FrameDecoder.at_frame_boundary`` and :meth:`FramedConnection.drain`.
+prefer uvloop for big payloads. A per-frame read deadline (slowloris) and write deadlines are
+the caller's timers: see ``FrameDecoder.at_frame_boundary`` and :meth:`FramedConnection.drain`.
 """
 
 from __future__ import annotations
