@@ -423,11 +423,12 @@ _CR_H: Final = _CR.fixed_bytes
 _CR_UNPACK: Final = _CR.fixed_struct.unpack_from
 _CR_PACK: Final = _head_struct("chunk_report").pack
 _CR_GET: Final = attrgetter(*ChunkReport._names)
+_CR_CODE: Final = KIND_CODES["chunk_report"]
 _new_report: Final = slot_constructor(ChunkReport)
 
 
 def _enc_chunk_report(msg: Message) -> tuple[bytes, None]:
-    return _CR_PACK(_CR_H, _V, 6, *_CR_GET(msg)), None
+    return _CR_PACK(_CR_H, _V, _CR_CODE, *_CR_GET(msg)), None
 
 
 def _dec_chunk_report(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded:
@@ -447,6 +448,7 @@ _ET: Final = COMPACT_LAYOUTS["encode_and_transmit"]
 _ET_H: Final = _ET.fixed_bytes
 _ET_UNPACK: Final = _ET.fixed_struct.unpack_from
 _ET_PACK: Final = _head_struct("encode_and_transmit").pack
+_ET_CODE: Final = KIND_CODES["encode_and_transmit"]
 _new_encode: Final = slot_constructor(EncodeAndTransmit)
 
 
@@ -454,7 +456,7 @@ def _enc_encode(msg: Message) -> tuple[bytes, None]:
     assert isinstance(msg, EncodeAndTransmit)
     state = msg.state
     k = len(state)
-    head = _ET_PACK(_ET_H + 4 * k, _V, 7, msg.epoch, msg.round, msg.attempt, k)
+    head = _ET_PACK(_ET_H + 4 * k, _V, _ET_CODE, msg.epoch, msg.round, msg.attempt, k)
     return head + struct.pack(f">{k}I", *state), None
 
 
@@ -478,6 +480,7 @@ _RS: Final = COMPACT_LAYOUTS["round_start"]
 _RS_H: Final = _RS.fixed_bytes
 _RS_UNPACK: Final = _RS.fixed_struct.unpack_from
 _RS_PACK: Final = _head_struct("round_start").pack
+_RS_CODE: Final = KIND_CODES["round_start"]
 _new_round_start: Final = slot_constructor(RoundStart)
 
 
@@ -486,7 +489,8 @@ def _enc_round_start(msg: Message) -> tuple[bytes, memoryview | None]:
     itemsize, n, view = _array_parts("round_start", msg.model)
     delays = msg.delays_s
     k = len(delays)
-    head = _RS_PACK(_RS_H + 8 * k, _V, 5, msg.epoch, msg.round, msg.net_delay_s, itemsize, n, k)
+    head = _RS_PACK(_RS_H + 8 * k, _V, _RS_CODE, msg.epoch, msg.round, msg.net_delay_s,
+                    itemsize, n, k)
     return (head + struct.pack(f">{k}d", *delays) if k else head), view
 
 
@@ -519,6 +523,7 @@ _CG: Final = COMPACT_LAYOUTS["coded_gradient"]
 _CG_H: Final = _CG.fixed_bytes
 _CG_UNPACK: Final = _CG.fixed_struct.unpack_from
 _CG_PACK: Final = _head_struct("coded_gradient").pack
+_CG_CODE: Final = KIND_CODES["coded_gradient"]
 _new_coded: Final = slot_constructor(CodedGradient)
 
 
@@ -526,8 +531,8 @@ def _enc_coded(msg: Message) -> tuple[bytes, memoryview | None]:
     assert isinstance(msg, CodedGradient)
     itemsize, n, view = _array_parts("coded_gradient", msg.payload)
     digest = msg.state_digest
-    head = _CG_PACK(_CG_H + len(digest), _V, 8, msg.epoch, msg.round, msg.attempt, msg.compute_s,
-                    itemsize, n, len(digest))
+    head = _CG_PACK(_CG_H + len(digest), _V, _CG_CODE, msg.epoch, msg.round, msg.attempt,
+                    msg.compute_s, itemsize, n, len(digest))
     return head + digest, view
 
 
