@@ -172,6 +172,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemes", default="partial,original",
                    help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
+    p.add_argument("--worker-hosts", type=int, default=0, metavar="N",
+                   help="with --as coroutines: run the workers in N worker-host processes "
+                        "(coroutines sharing one loop each) instead of beside the PS on its "
+                        "loop (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="record each round's decode error against the uncoded gradient")
@@ -200,7 +204,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     try:
         result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify,
                           loop=a.loop, progress=progress, argv=argv, plots=a.plots,
-                          backend=a.backend, address=a.address)
+                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts)
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
@@ -248,15 +252,19 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     import time
 
     from .core import Finished, RoundCompleted
+    from .status import describe_end
+
+    loads = tuple(int(x) for x in scheme.loads)
+    trigger = not scheme.sends_when_done
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = ev.record
-            why = f" ({r.end_reason})" if r.status == "failed" and r.end_reason else ""
+            why = (f" ({describe_end(r.end_reason, r.end_detail)})"
+                   if r.status == "failed" and r.end_reason else "")
             print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
             if recorder is not None:
-                recorder.round(scheme_name, r, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
+                recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
         elif isinstance(ev, Finished):
             ended.append(ev.reason)
             if recorder is not None:
@@ -359,10 +367,13 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
 
 def add_worker_parser(sub: Any) -> None:
-    p = sub.add_parser("worker", help="run one worker against a PS",
-                       description="Connect to `aiogc ps`, reconnecting with backoff.")
+    p = sub.add_parser("worker", help="run one worker (or a block of them) against a PS",
+                       description="Connect to `aiogc ps`, reconnecting with backoff. A range "
+                                   "of ids runs those workers as coroutines on one loop.")
     p.add_argument("--connect", required=True, help="HOST:PORT of the PS")
-    p.add_argument("--id", type=int, required=True, help="worker id in [0, m)")
+    p.add_argument("--id", required=True,
+                   help="worker id j in [0, m), or a range A-B (inclusive) of ids to run as "
+                        "coroutines in this process (needs the master secret)")
     p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
     p.add_argument("--worker-key-file", default=None,
                    help="this worker's own key k_j (hex) instead of the master secret")
@@ -377,65 +388,104 @@ def add_worker_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_worker)
 
 
-def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+def parse_worker_ids(text: str) -> list[int]:
+    """``"j"`` or ``"a-b"`` (inclusive) as a list of worker ids, each in [0, MAX_WORKERS)."""
+    allowed = (f"an id J or a range A-B with 0 <= A <= B <= {MAX_WORKERS - 1} (a PS has at "
+               f"most {MAX_WORKERS} workers)")
+    text = str(text).strip()
+    shown: object = int(text) if text.isdigit() else text  # id=65536, id='3-x'
+    lo, sep, hi = text.partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise ConfigError("id", shown, allowed)
+    a, b = int(lo), int(hi) if sep else int(lo)
+    if not 0 <= a <= b < MAX_WORKERS:
+        raise ConfigError("id", shown, allowed)
+    return list(range(a, b + 1))
+
+
+def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
+    """One :class:`~aiogc.core.Worker` per id, keyed by --worker-key-file or the secret."""
     from .core import Worker
+
+    if a.worker_key_file is None:
+        secret = read_secret(a.secret_file)
+        if len(ids) > 1 and secret is None:
+            raise ConfigError("id", a.id, "a single id unless --secret-file or AIOGC_SECRET "
+                                          "gives the master secret (each worker's key is "
+                                          "derived from it)")
+        return [Worker(j, secret=secret) for j in ids]
+    if len(ids) > 1:
+        raise ConfigError("worker-key-file", a.worker_key_file,
+                          "one worker's key: use --secret-file for a range of ids")
+    try:  # hex of k_j = aiogc.core.derive_worker_key(S, j): 64 hex digits
+        key = bytes.fromhex(Path(a.worker_key_file).read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("worker-key-file", a.worker_key_file,
+                          f"a readable file with 64 hex digits ({exc})") from None
+    if len(key) != 32:
+        raise ConfigError("worker-key-file", a.worker_key_file, "64 hex digits")
+    return [Worker(ids[0], worker_key=key)]
+
+
+def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from .net.drivers import WorkerClient, run_on
     from .runner import ExitReason
 
     host, _, port = a.connect.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ConfigError("connect", a.connect, "HOST:PORT with a port in [1, 65535]")
-    if not 0 <= a.id < MAX_WORKERS:
-        raise ConfigError("id", a.id, f"an integer in [0, {MAX_WORKERS - 1}] (a PS has at "
-                          f"most {MAX_WORKERS} workers)")
+    ids = parse_worker_ids(a.id)
     if not a.give_up_after > 0:
         raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
-    from .worker_setup import TaskPolicy
+    from .worker_setup import SetupCache, TaskPolicy
 
     _check_local_task_files(a.task, a.data_dir or ())
     # no code from the wire: only built-in tasks, this worker's own --task, or data files
     # inside its own --data-dir directories (docs/protocol.md §4.5)
     policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
-    if a.worker_key_file is not None:
-        try:  # hex of k_j = aiogc.core.derive_worker_key(S, j): 64 hex digits
-            key = bytes.fromhex(Path(a.worker_key_file).read_text().strip())
-        except (OSError, ValueError) as exc:
-            raise ConfigError("worker-key-file", a.worker_key_file,
-                              f"a readable file with 64 hex digits ({exc})") from None
-        if len(key) != 32:
-            raise ConfigError("worker-key-file", a.worker_key_file, "64 hex digits")
-        worker = Worker(a.id, worker_key=key)
-    else:
-        worker = Worker(a.id, secret=read_secret(a.secret_file))
-    why = ExitReason()
-    client = WorkerClient(worker, host, int(port), give_up_after_s=a.give_up_after,
-                          policy=policy, on_event=why)
+    setups = SetupCache(policy)  # one scheme and task for every worker of this process
+    whys = [ExitReason() for _ in ids]
+    clients = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
+                            setups=setups, on_event=why)
+               for w, why in zip(_worker_cores(a, ids), whys, strict=True)]
     stopped: list[str] = []
 
-    async def main() -> None:
+    async def main() -> list[BaseException | None]:
         loop = asyncio.get_running_loop()
-        task_ = asyncio.create_task(client.run())
+        tasks = [asyncio.create_task(c.run()) for c in clients]
 
         def on_signal(name: str) -> None:
             stopped.append(name)
-            task_.cancel()
+            for t in tasks:
+                t.cancel()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task_
+        return await asyncio.gather(*tasks, return_exceptions=True)
 
-    me = f"aiogc worker {a.id}"
-    try:
-        run_on(a.loop, main())
-    except ConnectionError as exc:
-        print(f"{me}: exiting: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+    results = run_on(a.loop, main())
     if stopped:
-        print(f"{me}: exiting: stopped by {stopped[0]}", file=sys.stderr)
+        print(f"aiogc worker {a.id}: exiting: stopped by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
-    print(f"{me}: exiting: {why.describe()}", file=sys.stderr)
-    return EXIT_INCOMPLETE if why.early else EXIT_OK
+    return _worker_exit(ids, results, whys)
+
+
+def _worker_exit(ids: list[int], results: list[BaseException | None], whys: list[Any]) -> int:
+    """Say on stderr why each worker ended; the exit code of the worst."""
+    code = EXIT_OK
+    for j, res, why in zip(ids, results, whys, strict=True):
+        me = f"aiogc worker {j}"
+        if isinstance(res, ConnectionError):
+            print(f"{me}: exiting: {res}", file=sys.stderr)
+            code = EXIT_UNREACHABLE
+        elif isinstance(res, BaseException):
+            print(f"{me}: exiting: {type(res).__name__}: {res}", file=sys.stderr)
+            code = EXIT_INCOMPLETE if code == EXIT_OK else code
+        else:
+            print(f"{me}: exiting: {why.describe()}", file=sys.stderr)
+            if why.early and code == EXIT_OK:
+                code = EXIT_INCOMPLETE
+    return code
 
 
 # ------------------------------------------------------------------ plot / inspect

@@ -19,6 +19,7 @@ from typing import Any
 
 from .errors import AiogcError
 from .records import is_trigger_scheme, load_events, load_run
+from .status import describe_end
 
 __all__ = ["NoSuchRound", "inspect_round"]
 
@@ -176,7 +177,7 @@ def _section(
     ratio = f" (x{dur / oracle:.3g} of oracle)" if dur is not None and oracle else ""
     lines = [
         f"== {s}, round {row['round']}: {row.get('status')}"
-        f" ({row.get('end_reason') or 'no reason given'})",
+        f" ({describe_end(row.get('end_reason'), row.get('end_detail'))})",
         f"   duration {_g(dur)} s, oracle {_g(oracle)} s{ratio}; attempts {row.get('attempts')}",
         "",
         "   timeline (s since round start, PS clock):",

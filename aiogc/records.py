@@ -36,14 +36,19 @@ plotted and replayed from the files alone:
 ``summary.json``
     :func:`summarize` of the rounds (or whatever dict the caller passes to :meth:`close`).
 ``trace.json``
-    A Perfetto / ``chrome://tracing`` trace of the rounds seen (:func:`aiogc.trace.chrome_trace`).
+    A Perfetto / ``chrome://tracing`` trace of the rounds seen (:func:`aiogc.trace.chrome_trace`),
+    compact (one line).
 
 Invariants
 ----------
 * CSV files use the :mod:`csv` module, a header row, floats in ``repr`` form (exact round trip;
   ``nan`` / ``inf`` spelled that way) and an empty cell for ``None``.
 * Every JSON file is strict JSON: NaN and infinities are written as ``null``.
-* Rows are flushed after every round, so a crashed run leaves every finished round on disk;
+* Recording costs the event loop a tuple append per frame and a record copy per round: rows
+  are buffered and formatted in batches, when the buffer passes :attr:`RunRecorder.flush_rows`
+  rows (so memory stays bounded on long runs), on :meth:`RunRecorder.flush` and on
+  :meth:`RunRecorder.close` -- which the runner calls on every way a run ends (normal end,
+  error, SIGINT, SIGTERM), so nothing recorded is lost unless the process itself is killed.
   ``summary.json`` and ``trace.json`` appear only on :meth:`RunRecorder.close`.
 * :func:`load_run` reads a directory back with typed values; :func:`records_from_run` rebuilds
   :class:`~aiogc.core.common.RoundRecord` objects (without gradients) from it, so plots and
@@ -56,8 +61,9 @@ import csv
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType, UnionType
 from typing import IO, Any, Final, Union, get_args, get_origin, get_type_hints
@@ -67,7 +73,8 @@ import numpy as np
 from .coding.registry import spec_of_label
 from .core.common import RoundRecord
 from .delays import DelaySchedule
-from .status import RoundStatus
+from .errors import ConfigError
+from .status import EndReason, RoundStatus
 
 __all__ = [
     "COLUMN_TYPES",
@@ -220,10 +227,26 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
+def _write_json_compact(path: Path, obj: Any) -> None:
+    """``obj`` as one line of strict JSON, for large machine-read files (the trace): plain
+    values go straight to the encoder; only when it meets something it cannot write strictly
+    (a NaN, a numpy value) is ``obj`` converted by :func:`to_jsonable` first."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps(to_jsonable(obj), separators=(",", ":"), allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
 def _cell(v: Any) -> str:
     """One CSV cell: ``None`` -> empty, floats in ``repr`` form, bools as 0/1."""
     if v is None:
         return ""
+    t = type(v)  # the common exact types first: the batch writer formats many cells
+    if t is float:
+        return repr(v)
+    if t is int or t is str:
+        return str(v)
     if isinstance(v, bool | np.bool_):
         return "1" if v else "0"
     if isinstance(v, float | np.floating):
@@ -253,6 +276,45 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------ per-worker rows
 
 
+def _worker_tuples(
+    scheme: str, record: RoundRecord, m: int, loads: Sequence[int], partial: bool
+) -> list[tuple[Any, ...]]:
+    """The ``m`` rows of ``workers.csv`` for one round, as tuples in :data:`WORKER_COLUMNS`
+    order (see :func:`worker_rows`)."""
+    done = [0] * m
+    for _, w, count, _ in record.reports:
+        if 0 <= w < m:
+            done[w] = max(done[w], int(count))
+    order = {
+        w: i + 1 for i, (_, w) in enumerate(sorted((t, w) for w, t in record.arrivals.items()))
+    }
+    arrivals, compute_s, dropped, state = (record.arrivals, record.compute_s, record.dropped,
+                                           record.state)
+    t_start, t_trigger, rnd = record.t_start, record.t_trigger, record.round
+    rows = []
+    for w in range(m):
+        arrival = arrivals.get(w)
+        compute = compute_s.get(w)
+        chunks_done = done[w]
+        if arrival is not None and not partial:
+            # a send-when-done vector means every chunk was computed, last reports in flight
+            chunks_done = max(chunks_done, int(loads[w]))
+        comm: float | None = None
+        if arrival is not None:
+            if partial:
+                if t_trigger is not None:
+                    comm = arrival - t_trigger
+            elif compute is not None:
+                comm = arrival - t_start - compute
+        rows.append((
+            rnd, scheme, w, int(loads[w]), chunks_done,
+            int(state[w]) if w < len(state) else 0,
+            compute, arrival, comm, order.get(w),
+            int(arrival is None or w in dropped), dropped.get(w, ""),
+        ))
+    return rows
+
+
 def worker_rows(
     scheme: str,
     record: RoundRecord,
@@ -280,43 +342,46 @@ def worker_rows(
     if len(loads) != m:
         raise ValueError(f"len(loads)={len(loads)} != m={m}")
     partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
-    done = [0] * m
-    for _, w, count, _ in record.reports:
-        if 0 <= w < m:
-            done[w] = max(done[w], int(count))
-    order = {
-        w: i + 1 for i, (_, w) in enumerate(sorted((t, w) for w, t in record.arrivals.items()))
-    }
-    rows = []
-    for w in range(m):
-        arrival = record.arrivals.get(w)
-        compute = record.compute_s.get(w)
-        chunks_done = done[w]
-        if arrival is not None and not partial:
-            # a send-when-done vector means every chunk was computed, last reports in flight
-            chunks_done = max(chunks_done, int(loads[w]))
-        comm: float | None = None
-        if arrival is not None:
-            if partial:
-                if record.t_trigger is not None:
-                    comm = arrival - record.t_trigger
-            elif compute is not None:
-                comm = arrival - record.t_start - compute
-        rows.append(asdict(WorkerRow(
-            round=record.round,
-            scheme=scheme,
-            worker=w,
-            load=int(loads[w]),
-            chunks_done=chunks_done,
-            chunks_used=int(record.state[w]) if w < len(record.state) else 0,
-            compute_s=compute,
-            arrival_s=arrival,
-            comm_s=comm,
-            arrival_order=order.get(w),
-            straggler=int(arrival is None or w in record.dropped),
-            dropped_reason=record.dropped.get(w, ""),
-        )))
-    return rows
+    return [dict(zip(WORKER_COLUMNS, row, strict=True))
+            for row in _worker_tuples(scheme, record, m, loads, partial)]
+
+
+# ------------------------------------------------------------------------------ batch formatting
+
+#: One buffered frame: ``(t_ns, direction, kind, scheme, round, worker, nbytes)``; a buffered
+#: run event is its finished ``events.jsonl`` line (a str).
+_Frame = tuple[int, str, str, str, int | None, int | None, int]
+#: One buffered round: ``(scheme, gradient-free copy of the record, m, loads, trigger)``.
+_PendingRound = tuple[str, RoundRecord, int, tuple[int, ...], bool]
+
+
+def _event_lines(rows: Sequence[_Frame | str], mids: dict[tuple[str, str, str], str]) -> str:
+    """``events.jsonl`` lines of buffered rows, byte for byte what ``json.dumps(dict,
+    separators=(",", ":"))`` of the frame dict writes (keys in the order of the module
+    docstring). ``mids`` caches the JSON of each (direction, kind, scheme) middle part."""
+    out = []
+    for row in rows:
+        if isinstance(row, str):
+            out.append(row)
+            continue
+        t, d, k, s, r, w, n = row
+        mid = mids.get((d, k, s))
+        if mid is None:
+            mid = mids[(d, k, s)] = (f',"direction":{json.dumps(d)},"kind":{json.dumps(k)}'
+                                     f',"scheme":{json.dumps(s)},"round":')
+        out.append(f'{{"t_ns":{int(t)}{mid}{"null" if r is None else int(r)},"worker":'
+                   f'{"null" if w is None else int(w)},"nbytes":{int(n)}}}\n')
+    return "".join(out)
+
+
+def _detached(record: RoundRecord) -> RoundRecord:
+    """A gradient-free copy of ``record`` (the PS may hold, and later mutate, the original)."""
+    keep = RoundRecord(**{f: getattr(record, f) for f in _COPIED_FIELDS})
+    keep.reports = list(record.reports)
+    keep.arrivals = dict(record.arrivals)
+    keep.compute_s = dict(record.compute_s)
+    keep.dropped = dict(record.dropped)
+    return keep
 
 
 # ------------------------------------------------------------------------------ the recorder
@@ -325,6 +390,11 @@ def worker_rows(
 class RunRecorder:
     """Writes one run directory (see the module docstring for the files and their columns).
 
+    Recording is split in two: the calls made during a run (:meth:`frame`, the callable of
+    :meth:`frame_logger`, :meth:`run_event`, :meth:`round`) only append to a buffer; the rows
+    are formatted and written in batches by :meth:`flush` -- called when the buffer passes
+    :attr:`flush_rows` rows, and by :meth:`close`.
+
     Parameters
     ----------
     out_dir : str or Path
@@ -332,8 +402,8 @@ class RunRecorder:
     manifest : dict
         Written to ``manifest.json`` at once (numpy values converted, NaN -> null).
     trace : bool, default True
-        Write ``trace.json`` on :meth:`close`. Keeping the trace needs the round records (held
-        by reference, gradients dropped) and re-reads at most :data:`MAX_TRACE_FRAMES` frames.
+        Write ``trace.json`` on :meth:`close`. Keeping the trace needs the round records
+        (gradient-free copies) and re-reads at most :data:`MAX_TRACE_FRAMES` frames.
 
     Examples
     --------
@@ -344,6 +414,8 @@ class RunRecorder:
     #: Frames beyond this many are left out of ``trace.json`` (they stay in events.jsonl):
     #: past a few hundred thousand events the trace viewers become unusable anyway.
     MAX_TRACE_FRAMES: Final = 200_000
+    #: Default :attr:`flush_rows`: about 10 MB of buffered rows.
+    FLUSH_ROWS: Final = 50_000
 
     def __init__(
         self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True
@@ -359,7 +431,15 @@ class RunRecorder:
         self._rounds = self._open_csv("rounds.csv", ROUND_COLUMNS)
         self._workers = self._open_csv("workers.csv", WORKER_COLUMNS)
         self._reports = self._open_csv("reports.csv", REPORT_COLUMNS)
-        self.n_frames = 0
+        # the buffers: events.jsonl rows in order, and the rounds not yet written
+        self._event_buf: list[_Frame | str] = []
+        self._round_buf: list[_PendingRound] = []
+        self._round_rows = 0  # csv rows the buffered rounds make
+        self._flush_rows = self.FLUSH_ROWS
+        # how many event rows fit before a flush; -1 once closed, so a late frame raises
+        self._room = self._flush_rows
+        self._mids: dict[tuple[str, str, str], str] = {}
+        self._frames_written = 0
 
     def _open_csv(self, name: str, columns: Sequence[str]) -> Any:
         f = (self.out_dir / name).open("w", newline="", encoding="utf-8")
@@ -381,6 +461,72 @@ class RunRecorder:
     ) -> None:
         self.close()
 
+    # the buffer -------------------------------------------------------------------------
+
+    @property
+    def flush_rows(self) -> int:
+        """Buffered rows (frames, run events, and per round ``1 + m + len(reports)``) past
+        which the buffer is written out at once: bounds the memory of a long run."""
+        return self._flush_rows
+
+    @flush_rows.setter
+    def flush_rows(self, n: int) -> None:
+        self._flush_rows = int(n)
+        self._update_room()
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows waiting to be written (counted as :attr:`flush_rows` counts them)."""
+        return len(self._event_buf) + self._round_rows
+
+    @property
+    def n_frames(self) -> int:
+        """Frames recorded so far (written or buffered)."""
+        return self._frames_written + sum(type(r) is tuple for r in self._event_buf)
+
+    def _update_room(self) -> None:
+        self._room = -1 if self._closed else self._flush_rows - self._round_rows
+
+    def _spill(self) -> None:
+        """The buffer passed its bound (or the recorder is closed: raises)."""
+        self._check_open()
+        self.flush()
+
+    def flush(self) -> None:
+        """Format and write every buffered row, then flush the files."""
+        self._check_open()
+        self._write_buffers()
+
+    def _write_buffers(self) -> None:
+        if self._event_buf:
+            rows, self._event_buf[:] = list(self._event_buf), []
+            self._events.write(_event_lines(rows, self._mids))
+            self._frames_written += sum(type(r) is tuple for r in rows)
+        if self._round_buf:
+            pending, self._round_buf[:] = list(self._round_buf), []
+            self._write_rounds(pending)
+        self._round_rows = 0
+        self._update_room()
+        for f in self._files:
+            f.flush()
+
+    def _write_rounds(self, pending: Sequence[_PendingRound]) -> None:
+        rounds: list[list[str]] = []
+        workers: list[list[str]] = []
+        reports: list[list[str]] = []
+        for scheme, rec, m, loads, partial in pending:
+            row = rec.as_row()
+            row["scheme"] = scheme
+            rounds.append([_cell(row.get(c)) for c in ROUND_COLUMNS])
+            workers.extend([_cell(v) for v in t]
+                           for t in _worker_tuples(scheme, rec, m, loads, partial))
+            r = _cell(rec.round)
+            reports.extend([scheme, r, _cell(t), _cell(w), _cell(count), _cell(elapsed)]
+                           for t, w, count, elapsed in rec.reports)
+        self._rounds.writerows(rounds)
+        self._workers.writerows(workers)
+        self._reports.writerows(reports)
+
     # writers ----------------------------------------------------------------------------
 
     def write_schedule(self, schedule: DelaySchedule) -> None:
@@ -398,24 +544,41 @@ class RunRecorder:
         worker: int | None,
         nbytes: int,
     ) -> None:
-        """Append one frame to ``events.jsonl`` (buffered; flushed each round and on close).
+        """Append one frame to ``events.jsonl`` (buffered; see :meth:`flush`).
 
         ``t_ns`` is on the PS clock (``round(now * 1e9)``); ``direction`` is ``"in"`` or
         ``"out"`` as the PS (or worker) saw it; ``round`` / ``worker`` are ``None`` for frames
-        that carry none (handshake, ping).
+        that carry none (handshake, ping). :meth:`frame_logger` is the same, cheaper.
         """
         self._check_open()
-        line = {
-            "t_ns": int(t_ns),
-            "direction": direction,
-            "kind": kind,
-            "scheme": scheme,
-            "round": None if round is None else int(round),
-            "worker": None if worker is None else int(worker),
-            "nbytes": int(nbytes),
-        }
-        self._events.write(json.dumps(line, separators=(",", ":")) + "\n")
-        self.n_frames += 1
+        self._event_buf.append((int(t_ns), direction, kind, scheme,
+                                None if round is None else int(round),
+                                None if worker is None else int(worker), int(nbytes)))
+        if len(self._event_buf) > self._room:
+            self._spill()
+
+    def frame_logger(
+        self,
+        scheme: str,
+        worker_of: Callable[[Any], int | None],
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> Callable[[str, Any, Any, int], None]:
+        """The drivers' ``frame_log(direction, peer, msg, nbytes)`` for one scheme: one tuple
+        appended per frame (``t_ns = clock()``, the PS clock; ``kind`` and ``round`` from the
+        message; ``worker = worker_of(peer)`` at the time of the frame). The row is the one
+        :meth:`frame` writes. Raises ValueError once the recorder is closed.
+        """
+        buf = self._event_buf
+        append = buf.append
+
+        def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
+            append((clock(), direction, msg.kind, scheme, getattr(msg, "round", None),
+                    worker_of(peer), nbytes))
+            if len(buf) > self._room:
+                self._spill()
+
+        return frame_log
 
     def run_event(self, *, t_ns: int, kind: str, scheme: str, reason: str, **extra: Any) -> None:
         """Append a run-level event (e.g. ``kind="run_end"`` with the PS's finish reason) to
@@ -425,8 +588,9 @@ class RunRecorder:
         line = {"t_ns": int(t_ns), "direction": "event", "kind": kind, "scheme": scheme,
                 "round": None, "worker": None, "nbytes": 0, "reason": reason,
                 **to_jsonable(extra)}
-        self._events.write(json.dumps(line, separators=(",", ":")) + "\n")
-        self._events.flush()
+        self._event_buf.append(json.dumps(line, separators=(",", ":")) + "\n")
+        if len(self._event_buf) > self._room:
+            self._spill()
 
     def round(
         self,
@@ -437,51 +601,50 @@ class RunRecorder:
         loads: Sequence[int],
         trigger_scheme: bool | None = None,
     ) -> None:
-        """Write one ``rounds.csv`` row, ``m`` ``workers.csv`` rows and the round's reports.
+        """Buffer one ``rounds.csv`` row, ``m`` ``workers.csv`` rows and the round's reports.
 
-        ``trigger_scheme`` overrides :func:`is_trigger_scheme` (how ``comm_s`` is measured).
+        Keeps a gradient-free copy of ``record`` as it is now. ``trigger_scheme`` overrides
+        :func:`is_trigger_scheme` (how ``comm_s`` is measured).
         """
         self._check_open()
-        row = record.as_row()
-        row["scheme"] = scheme
-        self._rounds.writerow([_cell(row.get(c)) for c in ROUND_COLUMNS])
-        for wrow in worker_rows(scheme, record, m=m, loads=loads, trigger_scheme=trigger_scheme):
-            self._workers.writerow([_cell(wrow[c]) for c in WORKER_COLUMNS])
-        for t, w, count, elapsed in record.reports:
-            rep = asdict(ReportRow(scheme, record.round, t, w, count, elapsed))
-            self._reports.writerow([_cell(rep[c]) for c in REPORT_COLUMNS])
+        if len(loads) != m:
+            raise ValueError(f"len(loads)={len(loads)} != m={m}")
+        partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
+        keep = _detached(record)
         if self._trace:
-            # keep a gradient-free copy: the PS may hold (and later mutate) the original
-            keep = RoundRecord(**{f: getattr(record, f) for f in _RECORD_FIELDS})
-            keep.reports = list(record.reports)
-            keep.arrivals = dict(record.arrivals)
-            keep.compute_s = dict(record.compute_s)
-            keep.dropped = dict(record.dropped)
-            keep.gradient = None
             self._records.setdefault(scheme, []).append(keep)
-        for f in self._files:
-            f.flush()
+        self._round_buf.append((scheme, keep, m, tuple(loads), partial))
+        self._round_rows += 1 + m + len(keep.reports)
+        self._update_room()
+        if len(self._event_buf) > self._room:
+            self.flush()
 
     def close(self, summary: Mapping[str, Any] | None = None) -> None:
-        """Flush and close the files; write ``summary.json`` (if given) and ``trace.json``.
+        """Write what is buffered, close the files; write ``summary.json`` (if given) and
+        ``trace.json``.
 
         Idempotent: a second call only writes ``summary`` if one is given.
         """
         if not self._closed:
-            self._closed = True
-            for f in self._files:
-                f.close()
+            try:
+                self._write_buffers()
+            finally:
+                self._closed = True
+                self._update_room()
+                for f in self._files:
+                    f.close()
             if self._trace:
                 from .trace import chrome_trace
 
                 frames = load_events(self.out_dir, limit=self.MAX_TRACE_FRAMES)
-                _write_json(self.out_dir / "trace.json", chrome_trace(self._records, frames))
+                _write_json_compact(self.out_dir / "trace.json",
+                                    chrome_trace(self._records, frames))
         if summary is not None:
             _write_json(self.out_dir / "summary.json", dict(summary))
 
     @property
     def records(self) -> dict[str, list[RoundRecord]]:
-        """Gradient-free copies of the rounds written so far, by scheme label."""
+        """Gradient-free copies of the rounds recorded so far, by scheme label."""
         return self._records
 
     def _check_open(self) -> None:
@@ -489,7 +652,7 @@ class RunRecorder:
             raise ValueError(f"RunRecorder for {self.out_dir} is closed")
 
 
-_RECORD_FIELDS: Final = tuple(RoundRecord.__dataclass_fields__)
+_COPIED_FIELDS: Final = tuple(f for f in RoundRecord.__dataclass_fields__ if f != "gradient")
 
 
 # ------------------------------------------------------------------------------ summary
@@ -562,7 +725,8 @@ def summarize(
         ``max_residual``, ``max_amplification``, ``first_loss`` (after round 0),
         ``final_loss`` (after the last round that was not failed; None if not finite),
         ``worst_round`` (``{"round", "rel_error"}`` of the largest decode error, or None),
-        ``failed_rounds`` (``[{"round", "reason"}]``, at most
+        ``failed_rounds`` (``[{"round", "reason", "detail"}]``: the round's
+        :class:`~aiogc.status.EndReason` value and its ``end_detail``; at most
         :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
         and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
         ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
@@ -611,7 +775,7 @@ def summarize(
             "final_loss": _opt(stepped[-1].loss) if stepped else None,
             "worst_round": (None if worst is None
                             else {"round": worst[1], "rel_error": worst[0]}),
-            "failed_rounds": [{"round": r.round, "reason": r.end_reason}
+            "failed_rounds": [{"round": r.round, "reason": r.end_reason, "detail": r.end_detail}
                               for r in recs if r.status == "failed"][:MAX_LISTED_FAILED_ROUNDS],
             "failure": None if nonfinite is None else nonfinite[1],
             "failed_round": None if nonfinite is None else nonfinite[0],
@@ -706,7 +870,17 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
     """A RoundRecord from a parsed rounds.csv row: every field written there, by the field
-    list of the dataclass (an empty cell restores the field's default, e.g. NaN)."""
+    list of the dataclass (an empty cell restores the field's default, e.g. NaN).
+
+    ``end_reason`` must be an :class:`~aiogc.status.EndReason` value, except in a file
+    written before rounds.csv had an ``end_detail`` column: there it was free text, which
+    becomes the detail of a round whose code is unknown (None).
+    """
+    if "end_detail" not in row and row.get("end_reason") is not None:
+        try:
+            EndReason.parse(row["end_reason"])
+        except ConfigError:
+            row = {**row, "end_reason": None, "end_detail": row["end_reason"]}
     kw: dict[str, Any] = {}
     for f in fields(RoundRecord):
         if f.name in _NOT_IN_ROUNDS:
@@ -718,6 +892,8 @@ def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
             v = tuple(v)
         elif f.name == "status":
             v = RoundStatus.parse(v)
+        elif f.name == "end_reason":
+            v = EndReason.parse(v)
         kw[f.name] = v
     return RoundRecord(**kw)
 

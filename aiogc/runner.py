@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from .core import (
 from .delays import DelaySchedule, materialise
 from .messages import Message
 from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from .status import describe_end
 from .tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:
@@ -213,14 +214,20 @@ class ExitReason:
 
 
 async def _watched(client: WorkerClient, parent_alive: Any, died: list[bool]) -> None:
-    """Run ``client`` until it returns or the runner dies.
+    """Run ``client`` until it returns or the runner dies (see :func:`_watch_parent`)."""
+    await _watch_parent(client.run(), parent_alive, died)
+
+
+async def _watch_parent(coro: Coroutine[Any, Any, None], parent_alive: Any,
+                        died: list[bool]) -> None:
+    """Run ``coro`` until it returns or the runner dies.
 
     ``parent_alive`` is the read end of a pipe whose only write end the runner holds: it
     becomes readable (EOF) exactly when the runner exits, however it exits (SIGKILL
     included), so a worker never outlives its runner by more than one loop iteration.
     """
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(client.run())
+    task = asyncio.ensure_future(coro)
     fd = parent_alive.fileno()
 
     def on_parent_gone() -> None:
@@ -270,6 +277,72 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
         sys.exit(EXIT_PARENT_DIED)
     if why.early:
         _say(f"aiogc worker {worker_id}: exiting: {why.describe()}")
+
+
+def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
+                         worker_keys: Sequence[bytes | None], loop_kind: str,
+                         task: str | None = None, parent_alive: Any = None) -> None:
+    """Entry point of one worker-host process: the workers ``worker_ids`` as coroutines on
+    this process's loop, sharing one scheme and task (``--worker-hosts``).
+
+    ``worker_keys[i]`` is worker ``worker_ids[i]``'s own key k_j. Exits like
+    :func:`_worker_process`: 3 if a worker could not reach the PS, :data:`EXIT_PARENT_DIED`
+    when the runner died; a worker that stopped early says why on stderr.
+    """
+    from .worker_setup import SetupCache, TaskPolicy
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    setups = SetupCache(TaskPolicy(task=task))
+    whys = [ExitReason() for _ in worker_ids]
+    clients = [WorkerClient(Worker(j, worker_key=k), host, port, setups=setups, on_event=why)
+               for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
+    died: list[bool] = []
+
+    async def run_all() -> list[BaseException | None]:
+        return await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
+
+    async def watched() -> list[BaseException | None]:
+        if parent_alive is None:
+            return await run_all()
+        outcome: list[list[BaseException | None]] = []
+
+        async def keep() -> None:
+            outcome.append(await run_all())
+
+        await _watch_parent(keep(), parent_alive, died)
+        return outcome[0] if outcome else []
+
+    results = run_on(loop_kind, watched())
+    if died:
+        _say(f"aiogc worker host {worker_ids[0]}..{worker_ids[-1]}: exiting: parent process died")
+        sys.exit(EXIT_PARENT_DIED)
+    unreachable = False
+    for j, res, why in zip(worker_ids, results, whys, strict=False):
+        if isinstance(res, ConnectionError):
+            _say(f"aiogc worker {j}: exiting: {res}")
+            unreachable = True
+        elif isinstance(res, BaseException):
+            _say(f"aiogc worker {j}: exiting: {type(res).__name__}: {res}")
+        elif why.early:
+            _say(f"aiogc worker {j}: exiting: {why.describe()}")
+    if unreachable:
+        sys.exit(3)
+
+
+def host_blocks(m: int, hosts: int) -> list[list[int]]:
+    """Worker ids ``0..m-1`` split into ``hosts`` contiguous, near-equal blocks (no empty one).
+
+    >>> host_blocks(5, 2)
+    [[0, 1, 2], [3, 4]]
+    """
+    hosts = max(1, min(hosts, m))
+    size, extra = divmod(m, hosts)
+    out, start = [], 0
+    for h in range(hosts):
+        n = size + (1 if h < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
 
 
 def _mp_context(start_method: str = "forkserver") -> Any:
@@ -344,6 +417,7 @@ async def _run_scheme(
     start_method: str = "forkserver",
     interrupted: list[str] | None = None,
     end_reason: list[str] | None = None,
+    worker_hosts: int = 0,
 ) -> list[RoundRecord]:
     """One scheme, live. SIGTERM / SIGINT stop the PS gracefully (it tells every worker to
     shut down) and the signal's name is appended to ``interrupted``; why the PS finished is
@@ -374,7 +448,7 @@ async def _run_scheme(
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(server.serve())
             await _started(server, serving)
-            if mode == "coroutines":
+            if mode == "coroutines" and not worker_hosts:
                 from .worker_setup import SetupCache, TaskPolicy
 
                 # one scheme + task for all in-process workers, built once (off the loop)
@@ -398,12 +472,10 @@ async def _run_scheme(
                 parent_alive, keep_alive = ctx.Pipe(duplex=False)
                 watch_ends.append(keep_alive)
                 with _single_thread_blas_env():
-                    for j in range(scheme.m):
-                        key = None if secret is None else derive_worker_key(secret, j)
-                        p = ctx.Process(target=_worker_process, name=f"aiogc-worker-{j}",
-                                        args=(j, "127.0.0.1", server.port, key, loop_kind,
-                                              config.task, parent_alive),
-                                        daemon=True)
+                    for name, target, args in _worker_spawns(
+                            scheme.m, worker_hosts, secret, server.port, loop_kind,
+                            config.task, parent_alive):
+                        p = ctx.Process(target=target, name=name, args=args, daemon=True)
                         p.start()
                         procs.append(p)
                 parent_alive.close()  # the workers have their copies
@@ -420,6 +492,23 @@ async def _run_scheme(
     return ps.records
 
 
+def _worker_spawns(m: int, worker_hosts: int, secret: bytes | None, port: int, loop_kind: str,
+                   task: str | None, parent_alive: Any
+                   ) -> list[tuple[str, Callable[..., None], tuple[Any, ...]]]:
+    """``(process name, target, args)`` of every worker process: one per worker, or with
+    ``worker_hosts`` > 0 that many hosts, each running a block of workers as coroutines."""
+    def key(j: int) -> bytes | None:
+        return None if secret is None else derive_worker_key(secret, j)
+
+    if not worker_hosts:
+        return [(f"aiogc-worker-{j}", _worker_process,
+                 (j, "127.0.0.1", port, key(j), loop_kind, task, parent_alive))
+                for j in range(m)]
+    return [(f"aiogc-worker-host-{ids[0]}-{ids[-1]}", _worker_host_process,
+             (ids, "127.0.0.1", port, [key(j) for j in ids], loop_kind, task, parent_alive))
+            for ids in host_blocks(m, worker_hosts)]
+
+
 def _scheme_event_handler(
     scheme_name: str,
     scheme: Any,
@@ -428,7 +517,13 @@ def _scheme_event_handler(
     end_reason: list[str] | None,
 ) -> Callable[[Event], None]:
     """The PS event callback of one scheme's run: records rounds and the run's end (if
-    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``."""
+    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``.
+
+    It runs on the event loop between rounds: recording a round only buffers a copy of the
+    record (:meth:`aiogc.records.RunRecorder.round`); the rows are written later."""
+    loads = tuple(int(x) for x in scheme.loads)
+    m = scheme.m
+    trigger = not scheme.sends_when_done
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, Finished):
@@ -440,8 +535,7 @@ def _scheme_event_handler(
                                    rounds=ev.rounds_completed)
         if isinstance(ev, RoundCompleted):
             if recorder is not None:
-                recorder.round(scheme_name, ev.record, m=scheme.m, loads=list(scheme.loads),
-                               trigger_scheme=not scheme.sends_when_done)
+                recorder.round(scheme_name, ev.record, m=m, loads=loads, trigger_scheme=trigger)
             if on_round is not None:
                 on_round(ev.record)
 
@@ -450,14 +544,11 @@ def _scheme_event_handler(
 
 def _frame_logger(scheme_name: str, ps: ParameterServer,
                   recorder: Any) -> Callable[[str, Any, Message, int], None]:
-    """The PS's frame log callback: one ``recorder.frame`` row per frame."""
-
-    def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
-        recorder.frame(t_ns=time.monotonic_ns(), direction=direction, kind=msg.kind,
-                       scheme=scheme_name, round=getattr(msg, "round", None),
-                       worker=ps.worker_of(peer), nbytes=nbytes)
-
-    return frame_log
+    """The PS's frame log callback: one buffered ``events.jsonl`` row per frame (a tuple
+    append on the loop; :meth:`aiogc.records.RunRecorder.frame_logger`)."""
+    log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
+                                                                          ps.worker_of)
+    return log
 
 
 async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
@@ -488,6 +579,7 @@ def run_live(
     start_method: str = "forkserver",
     backend: str = "local",
     address: str | None = None,
+    worker_hosts: int = 0,
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -496,6 +588,10 @@ def run_live(
     config : RunConfig
         Base configuration; ``scheme`` is replaced by each entry of ``schemes``.
     mode : {"coroutines", "processes"}
+    worker_hosts : int
+        Coroutines mode: 0 runs every worker on the runner's own loop, beside the PS; ``n``
+        (1..m) spreads them over ``n`` worker-host processes, each one loop of coroutine
+        workers sharing one scheme and task, so the PS has a loop (and a core) of its own.
     start_method : {"forkserver", "spawn"}
         How worker processes start (processes mode); forkserver preloads the package.
     out_dir : path, optional
@@ -513,6 +609,7 @@ def run_live(
         ``summary.json`` included (no plots); the exception carries the partial result.
     """
 
+    mode_label = _check_worker_hosts(worker_hosts, mode, config.workers)
     if backend == "ray":
         from .cluster.ray_backend import run_ray
 
@@ -529,7 +626,7 @@ def run_live(
     if secret is None:
         secret = secrets.token_bytes(32)
     result = RunResult(schedule=schedule)
-    recorder = _open_recorder(result, out_dir, config, schemes, schedule, mode=mode,
+    recorder = _open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
                               loop_kind=loop_kind, verify=verify, argv=argv)
     interrupted: list[str] = []
     try:
@@ -547,7 +644,8 @@ def run_live(
                                                verify=verify, recorder=recorder,
                                                on_round=tick,
                                                secret=secret, start_method=start_method,
-                                               interrupted=interrupted, end_reason=ended))
+                                               interrupted=interrupted, end_reason=ended,
+                                               worker_hosts=worker_hosts))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
@@ -609,6 +707,19 @@ def _check_local_args(backend: str, address: str | None, mode: str) -> None:
         raise ConfigError("as", mode, "processes or coroutines")
 
 
+def _check_worker_hosts(worker_hosts: int, mode: str, m: int) -> str:
+    """Validate ``worker_hosts``; the run's mode as the manifest records it."""
+    from .errors import ConfigError
+
+    if isinstance(worker_hosts, bool) or not isinstance(worker_hosts, int) \
+            or not 0 <= worker_hosts <= m:
+        raise ConfigError("worker_hosts", worker_hosts, f"an integer in [0, m={m}]")
+    if worker_hosts and mode != "coroutines":
+        raise ConfigError("worker_hosts", worker_hosts,
+                          "0 unless --as coroutines (processes mode has one process per worker)")
+    return f"coroutines, {worker_hosts} worker-host processes" if worker_hosts else mode
+
+
 def close_run(result: RunResult, interrupted: Sequence[str],
               recorder: RunRecorder | None) -> None:
     """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
@@ -661,7 +772,7 @@ def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
             first = (s.get("failed_rounds") or [{}])[0]
             return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
                     f"{name} rounds failed (first: round {first.get('round')}: "
-                    f"{first.get('reason')})")
+                    f"{describe_end(first.get('reason'), first.get('detail'))})")
     return ALL_ROUNDS_DONE
 
 
@@ -709,7 +820,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             listed = s.get("failed_rounds") or []
             lines.append(f"{name}: {n_failed} failed round(s):")
             for fr in listed[:FAILED_ROUNDS_SHOWN]:
-                lines.append(f"  round {fr.get('round')}: {fr.get('reason') or 'no reason given'}")
+                lines.append(f"  round {fr.get('round')}: "
+                             f"{describe_end(fr.get('reason'), fr.get('detail'))}")
             if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
                 lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
                              "(rounds.csv has every one)")

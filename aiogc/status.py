@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["EndReason", "RoundStatus"]
+__all__ = ["EndReason", "RoundStatus", "describe_end"]
 
 _E = TypeVar("_E", bound="_Vocabulary")
 
@@ -50,7 +50,8 @@ class EndReason(_Vocabulary):
     wait for), ``DEADLINE`` (approx mode), ``ROUND_TIMEOUT`` (approx mode, send-when-done).
     Failed rounds: ``WORKERS_GONE`` (the remaining workers cannot decode), ``NOTHING_COMPUTED``
     (nothing to decode at the deadline or after losses), ``TIMEOUT`` (no decode within
-    ``round_timeout_s``), ``NONFINITE`` (the decoded gradient was not finite).
+    ``round_timeout_s``), ``NONFINITE`` (the decoded gradient was not finite), ``REJECTED``
+    (the round guard refused the decoded step: a consistency or verification check failed).
     """
 
     DECODABLE = "decodable"
@@ -62,3 +63,14 @@ class EndReason(_Vocabulary):
     NOTHING_COMPUTED = "nothing_computed"
     TIMEOUT = "timeout"
     NONFINITE = "nonfinite"
+    REJECTED = "rejected"
+
+
+def describe_end(reason: object, detail: object = "") -> str:
+    """One human line for an end reason and its detail: ``"detail (code)"``, the code alone
+    when there is no detail, ``"no reason given"`` when there is neither."""
+    code = "" if reason is None else str(reason)
+    text = "" if detail is None else str(detail)
+    if text and code:
+        return f"{text} ({code})"
+    return text or code or "no reason given"

@@ -146,6 +146,7 @@ def _round_events(pid: int, rec: RoundRecord, partial: bool) -> list[dict[str, A
             round=r,
             status=rec.status,
             end_reason=rec.end_reason,
+            end_detail=rec.end_detail,
             state=list(rec.state),
             attempts=rec.attempts,
         )

@@ -156,7 +156,7 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "wrong_applied": wrong,
         "worst_rel_error": worst,
         "final_loss": final,
-        "reasons": sorted({r.end_reason.split(":")[0] for r in failed}),
+        "reasons": sorted({str(r.end_reason) for r in failed}),
         "wall_s": run["wall_s"],
         "ps_stats": run["stats"],
     }

@@ -44,6 +44,7 @@ from aiogc.messages import (
     state_digest,
 )
 from aiogc.sim.engine import Simulation
+from aiogc.status import EndReason
 from aiogc.worker_setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
 
@@ -204,7 +205,8 @@ def test_hopeless_round_fails_at_once() -> None:
     rig.sim.kill(1, at=t_trig + 0.005)
     rig.sim.run()
     (first,) = rig.ps.records
-    assert first.status == "failed" and "cannot decode" in first.end_reason
+    assert first.status == "failed" and first.end_reason is EndReason.WORKERS_GONE
+    assert first.end_detail == "cannot decode: workers [1] gone"
     assert first.t_end == pytest.approx(t_trig + 0.005)
     assert np.isnan(first.rel_error)
     # worker 1 is gone for good: round 2 is not started hopeless; the PS waits join_timeout_s
@@ -460,7 +462,8 @@ def test_uncoded_round_fails_at_once_when_a_needed_worker_dies() -> None:
     rig.sim.kill(2, at=0.5)
     rig.sim.run()
     rec = rig.ps.records[0]
-    assert rec.status == "failed" and "cannot decode" in rec.end_reason
+    assert rec.status == "failed" and rec.end_reason is EndReason.WORKERS_GONE
+    assert rec.end_detail == "cannot decode: workers [2] gone"
     assert rec.t_end == pytest.approx(0.5)
 
 
@@ -479,8 +482,10 @@ def test_dead_workers_leave_before_the_next_round_starts() -> None:
     rig.sim.run()
     recs = rig.ps.records
     assert rig.ps.finished
-    assert not any("timeout" in r.end_reason for r in recs), [r.end_reason for r in recs]
-    assert recs[0].status == "failed" and "cannot decode" in recs[0].end_reason
+    assert not any(r.end_reason is EndReason.TIMEOUT or "timeout" in r.end_detail
+                   for r in recs), [(r.end_reason, r.end_detail) for r in recs]
+    assert recs[0].status == "failed" and recs[0].end_reason is EndReason.WORKERS_GONE
+    assert recs[0].end_detail.startswith("cannot decode: workers [")
     assert [r.status for r in recs[1:]] == ["exact", "exact"]
     # the paused workers rejoined after their pause (not after a 60 s round timeout)
     assert rig.sim.now < 10.0

@@ -31,6 +31,7 @@ from aiogc.records import (
     to_jsonable,
     worker_rows,
 )
+from aiogc.status import EndReason
 from aiogc.trace import chrome_trace
 
 M = 3
@@ -50,7 +51,7 @@ def partial_round(
         t_trigger=t0 + 0.5 * dur,
         t_end=t0 + dur,
         status="exact",
-        end_reason="all_expected",
+        end_reason=EndReason.ALL_EXPECTED,
         attempts=1,
         state=(2, 1, 0),
         coverage_min=1,
@@ -81,7 +82,7 @@ def original_round(
         t_trigger=t0 + 0.9 * dur,
         t_end=t0 + dur,
         status="exact",
-        end_reason="decodable",
+        end_reason=EndReason.DECODABLE,
         attempts=1,
         state=(2, 2, 0),
         coverage_min=1,
@@ -100,7 +101,8 @@ def original_round(
         compute_s={0: 0.6 * dur, 1: 0.8 * dur},
     )
     if failed:
-        rec.status, rec.end_reason, rec.t_trigger = "failed", "round timeout (10 s)", None
+        rec.status, rec.end_reason, rec.t_trigger = "failed", EndReason.TIMEOUT, None
+        rec.end_detail = "round timeout (10 s)"
         rec.state, rec.oracle_elapsed_s = (2, 1, 1), None
         del rec.arrivals[1]
         rec.dropped[1] = "timeout"
@@ -437,10 +439,19 @@ def test_recorder_rejects_writes_after_close_and_is_idempotent(tmp_path: Path,
 
 
 def test_rows_are_on_disk_before_close(tmp_path: Path, records: Records) -> None:
+    """Rows are buffered (nothing formatted on the event loop per round), and on disk after
+    :meth:`RunRecorder.flush` or as soon as the buffer passes ``flush_rows``."""
     rec = RunRecorder(tmp_path, {})
     rec.round("partial", records["partial"][0], m=M, loads=LOADS)
+    assert rec.buffered_rows == 1 + M + len(records["partial"][0].reports)
+    rec.flush()
+    assert rec.buffered_rows == 0
     assert len(read_csv(tmp_path / "rounds.csv")) == 1
     assert len(read_csv(tmp_path / "workers.csv")) == M
+    rec.flush_rows = 2 * M
+    rec.round("partial", records["partial"][1], m=M, loads=LOADS)  # 1 + M + 3 rows > 2 M
+    assert rec.buffered_rows == 0
+    assert len(read_csv(tmp_path / "rounds.csv")) == 2
     rec.close()
 
 

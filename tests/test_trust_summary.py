@@ -8,14 +8,16 @@ import math
 from aiogc.core.common import RoundRecord
 from aiogc.records import summarize
 from aiogc.runner import format_summary, run_complete, run_end_reason
+from aiogc.status import EndReason
 
 NAN = float("nan")
 
 
 def rec(r: int, *, loss: float = 1.0, rel: float = 1e-15, status: str = "exact",
-        reason: str = "decodable") -> RoundRecord:
+        reason: EndReason = EndReason.DECODABLE, detail: str = "") -> RoundRecord:
     return RoundRecord(round=r, scheme="partial", t_start=float(r), t_end=r + 0.5, status=status,
-                       end_reason=reason, attempts=1, loss=loss, rel_error=rel)
+                       end_reason=reason, end_detail=detail, attempts=1, loss=loss,
+                       rel_error=rel)
 
 
 def test_blown_up_model_fails_the_run_naming_the_round() -> None:
@@ -39,7 +41,8 @@ def test_nan_loss_after_a_step_fails_but_unrecorded_losses_do_not() -> None:
     s2 = summarize({"partial": [rec(0, loss=NAN), rec(1, loss=NAN)]})
     assert s2["ok"] and s2["schemes"]["partial"]["failure"] is None
     # a failed round's NaN loss (nothing applied) is not a failure either
-    s3 = summarize({"partial": [rec(0), rec(1, loss=NAN, status="failed", reason="timeout")]})
+    s3 = summarize({"partial": [rec(0), rec(1, loss=NAN, status="failed",
+                                            reason=EndReason.TIMEOUT)]})
     assert s3["ok"]
 
 
@@ -56,19 +59,22 @@ def test_worst_round_is_reported() -> None:
 
 
 def test_failed_rounds_listed_with_reasons_in_table_and_json() -> None:
-    recs = [rec(0), rec(1, status="failed", reason="cannot decode: workers [2, 3] gone"),
-            rec(2), rec(3, status="failed", reason="round timeout (60.0 s)")]
+    recs = [rec(0), rec(1, status="failed", reason=EndReason.WORKERS_GONE,
+                    detail="cannot decode: workers [2, 3] gone"),
+            rec(2), rec(3, status="failed", reason=EndReason.TIMEOUT,
+                        detail="round timeout (60.0 s)")]
     s = summarize({"partial": recs}, end_reasons={"partial": "all rounds done"})
     p = s["schemes"]["partial"]
     assert p["failed_rounds"] == [
-        {"round": 1, "reason": "cannot decode: workers [2, 3] gone"},
-        {"round": 3, "reason": "round timeout (60.0 s)"},
+        {"round": 1, "reason": "workers_gone", "detail": "cannot decode: workers [2, 3] gone"},
+        {"round": 3, "reason": "timeout", "detail": "round timeout (60.0 s)"},
     ]
+    assert json.loads(json.dumps(p["failed_rounds"]))[0]["reason"] == "workers_gone"
     assert p["end_reason"] == "all rounds done"
     s["end_reason"] = "all rounds done"
     table = format_summary(s)
     assert "partial: 2 failed round(s):" in table
-    assert "round 1: cannot decode: workers [2, 3] gone" in table
+    assert "round 1: cannot decode: workers [2, 3] gone (workers_gone)" in table
     assert "end reason: all rounds done" in table
     assert not run_complete(s, 4)
 

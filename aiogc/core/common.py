@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from ..messages import Message
-from ..status import RoundStatus
+from ..status import EndReason, RoundStatus
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
@@ -236,6 +236,9 @@ class RoundRecord:
 
     Times are the PS's ``now`` values. ``reports`` holds (ps_time, worker, count, elapsed_s)
     for every accepted report; ``arrivals`` the PS time each coded vector arrived.
+    ``end_reason`` is why the round ended (an :class:`~aiogc.status.EndReason`, None while it
+    runs); ``end_detail`` the particulars in words (which workers went away, which check
+    rejected the step), empty when the code says it all.
     """
 
     round: int
@@ -244,7 +247,8 @@ class RoundRecord:
     t_trigger: float | None = None
     t_end: float | None = None
     status: str = RoundStatus.RUNNING  # a RoundStatus: exact | approximate | failed
-    end_reason: str = ""
+    end_reason: EndReason | None = None
+    end_detail: str = ""
     attempts: int = 0
     state: tuple[int, ...] = ()
     coverage_min: int = 0
@@ -274,6 +278,7 @@ class RoundRecord:
             "duration_s": self.duration_s,
             "status": self.status,
             "end_reason": self.end_reason,
+            "end_detail": self.end_detail,
             "attempts": self.attempts,
             "state": " ".join(map(str, self.state)),
             "coverage_min": self.coverage_min,

@@ -58,7 +58,7 @@ from ..messages import (
     Welcome,
     state_digest,
 )
-from ..status import RoundStatus
+from ..status import EndReason, RoundStatus
 from .common import (
     AUTH_DEADLINE_S,
     DuplicateWorker,
@@ -902,7 +902,8 @@ class ParameterServer(Endpoint):
             # not even every remaining worker finishing everything could decode exactly: say
             # so now instead of waiting for the round timeout (approx mode waits for its
             # deadline, which decodes what there is)
-            self._end_round_failed(now, f"cannot decode: workers {sorted(rs.excluded)} gone")
+            self._end_round_failed(now, EndReason.WORKERS_GONE,
+                                   f"cannot decode: workers {sorted(rs.excluded)} gone")
             return
         if self.phase is not _P_COLLECTING or not lost_expected:
             return
@@ -913,7 +914,7 @@ class ParameterServer(Endpoint):
             if any(rs.state):
                 self._trigger(now, exact=False)
             else:
-                self._end_round_failed(now, "nothing computed")
+                self._end_round_failed(now, EndReason.NOTHING_COMPUTED, "nothing computed")
         else:
             rs.attempt += 1
             rs.broadcast = None
@@ -942,11 +943,13 @@ class ParameterServer(Endpoint):
                 rs.record.t_trigger = now
                 self._end_round(now, exact=False, reason="deadline")
             else:
-                self._end_round_failed(now, "deadline with no finished worker")
+                self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
+                                       "deadline with no finished worker")
         elif any(rs.state):
             self._trigger(now, exact=False)
         else:
-            self._end_round_failed(now, "deadline with no finished chunk")
+            self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
+                                   "deadline with no finished chunk")
 
     def _on_round_timeout(self, now: float) -> None:
         rs = self._round
@@ -954,7 +957,8 @@ class ParameterServer(Endpoint):
         if self._sends_when_done and rs.received and self.config.mode == "approx":
             self._end_round(now, exact=False, reason="round_timeout")
         else:
-            self._end_round_failed(now, f"round timeout ({self.config.round_timeout_s} s)")
+            self._end_round_failed(now, EndReason.TIMEOUT,
+                                   f"round timeout ({self.config.round_timeout_s} s)")
 
     # ------------------------------------------------------------------ end of a round
 
@@ -967,11 +971,11 @@ class ParameterServer(Endpoint):
         """The round's last needed vector arrived at ``now``: queue decode and next round."""
         self._close_round(now, exact=exact, reason=reason, decode=True)
 
-    def _end_round_failed(self, now: float, reason: str) -> None:
+    def _end_round_failed(self, now: float, reason: EndReason, detail: str) -> None:
         rs = self._round
         assert rs is not None
         rs.record.status = RoundStatus.FAILED
-        rs.record.end_reason = reason
+        rs.record.end_reason, rs.record.end_detail = reason, detail
         self.stats["failed_rounds"] += 1
         self._close_round(now, exact=False, reason=reason, decode=False)
 
@@ -1006,14 +1010,15 @@ class ParameterServer(Endpoint):
                 self.stats["nonfinite_decode"] += 1
                 self.stats["failed_rounds"] += 1
                 rec.status = RoundStatus.FAILED
-                rec.end_reason = "decoded gradient is not finite"
+                rec.end_reason = EndReason.NONFINITE
+                rec.end_detail = "decoded gradient is not finite"
                 grad = None
             else:
                 rec.residual = float(result.residual)
                 rec.amplification = float(result.amplification)
                 rec.status = (RoundStatus.EXACT if (result.exact and exact)
                               else RoundStatus.APPROXIMATE)
-                rec.end_reason = reason
+                rec.end_reason = EndReason(reason)
                 if self.keep_gradients:
                     rec.gradient = grad.copy()
                 if self.guard is None:
@@ -1043,7 +1048,8 @@ class ParameterServer(Endpoint):
             self.stats[f"rejected_{bad.check}"] += 1
             self.stats["failed_rounds"] += 1
             rec.status = RoundStatus.FAILED
-            rec.end_reason = f"rejected by {bad.check} check: {bad.reason}"
+            rec.end_reason = EndReason.REJECTED
+            rec.end_detail = f"rejected by {bad.check} check: {bad.reason}"
             return False
         assert new is not None
         self.guard.accept()

@@ -1,0 +1,147 @@
+"""``--worker-hosts``: coroutine workers in worker-host processes, the PS on its own loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiogc import runner
+from aiogc.cli import main
+from aiogc.config import RunConfig
+from aiogc.errors import ConfigError
+from aiogc.runner import host_blocks, run_live
+
+#: Hang guard only (no assertion on durations).
+GUARD_S = 120
+
+SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
+                             task="linreg:samples=300,dim=10", delay="exp:0.004")
+
+
+@pytest.mark.parametrize(("m", "hosts"), [(5, 2), (5, 5), (5, 9), (64, 3), (1, 1)])
+def test_host_blocks_partition_the_workers(m: int, hosts: int) -> None:
+    blocks = host_blocks(m, hosts)
+    assert [j for b in blocks for j in b] == list(range(m))  # every worker once, in order
+    assert len(blocks) == min(hosts, m) and all(blocks)
+    sizes = [len(b) for b in blocks]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_run_with_worker_hosts_decodes_every_round(tmp_path: Path) -> None:
+    cfg = RunConfig(**SMALL)
+    res = run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=tmp_path,
+                   plots=False, loop="asyncio", worker_hosts=2)
+    for scheme in ("partial", "original"):
+        recs = res.records[scheme]
+        assert [r.round for r in recs] == list(range(SMALL["rounds"]))
+        assert all(r.status == "exact" for r in recs), [r.status for r in recs]
+        assert all(r.rel_error is not None and r.rel_error < 1e-9 for r in recs)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["mode"] == "coroutines, 2 worker-host processes"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["end_reason"] == "all rounds done"
+
+
+@pytest.mark.parametrize(("hosts", "mode", "why"), [
+    (-1, "coroutines", "[0, m=5]"), (6, "coroutines", "[0, m=5]"),
+    (True, "coroutines", "[0, m=5]"), (2, "processes", "--as coroutines"),
+])
+def test_bad_worker_hosts_fail_fast_naming_the_field(hosts: Any, mode: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="worker_hosts") as err:
+        run_live(RunConfig(**SMALL), ["partial"], mode=mode, out_dir=None, plots=False,
+                 worker_hosts=hosts)
+    assert why in str(err.value)
+
+
+def test_cli_worker_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = main(["run", "--as", "coroutines", "--worker-hosts", "2", "--workers", "4",
+                 "--delta", "2", "--rounds", "2", "--delay", "exp:0.002", "--schemes",
+                 "partial", "--out", str(out), "--no-plots", "--loop", "asyncio"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["schemes"]["partial"]["rounds"] == 2
+
+
+def test_worker_host_exits_when_the_runner_dies() -> None:
+    """The host's workers never reach a PS (a listener that never speaks); closing the
+    runner's end of the parent-watch pipe ends the whole host with EXIT_PARENT_DIED."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        ctx = runner._mp_context()
+        parent_alive, keep_alive = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=runner._worker_host_process,
+                        args=([0, 1], "127.0.0.1", port, [None, None], "asyncio", None,
+                              parent_alive), daemon=True)
+        p.start()
+        parent_alive.close()
+        keep_alive.close()  # the "runner" is gone
+        p.join(60)  # hang guard only: the host sees EOF on its next loop iteration
+        assert p.exitcode == runner.EXIT_PARENT_DIED
+
+
+def test_one_worker_process_serves_a_range_of_ids(tmp_path: Path) -> None:
+    """`aiogc worker --id 0-2` and `--id 3`: two processes, four workers, one PS."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
+         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        assert ps.stderr is not None
+        match = re.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
+        assert match
+        addr = f"{match.group(1)}:{match.group(2)}"
+        workers = [subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
+                                     "--id", ids, "--secret-file", str(secret), "--loop",
+                                     "asyncio"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env)
+                   for ids in ("0-2", "3")]
+        _, ps_err = ps.communicate(timeout=GUARD_S)
+        outs = [w.communicate(timeout=GUARD_S) for w in workers]
+    finally:
+        for p in [ps, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    assert [w.returncode for w in workers] == [0, 0], outs
+    said = outs[0][1]
+    assert all(f"aiogc worker {j}: exiting" in said for j in range(3)), said
+    s = json.loads((out / "summary.json").read_text())["schemes"]["partial"]
+    assert s["rounds"] == 3 and s["rounds_failed"] == 0
+
+
+@pytest.mark.parametrize(("ids", "extra", "field"), [
+    ("3-1", [], "id='3-1'"), ("a-b", [], "id='a-b'"), ("0-4096", [], "id='0-4096'"),
+    ("0-3", [], "id='0-3'"),  # a range needs the master secret
+])
+def test_bad_worker_id_ranges(ids: str, extra: list[str], field: str,
+                              capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOGC_SECRET", raising=False)
+    assert main(["worker", "--connect", "127.0.0.1:9", "--id", ids, *extra]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_worker_key_file_serves_one_id(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "k"
+    key.write_text("00" * 32)
+    assert main(["worker", "--connect", "127.0.0.1:9", "--id", "0-1",
+                 "--worker-key-file", str(key)]) == 2
+    assert "worker-key-file=" in capsys.readouterr().err
