@@ -6,9 +6,13 @@ Invariants
   int`` — ``True`` is not a round number) and lies in its context-free range. Context-dependent
   checks (worker id < m, count <= load, round == current round) belong to the core.
 * Arrays (the model in :class:`RoundStart`, the payload of :class:`CodedGradient`) are 1-D,
-  little-endian float32 or float64. Their bytes travel after the msgpack header (see ``wire``).
-* :meth:`Message.header_fields` / :meth:`Message.from_fields` are the only bridge to the wire:
-  the wire layer never looks at a field by name.
+  little-endian float32 or float64. Their bytes travel after the header (see ``wire``).
+* The field checkers (``Cls._checks``) are the schema: ``wire`` validates every field of every
+  frame from the network against them (the compact header codecs inline the same bounds and
+  fall back to the checkers to name the field at fault), then builds the message with
+  :func:`slot_constructor` (no second validation). ``Cls(...)`` validates too (messages built
+  from values not yet checked); :meth:`Message.trusted` and :func:`slot_constructor` do not
+  (values this process built itself).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from .errors import MalformedFrame
 
 #: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 
 #: Largest integer accepted in any int field: fits every language's int64 with margin.
 MAX_INT: Final = 2**53
@@ -93,12 +97,13 @@ def _nonce(kind: str, name: str, v: object) -> bytes:
     return v
 
 
-def _int_list(kind: str, name: str, v: object) -> tuple[int, ...]:
+def _count_list(kind: str, name: str, v: object) -> tuple[int, ...]:
+    # entries are chunk counts (a state vector): 0..MAX_WORKERS, a u32 each on the wire
     if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
         raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} ints")
     for x in v:  # type: ignore[attr-defined]
-        if type(x) is not int or not 0 <= x <= MAX_INT:
-            raise _fail(kind, name, x, "non-negative ints")
+        if type(x) is not int or not 0 <= x <= MAX_WORKERS:
+            raise _fail(kind, name, x, f"ints in [0, {MAX_WORKERS}]")
     return tuple(v)  # type: ignore[arg-type]
 
 
@@ -205,6 +210,25 @@ class Message:
         elif arr is not None:
             raise MalformedFrame(f"{cls.kind}: carries no array", code="bad_schema")
         return cls(**kwargs)
+
+
+def slot_constructor(cls: type[Message]) -> Any:
+    """A positional constructor of message class ``cls`` (arguments in ``cls._names`` order)
+    that stores each field through its slot descriptor: no ``__init__``, no validation.
+
+    For the wire decoder (after it checked every field) and for messages this process builds
+    itself; about 3x cheaper than :meth:`Message.trusted`.
+    """
+    names = cls._names
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for i, name in enumerate(names):
+        ns[f"_s{i}"] = getattr(cls, name).__set__  # the slot's member descriptor
+    args = ", ".join(f"a{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
+    exec(f"def make({args}):\n    o = _new(_cls)\n{body}    return o\n", ns)
+    make = ns["make"]
+    make.__doc__ = f"Unvalidated positional constructor of {cls.__name__}{names}."
+    return make
 
 
 def _kind(name: str, array_field: str | None = None, **checks: Any) -> Any:
@@ -375,7 +399,7 @@ class RoundStart(Message):
     epoch=_EPOCH,
     round=_ROUND,
     attempt=_int(),
-    state=_int_list,
+    state=_count_list,
 )
 @dataclass(frozen=True, slots=True)
 class EncodeAndTransmit(Message):

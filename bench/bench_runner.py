@@ -4,7 +4,7 @@ Everything goes through the public :func:`aiogc.runner.run_live` with ``mode="pr
 for the protocol round, also ``"coroutines"`` as a single-process reference), ``verify=False``,
 ``out_dir=None``, ``plots=False``. Times come from the PS's :class:`RoundRecord` (``t_start``,
 ``t_trigger``, ``t_end`` on the ``time.monotonic()`` clock of this process). The machine is
-shared and noisy (docs: performance.md), so subjects and baselines are **interleaved trial by
+shared and noisy, so subjects and baselines are **interleaved trial by
 trial** and medians are reported, with ratios against baselines measured in the same run.
 
 1. start   time from calling ``run_live`` to round 0's ``t_start`` (all m workers started,
@@ -225,7 +225,6 @@ def bench_bulk(ms: list[int], d: int, rounds: int, trials: int, raw_mb: float,
             "ratio_to_raw": tput / raw_med,
             "n_rounds": len(row["dur"]),
         }
-    out["reference"] = {"m=64 round_ms": 145, "ratio_to_raw": 0.6}
     return out
 
 
@@ -269,7 +268,8 @@ def format_report(res: dict[str, Any]) -> str:
         for k, v in p.items():
             if k.startswith("ratio_"):
                 lines.append(f"   {k.replace('ratio_', '')}: {v:.2f}")
-        lines.append("   reference (performance.md): 1.2 ms uvloop, 1.5 ms default loop")
+        lines.append("   reference (an earlier measurement, not this run): 1.2 ms uvloop, "
+                     "1.5 ms default loop")
         lines.append("")
     b = res.get("bulk")
     if b:
@@ -289,7 +289,6 @@ def format_report(res: dict[str, Any]) -> str:
                          f"{v['ratio_to_raw']:>6.2f}  {per}")
         lines.append("   MB/round = coded payloads received (up) + m models sent (down); GB/s = "
                      "median over rounds of MB/round / round time")
-        lines.append("   reference (performance.md): m=64 ~145 ms, ~0.6 of raw in aggregate")
     fails = res.get("failed_rounds") or []
     if fails:
         lines.append("")

@@ -4,14 +4,23 @@ Throughput: a client sends ``CodedGradient`` frames (d float32) to a receiver in
 process; the receiver's ``alloc`` hands the decoder a preallocated row, so the payload lands in
 place. Baseline: the same bytes sent with a blocking socket ``sendall`` to a receiver doing
 ``recv_into`` a preallocated buffer. Baseline and subjects are interleaved trial by trial (the
-machine is noisy, see docs: performance.md); medians of ``--trials`` each; the ratio is
+machine is shared and noisy); medians of ``--trials`` each; the ratio is
 median(subject) / median(raw). Both ends of a framed subject use the same loop.
 
 Round trip: the client sends a ``chunk_report`` and waits for the receiver's ``pong``;
 p50 / p99 over ``--rtt-n`` round trips after a warm-up.
 
+Per-frame codec cost (``--micro``, no sockets): for each hot kind, CPU time per frame of the
+send path (``FramedConnection.send``: encode, tag, queue, write into an in-memory transport)
+and of the receive path (``get_buffer`` / ``buffer_updated`` in 64 KiB reads, decode, verify,
+deliver), untagged and tagged. ``--ab OLD_TREE`` runs it alternately against another checkout's
+``aiogc`` (e.g. the previous protocol version) and this one, one subprocess per trial, and
+reports medians and new / old ratios.
+
     python bench/bench_wire.py --loop both --trials 7
     python bench/bench_wire.py --json > wire.json
+    python bench/bench_wire.py --micro
+    python bench/bench_wire.py --ab /tmp/old_checkout --trials 9
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import platform
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.messages import ChunkReport, CodedGradient, Message, Ping, Pong
+from aiogc.messages import (
+    ChunkReport,
+    CodedGradient,
+    EncodeAndTransmit,
+    Message,
+    Ping,
+    Pong,
+    RoundStart,
+)
 from aiogc.net.framing import FramedConnection
 from aiogc.wire import encode_frame
 
@@ -238,6 +256,129 @@ async def _aclose(conn: FramedConnection) -> None:
     conn.close()
 
 
+# ------------------------------------------------------------------------ socket-free micro
+
+
+class _MemTransport:
+    """Just enough of an asyncio transport for FramedConnection: writes go to a list."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes | memoryview] = []
+        self.write = self.out.append
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("mem", 0) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def micro_messages(m: int = 64, d: int = 100) -> dict[str, Message]:
+    """One message per hot kind, shaped like an m-worker run with a d-element model."""
+    rng = np.random.default_rng(0)
+    return {
+        "round_start": RoundStart(epoch=3, round=17, delays_s=(0.01, 0.02, 0.005, 0.03),
+                                  net_delay_s=0.0, model=rng.standard_normal(d).astype("<f4")),
+        "chunk_report": ChunkReport(epoch=3, round=17, count=2, t_worker=12345.678,
+                                    elapsed_s=0.0123),
+        "encode_and_transmit": EncodeAndTransmit(
+            epoch=3, round=17, attempt=0, state=tuple(int(x) for x in rng.integers(0, 5, m))),
+        "coded_gradient": CodedGradient(epoch=3, round=17, attempt=0, state_digest=b"\x01" * 8,
+                                        compute_s=0.25,
+                                        payload=rng.standard_normal(d).astype("<f4")),
+    }
+
+
+def _micro_one(msg: Message, n: int, key: bytes | None) -> tuple[float, float]:
+    """CPU microseconds per frame: (send path, receive path) for ``n`` copies of ``msg``."""
+    got: list[Message] = []
+    arr = msg.array()
+    row = None if arr is None else np.empty_like(arr)
+
+    def conn_alloc(conn: Any, kind: str, header: Any, dtype: Any, k: int) -> Any:
+        return row
+
+    tx = FramedConnection(lambda c, x: None, lambda c, e: None)
+    rx = FramedConnection(lambda c, x: got.append(x), lambda c, e: None, conn_alloc=conn_alloc)
+    sink, src = _MemTransport(), _MemTransport()
+    tx.connection_made(sink)  # type: ignore[arg-type]
+    rx.connection_made(src)  # type: ignore[arg-type]
+    if key is not None:
+        tx.set_auth(send=key)
+        rx.set_auth(recv=key)
+    send = tx.send
+    t0 = time.process_time()
+    for _ in range(n):
+        send(msg)
+    t_send = time.process_time() - t0
+    stream = memoryview(b"".join(sink.out))
+    get_buffer, buffer_updated = rx.get_buffer, rx.buffer_updated
+    pos, end = 0, len(stream)
+    t0 = time.process_time()
+    while pos < end:
+        buf = get_buffer(65536)
+        k = min(len(buf), end - pos)
+        buf[:k] = stream[pos:pos + k]
+        buffer_updated(k)
+        pos += k
+    t_recv = time.process_time() - t0
+    assert len(got) == n and got[-1].kind == msg.kind, (len(got), n)
+    return t_send / n * 1e6, t_recv / n * 1e6
+
+
+def micro(n: int = 20000, m: int = 64, d: int = 100) -> dict[str, dict[str, float]]:
+    """Per-frame CPU µs of each hot kind's send / receive path, untagged and tagged."""
+
+    async def run() -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for kind, msg in micro_messages(m, d).items():
+            _micro_one(msg, 500, None)  # warm-up
+            for tagged in (False, True):
+                s, r = _micro_one(msg, n, bytes(range(32)) if tagged else None)
+                out[f"{kind}{'/tagged' if tagged else ''}"] = {"send_us": s, "recv_us": r}
+        return out
+
+    return asyncio.run(run())
+
+
+def micro_ab(old_tree: str, trials: int, n: int) -> dict[str, Any]:
+    """Interleaved A/B of :func:`micro`: one subprocess per trial, old tree then this one."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    samples: dict[str, list[dict[str, dict[str, float]]]] = {"old": [], "new": []}
+    for _ in range(trials):
+        for name, tree in (("old", old_tree), ("new", here)):
+            env = {**os.environ, "PYTHONPATH": tree}
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--micro", "--json",
+                                  "--micro-n", str(n)], env=env, check=True,
+                                 capture_output=True, text=True)
+            samples[name].append(json.loads(res.stdout))
+    rows = []
+    for key in samples["new"][0]:
+        row: dict[str, Any] = {"case": key}
+        for path in ("send_us", "recv_us"):
+            old = statistics.median(s[key][path] for s in samples["old"])
+            new = statistics.median(s[key][path] for s in samples["new"])
+            row[path] = {"old": old, "new": new, "ratio": new / old}
+        rows.append(row)
+    return {"trials": trials, "n": n, "rows": rows}
+
+
+def _print_ab(res: dict[str, Any]) -> None:
+    print(f"per-frame CPU us, {res['trials']} interleaved trials of {res['n']} frames, medians")
+    print(f"{'case':<28} {'send old':>9} {'send new':>9} {'ratio':>6} "
+          f"{'recv old':>9} {'recv new':>9} {'ratio':>6}")
+    for row in res["rows"]:
+        s, r = row["send_us"], row["recv_us"]
+        print(f"{row['case']:<28} {s['old']:>9.2f} {s['new']:>9.2f} {s['ratio']:>6.2f} "
+              f"{r['old']:>9.2f} {r['new']:>9.2f} {r['ratio']:>6.2f}")
+
+
 # ------------------------------------------------------------------------ driver
 
 
@@ -295,6 +436,23 @@ def _print_table(results: dict[str, Any], trials: int) -> None:
         print(f"{row['subject']:<36} {row['n']:>6} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f}")
 
 
+def _micro_main(args: argparse.Namespace) -> int:
+    if args.ab:
+        ab = micro_ab(args.ab, args.trials, args.micro_n)
+        if args.json:
+            print(json.dumps(ab, indent=2))
+        else:
+            _print_ab(ab)
+        return 0
+    res = micro(args.micro_n)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for case, v in res.items():
+            print(f"{case:<28} send {v['send_us']:6.2f} us  recv {v['recv_us']:6.2f} us")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -307,7 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtt-n", type=int, default=2000)
     ap.add_argument("--rtt-warmup", type=int, default=200)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--micro", action="store_true",
+                    help="socket-free per-frame codec cost of the hot kinds")
+    ap.add_argument("--micro-n", type=int, default=20000, help="frames per micro case")
+    ap.add_argument("--ab", metavar="OLD_TREE",
+                    help="interleaved A/B of --micro: OLD_TREE's aiogc vs this one")
     args = ap.parse_args(argv)
+    if args.ab or args.micro:
+        return _micro_main(args)
     loops = ["uvloop", "asyncio"] if args.loop == "both" else [args.loop]
 
     procs = []

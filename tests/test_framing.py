@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.messages import (
+    PROTOCOL_VERSION,
     Bye,
     ChunkReport,
     CodedGradient,
@@ -28,7 +30,9 @@ from aiogc.messages import (
 )
 from aiogc.net.framing import FramedConnection
 from aiogc.wire import (
+    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
+    KIND_CODES,
     PREAUTH_LIMITS,
     FrameAuth,
     FrameDecoder,
@@ -223,7 +227,8 @@ GARBAGE = [
     (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "header_too_large"),
     (bytes.fromhex("16030100f4010000f00303") + b"\xab" * 64, "header_too_large"),
     (b"\x00\x00\x00\x00", "empty_header"),
-    (b"\x00\x00\x00\x02\xc1\xc1", "bad_msgpack"),
+    (b"\x00\x00\x00\x02\xc1\xc1", "bad_version"),  # v3: the first header byte is the version
+    (b"\x00\x00\x00\x03\x03\x0b\xc1", "bad_msgpack"),  # v3, bye (a msgpack kind), bad map
     (encode_frame_bytes(CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"",
                                       compute_s=0.0, payload=np.ones(4))), "array_too_large"),
     (b"\x00\x00\x02\x01" + b"\x00" * 513, "header_too_large"),
@@ -250,6 +255,46 @@ def test_garbage_client_closed_with_typed_error(run: Callable[..., None], blob: 
 
         await ping_pong(honest, 2)  # the honest connection is unaffected
         assert not honest_server_side.closed.done()
+        await srv.stop()
+
+    run(main())
+
+
+def _report_header(**over: Any) -> bytes:
+    """A version-3 chunk_report frame from raw wire values (any value its wire type carries)."""
+    values = {"epoch": 0, "round": 1, "count": 1, "t_worker": 0.5, "elapsed_s": 0.25, **over}
+    layout = COMPACT_LAYOUTS["chunk_report"]
+    head = bytes([PROTOCOL_VERSION, KIND_CODES["chunk_report"]]) + layout.fixed_struct.pack(
+        *(values[name] for name, _ in layout.fixed))
+    return struct.pack(">I", len(head)) + head
+
+
+BAD_FIELDS = [
+    (_report_header(round=2**53 + 1), "bad_field", "chunk_report.round="),
+    (_report_header(count=70000), "bad_field", "chunk_report.count="),
+    (_report_header(t_worker=float("nan")), "bad_field", "chunk_report.t_worker="),
+    (_report_header(elapsed_s=-1.0), "bad_field", "chunk_report.elapsed_s="),
+    (_report_header()[:-1].replace(b"\x00\x00\x00\x26", b"\x00\x00\x00\x25", 1),
+     "bad_schema", "chunk_report: header of 37 bytes"),
+]
+
+
+@pytest.mark.parametrize(("blob", "code", "named"), BAD_FIELDS)
+def test_bad_field_closes_with_a_reason_naming_it(run: Callable[..., None], blob: bytes,
+                                                  code: str, named: str) -> None:
+    """A compact header field out of range: the peer gets an error frame whose reason names
+    the field, then the close; the server side sees the same MalformedFrame; nothing is
+    delivered."""
+
+    async def main() -> None:
+        srv = Server(limits=PREAUTH_LIMITS)
+        addr = await srv.start()
+        err = only_error(await raw_exchange(addr, blob))
+        assert err.code == code and named in err.reason, err
+        bad_side = await srv.accepted.get()
+        exc = await bad_side.closed
+        assert isinstance(exc, MalformedFrame) and exc.code == code and named in str(exc)
+        assert bad_side.inbox.empty()
         await srv.stop()
 
     run(main())

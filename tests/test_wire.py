@@ -1,5 +1,6 @@
-"""aiogc.wire: round trips (property-based, any split) and every bad-input row of reliability.md
-for the framing, msgpack and schema groups. No sockets."""
+"""aiogc.wire: round trips (property-based, any split) and every bad input of the framing, msgpack
+and schema groups (docs/protocol.md §2.4), in protocol version 3 (a two-byte preamble, compact
+big-endian headers for the hot kinds, msgpack maps for the others). No sockets."""
 
 from __future__ import annotations
 
@@ -25,14 +26,21 @@ from aiogc.messages import (
     PROTOCOL_VERSION,
     ChunkReport,
     CodedGradient,
+    EncodeAndTransmit,
     Hello,
     Message,
     Ping,
+    Pong,
+    Ready,
+    Resume,
     RoundStart,
 )
 from aiogc.wire import (
+    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
+    KIND_CODES,
     PREAUTH_LIMITS,
+    FrameAuth,
     FrameDecoder,
     FrameLimits,
     decode_frame_bytes,
@@ -60,7 +68,7 @@ _FIELD_STRATEGIES: dict[str, Any] = {
     "net_delay_s": _small_float,
     "delays_s": st.lists(st.floats(min_value=0.0, allow_nan=False, allow_infinity=True),
                          max_size=20).map(tuple),
-    "state": st.lists(st.integers(0, MAX_INT), max_size=20).map(tuple),
+    "state": st.lists(st.integers(0, MAX_WORKERS), max_size=20).map(tuple),
     "reason": _text,
     "code": _text,
     "status": _text,
@@ -98,25 +106,37 @@ def same(a: Message, b: Message) -> bool:
     return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
-def frame(header: Any, body: bytes = b"", *, packed: bytes | None = None) -> bytes:
-    """A frame around an arbitrary header object (or pre-packed header bytes)."""
+def raw_frame(header: bytes, body: bytes = b"") -> bytes:
+    """A frame around arbitrary header bytes (preamble included)."""
+    return struct.pack(">I", len(header)) + header + body
+
+
+def mp_frame(kind: str, obj: Any = None, body: bytes = b"", *, packed: bytes | None = None,
+             version: int = V) -> bytes:
+    """A frame of a msgpack kind around an arbitrary object (or pre-packed bytes)."""
     if packed is None:
-        packed = msgpack.packb(header, use_bin_type=True)
-    return struct.pack(">I", len(packed)) + packed + body
+        packed = msgpack.packb(obj, use_bin_type=True)
+    return raw_frame(bytes([version, KIND_CODES[kind]]) + packed, body)
 
 
-def ping_header(**extra: Any) -> dict[str, Any]:
-    return {"v": V, "kind": "ping", "seq": 1, **extra}
+def compact(kind: str, values: dict[str, Any], tail: bytes | None = None) -> bytes:
+    """The header bytes of a compact kind from raw wire values (any value its wire type can
+    carry, in range or not): ``values`` names every entry of the layout's fixed part."""
+    layout = COMPACT_LAYOUTS[kind]
+    fixed = layout.fixed_struct.pack(*(values[name] for name, _ in layout.fixed))
+    return bytes([V, KIND_CODES[kind]]) + fixed + (tail or b"")
 
 
-def cg_header(**over: Any) -> dict[str, Any]:
-    h = {"v": V, "kind": "coded_gradient", "epoch": 0, "round": 3, "attempt": 0,
-         "state_digest": b"12345678", "compute_s": 0.25, "dtype": "<f4", "n": 4}
-    h.update(over)
-    return {k: v for k, v in h.items() if v is not _DROP}
+def cg_frame(body: bytes = b"", digest: bytes = b"12345678", **over: Any) -> bytes:
+    values = {"epoch": 0, "round": 3, "attempt": 0, "compute_s": 0.25, "itemsize": 4, "n": 4,
+              "len(state_digest)": len(digest), **over}
+    return raw_frame(compact("coded_gradient", values, digest), body)
 
 
-_DROP = object()
+def bye_map(**extra: Any) -> bytes:
+    packed: bytes = msgpack.packb({"reason": "x", **extra}, use_bin_type=True)
+    return packed
+
 
 
 def rejects(data: bytes, code: str | None = None, limits: FrameLimits = DEFAULT_LIMITS,
@@ -318,9 +338,9 @@ def test_prefix_ffffffff_rejected_from_the_prefix_alone() -> None:
 
 def test_header_over_the_cap() -> None:
     limits = FrameLimits(max_header_bytes=100, max_array_bytes=1000)
-    ok = frame(ping_header(), packed=None)
+    ok = encode_frame_bytes(Ping(seq=1))
     assert decode_frame_bytes(ok, limits).kind == "ping"
-    big = frame({"v": V, "kind": "bye", "reason": "x" * 200})
+    big = mp_frame("bye", {"reason": "x" * 200})
     rejects(big, "header_too_large", limits, FrameTooLarge)
     rejects(big[:4], "header_too_large", limits, FrameTooLarge)  # from the prefix alone
 
@@ -335,7 +355,8 @@ def test_array_over_the_cap_rejected_before_body() -> None:
         dec.feed(data[:4 + h])  # header only: refused before any body byte / allocation
     assert info.value.code == "array_too_large"
     # a header claiming 2^60 float64 elements allocates nothing
-    rejects(frame(cg_header(dtype="<f8", n=2**60)), "array_too_large", exc=FrameTooLarge)
+    rejects(cg_frame(itemsize=8, n=2**60), "array_too_large", exc=FrameTooLarge)
+    rejects(cg_frame(itemsize=8, n=2**64 - 1), "array_too_large", exc=FrameTooLarge)
 
 
 def test_preauth_limits() -> None:
@@ -343,7 +364,7 @@ def test_preauth_limits() -> None:
     assert decode_frame_bytes(encode_frame_bytes(hello), PREAUTH_LIMITS).kind == "hello"
     rejects(encode_frame_bytes(cg(0)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
     rejects(encode_frame_bytes(cg(4)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
-    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 600}), "header_too_large",
+    rejects(mp_frame("bye", {"reason": "x" * 600}), "header_too_large",
             PREAUTH_LIMITS, FrameTooLarge)
     dec = FrameDecoder(PREAUTH_LIMITS)
     with pytest.raises(FrameTooLarge):
@@ -402,162 +423,333 @@ def test_random_bytes() -> None:
 
 
 def test_invalid_byte_c1() -> None:
-    rejects(frame(None, packed=b"\xc1"), "bad_msgpack")
-    packed = msgpack.packb(ping_header())
-    rejects(frame(None, packed=packed[:-1] + b"\xc1"), "bad_msgpack")
+    rejects(mp_frame("bye", packed=b"\xc1"), "bad_msgpack")
+    rejects(mp_frame("bye", packed=bye_map()[:-1] + b"\xc1"), "bad_msgpack")
 
 
 def test_trailing_bytes_in_header() -> None:
-    packed = msgpack.packb(ping_header(), use_bin_type=True)
-    rejects(frame(None, packed=packed + b"\x00"), "trailing_bytes")
-    rejects(frame(None, packed=packed + packed), "trailing_bytes")
+    rejects(mp_frame("bye", packed=bye_map() + b"\x00"), "trailing_bytes")
+    rejects(mp_frame("bye", packed=bye_map() + bye_map()), "trailing_bytes")
 
 
 def test_header_truncated_inside_msgpack() -> None:
-    packed = msgpack.packb(ping_header(), use_bin_type=True)
-    rejects(frame(None, packed=packed[:-1]), "bad_msgpack")
+    rejects(mp_frame("bye", packed=bye_map()[:-1]), "bad_msgpack")
+    rejects(mp_frame("bye", packed=b""), "bad_msgpack")  # preamble only
+
+
+_BYE_KEY = b"\x81\xa6reason"  # fixmap of 1, "reason"
 
 
 def test_deep_nesting() -> None:
     depth = 100_000
     nested = b"\x91" * depth + b"\x00"  # [[[[...0]]]]
-    packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + nested
-    rejects(frame(None, packed=packed), "bad_msgpack")
+    rejects(mp_frame("bye", packed=_BYE_KEY + nested), "bad_msgpack")
     shallow = b"\x91" * 50 + b"\x00"
-    rejects(frame(None, packed=b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + shallow), "bad_field")
+    rejects(mp_frame("bye", packed=_BYE_KEY + shallow), "bad_field")
 
 
 def test_array32_claiming_huge_count_in_tiny_body() -> None:
     for claim in (b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xff",
                   b"\xc6\xff\xff\xff\xff"):
-        packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason" + claim + b"\x00"
-        rejects(frame(None, packed=packed), "bad_msgpack")
-        rejects(frame(None, packed=claim), "bad_msgpack")
+        rejects(mp_frame("bye", packed=_BYE_KEY + claim + b"\x00"), "bad_msgpack")
+        rejects(mp_frame("bye", packed=claim), "bad_msgpack")
 
 
 def test_non_str_map_keys() -> None:
-    rejects(frame({1: 1, "v": V, "kind": "ping", "seq": 1}), "bad_msgpack")
+    rejects(mp_frame("bye", {1: 1, "reason": "x"}), "bad_msgpack")
     # strict_map_key lets bytes keys through msgpack; the exact schema refuses them
-    rejects(frame({b"v": V, "kind": "ping", "seq": 1}), "bad_header")
-    rejects(frame({"v": V, "kind": "ping", "seq": 1, b"seq": 1}), "bad_schema")
-    cfg = {"v": V, "kind": "welcome", "epoch": 0, "worker": 0, "mac": b"", "config": {2: 3}}
-    rejects(frame(cfg), "bad_msgpack")
+    rejects(mp_frame("bye", {b"reason": "x"}), "bad_schema")
+    rejects(mp_frame("bye", {"reason": "x", b"reason": "x"}), "bad_schema")
+    cfg = {"epoch": 0, "worker": 0, "mac": b"", "config": {2: 3}}
+    rejects(mp_frame("welcome", cfg), "bad_msgpack")
 
 
 def test_thousands_of_map_keys() -> None:
-    rejects(frame(ping_header(**{f"k{i}": i for i in range(5000)})), "bad_msgpack")
-    rejects(frame(ping_header(**{f"k{i}": i for i in range(20)})), "bad_schema")
+    rejects(mp_frame("bye", {"reason": "x", **{f"k{i}": i for i in range(5000)}}), "bad_msgpack")
+    rejects(mp_frame("bye", {"reason": "x", **{f"k{i}": i for i in range(20)}}), "bad_schema")
 
 
 def test_invalid_utf8() -> None:
-    packed = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason\xa2\xff\xfe"
-    rejects(frame(None, packed=packed), "bad_msgpack")
-    rejects(frame(None, packed=b"\x83\xa1v\x02\xa4kind\xa3b\xffe\xa6reason\xa0"), "bad_msgpack")
+    rejects(mp_frame("bye", packed=_BYE_KEY + b"\xa2\xff\xfe"), "bad_msgpack")
+    rejects(mp_frame("bye", packed=b"\x81\xa6r\xffason\xa0"), "bad_msgpack")
 
 
 def test_ext_types() -> None:
     for ext in (msgpack.ExtType(5, b"abc"), msgpack.ExtType(0, b""),
                 msgpack.Timestamp(1, 0)):
-        packed = msgpack.packb({"v": V, "kind": "bye", "reason": ext})
-        err = rejects(frame(None, packed=packed))
+        err = rejects(mp_frame("bye", packed=msgpack.packb({"reason": ext})))
         assert err.code in {"ext_type", "bad_msgpack"}
-    rejects(frame(None, packed=msgpack.packb(ping_header(x=msgpack.ExtType(1, b"x")))),
-            "ext_type")
-    head = b"\x83\xa1v\x02\xa4kind\xa3bye\xa6reason"
+    rejects(mp_frame("bye", packed=bye_map(x=msgpack.ExtType(1, b"x"))), "ext_type")
     for raw_ext in (b"\xd6\xff\x00\x00\x00\x01", b"\xc7\x00\xff", b"\xc7\x00\x05"):
-        rejects(frame(None, packed=head + raw_ext))
+        rejects(mp_frame("bye", packed=_BYE_KEY + raw_ext))
 
 
 def test_oversized_str_and_bin_in_header() -> None:
-    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 5000}), "bad_msgpack")
-    rejects(frame({"v": V, "kind": "ping", "seq": 1, "x": b"y" * 100}), "bad_msgpack")
-    rejects(frame({"v": V, "kind": "bye", "reason": "x" * 2000}), "bad_field")
+    rejects(mp_frame("bye", {"reason": "x" * 5000}), "bad_msgpack")
+    rejects(mp_frame("bye", {"reason": "x", "x": b"y" * 100}), "bad_msgpack")
+    rejects(mp_frame("bye", {"reason": "x" * 2000}), "bad_field")
 
 
 # ----------------------------------------------------------------------------- schema
 
 
 def test_wrong_top_level_type() -> None:
-    for obj in ([1, "ping", 1], "ping", 7, None, b"\x01"):
-        rejects(frame(obj), "bad_header")
+    for obj in ([1, "bye", 1], "bye", 7, None, b"\x01"):
+        rejects(mp_frame("bye", obj), "bad_header")
 
 
 def test_missing_and_unknown_fields() -> None:
-    rejects(frame({"v": V, "kind": "ping"}), "bad_schema")
-    rejects(frame(ping_header(extra=1)), "bad_schema")
-    rejects(frame(cg_header(round=_DROP)), "bad_schema", )
-    rejects(frame(cg_header(payload=b"x")), "bad_schema")  # the array field is never a key
+    rejects(mp_frame("bye", {}), "bad_schema")
+    rejects(mp_frame("bye", {"reason": "x", "extra": 1}), "bad_schema")
+    rejects(mp_frame("hello", {"worker": 0, "nonce": b"n" * 16, "mac": b""}), "bad_schema")
+    # the array field, or the v2 wire keys, are never keys of a msgpack kind
+    rejects(mp_frame("bye", {"reason": "x", "v": V}), "bad_schema")
+    rejects(mp_frame("bye", {"reason": "x", "dtype": "<f4", "n": 0}), "bad_schema")
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, -1, 2**53 + 1, "1", None, [1]])
-def test_wrong_round_values(value: Any) -> None:
-    h = {"v": V, "kind": "chunk_report", "epoch": 0, "round": value, "count": 1,
-         "t_worker": 0.0, "elapsed_s": 0.0}
-    rejects(frame(h), "bad_field")
+def test_wrong_int_values_in_a_msgpack_kind(value: Any) -> None:
+    h = {"worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": value}
+    err = rejects(mp_frame("hello", h), "bad_field")
+    assert "hello.epoch" in str(err)
 
 
 def test_float_fields_accept_int_but_not_bool() -> None:
-    h = {"v": V, "kind": "chunk_report", "epoch": 0, "round": 1, "count": 1,
-         "t_worker": 3, "elapsed_s": 0.5}
-    msg = decode_frame_bytes(frame(h))
-    assert isinstance(msg, ChunkReport) and msg.t_worker == 3.0 and type(msg.t_worker) is float
-    rejects(frame({**h, "t_worker": True}), "bad_field")
-    rejects(frame({**h, "t_worker": float("nan")}), "bad_field")
+    # in the constructor (messages built from values not yet checked); on the wire a seconds
+    # field is an IEEE float64 by its layout (NaN, inf and negatives: test_compact_* below)
+    msg = ChunkReport(epoch=0, round=1, count=1, t_worker=3, elapsed_s=0.5)
+    assert msg.t_worker == 3.0 and type(msg.t_worker) is float
+    back = decode_frame_bytes(encode_frame_bytes(msg))
+    assert isinstance(back, ChunkReport) and type(back.t_worker) is float
+    for bad in (True, float("nan"), -0.5, float("inf")):
+        with pytest.raises(MalformedFrame):
+            ChunkReport(epoch=0, round=1, count=1, t_worker=bad, elapsed_s=0.5)
 
 
 def test_unknown_kind_and_versions() -> None:
-    rejects(frame({"v": V, "kind": "launch_missiles", "seq": 1}), "unknown_kind")
-    rejects(frame({"v": V, "kind": 3, "seq": 1}), "unknown_kind")
-    rejects(frame({"v": V, "seq": 1}), "unknown_kind")
-    rejects(frame({"v": PROTOCOL_VERSION + 1, "kind": "ping", "seq": 1}), "bad_version")
-    rejects(frame({"v": 1, "kind": "ping", "seq": 1}), "bad_version")  # version 1 peers
-    rejects(frame({"v": 0, "kind": "ping", "seq": 1}), "bad_version")
-    rejects(frame({"kind": "ping", "seq": 1}), "bad_header")
-    rejects(frame({"v": "1", "kind": "ping", "seq": 1}), "bad_header")
-    rejects(frame({"v": True, "kind": "ping", "seq": 1}), "bad_header")
+    ping = encode_frame_bytes(Ping(seq=1))
+    for code in (0, 16, 99, 255):
+        err = rejects(raw_frame(bytes([V, code]) + ping[6:]), "unknown_kind")
+        assert str(code) in str(err)
+    for version in (V + 1, 2, 1, 0, 255):
+        rejects(raw_frame(bytes([version]) + ping[5:]), "bad_version")
+    # a version-2 peer's header (a msgpack map with "v": 2) is a version error, not garbage
+    err = rejects(raw_frame(msgpack.packb({"v": 2, "kind": "ping", "seq": 1})), "bad_version")
+    assert "version 1/2" in str(err)
+    rejects(raw_frame(bytes([V])), "bad_header")  # H == 1: no kind byte
 
 
-@pytest.mark.parametrize("dtype", ["|O", ">f8", ">f4", "<f2", "<i8", "O", "float32", "", 4])
-def test_array_dtype_not_whitelisted(dtype: Any) -> None:
-    rejects(frame(cg_header(dtype=dtype), b"\x00" * 16), "bad_dtype")
+def test_kind_codes_are_fixed() -> None:
+    """The kind bytes are part of the wire format (docs/protocol.md): never renumbered."""
+    assert KIND_CODES == {
+        "challenge": 1, "hello": 2, "welcome": 3, "ready": 4, "round_start": 5,
+        "chunk_report": 6, "encode_and_transmit": 7, "coded_gradient": 8, "resume": 9,
+        "round_end": 10, "bye": 11, "error": 12, "shutdown": 13, "ping": 14, "pong": 15}
+    assert PROTOCOL_VERSION == 3
 
 
-def test_array_header_bad_n() -> None:
-    rejects(frame(cg_header(dtype=_DROP), b"\x00" * 16), "bad_dtype")
-    for n in (_DROP, -1, True, 4.0, "4"):
-        rejects(frame(cg_header(n=n), b"\x00" * 16), "bad_schema")
+@pytest.mark.parametrize("itemsize", [0, 1, 2, 3, 5, 16, 255])
+def test_array_itemsize_not_whitelisted(itemsize: int) -> None:
+    err = rejects(cg_frame(b"\x00" * 16, itemsize=itemsize), "bad_dtype")
+    assert "coded_gradient.itemsize" in str(err)
 
 
 def test_body_length_mismatch() -> None:
     body = np.arange(4, dtype="<f4").tobytes()
-    assert decode_frame_bytes(frame(cg_header(), body)).kind == "coded_gradient"
-    rejects(frame(cg_header(), body[:-1]), "truncated")  # short body, then EOF
+    assert decode_frame_bytes(cg_frame(body)).kind == "coded_gradient"
+    rejects(cg_frame(body[:-1]), "truncated")  # short body, then EOF
     dec = FrameDecoder()
-    assert dec.feed(frame(cg_header(n=5), body)) == [] and not dec.at_frame_boundary()
+    assert dec.feed(cg_frame(body, n=5)) == [] and not dec.at_frame_boundary()
     # a long body: the extra bytes are read as the next frame's prefix
-    rejects(frame(cg_header(n=3), body))
+    rejects(cg_frame(body, n=3))
     dec = FrameDecoder()
-    out = dec.feed(frame(cg_header(n=3), body) + encode_frame_bytes(Ping(seq=1)))
+    out = dec.feed(cg_frame(body, n=3) + encode_frame_bytes(Ping(seq=1)))
     assert [m.kind for m in out] == ["coded_gradient"]  # the ping is swallowed by a bogus H
     assert not dec.at_frame_boundary()
 
 
-def test_array_on_a_kind_without_array() -> None:
-    rejects(frame(ping_header(dtype="<f4", n=0)), "bad_schema")
-    rejects(frame(ping_header(dtype="<f4", n=4), b"\x00" * 16), "bad_schema")
-
-
 def test_context_free_ranges() -> None:
-    base = {"v": V, "kind": "hello", "worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
-    assert decode_frame_bytes(frame(base)).kind == "hello"
-    rejects(frame({**base, "nonce": b"short"}), "bad_field")
-    rejects(frame({**base, "worker": MAX_WORKERS}), "bad_field")
-    rejects(frame({**base, "nonce": "text"}), "bad_field")
-    rejects(frame({**base, "epoch": -1}), "bad_field")
-    st_ = {"v": V, "kind": "encode_and_transmit", "epoch": 0, "round": 0, "attempt": 0}
-    rejects(frame({**st_, "state": [1, -2]}), "bad_field")
-    rejects(frame({**st_, "state": [1, True]}), "bad_field")
-    rejects(frame({**st_, "state": list(range(MAX_WORKERS + 1))}), "bad_msgpack")
+    base = {"worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
+    assert decode_frame_bytes(mp_frame("hello", base)).kind == "hello"
+    rejects(mp_frame("hello", {**base, "nonce": b"short"}), "bad_field")
+    rejects(mp_frame("hello", {**base, "worker": MAX_WORKERS}), "bad_field")
+    rejects(mp_frame("hello", {**base, "nonce": "text"}), "bad_field")
+    rejects(mp_frame("hello", {**base, "epoch": -1}), "bad_field")
+
+
+# ------------------------------------------------------------------- compact headers, per field
+
+#: one valid message per compact kind (array kinds with a 3-element body)
+_VALID: dict[str, Message] = {
+    "ready": Ready(epoch=5),
+    "ping": Ping(seq=5),
+    "pong": Pong(seq=5),
+    "resume": Resume(epoch=1, round=2, attempt=3),
+    "chunk_report": ChunkReport(epoch=1, round=2, count=3, t_worker=4.5, elapsed_s=0.25),
+    "encode_and_transmit": EncodeAndTransmit(epoch=1, round=2, attempt=0, state=(1, 0, 2)),
+    "round_start": RoundStart(epoch=1, round=2, delays_s=(0.5, float("inf")), net_delay_s=0.0,
+                              model=np.arange(3, dtype="<f8")),
+    "coded_gradient": CodedGradient(epoch=1, round=2, attempt=0, state_digest=b"d" * 8,
+                                    compute_s=0.5, payload=np.arange(3, dtype="<f4")),
+}
+#: out-of-range values each wire type can carry, by (kind, field)
+_U53_BAD: list[Any] = [2**53 + 1, 2**63, 2**64 - 1]
+_F64_BAD: list[Any] = [float("nan"), float("inf"), -float("inf"), -1.0, -5e-324]
+
+
+def _fixed_values(msg: Message) -> dict[str, Any]:
+    """The fixed-part wire values of a valid compact message."""
+    layout = COMPACT_LAYOUTS[msg.kind]
+    out: dict[str, Any] = {}
+    arr = msg.array()
+    for name, _ in layout.fixed:
+        if name == "itemsize":
+            out[name] = arr.dtype.itemsize  # type: ignore[union-attr]
+        elif name == "n":
+            out[name] = len(arr)  # type: ignore[arg-type]
+        elif name.startswith("len("):
+            out[name] = len(getattr(msg, name[4:-1]))
+        else:
+            out[name] = getattr(msg, name)
+    return out
+
+
+def _tail_bytes(msg: Message) -> bytes:
+    layout = COMPACT_LAYOUTS[msg.kind]
+    if layout.tail is None:
+        return b""
+    name, typ = layout.tail
+    v = getattr(msg, name)
+    code = "I" if typ == "u32" else "d"
+    return v if typ == "u8" else struct.pack(f">{len(v)}{code}", *v)
+
+
+def _body(msg: Message) -> bytes:
+    arr = msg.array()
+    return b"" if arr is None else arr.tobytes()
+
+
+@pytest.mark.parametrize("kind", sorted(COMPACT_LAYOUTS))
+def test_compact_helpers_rebuild_the_encoder_bytes(kind: str) -> None:
+    """The test's own layout-driven builder agrees byte for byte with encode_frame_bytes."""
+    msg = _VALID[kind]
+    built = raw_frame(compact(kind, _fixed_values(msg), _tail_bytes(msg)), _body(msg))
+    assert built == encode_frame_bytes(msg)
+    assert same(decode_frame_bytes(built), msg)
+
+
+def _bad_cases() -> list[Any]:
+    cases: list[Any] = []
+    for kind, layout in sorted(COMPACT_LAYOUTS.items()):
+        for name, typ in layout.fixed:
+            if name in ("itemsize", "n") or name.startswith("len("):
+                continue
+            if typ == "u64":
+                bad = _U53_BAD
+            elif typ == "u32":
+                bad = [MAX_WORKERS + 1, 2**32 - 1]  # count
+            else:
+                bad = _F64_BAD
+            cases += [pytest.param(kind, name, v, id=f"{kind}.{name}={v!r}") for v in bad]
+    return cases
+
+
+@pytest.mark.parametrize(("kind", "name", "value"), _bad_cases())
+def test_compact_field_out_of_range_names_the_field(kind: str, name: str, value: Any) -> None:
+    msg = _VALID[kind]
+    values = {**_fixed_values(msg), name: value}
+    err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), _body(msg)), "bad_field")
+    assert f"{kind}.{name}=" in str(err)
+    # the schema (the validating constructor) refuses the same value
+    with pytest.raises(MalformedFrame):
+        type(msg)(**{**{f: getattr(msg, f) for f in msg._names}, name: value})
+
+
+@pytest.mark.parametrize(("kind", "field", "entry"), [
+    ("encode_and_transmit", "state", struct.pack(">I", MAX_WORKERS + 1)),
+    ("encode_and_transmit", "state", struct.pack(">I", 2**32 - 1)),
+    ("round_start", "delays_s", struct.pack(">d", float("nan"))),
+    ("round_start", "delays_s", struct.pack(">d", -1.0)),
+    ("round_start", "delays_s", struct.pack(">d", -float("inf"))),
+])
+def test_compact_list_entry_out_of_range(kind: str, field: str, entry: bytes) -> None:
+    msg = _VALID[kind]
+    values = {**_fixed_values(msg), f"len({field})": 1}
+    err = rejects(raw_frame(compact(kind, values, entry), _body(msg)), "bad_field")
+    assert f"{kind}.{field}=" in str(err)
+
+
+@pytest.mark.parametrize("kind", sorted(COMPACT_LAYOUTS))
+def test_compact_wrong_length_names_the_kind_or_field(kind: str) -> None:
+    msg = _VALID[kind]
+    header = compact(kind, _fixed_values(msg), _tail_bytes(msg))
+    body = _body(msg)
+    layout = COMPACT_LAYOUTS[kind]
+    for cut in (header[:-1], header + b"\x00", header[:PREAMBLE + 1]):
+        err = rejects(raw_frame(cut, body), "bad_schema")
+        assert kind in str(err)
+    if layout.tail is not None:
+        field = layout.tail[0]
+        values = {**_fixed_values(msg), f"len({field})": len(getattr(msg, field)) + 1}
+        err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), body), "bad_schema")
+        assert f"{kind}.{field}" in str(err)
+        values[f"len({field})"] = 2**32 - 1 if field != "state_digest" else 255
+        err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), body), "bad_field")
+        assert f"{kind}.{field}" in str(err)
+
+
+PREAMBLE = 2
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(data=st.data())
+def test_compact_decode_agrees_with_the_schema(data: st.DataObject) -> None:
+    """Any wire values of a compact kind (edge values included) decode iff the validating
+    constructor accepts the same field values: the inlined bounds are the schema's."""
+    kind = data.draw(st.sampled_from(sorted(COMPACT_LAYOUTS)))
+    msg = _VALID[kind]
+    values = _fixed_values(msg)
+    for name, typ in COMPACT_LAYOUTS[kind].fixed:
+        if name in ("itemsize", "n") or name.startswith("len("):
+            continue
+        if typ == "u64":
+            values[name] = data.draw(st.sampled_from([0, 1, MAX_INT - 1, MAX_INT, MAX_INT + 1,
+                                                      2**64 - 1]))
+        elif typ == "u32":
+            values[name] = data.draw(st.sampled_from([0, MAX_WORKERS, MAX_WORKERS + 1,
+                                                      2**32 - 1]))
+        else:
+            values[name] = data.draw(st.floats(width=64) | st.sampled_from([0.0, -0.0, 5e-324,
+                                                                            -5e-324]))
+    try:
+        type(msg)(**{**{f: getattr(msg, f) for f in msg._names},
+                     **{k: v for k, v in values.items() if k in msg._names}})
+        ok = True
+    except MalformedFrame:
+        ok = False
+    frame_ = raw_frame(compact(kind, values, _tail_bytes(msg)), _body(msg))
+    if ok:
+        back = decode_frame_bytes(frame_)
+        for k in msg._names:
+            if k in values:
+                assert getattr(back, k) == values[k] or values[k] != values[k]
+    else:
+        rejects(frame_, "bad_field")
+
+
+def test_compact_kind_refused_before_auth_when_it_carries_an_array() -> None:
+    for kind in ("round_start", "coded_gradient"):
+        rejects(encode_frame_bytes(_VALID[kind]), "array_too_large", PREAUTH_LIMITS,
+                FrameTooLarge)
+
+
+def test_encoding_refuses_what_the_wire_cannot_carry() -> None:
+    bad = ChunkReport.trusted(0, -1, 1, 0.0, 0.0)  # a bug in the sender: negative round
+    with pytest.raises(LocalProtocolError):
+        encode_frame(bad)
+    big_endian = CodedGradient.trusted(0, 0, 0, b"", 0.0, np.arange(3, dtype=">f4"))
+    with pytest.raises(LocalProtocolError):
+        encode_frame(big_endian)
 
 
 def test_one_message_at_a_time_lets_the_caller_act_between_frames() -> None:
@@ -575,3 +767,24 @@ def test_one_message_at_a_time_lets_the_caller_act_between_frames() -> None:
     # without the pause, the second frame is judged by the pre-auth limits
     with pytest.raises(FrameTooLarge):
         FrameDecoder(PREAUTH_LIMITS).feed(stream)
+
+
+def test_frame_auth_verify_and_verify_one_agree_with_tag() -> None:
+    key = bytes(range(32))
+    frames = [encode_frame_bytes(Ping(seq=1)), encode_frame_bytes(_VALID["coded_gradient"]),
+              encode_frame_bytes(CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"",
+                                               compute_s=0.0, payload=np.ones(40_000, "<f4")))]
+    sender = FrameAuth(key)
+    tags = [sender.tag([f]) for f in frames]
+    one, parts = FrameAuth(key), FrameAuth(key)
+    for f, t in zip(frames, tags, strict=True):
+        assert one.verify_one(f, t)
+        assert parts.verify([f[:7], memoryview(f)[7:]], t)  # split anywhere: same tag
+    # a wrong tag, a wrong sequence number (replay), a flipped bit: all refused
+    fresh = FrameAuth(key)
+    assert not fresh.verify_one(frames[0], bytes(16))
+    assert not fresh.verify_one(frames[0], tags[0])  # seq 1 now: the seq-0 tag is a replay
+    flipped = bytearray(frames[0])  # seq 0, its own tag, one bit of the header flipped
+    flipped[6] ^= 1
+    assert not FrameAuth(key).verify_one(flipped, tags[0])
+    assert not FrameAuth(key).verify([bytes(flipped)], tags[0])

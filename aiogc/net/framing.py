@@ -21,7 +21,7 @@ Invariants
   destroyed by an RST; a closing connection whose peer does not drain or does not close
   within ``close_timeout_s`` is aborted.
 
-* Frame tags (protocol v2): once :meth:`FramedConnection.set_auth` gave a direction a session
+* Frame tags (since protocol v2): once :meth:`FramedConnection.set_auth` gave a direction a session
   key, every frame sent is tagged and every frame received must carry a valid tag; a bad tag
   closes the connection (``bad_tag``) before the message is delivered.
 * :meth:`FramedConnection.queue` + :meth:`FramedConnection.flush`: everything queued for the
@@ -32,9 +32,9 @@ No protocol logic here: the core decides what messages mean (and derives the key
 
 Known imperfections: the Error frame before a close is best effort (a peer that neither reads
 nor closes within ``close_timeout_s`` is aborted, and the abort's RST may destroy it). The 3.11
-default loop copies the unsent rest of every large write (performance.md): prefer uvloop for big
-payloads. A per-frame read deadline (slowloris) and write deadlines are the caller's timers: see
-``FrameDecoder.at_frame_boundary`` and :meth:`FramedConnection.drain`.
+default loop copies the unsent rest of every large write (into its bytearray write buffer):
+prefer uvloop for big payloads. A per-frame read deadline (slowloris) and write deadlines are
+the caller's timers: see ``FrameDecoder.at_frame_boundary`` and :meth:`FramedConnection.drain`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,15 @@ from typing import Any, Final, cast
 
 from ..errors import MalformedFrame, RemoteProtocolError
 from ..messages import Error, Message
-from ..wire import DEFAULT_LIMITS, AllocFn, FrameAuth, FrameDecoder, FrameLimits, encode_frame
+from ..wire import (
+    DEFAULT_LIMITS,
+    TAG_BYTES,
+    AllocFn,
+    FrameAuth,
+    FrameDecoder,
+    FrameLimits,
+    encode_frame,
+)
 
 __all__ = ["FramedConnection"]
 
@@ -161,21 +169,22 @@ class FramedConnection(asyncio.BufferedProtocol):
             return
         self.bytes_in += nbytes
         dec = self._decoder
+        on_message = self._on_message
         try:
             # One message at a time: each is delivered before the next frame is even parsed,
             # so limits raised or rows allocated by on_message apply to the very next frame.
             batch = dec.buffer_updated(nbytes, max_messages=1)
-            while batch and not self._closing:
+            msg = batch[0] if batch else None
+            while msg is not None:
                 self.frames_in += 1
                 try:
-                    self._on_message(self, batch[0])
+                    on_message(self, msg)
                 except RemoteProtocolError as exc:
                     self._fail(exc)
                     return
                 if self._closing:
                     return
-                nxt = dec.next_message()
-                batch = [nxt] if nxt is not None else []
+                msg = dec.next_message()
         except MalformedFrame as exc:
             self._fail(exc)
 
@@ -230,19 +239,13 @@ class FramedConnection(asyncio.BufferedProtocol):
             return 0
         if parts is None:
             parts = encode_frame(msg)
-        n = 0
-        for part in parts:
-            n += len(part)
-        if self._send_auth is not None:
-            tag = self._send_auth.tag(parts)
-            parts = [*parts, tag]
-            n += len(tag)
         wq = self._wq
-        for part in parts:
-            if len(part) <= JOIN_BELOW_BYTES:
-                wq.append(part)
-            else:
-                wq.append(part)
+        wq += parts
+        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        auth = self._send_auth
+        if auth is not None:
+            wq.append(auth.tag(parts))
+            n += TAG_BYTES
         self.frames_out += 1
         return n
 
@@ -250,10 +253,27 @@ class FramedConnection(asyncio.BufferedProtocol):
         """Write everything queued: small parts joined into one write, each large array part
         written from its memoryview (one write per part, not writelines: on the 3.11 default
         loop writelines joins the parts into a new bytes object, i.e. copies the payload)."""
-        wq, self._wq = self._wq, []
-        t = self._transport
-        if not wq or t is None or self._lost:
+        wq = self._wq
+        if not wq:
             return
+        self._wq = []
+        t = self._transport
+        if t is None or self._lost:
+            return
+        total = sum(map(len, wq))
+        self.bytes_out += total
+        if total <= JOIN_BELOW_BYTES:  # the common case: a few small frames, one write
+            t.write(wq[0] if len(wq) == 1 else b"".join(wq))
+        else:
+            self._write_runs(t, wq)
+        pending = t.get_write_buffer_size()
+        if pending > self._max_pending:
+            exc = RemoteProtocolError(
+                f"{pending} bytes unsent exceed {self._max_pending}", code="slow_consumer")
+            self._close(exc, abort=True)
+
+    @staticmethod
+    def _write_runs(t: asyncio.Transport, wq: list[bytes | memoryview]) -> None:
         run: list[bytes | memoryview] = []
         for part in wq:
             if len(part) <= JOIN_BELOW_BYTES:
@@ -265,13 +285,6 @@ class FramedConnection(asyncio.BufferedProtocol):
             t.write(part)
         if run:
             t.write(run[0] if len(run) == 1 else b"".join(run))
-        for part in wq:
-            self.bytes_out += len(part)
-        pending = t.get_write_buffer_size()
-        if pending > self._max_pending:
-            exc = RemoteProtocolError(
-                f"{pending} bytes unsent exceed {self._max_pending}", code="slow_consumer")
-            self._close(exc, abort=True)
 
     async def drain(self) -> None:
         """Wait until the write buffer is at or below the low-water mark, or the connection is
