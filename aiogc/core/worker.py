@@ -81,6 +81,13 @@ from .common import (
 
 PS_PEER = "ps"
 
+#: Validated configs by the SHA-256 of their canonical bytes (:func:`config_hash`, which the
+#: welcome MAC covers anyway): the coroutine workers of one process all receive the same
+#: config, and ``RunConfig.from_wire`` (~70 us) then runs once, not once per worker. Equal
+#: canonical bytes are an equal map, which ``from_wire`` turns into an equal (frozen) value;
+#: a map it rejects is never stored. Bounded: cleared when it reaches 16 entries.
+_WIRE_CONFIGS: dict[bytes, RunConfig] = {}
+
 # unvalidated constructors of the frames this worker builds itself (see fast_new)
 _new_report = fast_new(ChunkReport, ChunkReport._names)
 _new_coded = fast_new(CodedGradient, CodedGradient._names)
@@ -168,6 +175,10 @@ class _SchemeFacts:
     #: every worker of a process receives the same state in a round, so the others skip the
     #: O(m) bound check and the hash (each still checks its own entry)
     checked_state: tuple[tuple[int, ...], bytes] | None = None
+    #: ``scheme.loads`` and ``scheme.orders`` as Python ints (the hot path indexes them per
+    #: chunk), converted once per scheme rather than once per worker and connection
+    loads: list[int] | None = None
+    orders: list[list[int]] | None = None
 
 
 #: scheme object -> its shared facts (weak: a scheme nobody uses any more is forgotten)
@@ -598,19 +609,25 @@ class Worker(Endpoint):
     def _on_welcome(self, msg: Welcome, now: float) -> None:
         if msg.worker != self.worker_id or msg.epoch != self._epoch:
             raise RemoteProtocolError("welcome for another worker or epoch", code="bad_welcome")
+        chash = config_hash(msg.config)
         if self.key is not None:
             expect = welcome_mac(self.key, self._ps_nonce, self._nonce, self.worker_id,
-                                 self._epoch, config_hash(msg.config))
+                                 self._epoch, chash)
             if not macs_equal(expect, msg.mac):
                 raise RemoteProtocolError("PS failed authentication (or the config was altered)",
                                           code="auth_failed")
             self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
                                         self.worker_id)
         digest = msg.config.get("scheme_digest")
-        try:
-            config = RunConfig.from_wire(msg.config)
-        except ConfigError as exc:
-            raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
+        config = _WIRE_CONFIGS.get(chash)
+        if config is None:
+            try:
+                config = RunConfig.from_wire(msg.config)
+            except ConfigError as exc:
+                raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
+            if len(_WIRE_CONFIGS) >= 16:
+                _WIRE_CONFIGS.clear()
+            _WIRE_CONFIGS[chash] = config
         if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._pending_digest = digest
@@ -644,8 +661,12 @@ class Worker(Endpoint):
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
             self._fixed_digest = state_digest(st)
         self._encode_fast = getattr(setup.scheme, "encode_trusted", None)
-        self._loads = [int(x) for x in setup.scheme.loads]
-        self._order = [int(x) for x in setup.scheme.orders[self.worker_id]]
+        facts = setup.facts
+        if facts.loads is None or facts.orders is None:
+            facts.loads = [int(x) for x in setup.scheme.loads]
+            facts.orders = [[int(x) for x in o] for o in setup.scheme.orders]
+        self._loads = facts.loads  # shared, never modified
+        self._order = facts.orders[self.worker_id]
         self._pending_config = None
         self._set_phase(_W_IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
