@@ -413,11 +413,14 @@ class PartialScheme(SchemeBase):
             th = self.coefficients(worker, np.asarray(c, dtype=np.int64))
             return encode_rows(th, chunk_grads, self.n_parts)
         dens = self._closed_form_dens(c)  # also builds _b_list and _order_lists
-        bj = self.__dict__["_b_list"][worker]
-        coef = [bj / den if den > 0 else 0.0
-                for den in [dens[i] for i in self.__dict__["_order_lists"][worker][:cj]]]
-        X = chunk_grads[:cj]
-        if (X.dtype is _F8 or X.dtype == _F8) and X.ndim == 2 and X.flags.c_contiguous:
+        d = self.__dict__
+        bj = d["_b_list"][worker]
+        coef = []
+        for i in d["_order_lists"][worker][:cj]:
+            den = dens[i]
+            coef.append(bj / den if den > 0 else 0.0)
+        X = chunk_grads if len(chunk_grads) == cj else chunk_grads[:cj]
+        if X.dtype is _F8 and X.ndim == 2 and X.flags.c_contiguous:
             # encode_rows' product for ell = 1, unchecked; ndarray.dot rather than ``@``: the
             # same gemv and bits, without the matmul ufunc's overhead on short vectors
             return np.array(coef).dot(X)  # type: ignore[no-any-return]

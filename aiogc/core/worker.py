@@ -81,6 +81,10 @@ from .common import (
 
 PS_PEER = "ps"
 
+#: ``_tuple_new(Outgoing, (peer, msg, close, reason))``: common.new_outgoing inlined where a
+#: frame is queued per chunk report or coded vector
+_tuple_new = tuple.__new__
+
 #: Validated configs by the SHA-256 of their canonical bytes (:func:`config_hash`, which the
 #: welcome MAC covers anyway): the coroutine workers of one process all receive the same
 #: config, and ``RunConfig.from_wire`` (~70 us) then runs once, not once per worker. Equal
@@ -515,7 +519,7 @@ class Worker(Endpoint):
             self._delayed.append((now + (self._net_delay if delay else 0.0), msg))
             self._release(now)
         else:
-            self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
+            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
 
     def _release(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -812,7 +816,11 @@ class Worker(Endpoint):
             if not scheme.contributes(self.worker_id, arr):
                 return
             vec = scheme.encode(self.worker_id, arr, self._grads[:c])
-        payload = np.ascontiguousarray(vec, dtype=self._payload_dtype)
+        dt = self._payload_dtype
+        # the encoders' products are fresh, contiguous float64 vectors: converting them only
+        # when the payload dtype differs saves a numpy call per vector
+        payload = vec if vec.dtype is dt and vec.flags.c_contiguous else (
+            np.ascontiguousarray(vec, dtype=dt))
         self._attempt_sent = attempt
         self._emit(
             _new_coded(self._epoch, self._round, attempt,
