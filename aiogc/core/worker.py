@@ -544,27 +544,35 @@ class Worker(Endpoint):
     def _handle_timer(self, now: float) -> None:
         if self._delayed:
             self._release(now)
-        if self.phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
+        phase = self.phase
+        if phase is _W_COMPUTING:
+            # the common wake-up: the next chunk is due (inlined _request_due: every chunk
+            # due by ``now`` becomes one work item)
+            k = self._count
+            dl = self._deadline_list
+            if self._requested == k and k < len(dl) and now >= dl[k]:
+                due = k + 1
+                n = len(dl)
+                while due < n and dl[due] <= now:
+                    due += 1
+                self._requested = due
+                self._work.append(_tuple_new(ComputeChunks, (
+                    self._round, k, tuple(self._order[k:due]), self._model)))
+        elif phase is _W_CLOSED:
+            return
+        elif phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
             # e.g. a connection the PS's kernel completed but its accept queue dropped: the
             # PS will never speak on it, and without a config there is no liveness timer yet
             self._fail("handshake_timeout", "no challenge/welcome from the PS in time", now,
                        send_error=False)
             return
-        if (
-            self.phase is _W_COMPUTING
-            and self._requested == self._count
-            and self._count < len(self._deadline_list)
-            and now >= self._deadline_list[self._count]
-        ):
-            self._request_due(now)
-        if self.phase is not _W_CLOSED:
-            dead_after, heartbeat = self._dead_after, self._heartbeat
-            if dead_after is not None and now >= self._last_heard + dead_after:
-                self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
-                return
-            if heartbeat is not None and now >= self._last_sent + heartbeat:
-                self._ping_seq += 1
-                self._emit(Ping.trusted(self._ping_seq), now, delay=False)
+        dead_after, heartbeat = self._dead_after, self._heartbeat
+        if dead_after is not None and now >= self._last_heard + dead_after:
+            self._fail("ps_timeout", "no frame from the PS in time", now, send_error=False)
+            return
+        if heartbeat is not None and now >= self._last_sent + heartbeat:
+            self._ping_seq += 1
+            self._emit(Ping.trusted(self._ping_seq), now, delay=False)
 
     # ================================================================== receive
 
@@ -769,8 +777,13 @@ class Worker(Endpoint):
             # (and carries compute_s, the finish time on the worker's schedule)
             if not self._swd:
                 t0 = self._t0
-                self._emit(_new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
-                                       now - t0 if now > t0 else 0.0), now)
+                msg = _new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
+                                  now - t0 if now > t0 else 0.0)
+                if self._delayed or self._net_delay > 0:
+                    self._emit(msg, now)
+                else:  # _emit's undelayed case, inlined: one report per wake-up
+                    self._last_sent = now
+                    self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
         if count == load:
             self._after_all_computed(now)
 
