@@ -80,6 +80,7 @@ from .common import (
 )
 
 PS_PEER = "ps"
+_F8 = np.dtype(np.float64)
 
 #: ``_tuple_new(Outgoing, (peer, msg, close, reason))``: common.new_outgoing inlined where a
 #: frame is queued per chunk report or coded vector
@@ -706,7 +707,8 @@ class Worker(Endpoint):
         if msg.delays_s and len(msg.delays_s) < load:
             raise RemoteProtocolError("delays_s shorter than the load", code="bad_field")
         self._round = msg.round
-        self._model = np.asarray(msg.model, dtype=np.float64)
+        model = msg.model
+        self._model = model if model.dtype is _F8 else np.asarray(model, dtype=np.float64)
         if self._grads is None or self._grads.shape != (load, dim):
             self._grads = np.empty((load, dim), dtype=np.float64)
         self._count = 0
@@ -722,7 +724,9 @@ class Worker(Endpoint):
         dl = ([now + acc for acc in accumulate(delays[:load])] if delays
               else [now] * load)
         self._deadline_list = dl
-        self._set_phase(_W_COMPUTING)
+        # round_start is accepted only in IDLE, COMPUTING and WAITING (_ACCEPTS), and each
+        # may move to COMPUTING (_TRANSITIONS): no check needed on this per-round path
+        self.phase = _W_COMPUTING
         if load == 0:
             self._after_all_computed(now)
         elif dl[0] <= now:
@@ -797,7 +801,9 @@ class Worker(Endpoint):
     def _after_all_computed(self, now: float) -> None:
         assert self.setup is not None
         scheme = self.setup.scheme
-        self._set_phase(_W_WAITING)
+        # only reached in COMPUTING (the last chunk stored, or a round of load 0 just
+        # started), which may move to WAITING: no transition check per worker-round
+        self.phase = _W_WAITING
         if scheme.sends_when_done:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
@@ -880,7 +886,9 @@ class Worker(Endpoint):
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
-        self._set_phase(_W_WAITING)
+        # COMPUTING or WAITING here (IDLE returned above, _ACCEPTS admits no other), and both
+        # may move to WAITING (_TRANSITIONS): no check needed per vector
+        self.phase = _W_WAITING
         self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
