@@ -365,6 +365,12 @@ class ParameterServer(Endpoint):
         except RemoteProtocolError as exc:
             self._close(peer, exc.code, exc.reason, now)
 
+    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
+                         ) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
+        """:meth:`receive`, then :meth:`poll` (one driver call instead of two per frame)."""
+        self.receive(peer, msg, now=now)
+        return self.poll()
+
     def handle_timer(self, *, now: float) -> None:
         """Process every deadline that is due at ``now``."""
         self._catch_up(now)

@@ -195,12 +195,14 @@ class Simulation:
         self._link_free[key] = t
         return t
 
-    def _pump_ps(self, now: float) -> None:
+    def _pump_ps(self, now: float, polled: tuple[Any, ...] | None = None) -> None:
+        """Flush the PS; ``polled``: the result of the poll the last core call made."""
         ps = self.ps
         while True:
             # one poll per stage: outbox, then (when no application work is queued) the
             # events and the timer deadline
-            out, events, t = ps.poll()
+            out, events, t = ps.poll() if polled is None else polled
+            polled = None
             closed = False
             for o in out:
                 self._route_down(o, now)
@@ -366,8 +368,7 @@ class Simulation:
                 def deliver(at: float, msg: Message = msg, gen: int = gen) -> None:
                     if self._gen.get(worker) != gen or worker in self._dead:
                         return
-                    self.ps.receive((worker, gen), msg, now=at)
-                    self._pump_ps(at)
+                    self._pump_ps(at, self.ps.receive_and_poll((worker, gen), msg, now=at))
 
                 self._schedule(t, deliver)
             if out.close:
