@@ -50,10 +50,14 @@ class CoverageTracker:
 
     def add(self, worker: int, old: int, new: int) -> None:
         cov, ell = self.cov, self._ell
+        # the deficit is counted locally and stored once: one attribute write per report
+        deficit = self.deficit
         for i in self._orders[worker][old:new]:
-            cov[i] += 1
-            if cov[i] == ell:
-                self.deficit -= 1
+            c = cov[i] + 1
+            cov[i] = c
+            if c == ell:
+                deficit -= 1
+        self.deficit = deficit
 
     def remove(self, worker: int, old: int) -> None:
         cov, ell = self.cov, self._ell

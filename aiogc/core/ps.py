@@ -1086,7 +1086,7 @@ class ParameterServer(Endpoint):
             state = np.asarray(rs.broadcast, dtype=np.int64)
         else:
             state = np.asarray(rs.state, dtype=np.int64)
-        rec.state = tuple(int(x) for x in state)
+        rec.state = tuple(state.tolist())  # Python ints, one call rather than m int()s
         if rs.oracle_live and rs.cover is not None:
             self._oracle_hints[rec.round] = rs.oracle_at
         self._round = None

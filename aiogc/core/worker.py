@@ -841,12 +841,14 @@ class Worker(Endpoint):
         payload = vec if vec.dtype is dt and vec.flags.c_contiguous else (
             np.ascontiguousarray(vec, dtype=dt))
         self._attempt_sent = attempt
-        self._emit(
-            _new_coded(self._epoch, self._round, attempt,
-                                  digest if digest is not None else state_digest(state),
-                                  self._compute_s, payload),
-            now,
-        )
+        msg = _new_coded(self._epoch, self._round, attempt,
+                         digest if digest is not None else state_digest(state),
+                         self._compute_s, payload)
+        if self._delayed or self._net_delay > 0:
+            self._emit(msg, now)
+        else:  # _emit's undelayed case, inlined (once per worker-round)
+            self._last_sent = now
+            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
         if self.progress_events:
             self._events.append(new_coded_sent(self._round, attempt, c, now))
 
