@@ -212,7 +212,8 @@ def combine(
             # at m = 64): the per-round decode of the PS at d ~ 10^2..10^4
             if rows.size == 0:
                 return np.zeros(dim, dtype=dt)
-            return np.asarray((Dc[:, rows] @ coded[rows]).reshape(-1)[:dim])
+            return np.asarray((Dc.take(rows, axis=1) @ coded.take(rows, axis=0))
+                              .reshape(-1)[:dim])
         rr = runs(rows)
         if not rr:
             return np.zeros(dim, dtype=dt)

@@ -357,10 +357,17 @@ class PartialScheme(SchemeBase):
         """
         if self.n_parts != 1:
             return self.decode_result(coded, c, dim)
-        rows = np.flatnonzero(c > 0)
+        rows = c.nonzero()[0]  # == flatnonzero(c > 0): c >= 0
         grad = combine(self.B, rows, coded, dim)
-        Hc = self._H
-        live = (c[Hc] >= self._HP) & (self.B[0][Hc] != 0)
+        # holder h covers chunk i with a usable coefficient iff c[h] >= HP[i, h] and
+        # B[h] != 0: the second condition is folded into the positions once (a holder with
+        # B[h] == 0 gets the "never" position), leaving one gather and one compare per round
+        HPb = self.__dict__.get("_HP_live")
+        if HPb is None:
+            never = np.iinfo(np.int64).max
+            HPb = np.where(self.B[0][self._H] != 0, self._HP, never)
+            self.__dict__["_HP_live"] = HPb
+        live = c[self._H] >= HPb
         deficit = int(self.n_chunks - np.count_nonzero(live.any(axis=1)))
         exact = deficit == 0
         residual = 0.0 if exact else float(np.sqrt(deficit / self.n_chunks))
