@@ -284,3 +284,26 @@ def test_round_guard_oracle_and_model_bound() -> None:
                           exact=True, rel_error=1e-15)
     assert ok is None and new is not None and new[0] == 0.5 and w0[0] == 1.0
     assert guard.rejected == {"oracle": 1, "model": 1} and guard.checked == 3
+
+
+def test_norm_guard_median_matches_numpy_bit_for_bit() -> None:
+    """The guard's numpy-free median is np.median exactly (odd and even windows, wide
+    magnitudes), so the norm bound did not move when it replaced np.median."""
+    from aiogc.coding.consistency import _median
+
+    rng = np.random.default_rng(7)
+    for n in range(1, 33):
+        for _ in range(20):
+            xs = [float(x) for x in rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8, n)]
+            assert _median(xs) == float(np.median(xs))
+
+
+def test_model_check_one_pass_still_names_the_bad_entry() -> None:
+    from aiogc.coding.consistency import model_check
+
+    for w, bad in (([1.0, np.nan, 2.0], 1), ([np.inf, 1.0], 0), ([0.0, -np.inf], 1)):
+        v = model_check(np.array(w), 1e6)
+        assert not v.ok and f"entry {bad}" in v.reason and v.value == float("inf")
+    v = model_check(np.array([1.0, -3.0]), 2.0)
+    assert not v.ok and v.value == 3.0
+    assert model_check(np.array([1.0, -3.0]), 3.0).ok and model_check(np.array([]), 1.0).ok

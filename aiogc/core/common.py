@@ -11,13 +11,13 @@ import hashlib
 import hmac
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 
-from ..messages import Message
+from ..messages import Message, slot_constructor
 from ..status import EndReason, RoundStatus
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed.
@@ -61,27 +61,12 @@ class Endpoint:
         return dict(self.stats)
 
 
-def fast_new(cls: type, names: tuple[str, ...] | None = None) -> Any:
-    """A positional constructor of the slotted, frozen dataclass ``cls`` that skips
-    ``__init__``, ``__post_init__`` validation and frozen ``__setattr__`` (it stores each field
-    through its slot descriptor).
-
-    Only for values this process built itself (messages it sends, its own events): anything
-    that came from the network is still built through the validating constructors. About 3x
-    cheaper than ``Message.trusted`` and 1.5x than a frozen dataclass ``__init__``, which
-    matters on the per-report path (several objects per chunk and worker).
-    """
-    if names is None:
-        names = tuple(f.name for f in fields(cls))
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    for i, name in enumerate(names):
-        ns[f"_s{i}"] = getattr(cls, name).__set__  # the slot's member descriptor
-    args = ", ".join(f"a{i}" for i in range(len(names)))
-    body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
-    exec(f"def make({args}):\n    o = _new(_cls)\n{body}    return o\n", ns)
-    make = ns["make"]
-    make.__doc__ = f"Unvalidated positional constructor of {cls.__name__}{names}."
-    return make
+#: A positional constructor of a slotted, frozen dataclass that skips ``__init__``,
+#: ``__post_init__`` validation and frozen ``__setattr__`` (``fast_new(cls, names=None)``):
+#: one implementation with the wire decoder's, :func:`aiogc.messages.slot_constructor`.
+#: Only for values this process built itself (messages it sends, its own events): anything
+#: that came from the network is still built through the validating constructors.
+fast_new = slot_constructor
 
 
 class Outgoing(NamedTuple):
