@@ -15,9 +15,6 @@ from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.runner import host_blocks, run_live
 
-#: Hang guard only (no assertion on durations).
-GUARD_S = 120
-
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
                              task="linreg:samples=300,dim=10", delay="exp:0.004")
 
