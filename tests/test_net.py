@@ -490,10 +490,13 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     (authenticated) workers are not affected and every round is exact."""
     config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
     schedule = spaced_schedule(config, gap_s=0.08)
-    n_flood = MAX_PENDING_CONNECTIONS + 16
+    ps = make_ps(config, schedule=schedule)
+    cap = ps.pending_cap
+    assert cap == MAX_PENDING_CONNECTIONS  # the floor at small m
+    n_flood = cap + 16
 
     async def scenario() -> tuple[Cluster, list[bytes], bool]:
-        cl = await start_cluster(make_ps(config, schedule=schedule))
+        cl = await start_cluster(ps)
         async with asyncio.timeout(STEP_S):
             await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         got = await asyncio.gather(
@@ -506,9 +509,9 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     cl, got, during_training = run(scenario)
     assert during_training and len(got) == n_flood
     stats = cl.ps.statistics()
-    assert stats.get("closed_too_many_connections") == n_flood - MAX_PENDING_CONNECTIONS
-    assert stats.get("evicted_pending") == n_flood - MAX_PENDING_CONNECTIONS
-    assert stats.get("closed_auth_timeout") == MAX_PENDING_CONNECTIONS
+    assert stats.get("closed_too_many_connections") == n_flood - cap
+    assert stats.get("evicted_pending") == n_flood - cap
+    assert stats.get("closed_auth_timeout") == cap
     assert stats.get("joined") == config.workers
     assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
     assert all(not r.dropped for r in cl.ps.records)
@@ -692,10 +695,10 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
                     await reader.read()  # idle until the PS closes it, then reopen
                 writer.close()
 
-        hogs = [asyncio.create_task(hog()) for _ in range(MAX_PENDING_CONNECTIONS + 8)]
+        hogs = [asyncio.create_task(hog()) for _ in range(cl.ps.pending_cap + 8)]
         async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
             await cl.server.wait_connections(
-                lambda: len(cl.ps._pending) >= MAX_PENDING_CONNECTIONS)
+                lambda: len(cl.ps._pending) >= cl.ps.pending_cap)
         for j in range(config.workers):
             cl.add_worker(j)
         async with asyncio.timeout(GUARD_S):
@@ -718,7 +721,7 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
     recs = cl.ps.records
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs)
-    assert opened > MAX_PENDING_CONNECTIONS
+    assert opened > cl.ps.pending_cap
     rejoined = [e for e in cl.log.of(WorkerJoined) if e.worker == 3][1]
     assert any(r.t_start > rejoined.time and r.state[3] > 0 for r in recs)
 

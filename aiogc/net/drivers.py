@@ -37,7 +37,6 @@ from ..core import (
     Welcomed,
     Worker,
 )
-from ..core.ps import MAX_PENDING_CONNECTIONS
 from ..core.worker import Polled
 from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message, Welcome
@@ -225,7 +224,7 @@ class PSServer:
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
-        backlog = min(4096, max(128, 2 * self.ps.m + MAX_PENDING_CONNECTIONS))
+        backlog = min(4096, max(128, self.ps.m + self.ps.pending_cap))
         server = await loop.create_server(self._protocol, self.host, self.port,
                                           backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
