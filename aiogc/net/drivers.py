@@ -126,6 +126,20 @@ def _clock() -> float:
     return time.monotonic()
 
 
+def _loop_offset(loop: asyncio.AbstractEventLoop) -> float:
+    """``loop.time() - _clock()`` as a fixed offset between the two time lines.
+
+    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :func:`_clock`'s line:
+    the offset is 0. It is *not* measured as ``loop.time() - _clock()`` on every call: uvloop's
+    ``time()`` is the millisecond clock cached at the start of the loop iteration, so a timer
+    set at ``loop.time() + delay`` late in a busy iteration fired early by however long the
+    iteration had run (a third of the workers' wake-ups at m=64 came before their deadline
+    and did nothing). Another loop clock (a test's fake loop) gets its measured offset.
+    """
+    off = loop.time() - _clock()
+    return 0.0 if abs(off) < 1.0 else off
+
+
 class _Timer:
     """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
 
@@ -153,8 +167,8 @@ class _Timer:
     def _set(self, when: float) -> None:
         self._armed = when
         loop = self._loop
-        # the loop's clock may differ from _clock (uvloop's has ms resolution): convert
-        self._handle = loop.call_at(loop.time() + max(0.0, when - _clock()), self._on_fire)
+        # a deadline already past: at once (the loop's next iteration)
+        self._handle = loop.call_at(max(when, _clock()) + _loop_offset(loop), self._on_fire)
 
     def _on_fire(self) -> None:
         self._handle = None
@@ -162,10 +176,10 @@ class _Timer:
         when = self._when
         if when is None:
             return  # the deadline was withdrawn after this handle was set
-        # a deadline that moved later meanwhile: sleep on. Within a millisecond it counts as
-        # due (uvloop's timers have ms resolution and may fire that early): the core is asked,
-        # as it always was on a wake-up, and answers with its deadline again if it was early
-        if when > _clock() + 1e-3:
+        # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
+        # rounds delays to whole milliseconds): sleep on. Never ask the core before its
+        # deadline: it would only answer with the same deadline again
+        if when > _clock():
             self._set(when)
             return
         self._when = None
