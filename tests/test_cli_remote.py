@@ -17,7 +17,9 @@ pytestmark = pytest.mark.processes
 GUARD_S = 120
 
 
-def test_ps_and_workers_as_separate_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("id_groups", [("0", "1", "2", "3"), ("0-2", "3")])
+def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[str, ...]) -> None:
+    """One process per worker, or (``--id A-B``) a block of workers as coroutines in one."""
     secret = tmp_path / "secret"
     secret.write_bytes(b"0123456789abcdef0123456789abcdef")
     out = tmp_path / "run"
@@ -36,19 +38,21 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path) -> None:
         addr = f"{match.group(1)}:{match.group(2)}"
         workers = [
             subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
-                              "--id", str(j), "--secret-file", str(secret)],
+                              "--id", ids, "--secret-file", str(secret)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for j in range(4)
+            for ids in id_groups
         ]
         ps_out, ps_err = ps.communicate(timeout=GUARD_S)
-        codes = [w.wait(timeout=GUARD_S) for w in workers]
+        outs = [w.communicate(timeout=GUARD_S) for w in workers]
     finally:
         for p in [ps, *workers]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert ps.returncode == 0, ps_err
-    assert codes == [0, 0, 0, 0]
+    assert [w.returncode for w in workers] == [0] * len(id_groups), outs
+    said = "".join(err for _, err in outs)
+    assert all(f"aiogc worker {j}: exiting" in said for j in range(4)), said
     summary = json.loads((out / "summary.json").read_text())
     s = summary["schemes"]["partial"]
     assert s["rounds"] == 3 and s["rounds_failed"] == 0
