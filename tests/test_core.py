@@ -807,8 +807,9 @@ def test_pending_cap_evicts_the_oldest_unauthenticated_connection() -> None:
 
     rig = build_rig(_cfg(rounds=1))
     ps = rig.ps
+    assert ps.pending_cap == MAX_PENDING_CONNECTIONS  # the floor at small m
     ps.nonce_fn = lambda: b"n" * 16
-    for i in range(MAX_PENDING_CONNECTIONS):
+    for i in range(ps.pending_cap):
         ps.connection_made(("hog", i), now=float(i) * 1e-3)
     ps.connection_made("worker", now=0.5)
     closed = [e for e in ps.drain_events() if isinstance(e, PeerClosed)]

@@ -112,3 +112,37 @@ def test_a_deadline_in_the_past_fires_at_once(rig: Any) -> None:
     assert [h.when for h in loop.live()] == [1040.0]  # now, not in the past
     loop.run_until(40.0)
     assert fired == [40.0]
+
+
+def test_an_early_loop_timer_never_wakes_the_owner_before_its_deadline(rig: Any) -> None:
+    """uvloop rounds delays to whole milliseconds, so its timers may fire a little early; the
+    owner (a core that answers "not yet" with the same deadline) is not asked until then."""
+    timer, loop, clock, fired = rig
+    timer.arm(10.0)
+    (handle,) = loop.live()
+    clock[0] = 9.9996  # the loop fires 0.4 ms early
+    handle.cancelled = True
+    handle.cb()
+    assert fired == []
+    assert [h.when for h in loop.live()] == [1010.0]  # set again for the deadline itself
+    loop.run_until(10.0)
+    assert fired == [10.0]
+
+
+class _StaleLoop(_Loop):
+    """uvloop-like: the loop clock is the drivers' clock line, read once per iteration (here
+    3 ms stale)."""
+
+    def time(self) -> float:
+        return self.clock[0] - 0.003
+
+
+def test_deadlines_map_onto_a_stale_loop_clock_without_firing_early(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(drivers, "_clock", lambda: clock[0])
+    loop = _StaleLoop(clock)
+    timer = drivers._Timer(loop, lambda: None)  # type: ignore[arg-type]
+    timer.arm(100.010)
+    # the deadline itself, not the stale loop time + 10 ms (which is 3 ms early)
+    assert [h.when for h in loop.live()] == [100.010]

@@ -484,16 +484,63 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
     assert [r.state for r in rig.ps.records] == [r.state for r in clean.ps.records]
 
 
+def test_large_outboxes_go_out_in_slices_in_order(run: Runner,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a slice of 2 frames, every broadcast to 6 workers leaves over several loop
+    iterations: each peer still sees its frames in order (tags and sequence numbers verify),
+    every round's round_start reaches all peers before the analytics of the round before it
+    complete, and the rounds are exact with the same trigger states as the virtual clock."""
+    from aiogc.net import drivers
+
+    monkeypatch.setattr(drivers, "OUTBOX_SLICE", 2)
+    secret = os.urandom(32)
+    config = cfg(workers=6, delta=2, n_parts=1, rounds=5)
+    schedule = spaced_schedule(config, gap_s=0.03)
+    # (kind, round, events logged so far, frames still deferred) of every frame sent
+    sent: list[tuple[str, int, int, int]] = []
+    holder: list[Cluster] = []
+
+    def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
+        if direction == "out" and holder:
+            cl = holder[0]
+            sent.append((msg.kind, getattr(msg, "round", -1), len(cl.log.events),
+                         len(cl.server._outq)))
+
+    async def scenario() -> Cluster:
+        ps = make_ps(config, schedule=schedule, secret=secret)
+        cl = await start_cluster(ps, secret=secret, frame_log=frame_log)
+        holder.append(cl)
+        async with asyncio.timeout(GUARD_S):
+            await cl.finish()
+        return cl
+
+    cl = run(scenario)
+    assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
+    assert any(deferred > 0 for *_, deferred in sent)  # the broadcasts really were sliced
+    completed = {e.record.round: i for i, e in enumerate(cl.log.events)
+                 if isinstance(e, RoundCompleted)}
+    for r in range(1, config.rounds):
+        starts = [n_ev for kind, rnd, n_ev, _ in sent if kind == "round_start" and rnd == r]
+        assert len(starts) == config.workers
+        assert max(starts) <= completed[r - 1]
+    rig = build_rig(config, schedule=schedule)
+    rig.sim.run()
+    assert [r.state for r in rig.ps.records] == [r.state for r in cl.ps.records]
+
+
 def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     """More silent connections at once than the PS admits unauthenticated: the oldest pending
     ones are evicted (too_many_connections), the rest closed at the auth deadline; the honest
     (authenticated) workers are not affected and every round is exact."""
     config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
     schedule = spaced_schedule(config, gap_s=0.08)
-    n_flood = MAX_PENDING_CONNECTIONS + 16
+    ps = make_ps(config, schedule=schedule)
+    cap = ps.pending_cap
+    assert cap == MAX_PENDING_CONNECTIONS  # the floor at small m
+    n_flood = cap + 16
 
     async def scenario() -> tuple[Cluster, list[bytes], bool]:
-        cl = await start_cluster(make_ps(config, schedule=schedule))
+        cl = await start_cluster(ps)
         async with asyncio.timeout(STEP_S):
             await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         got = await asyncio.gather(
@@ -506,9 +553,9 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     cl, got, during_training = run(scenario)
     assert during_training and len(got) == n_flood
     stats = cl.ps.statistics()
-    assert stats.get("closed_too_many_connections") == n_flood - MAX_PENDING_CONNECTIONS
-    assert stats.get("evicted_pending") == n_flood - MAX_PENDING_CONNECTIONS
-    assert stats.get("closed_auth_timeout") == MAX_PENDING_CONNECTIONS
+    assert stats.get("closed_too_many_connections") == n_flood - cap
+    assert stats.get("evicted_pending") == n_flood - cap
+    assert stats.get("closed_auth_timeout") == cap
     assert stats.get("joined") == config.workers
     assert_exact_rounds(cl.ps.records, config.rounds, tol=1e-9)
     assert all(not r.dropped for r in cl.ps.records)
@@ -692,10 +739,10 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
                     await reader.read()  # idle until the PS closes it, then reopen
                 writer.close()
 
-        hogs = [asyncio.create_task(hog()) for _ in range(MAX_PENDING_CONNECTIONS + 8)]
+        hogs = [asyncio.create_task(hog()) for _ in range(cl.ps.pending_cap + 8)]
         async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
             await cl.server.wait_connections(
-                lambda: len(cl.ps._pending) >= MAX_PENDING_CONNECTIONS)
+                lambda: len(cl.ps._pending) >= cl.ps.pending_cap)
         for j in range(config.workers):
             cl.add_worker(j)
         async with asyncio.timeout(GUARD_S):
@@ -718,7 +765,7 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
     recs = cl.ps.records
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs)
-    assert opened > MAX_PENDING_CONNECTIONS
+    assert opened > cl.ps.pending_cap
     rejoined = [e for e in cl.log.of(WorkerJoined) if e.worker == 3][1]
     assert any(r.t_start > rejoined.time and r.state[3] > 0 for r in recs)
 

@@ -90,10 +90,11 @@ from .common import (
 _new_round_start = fast_new(RoundStart, RoundStart._names)
 _new_encode = fast_new(EncodeAndTransmit, EncodeAndTransmit._names)
 
-#: Unauthenticated connections allowed at once: a connection flood must not starve the workers.
-#: When they are all taken, a new connection evicts the *oldest* pending one (an honest worker
-#: answers its challenge within milliseconds, so holding the slots takes a flood faster than
-#: that, not a handful of idle sockets).
+#: Floor of the cap on unauthenticated connections held at once (:attr:`ParameterServer.
+#: pending_cap` is ``max(MAX_PENDING_CONNECTIONS, 2 * m)``): a connection flood must not starve
+#: the workers. When they are all taken, a new connection evicts the *oldest* pending one (an
+#: honest worker answers its challenge within milliseconds, so holding the slots takes a flood
+#: faster than that, not a handful of idle sockets).
 MAX_PENDING_CONNECTIONS = 64
 #: Pings answered per worker: a bucket of PING_BURST tokens refilled at
 #: max(PING_MIN_RATE, 4 / heartbeat_s) per second; pings beyond it are dropped unanswered
@@ -306,10 +307,19 @@ class ParameterServer(Endpoint):
         if self._join_deadline is None and self.phase is _P_JOINING:
             self._join_deadline = now + self.config.join_timeout_s
 
+    @property
+    def pending_cap(self) -> int:
+        """Unauthenticated connections held at once: every worker of the run may be mid-
+        handshake together (m workers on one host connect in one burst, and that host answers
+        the m challenges more slowly than they are sent), plus as many again of margin for a
+        flood or reconnects. A fixed 64 made 1024 workers of one host evict each other and
+        back off for seconds; a flood still cannot hold more than 2m slots."""
+        return max(MAX_PENDING_CONNECTIONS, 2 * self.m)
+
     def connection_made(self, peer: Hashable, *, now: float) -> None:
         """A new connection: send it a challenge; it has ``auth_deadline_s`` to answer."""
         self._catch_up(now)
-        if len(self._pending) >= MAX_PENDING_CONNECTIONS:
+        if len(self._pending) >= self.pending_cap:
             oldest = next(iter(self._pending))  # insertion order: the oldest pending first
             self.stats["evicted_pending"] += 1
             self._close(oldest, "too_many_connections",

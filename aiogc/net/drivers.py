@@ -1,13 +1,15 @@
 """The thin asyncio layer: drive the sans-IO cores over TCP.
 
 A driver only (1) feeds ``receive`` / ``connection_made`` / ``connection_lost`` /
-``handle_timer`` with ``now = time.monotonic()``, (2) flushes ``messages_to_send()`` to the right
-connection (a message sent to many peers is encoded once; everything for one peer leaves in one
-write), (3) runs the application work the cores queue (the PS's ``run_pending``: decode and
-analytics; the worker's ``next_work``: chunk gradients; ``SetupNeeded``: scheme and task, built
-once per configuration in an executor thread), (4) switches a connection to tagged frames once
-the core derived its session keys, and (5) keeps one timer at ``next_deadline()`` (re-armed
-only when the deadline moves earlier, see :class:`_Timer`). Protocol
+``handle_timer`` with ``now = time.monotonic()``, (2) flushes ``messages_to_send()`` to the
+right connection (a message sent to many peers is encoded once; everything for one peer leaves
+in one write; an outbox larger than :data:`OUTBOX_SLICE` frames leaves one slice per loop
+iteration, so that reads are served during a broadcast to a thousand workers), (3) runs the
+application work the cores queue (the PS's ``run_pending``: decode and analytics; the worker's
+``next_work``: chunk gradients; ``SetupNeeded``: scheme and task, built once per configuration
+in an executor thread), (4) switches a connection to tagged frames once the core derived its
+session keys, and (5) keeps one timer at ``next_deadline()`` (re-armed only when the deadline
+moves earlier, see :class:`_Timer`). Protocol
 decisions live in ``aiogc.core``; framing, tags and bounded decoding in
 :mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
 """
@@ -20,6 +22,7 @@ import ipaddress
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +40,6 @@ from ..core import (
     Welcomed,
     Worker,
 )
-from ..core.ps import MAX_PENDING_CONNECTIONS
 from ..core.worker import Polled
 from ..errors import ConfigError, RemoteProtocolError
 from ..messages import Message, Welcome
@@ -57,6 +59,13 @@ POSTAUTH_MAX_HEADER = 1 << 20
 #: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed (a 1 MiB
 #: header cost the PS ~100 ms of CPU).
 WORKER_MAX_HEADER = 2 * MAX_STR_BYTES + 512
+
+
+#: Frames the PS writes per slice of a large outbox (a round_start or encode_and_transmit
+#: broadcast to m peers). Between slices the loop polls its sockets, so a chunk report that
+#: arrives during a broadcast to 1024 workers waits for one slice (~1 ms of writes and tags),
+#: not for the whole broadcast (~15 ms); outboxes up to this size are written at once.
+OUTBOX_SLICE = 64
 
 
 def send_queue_cap(frame_bytes: int) -> int:
@@ -117,6 +126,20 @@ def _clock() -> float:
     return time.monotonic()
 
 
+def _loop_offset(loop: asyncio.AbstractEventLoop) -> float:
+    """``loop.time() - _clock()`` as a fixed offset between the two time lines.
+
+    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :func:`_clock`'s line:
+    the offset is 0. It is *not* measured as ``loop.time() - _clock()`` on every call: uvloop's
+    ``time()`` is the millisecond clock cached at the start of the loop iteration, so a timer
+    set at ``loop.time() + delay`` late in a busy iteration fired early by however long the
+    iteration had run (a third of the workers' wake-ups at m=64 came before their deadline
+    and did nothing). Another loop clock (a test's fake loop) gets its measured offset.
+    """
+    off = loop.time() - _clock()
+    return 0.0 if abs(off) < 1.0 else off
+
+
 class _Timer:
     """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
 
@@ -144,8 +167,8 @@ class _Timer:
     def _set(self, when: float) -> None:
         self._armed = when
         loop = self._loop
-        # the loop's clock may differ from _clock (uvloop's has ms resolution): convert
-        self._handle = loop.call_at(loop.time() + max(0.0, when - _clock()), self._on_fire)
+        # a deadline already past: at once (the loop's next iteration)
+        self._handle = loop.call_at(max(when, _clock()) + _loop_offset(loop), self._on_fire)
 
     def _on_fire(self) -> None:
         self._handle = None
@@ -153,10 +176,10 @@ class _Timer:
         when = self._when
         if when is None:
             return  # the deadline was withdrawn after this handle was set
-        # a deadline that moved later meanwhile: sleep on. Within a millisecond it counts as
-        # due (uvloop's timers have ms resolution and may fire that early): the core is asked,
-        # as it always was on a wake-up, and answers with its deadline again if it was early
-        if when > _clock() + 1e-3:
+        # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
+        # rounds delays to whole milliseconds): sleep on. Never ask the core before its
+        # deadline: it would only answer with the same deadline again
+        if when > _clock():
             self._set(when)
             return
         self._when = None
@@ -210,6 +233,14 @@ class PSServer:
         # row has at most max(loads) entries (9 bytes each)
         model_bytes = ps.dim * itemsize + 9 * int(max(ps.scheme.loads)) + 4096
         self._max_pending = send_queue_cap(model_bytes)
+        # the rest of an outbox larger than OUTBOX_SLICE, written one slice per loop iteration
+        # (in order: a later outbox queues behind it, so every peer sees its frames in order),
+        # and the frames of the broadcasts in it, encoded once for every slice
+        self._outq: deque[Outgoing] = deque()
+        self._outq_encoded: dict[int, tuple[Message, list[Any]]] = {}
+        # the core's queued work (analytics after a round_start) waits until the frames queued
+        # before it have all left, as it did when every outbox was written at once
+        self._run_after_outq = False
         if ps.nonce_fn is None:
             ps.nonce_fn = _nonce16
         self.started = asyncio.Event()
@@ -225,7 +256,7 @@ class PSServer:
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
-        backlog = min(4096, max(128, 2 * self.ps.m + MAX_PENDING_CONNECTIONS))
+        backlog = min(4096, max(128, self.ps.m + self.ps.pending_cap))
         server = await loop.create_server(self._protocol, self.host, self.port,
                                           backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
@@ -237,6 +268,7 @@ class PSServer:
         finally:
             server.close()
             self._timer.cancel()
+            self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
             await self._flush_and_close()
             await server.wait_closed()
 
@@ -317,10 +349,37 @@ class PSServer:
         self._pump()
 
     def _flush_outbox(self, outbox: Sequence[Outgoing]) -> None:
-        ps = self.ps
         if not outbox:
             return
-        encoded: dict[int, tuple[Message, list[Any]]] = {}
+        q = self._outq
+        if q:  # a large outbox is still going out: this one follows it
+            q.extend(outbox)
+        elif len(outbox) <= OUTBOX_SLICE:
+            self._write_outbox(outbox, {})
+        else:
+            q.extend(outbox)
+            self._write_outq(OUTBOX_SLICE)
+
+    def _write_outq(self, n: int) -> None:
+        """Write the next ``n`` deferred frames; schedule the rest for the next iteration."""
+        q = self._outq
+        if not q:
+            return
+        self._write_outbox([q.popleft() for _ in range(min(n, len(q)))], self._outq_encoded)
+        if q:
+            assert self._loop is not None
+            self._loop.call_soon(self._write_outq, OUTBOX_SLICE)
+            return
+        self._outq_encoded.clear()
+        if self._run_after_outq:
+            self._run_after_outq = False
+            self._pump()
+
+    def _write_outbox(self, outbox: Sequence[Outgoing],
+                      encoded: dict[int, tuple[Message, list[Any]]]) -> None:
+        """Queue every frame (a message sent to many peers is encoded once: ``encoded`` maps
+        its id to its frame and keeps it alive), then one write per peer."""
+        ps = self.ps
         touched: dict[int, FramedConnection] = {}
         frame_log = self._frame_log
         for out in outbox:
@@ -353,6 +412,12 @@ class PSServer:
             outbox, events, when = ps.poll()
             self._flush_outbox(outbox)
             if events is None:
+                if self._outq and (outbox or self._run_after_outq):
+                    # frames just queued (a broadcast) are still going out slice by slice:
+                    # the work runs once they have left (_write_outq pumps again); the timer
+                    # keeps its deadline meanwhile
+                    self._run_after_outq = True
+                    return
                 ps.run_pending(_clock)
                 continue
             break
