@@ -260,6 +260,7 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
     from .worker_setup import TaskPolicy
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    _yield_cpu_to_ps()
     worker = Worker(worker_id, worker_key=worker_key)
     why = ExitReason()
     client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why,
@@ -293,6 +294,7 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     from .worker_setup import SetupCache, TaskPolicy
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    _yield_cpu_to_ps()
     setups = SetupCache(TaskPolicy(task=task))
     whys = [ExitReason() for _ in worker_ids]
     clients = [WorkerClient(Worker(j, worker_key=k), host, port, setups=setups, on_event=why,
@@ -345,6 +347,28 @@ def host_blocks(m: int, hosts: int) -> list[list[int]]:
         out.append(list(range(start, start + n)))
         start += n
     return out
+
+
+#: Niceness added to local worker processes (``AIOGC_WORKER_NICE`` overrides; 0 disables).
+WORKER_NICE = 10
+
+
+def _yield_cpu_to_ps() -> None:
+    """Lower this worker process's scheduling priority below the PS's.
+
+    On a real cluster every worker has its own CPU and never delays the PS; on one machine m
+    worker processes share its cores with the PS, and when they are all runnable (a broadcast
+    has just reached them) a fair scheduler gives the PS one share in m+1, so its reads,
+    decode and next broadcast wait behind work that a cluster would run elsewhere. With a
+    higher nice value the workers still get every cycle the PS leaves idle.
+    """
+    try:
+        nice = int(os.environ.get("AIOGC_WORKER_NICE", WORKER_NICE))
+    except ValueError:
+        nice = WORKER_NICE
+    if nice > 0:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 def _mp_context(start_method: str = "forkserver") -> Any:
