@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +104,14 @@ def test_worker_key_file_serves_one_id(tmp_path: Path,
     assert main(["worker", "--connect", "127.0.0.1:9", "--id", "0-1",
                  "--worker-key-file", str(key)]) == 2
     assert "worker-key-file=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("env", "added"), [("5", 5), ("0", 0), ("junk", runner.WORKER_NICE)])
+def test_local_workers_yield_the_cpu_to_the_ps(env: str, added: int) -> None:
+    """Worker processes lower their priority by AIOGC_WORKER_NICE (default WORKER_NICE)."""
+    code = ("import os; from aiogc.runner import _yield_cpu_to_ps as f; b = os.nice(0); f(); "
+            "print(b, os.nice(0) - b)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "AIOGC_WORKER_NICE": env},
+                         capture_output=True, text=True, check=True).stdout
+    base, delta = (int(x) for x in out.split())
+    assert delta == min(added, 19 - base)  # niceness saturates at 19
