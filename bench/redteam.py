@@ -60,6 +60,7 @@ class Tamper:
         self.rng = np.random.default_rng(seed)
         self.previous: np.ndarray | None = None
         self.sent = 0
+        self.depth = 0
 
     def payload(self, v: np.ndarray) -> np.ndarray:
         true = np.array(v, copy=True)
@@ -84,18 +85,37 @@ class Tamper:
         self.sent += 1
         return np.ascontiguousarray(out, dtype=v.dtype)
 
+    def _tamper(self, outs: Any) -> Any:
+        res = []
+        for o in outs:
+            msg = o.message
+            if isinstance(msg, CodedGradient):
+                o = o._replace(message=replace(msg, payload=self.payload(msg.payload)))
+            res.append(o)
+        return res
+
     def install(self, worker: Worker) -> None:
-        inner = worker.messages_to_send
+        """Tamper with every frame list the worker hands its driver: the ``*poll`` calls
+        (``poll``, ``receive_and_poll``, ``handle_timer_and_poll``, ``finish_chunks``) return
+        ``(events, work, outgoing, deadline)``, and ``messages_to_send`` the outgoing list."""
+        for name in ("poll", "receive_and_poll", "handle_timer_and_poll", "finish_chunks"):
+            inner = getattr(worker, name)
+
+            def polled(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                # the *_and_poll calls call poll() themselves: tamper at the outermost call
+                # only (twice would undo a sign flip or a replay)
+                self.depth += 1
+                try:
+                    events, work, out, when = _inner(*args, **kwargs)
+                finally:
+                    self.depth -= 1
+                return events, work, out if self.depth else self._tamper(out), when
+
+            setattr(worker, name, polled)
+        sent = worker.messages_to_send
 
         def tampered() -> list[Any]:
-            outs = inner()
-            res = []
-            for o in outs:
-                msg = o.message
-                if isinstance(msg, CodedGradient):
-                    o = replace(o, message=replace(msg, payload=self.payload(msg.payload)))
-                res.append(o)
-            return res
+            return list(self._tamper(sent()))
 
         worker.messages_to_send = tampered  # type: ignore[method-assign]
 
@@ -108,10 +128,12 @@ async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes) -> dic
     serving = asyncio.create_task(server.serve())
     await server.started.wait()
     clients = []
+    tamper = Tamper("none", 0)
     for j in range(cfg.workers):
         w = Worker(j, secret=secret)
         if j == liar and attack != "none":
-            Tamper(attack, cfg.seed + 1).install(w)
+            tamper = Tamper(attack, cfg.seed + 1)
+            tamper.install(w)
         clients.append(asyncio.create_task(
             WorkerClient(w, "127.0.0.1", server.port, give_up_after_s=10).run()))
     t0 = time.perf_counter()
@@ -120,7 +142,11 @@ async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes) -> dic
     for c in clients:
         c.cancel()
     await asyncio.gather(*clients, return_exceptions=True)
-    return {"records": ps.records, "wall_s": wall, "ps": ps, "task": task,
+    if attack != "none" and tamper.sent == 0:
+        # an attack that never reached the wire would make "0 wrong gradients" meaningless
+        raise RuntimeError(f"attack {attack}: the lying worker {liar} sent no tampered vector "
+                           "(the tamper hook no longer sees the worker's frames)")
+    return {"records": ps.records, "wall_s": wall, "ps": ps, "task": task, "tampered": tamper.sent,
             "stats": dict(ps.statistics())}
 
 
