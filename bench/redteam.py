@@ -60,7 +60,6 @@ class Tamper:
         self.rng = np.random.default_rng(seed)
         self.previous: np.ndarray | None = None
         self.sent = 0
-        self.depth = 0
 
     def payload(self, v: np.ndarray) -> np.ndarray:
         true = np.array(v, copy=True)
@@ -95,28 +94,20 @@ class Tamper:
         return res
 
     def install(self, worker: Worker) -> None:
-        """Tamper with every frame list the worker hands its driver: the ``*poll`` calls
-        (``poll``, ``receive_and_poll``, ``handle_timer_and_poll``, ``finish_chunks``) return
-        ``(events, work, outgoing, deadline)``, and ``messages_to_send`` the outgoing list."""
-        for name in ("poll", "receive_and_poll", "handle_timer_and_poll", "finish_chunks"):
-            inner = getattr(worker, name)
+        """Tamper with what the worker hands its driver: every ``*_and_poll`` call ends in
+        ``self.poll()``, so wrapping ``poll`` (and ``messages_to_send``) sees every frame once."""
+        polled = worker.poll
 
-            def polled(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-                # the *_and_poll calls call poll() themselves: tamper at the outermost call
-                # only (twice would undo a sign flip or a replay)
-                self.depth += 1
-                try:
-                    events, work, out, when = _inner(*args, **kwargs)
-                finally:
-                    self.depth -= 1
-                return events, work, out if self.depth else self._tamper(out), when
+        def tampered_poll() -> Any:
+            events, work, out, when = polled()
+            return events, work, self._tamper(out), when
 
-            setattr(worker, name, polled)
         sent = worker.messages_to_send
 
         def tampered() -> list[Any]:
             return list(self._tamper(sent()))
 
+        worker.poll = tampered_poll  # type: ignore[method-assign]
         worker.messages_to_send = tampered  # type: ignore[method-assign]
 
 
