@@ -33,6 +33,8 @@ report_p99_ms_1024_workers   p99 of (PS receive time - worker send stamp) of chu
                              worker coroutines on one PS (exp:0.1 chunks: ~10 reports/s per
                              worker); baseline: 1024 bare connections on one loop sending small
                              stamped frames at the same rate
+report_p99_ms_1024_worker_hosts  as report_p99_ms_1024_workers with the workers in one
+                             worker-host process (``--worker-hosts 1``): the PS's loop alone
 wire_payload_vs_raw_socket   coded-gradient frames worker -> PS (d = 10^6 and 10^7 float32, the
                              worse ratio) / a blocking raw socket, same bytes
 wire_payload_vs_raw_socket_auth  the same with per-frame authentication, when the build has it
@@ -99,6 +101,7 @@ GOALS: dict[str, tuple[str, str]] = {
     "core_us_per_worker_round": ("us", "value <= 40"),
     "ready_s_m1024": ("s", "value <= 10"),
     "report_p99_ms_1024_workers": ("ms", "value <= 2"),
+    "report_p99_ms_1024_worker_hosts": ("ms", "value <= 2"),
     "wire_payload_vs_raw_socket": ("GB/s", "ratio >= 0.8"),
     "bulk_round_vs_raw": ("GB/s", "ratio >= 0.5"),
     "decode_vs_gemv": ("ms", "ratio <= 1.25"),
@@ -742,7 +745,8 @@ async def _bare(m: int, rate_hz: float, duration_s: float, seed: int) -> dict[st
     return {"ready_s": t_ready, "latencies_s": state["lat"]}
 
 
-def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int) -> dict[str, Any]:
+def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int,
+                     worker_hosts: int = 0) -> dict[str, Any]:
     """One m-worker coroutine run of partial; the PS-side tap gives ready and report times.
     ``_ready`` (s to the last distinct ready, nan if not all) and ``_p99`` (ms) for the caller."""
     import numpy as np
@@ -757,7 +761,7 @@ def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int) -> dict[str, A
     with ps_receive_tap() as log, watchdog(sz.many_limit_s) as fired:
         try:
             res = run_live(cfg, ["partial"], mode="coroutines", out_dir=None, verify=False,
-                           plots=False)
+                           plots=False, worker_hosts=worker_hosts)
             n_rounds = len(_completed(res.records["partial"]))
         except KeyboardInterrupt:
             if not fired:
@@ -837,6 +841,36 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
     except Exception as exc:
         return [failed(n, base_ready if n.startswith("ready") else base_p99, exc)
                 for n in sorted(only & names)]
+
+
+def many_hosts_record(sz: Sizes) -> dict[str, Any]:
+    """report_p99_ms_1024_worker_hosts: as report_p99_ms_1024_workers with the 1024 coroutine
+    workers in one worker-host process (``--worker-hosts 1``), bare loop interleaved."""
+    import numpy as np
+
+    from aiogc.net.drivers import run_on
+
+    m, mean_chunk_s = sz.m_many, 0.1
+    base = ("p99 of 1024 bare connections on one loop sending stamped frames at the same "
+            "per-worker rate")
+    try:
+        p99, bare, trials = [], [], []
+        for t in range(sz.many_trials):
+            b = run_on("uvloop", _bare(m, 1 / mean_chunk_s, 2.0, seed=t))
+            bare.append(1e3 * float(np.percentile(b["latencies_s"], 99)))
+            tr = _many_live_trial(sz, m, f"exp:{mean_chunk_s}", seed=1 + t, worker_hosts=1)
+            tr.pop("_ready")
+            p99.append(tr.pop("_p99"))
+            trials.append(tr)
+            _log(f"  live m={m}, 1 worker host: {tr}")
+        ok = [x for x in p99 if math.isfinite(x)]
+        return record("report_p99_ms_1024_worker_hosts", _med(ok) if ok else None,
+                      baseline=base, baseline_value=_med(bare), trials=len(ok),
+                      detail={"m": m, "worker_hosts": 1, "delta": 4,
+                              "delay": f"exp:{mean_chunk_s}", "rounds": sz.many_rounds,
+                              "trials": trials, "bare_p99_ms": bare})
+    except Exception as exc:
+        return failed("report_p99_ms_1024_worker_hosts", base, exc)
 
 
 # ------------------------------------------------------------------------------ wire
@@ -1125,6 +1159,7 @@ def run_suite(sz: Sizes, only: set[str], workdir: Path,
           lambda: live_records(sz, workdir, only))
     stage("1024", {"ready_s_m1024", "report_p99_ms_1024_workers"},
           lambda: many_records(sz, workdir, only))
+    stage("1024 hosts", {"report_p99_ms_1024_worker_hosts"}, lambda: [many_hosts_record(sz)])
     order = list(GOALS)
     return sorted(recs, key=lambda r: order.index(r["name"]))
 

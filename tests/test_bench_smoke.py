@@ -25,7 +25,7 @@ NAMES = {
     "report_p99_ms_1024_workers", "wire_payload_vs_raw_socket", "bulk_round_vs_raw",
     "decode_vs_gemv", "simulate_m100_seconds", "ps_peak_rss_mb_m64_d1e6",
     "wire_payload_vs_raw_socket_auth", "frames_per_worker_round", "wire_auth_vs_gmac_bound",
-    "round_vs_sim_m64_worker_hosts",
+    "round_vs_sim_m64_worker_hosts", "report_p99_ms_1024_worker_hosts",
 }
 KEYS = {"name", "value", "unit", "baseline", "baseline_value", "ratio", "goal", "holds",
         "trials", "note", "detail"}
