@@ -86,22 +86,54 @@ def partial_trigger_offset(scheme: Any, ft: list[np.ndarray]) -> float:
     return float("inf")
 
 
-def interleaved_schedule(m: int, k: int, rounds: int, gap_s: float) -> DelaySchedule:
-    """Chunk completions on a grid ``gap_s`` apart, no two at once, so the decisions do not
-    depend on timing jitter well below ``gap_s``; the order of all ``m * k`` completions is a
-    random interleaving, so fast and slow workers (and the state vectors) vary by round."""
-    rng = np.random.default_rng(11)
-    comp = np.empty((rounds, m, k))
-    for r in range(rounds):
-        order = rng.permutation(np.repeat(np.arange(m), k))  # which worker completes next
-        finish = np.empty((m, k))
+#: A chunk that must not finish within a round (an hour): the PS triggers long before.
+NEVER_S = 3600.0
+
+
+def pinned_trigger_schedule(config: RunConfig, gap_s: float = 0.01,
+                            seed: int = 11) -> DelaySchedule:
+    """A schedule whose decisions cannot depend on timing, however loaded the machine.
+
+    Per round, a random interleaving of chunk completions runs until the PS could decode;
+    that state is then shrunk, worker by worker in random order, to a *minimal* decodable
+    state s (s decodable, s - e_j not decodable for every j with s_j > 0). The positions
+    below s_j finish ``gap_s`` apart; every other position takes :data:`NEVER_S`. Since
+    decodability is monotone in the state, every state a run passes through before s is
+    below s and so not decodable: the trigger state is s whatever order the reports arrive
+    in, and so are the coded vectors, the decode and the loss.
+
+    Returns
+    -------
+    DelaySchedule
+        compute_s of shape (config.rounds, m, max load); network delays zero.
+    """
+    scheme = config.build_scheme()
+    m, loads = scheme.m, np.asarray(scheme.loads, dtype=int)
+    rng = np.random.default_rng(seed)
+    comp = np.full((config.rounds, m, int(loads.max())), NEVER_S)
+    for r in range(config.rounds):
+        state = np.zeros(m, dtype=int)
+        for j in rng.permutation(np.repeat(np.arange(m), loads)):
+            state[j] += 1
+            if scheme.is_decodable(state):
+                break
+        for j in rng.permutation(m):
+            while state[j] > 0:
+                state[j] -= 1
+                if not scheme.is_decodable(state):
+                    state[j] += 1
+                    break
+        assert scheme.is_decodable(state)
+        order = rng.permutation(np.repeat(np.arange(m), state))
+        finish = np.zeros((m, int(loads.max())))
         done = np.zeros(m, dtype=int)
         for slot, j in enumerate(order):
             finish[j, done[j]] = gap_s * (slot + 1)
             done[j] += 1
-        comp[r] = np.diff(np.concatenate([np.zeros((m, 1)), finish], axis=1), axis=1)
-    return DelaySchedule(compute_s=comp, network_s=np.zeros((rounds, m)), seed=11,
-                         compute_spec="spaced", network_spec="none")
+        for j in range(m):
+            comp[r, j, : state[j]] = np.diff(finish[j, : state[j]], prepend=0.0)
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((config.rounds, m)), seed=seed,
+                         compute_spec="pinned-trigger", network_spec="none")
 
 
 def wait_pids_exit(pids: set[int], timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord, derive_worker_key
 from aiogc.records import load_run
-from tests.helpers import interleaved_schedule
+from tests.helpers import pinned_trigger_schedule
 
 if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
     import ray
@@ -75,7 +75,7 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     decisions do not depend on timing -- the same state vectors, losses and errors bit for bit."""
     m, k, rounds = 4, 2, 3
     delays = tmp_path / "delays_in.csv"
-    interleaved_schedule(m, k, rounds, gap_s=0.05).to_csv(delays)
+    pinned_trigger_schedule(RunConfig(workers=m, delta=k, rounds=rounds, seed=3)).to_csv(delays)
     common = ["--workers", str(m), "--delta", str(k), "--rounds", str(rounds),
               "--schemes", "partial", "--delay", f"replay:{delays}", "--seed", "3",
               "--task", "linreg:samples=120,dim=6", "--no-plots", "--no-progress"]

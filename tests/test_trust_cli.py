@@ -6,6 +6,7 @@ a dead parent or a second program is the point (marked ``processes``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -196,20 +197,91 @@ def test_ps_sigterm_while_joining_writes_summary(tmp_path: Path) -> None:
     assert summary["interrupted_by"] == "SIGTERM"
 
 
+class _Relay:
+    """A loopback TCP relay owned by the test. A worker process connects to it first, which
+    proves the worker is up; only then does the test start the PS and point the relay at it.
+    So the PS's 1 s join deadline runs while a started worker is already waiting, and never
+    races how long a process takes to start on a loaded machine (1.0-1.2 s measured).
+
+    Every accepted connection (the worker reconnects if its handshake times out) is paired
+    with a fresh connection to the target, bytes pumped both ways until either side ends.
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        self.connected = threading.Event()
+        self._target: tuple[str, int] | None = None
+        self._target_set = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def point_at(self, addr: str) -> None:
+        host, port = addr.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._target_set.set()
+
+    def close(self) -> None:
+        self._sock.close()
+        self._target_set.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed by the test
+                return
+            self.connected.set()
+            threading.Thread(target=self._pair, args=(conn,), daemon=True).start()
+
+    def _pair(self, conn: socket.socket) -> None:
+        self._target_set.wait()
+        if self._target is None:
+            conn.close()
+            return
+        try:
+            upstream = socket.create_connection(self._target)
+        except OSError:
+            conn.close()
+            return
+        pumps = [threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                 for a, b in ((conn, upstream), (upstream, conn))]
+        for t in pumps:
+            t.start()
+        for t in pumps:
+            t.join()
+        conn.close()
+        upstream.close()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
 @pytest.mark.processes
 def test_worker_says_why_it_exits_when_the_ps_ends_early(tmp_path: Path) -> None:
-    ps = _aiogc("ps", "--port", "0", "--loop", "asyncio", "--join-timeout", "1", *SMALL)
-    w = None
+    relay = _Relay()
+    ps = None
+    w = _aiogc("worker", "--connect", relay.addr, "--id", "0", "--loop", "asyncio")
     try:
-        addr = _listening(ps)
-        w = _aiogc("worker", "--connect", addr, "--id", "0", "--loop", "asyncio")
+        # the worker is up when it connects (an event, not a duration)
+        while not relay.connected.wait(0.1):
+            if w.poll() is not None:
+                pytest.fail(f"worker exited before connecting: {w.communicate()[1]}")
+        ps = _aiogc("ps", "--port", "0", "--loop", "asyncio", "--join-timeout", "1", *SMALL)
+        relay.point_at(_listening(ps))
         _, werr = w.communicate(timeout=GUARD_S)
         _, perr = ps.communicate(timeout=GUARD_S)
     finally:
+        relay.close()
         for p in (ps, w):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+    assert ps is not None
     assert w.returncode == 1, werr
     assert "aiogc worker 0: exiting: PS ended the run: only 1 of 2 workers ready" in werr
     assert ps.returncode == 1 and "end reason: only 1 of 2 workers ready" in perr

@@ -188,7 +188,11 @@ class _PSActor:
                 # the PS's clock, like every frame time it records
                 self._end_reason, self._end_t_ns = ev.reason, time.monotonic_ns()
 
-        server = PSServer(ps, host=host, port=0, frame_log=frame_log, on_event=on_event)
+        # the join deadline starts once every worker actor exists (register), not at listen:
+        # placing and starting m actors on a loaded cluster can take longer than the whole
+        # join timeout (0 of 32 joined in 30 s)
+        server = PSServer(ps, host=host, port=0, frame_log=frame_log, on_event=on_event,
+                          join_clock=False)
         serving = asyncio.create_task(server.serve())
         started = asyncio.create_task(server.started.wait())
         await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
@@ -206,6 +210,8 @@ class _PSActor:
         """A worker actor (re)started: note where it runs; returns its incarnation (1, 2...)."""
         j = int(info["worker"])
         self._incarnations[j] += 1
+        if self._server is not None and len(self._incarnations) == self._server.ps.m:
+            self._server.workers_launched()
         self._placements.append({**info, "incarnation": self._incarnations[j], "address": None,
                                  "ps_time": time.monotonic()})
         return self._incarnations[j]
@@ -223,6 +229,12 @@ class _PSActor:
         await self._serving
         return {"records": self._server.ps.records, "end_reason": self._end_reason,
                 "end_t_ns": self._end_t_ns}
+
+    async def workers_launched(self) -> None:
+        """Start the join deadline now (the driver's fallback when some actor never
+        registers within the placement timeout)."""
+        if self._server is not None:
+            self._server.workers_launched()
 
     async def stop(self, reason: str) -> None:
         if self._server is not None:
@@ -486,12 +498,18 @@ class _Driver:
                 bar: Progress) -> dict[str, Any]:
         """Poll the PS until it finished; write what it reports as it comes."""
         ray = self.ray
-        guard = time.monotonic() + _guard_s(cfg)
+        guard = time.monotonic() + _guard_s(cfg) + self.placement_timeout_s
+        # the PS starts its join deadline when every worker actor registered; an actor Ray
+        # never starts must not hold it off for ever
+        launch_deadline: float | None = time.monotonic() + self.placement_timeout_s
         stop_deadline: float | None = None
         drain = _Drain(ray, ps)
         while True:
             ready, _ = ray.wait([done], timeout=POLL_S)
             self._write(drain.poll(timeout_s=0.0), cfg, scheme, ctx, bar)
+            if launch_deadline is not None and time.monotonic() > launch_deadline:
+                ps.workers_launched.remote()
+                launch_deadline = None
             if ready:
                 # the pending poll may predate the end: collect it, then everything after it
                 self._write(drain.poll(timeout_s=30.0), cfg, scheme, ctx, bar)

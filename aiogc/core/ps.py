@@ -292,6 +292,8 @@ class ParameterServer(Endpoint):
         self._round: _RoundState | None = None
         self._round_no = -1
         self._join_deadline: float | None = None
+        #: True while start(join_clock=False) waits for workers_launched()
+        self._join_clock_deferred = False
         self.records: list[RoundRecord] = []
         # payload buffers: one row per worker, reused across rounds (the network layer
         # receives each payload straight into its row: performance.md pitfall 4)
@@ -301,10 +303,28 @@ class ParameterServer(Endpoint):
 
     # ================================================================== driver contract
 
-    def start(self, *, now: float) -> None:
+    def start(self, *, now: float, join_clock: bool = True) -> None:
         """The PS is listening: the join deadline runs from here, not from the first
-        connection (a PS nobody connects to ends with a reason instead of waiting forever)."""
-        if self._join_deadline is None and self.phase is _P_JOINING:
+        connection (a PS nobody connects to ends with a reason instead of waiting forever).
+
+        ``join_clock=False``: whoever launches the workers calls :meth:`workers_launched`
+        once they exist (the Ray backend when every actor registered, a test after starting
+        its processes), so the first join deadline never races how fast a process starts on
+        a loaded machine. Until then round 0 waits for all m workers.
+        """
+        self._join_clock_deferred = not join_clock
+        if join_clock:
+            self._arm_join_deadline(now)
+
+    def workers_launched(self, *, now: float) -> None:
+        """The launcher's workers exist: the deferred join deadline starts now (no-op when
+        the clock already runs or round 0 has started)."""
+        self._join_clock_deferred = False
+        self._arm_join_deadline(now)
+
+    def _arm_join_deadline(self, now: float) -> None:
+        if (self._join_deadline is None and self.phase is _P_JOINING
+                and not self._join_clock_deferred):
             self._join_deadline = now + self.config.join_timeout_s
 
     @property
@@ -329,8 +349,7 @@ class ParameterServer(Endpoint):
         nonce = self.nonce_fn()
         self._peers[peer] = _Peer(nonce=nonce)
         self._pending[peer] = now + self.auth_deadline_s
-        if self._join_deadline is None and self.phase is _P_JOINING:
-            self._join_deadline = now + self.config.join_timeout_s
+        self._arm_join_deadline(now)
         self._send(peer, Challenge(nonce=nonce, epoch=self.epoch))
 
     def connection_lost(self, peer: Hashable, *, now: float, code: str | None = None) -> None:

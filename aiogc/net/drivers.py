@@ -204,6 +204,9 @@ class PSServer:
         ``frame_log(direction, peer, msg, nbytes)`` for every frame in ("in") and out ("out").
     on_event : callable, optional
         Receives every core event (records, progress bars).
+    join_clock : bool
+        False: the first join deadline starts at :meth:`workers_launched`, not at listen
+        (:meth:`ParameterServer.start`).
     """
 
     def __init__(
@@ -214,6 +217,7 @@ class PSServer:
         port: int = 0,
         frame_log: FrameLog | None = None,
         on_event: EventSink | None = None,
+        join_clock: bool = True,
     ) -> None:
         if not is_loopback(host) and ps.secret is None:
             raise ConfigError("secret", None, f"a shared secret when binding non-loopback {host}")
@@ -222,6 +226,7 @@ class PSServer:
         self.port = port
         self._frame_log = frame_log
         self._on_event = on_event
+        self._join_clock = join_clock
         self._conns: set[FramedConnection] = set()
         self._conns_changed = asyncio.Event()  # set on every connection opened or closed
         self._done: asyncio.Future[None] | None = None
@@ -260,7 +265,7 @@ class PSServer:
         server = await loop.create_server(self._protocol, self.host, self.port,
                                           backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
-        self.ps.start(now=self._now())
+        self.ps.start(now=self._now(), join_clock=self._join_clock)
         self.started.set()
         self._pump()
         try:
@@ -271,6 +276,13 @@ class PSServer:
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
             await self._flush_and_close()
             await server.wait_closed()
+
+    def workers_launched(self) -> None:
+        """The launcher's workers exist: start the deferred join deadline."""
+        if self._loop is None:
+            return
+        self.ps.workers_launched(now=self._now())
+        self._pump()
 
     def stop(self, reason: str = "stopped") -> None:
         """Abort the run (SIGTERM, Ctrl-C): workers are told to shut down."""
