@@ -1,5 +1,5 @@
 """``python -m aiogc`` = the ``aiogc`` command."""
 
-from .cli import main
+from aiogc.cli import main
 
 raise SystemExit(main())

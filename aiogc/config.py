@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .coding.base import Scheme
-from .coding.registry import (
+from aiogc.coding.base import Scheme
+from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
     ORDERINGS,
@@ -26,7 +26,7 @@ from .coding.registry import (
     scheme_names,
     scheme_spec,
 )
-from .errors import ConfigError
+from aiogc.errors import ConfigError
 
 __all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "ORDERINGS", "RunConfig",
            "scheme_digest"]
@@ -148,7 +148,7 @@ class RunConfig:
                               f"< round_timeout_s={self.round_timeout_s}")
         # bounded setup: refuse before anything is allocated (PS, and a worker given it in
         # welcome); the module holds no numpy state, so the import is cheap
-        from .coding.decoding_matrix import check_setup_budget
+        from aiogc.coding.decoding_matrix import check_setup_budget
 
         check_setup_budget(self.scheme, self.workers, self.delta, self.n_parts)
 
@@ -193,7 +193,7 @@ class RunConfig:
 
     def build_scheme(self) -> Scheme:
         """The coding scheme, rebuilt deterministically from ``seed`` (same on every side)."""
-        from .coding import make_scheme
+        from aiogc.coding import make_scheme
 
         rng = np.random.default_rng([self.seed, 0x5C4E3E])
         return make_scheme(

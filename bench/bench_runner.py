@@ -1,6 +1,7 @@
 """Runner benchmark: worker start-up, protocol rounds and bulk rounds through ``run_live``.
 
-Everything goes through the public :func:`aiogc.runner.run_live` with ``mode="processes"`` (and,
+Everything goes through the public :func:`aiogc.harness.local.run_live` with
+``mode="processes"`` (and,
 for the protocol round, also ``"coroutines"`` as a single-process reference), ``verify=False``,
 ``out_dir=None``, ``plots=False``. Times come from the PS's :class:`RoundRecord` (``t_start``,
 ``t_trigger``, ``t_end`` on the ``time.monotonic()`` clock of this process). The machine is
@@ -62,7 +63,7 @@ def _med(xs: list[float]) -> float:
 
 def _one_run(cfg: Any, scheme: str, *, mode: str = "processes", loop: str = "uvloop",
              start_method: str = "forkserver") -> tuple[list[Any], float]:
-    from aiogc.runner import run_live
+    from aiogc.harness.local import run_live
 
     t0 = time.monotonic()
     res = run_live(cfg, [scheme], mode=mode, out_dir=None, verify=False, loop=loop,

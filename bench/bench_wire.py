@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.messages import (
+from aiogc.net.framing import FramedConnection
+from aiogc.protocol.messages import (
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -51,8 +52,7 @@ from aiogc.messages import (
     Pong,
     RoundStart,
 )
-from aiogc.net.framing import FramedConnection
-from aiogc.wire import encode_frame
+from aiogc.protocol.wire import encode_frame
 
 HOST = "127.0.0.1"
 _REQ = struct.Struct(">QQ")  # raw baseline request: frames, frame_bytes

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiogc.tasks import FunctionTask
+from aiogc.training.tasks import FunctionTask
 
 DEFAULT_DIM = 1_000_000
 _PREFIX = "bulk_"
 
 
 def make(n_chunks: int, seed: int, dim: int = DEFAULT_DIM) -> FunctionTask:
-    """A :class:`~aiogc.tasks.FunctionTask` of dimension ``dim`` with ``n_chunks`` chunks."""
+    """A :class:`~aiogc.training.tasks.FunctionTask`: dimension ``dim``, ``n_chunks`` chunks."""
     rng = np.random.default_rng([int(seed), 0xB01C])
     base = rng.standard_normal(dim + n_chunks, dtype=np.float32).astype(np.float64)
     base *= 1e-3

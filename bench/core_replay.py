@@ -21,7 +21,7 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.core import Setup, Worker
-from aiogc.runner import make_ps, materialise_for
+from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
 METHODS = ("poll", "finish_chunks", "receive_and_poll", "handle_timer_and_poll",

@@ -44,10 +44,10 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.core import Worker
-from aiogc.delays import materialise
-from aiogc.messages import CodedGradient
+from aiogc.harness.kit import make_ps
 from aiogc.net.drivers import PSServer, WorkerClient
-from aiogc.runner import make_ps
+from aiogc.protocol.messages import CodedGradient
+from aiogc.training.delays import materialise
 
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
 

@@ -279,7 +279,7 @@ def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None, int | None
 
 
 def _records_of(run_dir: Path) -> dict[str, list[Any]]:
-    from aiogc.records import load_run, records_from_run
+    from aiogc.harness.records import load_run, records_from_run
 
     return records_from_run(load_run(run_dir))
 
@@ -295,7 +295,8 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
                 loop: str = "uvloop", delta: int = 4, delay: str = "exp:0.01") -> dict[str, Any]:
     """One live run of partial and original on one schedule, then the simulator replaying it.
 
-    Live: :func:`aiogc.runner.run_live` as ``aiogc run --as MODE --workers m --delta δ --ell 1
+    Live: :func:`~aiogc.harness.local.run_live` as ``aiogc run --as MODE --workers m --delta δ
+    --ell 1
     --delay DELAY --rounds R --seed S --out RUN`` would call it (verify on, no plots). Sim: the
     fast engine of ``aiogc simulate --delay replay:RUN/delays.csv`` (same assignment, δ, ℓ,
     rounds), its per-round completion times taken on the rounds the live run completed.
@@ -303,7 +304,7 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
     import numpy as np
 
     from aiogc.config import RunConfig
-    from aiogc.runner import run_live
+    from aiogc.harness.local import run_live
     from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 
     run_dir = workdir / f"live-m{m}-{mode}-s{seed}"
@@ -752,7 +753,7 @@ def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int,
     import numpy as np
 
     from aiogc.config import RunConfig
-    from aiogc.runner import run_live
+    from aiogc.harness.local import run_live
 
     cfg = RunConfig(workers=m, delta=4, n_parts=1, delay=delay, rounds=sz.many_rounds,
                     seed=seed, join_timeout_s=sz.many_limit_s)
@@ -1090,7 +1091,7 @@ def _rss_child(args: dict[str, Any]) -> None:
     import bulk_task
 
     from aiogc.config import RunConfig
-    from aiogc.runner import run_live
+    from aiogc.harness.local import run_live
 
     floor_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = RunConfig(workers=args["m"], delta=4 if args["m"] > 4 else 2, n_parts=1,

@@ -57,8 +57,9 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.core import Finished, ParameterServer, RoundCompleted, RoundRecord, Worker
-from aiogc.delays import DelaySchedule
-from aiogc.messages import (
+from aiogc.harness.kit import make_ps
+from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
+from aiogc.protocol.messages import (
     Bye,
     ChunkReport,
     CodedGradient,
@@ -75,9 +76,8 @@ from aiogc.messages import (
     Shutdown,
     state_digest,
 )
-from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
-from aiogc.runner import make_ps
-from aiogc.wire import encode_frame_bytes
+from aiogc.protocol.wire import encode_frame_bytes
+from aiogc.training.delays import DelaySchedule
 
 HOST = "127.0.0.1"
 #: The goal: every bad connection closed within this many seconds.

@@ -14,9 +14,9 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, Setup, Worker
-from aiogc.delays import DelaySchedule
-from aiogc.runner import make_ps, materialise_for
+from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
+from aiogc.training.delays import DelaySchedule
 
 
 @dataclass

@@ -7,7 +7,6 @@ import warnings
 import numpy as np
 import pytest
 
-from aiogc.assignment_file import load_assignment
 from aiogc.coding import (
     assignment_from_matrix,
     check_conditioning,
@@ -19,6 +18,7 @@ from aiogc.coding import (
     worst_condition_number,
 )
 from aiogc.errors import CodingError
+from aiogc.harness.assignment_file import load_assignment
 
 
 def test_cyclic_layout() -> None:

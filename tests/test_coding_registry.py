@@ -341,8 +341,8 @@ def test_test_scheme_trains_over_loopback(test_scheme: str) -> None:
     """PS and m workers over real loopback TCP: every round exact, triggered by the scheme's
     own rule (every chunk reported by two holders at the trigger)."""
     from aiogc.core import Worker
+    from aiogc.harness.kit import make_ps, materialise_for
     from aiogc.net.drivers import PSServer, WorkerClient
-    from aiogc.runner import make_ps, materialise_for
 
     config = RunConfig(scheme=test_scheme, workers=4, delta=3, rounds=3, seed=2,
                        task="linreg:samples=120,dim=6", delay="exp:0.002", heartbeat_s=1.0,

@@ -31,12 +31,10 @@ from aiogc.core import (
     Worker,
     WorkerDropped,
     WorkerJoined,
-    derive_worker_key,
 )
-from aiogc.core.common import config_hash, hello_mac, session_keys, welcome_mac
-from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.messages import (
+from aiogc.protocol.auth import config_hash, derive_worker_key, hello_mac, session_keys, welcome_mac
+from aiogc.protocol.messages import (
     Challenge,
     ChunkReport,
     CodedGradient,
@@ -46,9 +44,10 @@ from aiogc.messages import (
     Welcome,
     state_digest,
 )
+from aiogc.protocol.status import EndReason
 from aiogc.sim.engine import Simulation
-from aiogc.status import EndReason
-from aiogc.worker_setup import SetupCache, TaskNotAllowed, TaskPolicy
+from aiogc.training.delays import DelaySchedule
+from aiogc.training.setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
 
 
@@ -727,7 +726,7 @@ def test_session_keys_differ_per_direction_and_session() -> None:
 def test_plugin_task_from_the_wire_is_refused(tmp_path: Any) -> None:
     """No code from the wire: the PS names a plug-in task its workers were not given."""
     plug = tmp_path / "plug.py"
-    plug.write_text("from aiogc.tasks import make_task\n"
+    plug.write_text("from aiogc.training.tasks import make_task\n"
                     "def make(n, seed):\n"
                     "    return make_task('linreg:samples=60,dim=4', n, seed)\n")
     cfg = _cfg(task=f"{plug}:make", rounds=1, join_timeout_s=1.0)
@@ -786,7 +785,7 @@ def test_worker_gives_up_on_a_silent_handshake() -> None:
 
 def test_pings_are_rate_limited() -> None:
     from aiogc.core.ps import PING_BURST
-    from aiogc.messages import Ping, Pong
+    from aiogc.protocol.messages import Ping, Pong
 
     rig = _joined_rig()
     rig.ps.messages_to_send()

@@ -1,4 +1,5 @@
-"""Tests of aiogc.delays: model statistics, determinism, combinators, CSV round trip, errors."""
+"""Tests of aiogc.training.delays: model statistics, determinism, combinators, CSV round trip,
+errors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiogc.delays import (
+from aiogc.errors import ConfigError
+from aiogc.training.delays import (
     DelayModel,
     DelaySchedule,
     Failures,
@@ -20,7 +22,6 @@ from aiogc.delays import (
     materialise,
     parse_delay,
 )
-from aiogc.errors import ConfigError
 
 N = 200_000  # samples for the statistical checks (fast: vectorised draws)
 

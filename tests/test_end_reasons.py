@@ -1,4 +1,4 @@
-"""Round end reasons are codes (:class:`aiogc.status.EndReason`) with the particulars in
+"""Round end reasons are codes (:class:`aiogc.protocol.status.EndReason`) with the particulars in
 ``end_detail``: set by the PS, written to rounds.csv, read back, summarised and printed."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from aiogc.coding.consistency import RoundGuard, Verdict
 from aiogc.config import RunConfig
 from aiogc.core.common import RoundRecord
 from aiogc.errors import ConfigError
-from aiogc.records import RunRecorder, load_run, records_from_run, summarize
-from aiogc.runner import format_summary, run_end_reason
-from aiogc.status import EndReason, RoundStatus, describe_end
+from aiogc.harness.kit import format_summary, run_end_reason
+from aiogc.harness.records import RunRecorder, load_run, records_from_run, summarize
+from aiogc.protocol.status import EndReason, RoundStatus, describe_end
 from tests.helpers import build_rig
 
 CFG = RunConfig(workers=6, delta=3, rounds=3, delay="exp:0.05", seed=3,

@@ -278,9 +278,9 @@ def test_round_times_do_not_depend_on_b(assignment: str) -> None:
     """exact-speedup, latency and ordering build the partial scheme with the cheap Gaussian B
     where only round times matter; that is sound only if B does not change them."""
     from aiogc.coding import make_scheme
-    from aiogc.delays import materialise
     from aiogc.experiments._common import code_rng
     from aiogc.sim.fast import exact_times
+    from aiogc.training.delays import materialise
 
     sched = materialise("exp:1.0", rounds=100, m=20, max_chunks=4, seed=3)
     for ell in (2, 3):
@@ -296,7 +296,7 @@ def test_breast_cancer_task_is_the_documented_file() -> None:
     import hashlib
     import importlib.resources
 
-    from aiogc.tasks import load_breast_cancer, make_task
+    from aiogc.training.tasks import load_breast_cancer, make_task
 
     raw = importlib.resources.files("aiogc").joinpath("data", "breast_cancer.csv").read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
@@ -338,8 +338,8 @@ def test_without_matplotlib_the_csv_and_json_stand_and_it_says_so(
 def test_breast_cancer_is_a_builtin_task_for_remote_workers() -> None:
     """It ships inside the package, so a worker may build it from the PS's config like
     logreg:builtin (no file path, no code from the wire)."""
-    from aiogc.tasks import task_kind
-    from aiogc.worker_setup import TaskPolicy
+    from aiogc.training.setup import TaskPolicy
+    from aiogc.training.tasks import task_kind
 
     assert task_kind("logreg:breast-cancer") == ("logreg-builtin", None)
     TaskPolicy().check("logreg:breast-cancer")  # raises TaskNotAllowed otherwise

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiogc import runner
 from aiogc.config import RunConfig
 from aiogc.core import (
     Finished,
@@ -39,10 +38,11 @@ from aiogc.core import (
     Welcomed,
     WorkerDropped,
 )
-from aiogc.delays import DelaySchedule
-from aiogc.messages import ChunkReport, EncodeAndTransmit, Message
+from aiogc.harness import local as runner
 from aiogc.net.drivers import PSServer
-from aiogc.status import EndReason
+from aiogc.protocol.messages import ChunkReport, EncodeAndTransmit, Message
+from aiogc.protocol.status import EndReason
+from aiogc.training.delays import DelaySchedule
 from tests.test_net import (
     GUARD_S,
     HOST,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
-from aiogc.messages import (
+from aiogc.net.framing import FramedConnection
+from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Bye,
     ChunkReport,
@@ -28,8 +29,7 @@ from aiogc.messages import (
     Pong,
     RoundStart,
 )
-from aiogc.net.framing import FramedConnection
-from aiogc.wire import (
+from aiogc.protocol.wire import (
     COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,

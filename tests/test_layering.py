@@ -1,11 +1,18 @@
-"""The layering rule, enforced: the math (coding/) and the protocol core (core/) are pure:
-no clock, sockets, files, processes, dynamic imports or global randomness; they get time,
-bytes and arrays from their drivers (net/, sim/), which is what lets one core run on both
-asyncio and the virtual clock."""
+"""The layering rule, enforced.
+
+1. The math (coding/), the protocol contract (protocol/) and the protocol core (core/) are pure:
+   no clock, sockets, files, processes, dynamic imports or global randomness; they get time,
+   bytes and arrays from their drivers (net/, sim/), which is what lets one core run on both
+   asyncio and the virtual clock.
+2. The package is a stack of wings (docs/architecture.md). Each wing imports only the wings
+   in its allow list below; the module import graph of ``aiogc/`` has no circle and no arrow
+   from a lower wing to a higher one.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -13,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "aiogc"
 CODING = sorted((ROOT / "coding").glob("*.py"))
 CORE = sorted((ROOT / "core").glob("*.py"))
-PURE = [*CODING, *CORE, ROOT / "messages.py", ROOT / "wire.py"]
+PROTOCOL = sorted((ROOT / "protocol").glob("*.py"))
+PURE = [*CODING, *CORE, *PROTOCOL]
 #: No clock, sockets, event loop, threads or global randomness in any pure module.
 FORBIDDEN = {"asyncio", "socket", "time", "random", "multiprocessing", "threading", "selectors",
              "uvloop"}
@@ -21,9 +29,24 @@ FORBIDDEN = {"asyncio", "socket", "time", "random", "multiprocessing", "threadin
 #: from their callers, never from the file system or a dynamically imported module.
 FORBIDDEN_MATH_AND_CORE = FORBIDDEN | {"os", "io", "importlib", "subprocess", "pathlib", "shutil",
                                        "tempfile", "glob", "signal", "sys"}
-#: Which aiogc packages each layer may import (by resolved absolute name).
-MAY_IMPORT = {
-    "coding": {"aiogc.coding", "aiogc.errors"},
+#: The wings, bottom-up. ``errors`` is errors.py and the package's own __init__ (its version);
+#: ``config`` is config.py, the run configuration every wing above it shares (it builds schemes
+#: from the coding registry). A wing may import itself and exactly the wings listed.
+WINGS = ("errors", "coding", "config", "protocol", "core", "training", "net", "sim", "harness",
+         "experiments", "cli")
+_BELOW_CORE = {"errors", "coding", "config", "protocol"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "errors": set(),
+    "coding": {"errors"},
+    "config": {"errors", "coding"},
+    "protocol": {"errors"},
+    "core": _BELOW_CORE,
+    "training": _BELOW_CORE | {"core"},
+    "net": _BELOW_CORE | {"core", "training"},
+    "sim": _BELOW_CORE | {"core", "training"},  # never net: the two drivers stay apart
+    "harness": _BELOW_CORE | {"core", "training", "net", "sim"},
+    "experiments": _BELOW_CORE | {"core", "training", "net", "sim", "harness"},
+    "cli": set(WINGS) - {"cli"},
 }
 #: Known, owned exceptions: (file, module) -> why. Empty: the core's ``os.urandom`` nonces
 #: became an injected nonce source. A new entry must say why and who removes it.
@@ -104,17 +127,107 @@ def test_relative_and_lazy_imports_are_seen() -> None:
     assert _tops(found) & FORBIDDEN_MATH_AND_CORE == {"os", "subprocess", "io"}
 
 
-def test_layers_import_only_what_they_may() -> None:
-    for path in CODING:
-        own = {m for m in _resolved_imports(path) if m.split(".")[0] == "aiogc"}
-        allowed = MAY_IMPORT["coding"]
-        bad = {m for m in own if not any(m == a or m.startswith(a + ".") for a in allowed)}
-        assert not bad, f"{_rel(path)} imports {sorted(bad)}"
-    for path in CORE:
-        mods = _resolved_imports(path)
-        bad = {m for m in mods if m.startswith(("aiogc.net", "aiogc.sim", "aiogc.runner",
-                                                 "aiogc.cli"))}
-        assert not bad, f"{_rel(path)} imports {sorted(bad)}"
+def _wing(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "errors"
+    return {"__main__": "cli"}.get(parts[1], parts[1])
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the aiogc modules it imports (lazy imports included), each imported name
+    resolved to the module file that defines it."""
+    mods = _all_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for mod, path in mods.items():
+        for name in _resolved_imports(path):
+            if name.split(".")[0] == "aiogc":
+                target = resolve(name)
+                if target is not None and target != mod and not mod.startswith(target + "."):
+                    graph[mod].add(target)
+    return graph
+
+
+def test_every_module_sits_in_a_known_wing() -> None:
+    assert {_wing(m) for m in _all_modules()} <= set(WINGS)
+
+
+def test_wings_import_only_their_allow_list() -> None:
+    bad = sorted((a, b) for a, targets in _import_graph().items() for b in targets
+                 if _wing(b) != _wing(a) and _wing(b) not in MAY_IMPORT[_wing(a)])
+    assert not bad, f"imports outside the allow list: {bad}"
+
+
+def test_no_arrow_from_a_lower_wing_to_a_higher_one() -> None:
+    rank = {w: i for i, w in enumerate(WINGS)}
+    for wing, allowed in MAY_IMPORT.items():
+        assert all(rank[a] < rank[wing] for a in allowed if a != wing), (wing, allowed)
+    up = sorted((a, b) for a, targets in _import_graph().items() for b in targets
+                if rank[_wing(b)] > rank[_wing(a)])
+    assert not up, f"upward imports: {up}"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in list(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    """The checker itself, on a made-up graph with one circle of three and a tail."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_global_numpy_seeding() -> None:
@@ -127,7 +240,7 @@ def test_no_global_numpy_seeding() -> None:
 def test_transition_tables_agree_with_message_directions() -> None:
     """The core's per-phase acceptance tables and messages.py's direction sets are one truth."""
     from aiogc.core import ps, worker
-    from aiogc.messages import KINDS, PS_TO_WORKER, WORKER_TO_PS
+    from aiogc.protocol.messages import KINDS, PS_TO_WORKER, WORKER_TO_PS
 
     assert set(ps._ACCEPTS) | {"hello"} == set(WORKER_TO_PS)
     assert set(worker._ACCEPTS) == set(PS_TO_WORKER)

@@ -36,14 +36,14 @@ from aiogc.core import (
     WorkerJoined,
 )
 from aiogc.core.ps import MAX_PENDING_CONNECTIONS
-from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.messages import ChunkReport, Error, Hello, Ping, Shutdown
+from aiogc.harness.kit import make_ps as runner_make_ps
+from aiogc.harness.kit import materialise_for
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.net.framing import FramedConnection
-from aiogc.runner import make_ps as runner_make_ps
-from aiogc.runner import materialise_for
-from aiogc.wire import DEFAULT_LIMITS, FrameDecoder, encode_frame_bytes
+from aiogc.protocol.messages import ChunkReport, Error, Hello, Ping, Shutdown
+from aiogc.protocol.wire import DEFAULT_LIMITS, FrameDecoder, encode_frame_bytes
+from aiogc.training.delays import DelaySchedule
 from tests.helpers import build_rig
 
 HOST = "127.0.0.1"
@@ -773,9 +773,9 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
 def test_limits_after_auth_follow_the_run() -> None:
     """The post-auth header cap fits the largest legal worker header (an error with two
     MAX_TEXT strings) and nothing much larger; the send-queue cap follows the model size."""
-    from aiogc.messages import MAX_TEXT
     from aiogc.net.drivers import WORKER_MAX_HEADER, send_queue_cap
-    from aiogc.wire import encode_frame
+    from aiogc.protocol.messages import MAX_TEXT
+    from aiogc.protocol.wire import encode_frame
 
     worst = Error(code="é" * MAX_TEXT, reason="é" * MAX_TEXT)
     assert len(encode_frame(worst)[0]) - 4 <= WORKER_MAX_HEADER < 16 * 1024
@@ -791,7 +791,7 @@ def test_a_slow_setup_never_blocks_other_handshakes(run: Runner) -> None:
     (slow) build runs, the loop keeps serving every other worker's handshake."""
     import time as _time
 
-    from aiogc.worker_setup import SetupCache, TaskPolicy
+    from aiogc.training.setup import SetupCache, TaskPolicy
 
     config = cfg(workers=6, delta=3, rounds=2)
 

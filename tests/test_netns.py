@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from aiogc.config import RunConfig
-from aiogc.runner import run_live
+from aiogc.harness.local import run_live
 from tests.helpers import StreamWatcher, pinned_trigger_schedule, wait_pids_exit
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]

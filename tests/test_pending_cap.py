@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiogc.config import RunConfig
 from aiogc.core import PeerClosed
 from aiogc.core.ps import MAX_PENDING_CONNECTIONS
-from aiogc.messages import Hello
+from aiogc.protocol.messages import Hello
 from tests.helpers import build_rig
 
 

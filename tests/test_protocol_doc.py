@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aiogc.core.common import derive_worker_key, session_keys
-from aiogc.messages import (
+from aiogc.protocol.auth import derive_worker_key, session_keys
+from aiogc.protocol.messages import (
     KINDS,
     PROTOCOL_VERSION,
     ChunkReport,
@@ -31,7 +31,7 @@ from aiogc.messages import (
     RoundStart,
     state_digest,
 )
-from aiogc.wire import (
+from aiogc.protocol.wire import (
     COMPACT_LAYOUTS,
     KIND_CODES,
     PREFIX_BYTES,

@@ -19,8 +19,9 @@ import pytest
 
 from aiogc.cli import main
 from aiogc.config import RunConfig
-from aiogc.core import RoundRecord, derive_worker_key
-from aiogc.records import load_run
+from aiogc.core import RoundRecord
+from aiogc.harness.records import load_run
+from aiogc.protocol.auth import derive_worker_key
 from tests.helpers import pinned_trigger_schedule
 
 if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
@@ -29,7 +30,7 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
 
-from aiogc.cluster.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
+from aiogc.harness.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

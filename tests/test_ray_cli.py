@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from aiogc.cli import main
-from aiogc.cluster import ray_backend
-from aiogc.cluster.ray_backend import cpus_per_actor
+from aiogc.harness import ray_backend
+from aiogc.harness.ray_backend import cpus_per_actor
 from tests.helpers import StreamWatcher, wait_pids_exit
 
 #: Hang guard only (no assertion on durations).

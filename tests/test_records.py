@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
-from aiogc.delays import DelaySchedule
 from aiogc.errors import ConfigError
-from aiogc.inspect_run import inspect_round
-from aiogc.records import (
+from aiogc.harness.inspect_run import inspect_round
+from aiogc.harness.records import (
     COLUMN_TYPES,
     REPORT_COLUMNS,
     ROUND_COLUMNS,
@@ -31,8 +30,9 @@ from aiogc.records import (
     to_jsonable,
     worker_rows,
 )
-from aiogc.status import EndReason
-from aiogc.trace import chrome_trace
+from aiogc.harness.trace import chrome_trace
+from aiogc.protocol.status import EndReason
+from aiogc.training.delays import DelaySchedule
 
 M = 3
 LOADS = [2, 2, 2]
@@ -466,7 +466,7 @@ def test_load_run_missing_dir(tmp_path: Path) -> None:
 def test_plot_run_writes_three_pngs(tmp_path: Path, records: Records) -> None:
     # one policy with test_experiments.py: the plot extra is a test dependency (CI installs
     # '.[dev,plot]'), so a missing matplotlib fails here instead of skipping
-    from aiogc.plots import plot_run, representative_round
+    from aiogc.harness.plots import plot_run, representative_round
 
     write_run(tmp_path / "run", records)
     paths = plot_run(tmp_path / "run", tmp_path / "png")
@@ -484,7 +484,7 @@ def test_plot_run_writes_three_pngs(tmp_path: Path, records: Records) -> None:
 
 def test_plot_run_without_matplotlib(tmp_path: Path, records: Records,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from aiogc.plots import PlotUnavailable, plot_run
+    from aiogc.harness.plots import PlotUnavailable, plot_run
 
     write_run(tmp_path, records)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
@@ -494,7 +494,7 @@ def test_plot_run_without_matplotlib(tmp_path: Path, records: Records,
 
 
 def test_representative_round_edge_cases(records: Records) -> None:
-    from aiogc.plots import representative_round
+    from aiogc.harness.plots import representative_round
 
     assert representative_round([]) is None
     assert representative_round([records["original"][2]]) == 2  # only failed rounds
@@ -528,7 +528,7 @@ def test_inspect_round_tells_the_story(tmp_path: Path, records: Records) -> None
 
 
 def test_status_enums_parse_and_name_the_allowed_values() -> None:
-    from aiogc.status import EndReason, RoundStatus
+    from aiogc.protocol.status import EndReason, RoundStatus
 
     assert RoundStatus.parse("exact") is RoundStatus.EXACT
     assert str(RoundStatus.EXACT) == "exact"  # written to rounds.csv as its value

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
-from aiogc.records import RunRecorder, load_events, load_run, records_from_run
-from aiogc.status import EndReason, RoundStatus
+from aiogc.harness.records import RunRecorder, load_events, load_run, records_from_run
+from aiogc.protocol.status import EndReason, RoundStatus
 
 GOLDEN = Path(__file__).parent / "data" / "recorder_golden"
 M = 3
@@ -204,7 +204,7 @@ def test_an_error_mid_run_still_writes_every_buffered_row(tmp_path: Path) -> Non
 def test_a_signal_mid_run_still_writes_every_buffered_row(tmp_path: Path) -> None:
     """``runner.close_run`` (the path an interrupted or failed run takes) flushes the buffer
     with the summary."""
-    from aiogc.runner import RunResult, close_run
+    from aiogc.harness.kit import RunResult, close_run
 
     rec = RunRecorder(tmp_path, {})
     golden_calls(rec)

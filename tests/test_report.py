@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from aiogc.cli import main
+from aiogc.cli.report import build_report, write_report
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.experiments import run_experiment
-from aiogc.report import build_report, write_report
-from aiogc.runner import run_live
+from aiogc.harness.local import run_live
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

@@ -12,10 +12,11 @@ import pytest
 
 from aiogc.cli import main
 from aiogc.config import RunConfig
-from aiogc.delays import DelaySchedule, materialise
-from aiogc.records import load_run
-from aiogc.runner import materialise_for, run_live
+from aiogc.harness.kit import materialise_for
+from aiogc.harness.local import run_live
+from aiogc.harness.records import load_run
 from aiogc.sim.protocol import simulate_protocol
+from aiogc.training.delays import DelaySchedule, materialise
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=4, seed=7, task="linreg:samples=300,dim=10",
              delay="exp:0.004")

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aiogc.cli import simulate as sim_cli
 from aiogc.config import RunConfig
-from aiogc.sim import cli as sim_cli
 from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 from tests.helpers import finish_times, partial_trigger_offset

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiogc.cli.simulate import run_simulate
 from aiogc.config import RunConfig
-from aiogc.sim.cli import run_simulate
 from aiogc.sim.fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 

@@ -1,4 +1,5 @@
-"""Tests of aiogc.tasks: gradients, chunk sums, GD convergence, file formats, plug-ins, errors."""
+"""Tests of aiogc.training.tasks: gradients, chunk sums, GD convergence, file formats, plug-ins,
+errors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from aiogc.errors import ConfigError
-from aiogc.tasks import (
+from aiogc.training.tasks import (
     FunctionTask,
     LinearRegression,
     LogisticRegression,
@@ -313,8 +314,8 @@ def test_npz_missing_arrays(tmp_path: Path) -> None:
         "logreg:builtin,format=xml",
         "logreg:builtin,label=1",
         "no_such_module_xyz:factory",
-        "aiogc.tasks:no_such_attr",
-        "aiogc.tasks:BUILTIN_DATASET",
+        "aiogc.training.tasks:no_such_attr",
+        "aiogc.training.tasks:BUILTIN_DATASET",
         "math:sqrt",
     ],
 )
@@ -343,7 +344,7 @@ def test_bad_sizes() -> None:
 
 PLUGIN = """
 import numpy as np
-from aiogc.tasks import FunctionTask
+from aiogc.training.tasks import FunctionTask
 
 def factory(n_chunks, seed):
     rng = np.random.default_rng(seed)

@@ -131,12 +131,12 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A PS whose workers never all come: summary.json and events.jsonl say why."""
     from aiogc.config import RunConfig
-    from aiogc.runner import run_live
+    from aiogc.harness.local import run_live
 
     cfg = RunConfig(workers=3, delta=1, rounds=2, task="linreg:samples=30,dim=3",
                     delay="exp:0.001", join_timeout_s=0.5)
     # a wrong secret for every worker: they connect (starting the join timer) but never join
-    import aiogc.runner as runner
+    import aiogc.harness.local as runner
     from aiogc.core import Worker
 
     class WrongSecret(Worker):
@@ -361,7 +361,7 @@ def test_run_sigterm_writes_summary_and_exits_130(tmp_path: Path) -> None:
 def test_keys_derive_prints_the_worker_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aiogc.core import derive_worker_key
+    from aiogc.protocol.auth import derive_worker_key
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * 32 + b"\n")

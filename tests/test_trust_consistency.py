@@ -19,7 +19,7 @@ from aiogc.coding.consistency import (
 )
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
-from aiogc.tasks import chunk_gradients, make_task
+from aiogc.training.tasks import chunk_gradients, make_task
 
 
 def _round(cfg: RunConfig, *, steps: int = 0) -> tuple[Any, np.ndarray, int, np.ndarray]:

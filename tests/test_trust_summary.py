@@ -6,9 +6,9 @@ import json
 import math
 
 from aiogc.core.common import RoundRecord
-from aiogc.records import summarize
-from aiogc.runner import format_summary, run_complete, run_end_reason
-from aiogc.status import EndReason
+from aiogc.harness.kit import format_summary, run_complete, run_end_reason
+from aiogc.harness.records import summarize
+from aiogc.protocol.status import EndReason
 
 NAN = float("nan")
 

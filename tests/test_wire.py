@@ -1,4 +1,5 @@
-"""aiogc.wire: round trips (property-based, any split) and every bad input of the framing, msgpack
+"""aiogc.protocol.wire: round trips (property-based, any split) and every bad input of the
+framing, msgpack
 and schema groups (docs/protocol.md §2.4), in protocol version 3 (a two-byte preamble, compact
 big-endian headers for the hot kinds, msgpack maps for the others). No sockets."""
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
-from aiogc.messages import (
+from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
     MAX_INT,
@@ -35,7 +36,7 @@ from aiogc.messages import (
     Resume,
     RoundStart,
 )
-from aiogc.wire import (
+from aiogc.protocol.wire import (
     COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,
@@ -313,9 +314,9 @@ def test_frame_limits_validate() -> None:
 
 
 def test_wire_is_sans_io() -> None:
-    import aiogc.wire
+    import aiogc.protocol.wire
 
-    tree = ast.parse(Path(aiogc.wire.__file__).read_text())
+    tree = ast.parse(Path(aiogc.protocol.wire.__file__).read_text())
     banned = {"asyncio", "socket", "time", "random", "multiprocessing", "selectors"}
     for node in ast.walk(tree):
         names: list[str] = []

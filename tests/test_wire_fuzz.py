@@ -20,8 +20,8 @@ import msgpack
 import numpy as np
 
 from aiogc.errors import MalformedFrame
-from aiogc.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
-from aiogc.wire import (
+from aiogc.protocol.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
+from aiogc.protocol.wire import (
     COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,

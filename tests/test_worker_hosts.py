@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from aiogc import runner
 from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
-from aiogc.runner import host_blocks, run_live
+from aiogc.harness import local as runner
+from aiogc.harness.local import host_blocks, run_live
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
                              task="linreg:samples=300,dim=10", delay="exp:0.004")
@@ -109,7 +109,8 @@ def test_worker_key_file_serves_one_id(tmp_path: Path,
 @pytest.mark.parametrize(("env", "added"), [("5", 5), ("0", 0), ("junk", runner.WORKER_NICE)])
 def test_local_workers_yield_the_cpu_to_the_ps(env: str, added: int) -> None:
     """Worker processes lower their priority by AIOGC_WORKER_NICE (default WORKER_NICE)."""
-    code = ("import os; from aiogc.runner import _yield_cpu_to_ps as f; b = os.nice(0); f(); "
+    code = ("import os; from aiogc.harness.local import _yield_cpu_to_ps as f; "
+            "b = os.nice(0); f(); "
             "print(b, os.nice(0) - b)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "AIOGC_WORKER_NICE": env},
                          capture_output=True, text=True, check=True).stdout

@@ -4,7 +4,7 @@ No asyncio, sockets, clocks or global randomness here (a test enforces it); driv
 ``aiogc.net`` (asyncio TCP) and ``aiogc.sim`` (virtual clock) feed the same objects.
 """
 
-from .common import (
+from aiogc.core.common import (
     AUTH_DEADLINE_S,
     FATAL_CODES,
     ChunkComputed,
@@ -21,17 +21,15 @@ from .common import (
     RoundRecord,
     RoundResumed,
     RoundStarted,
-    SessionKeys,
     SetupNeeded,
     ShutdownRequested,
     Triggered,
     Welcomed,
     WorkerDropped,
     WorkerJoined,
-    derive_worker_key,
 )
-from .ps import ParameterServer, PSPhase
-from .worker import PS_PEER, Setup, Worker, WorkerPhase
+from aiogc.core.ps import ParameterServer, PSPhase
+from aiogc.core.worker import PS_PEER, Setup, Worker, WorkerPhase
 
 __all__ = [
     "AUTH_DEADLINE_S",
@@ -53,7 +51,6 @@ __all__ = [
     "RoundRecord",
     "RoundResumed",
     "RoundStarted",
-    "SessionKeys",
     "Setup",
     "SetupNeeded",
     "ShutdownRequested",
@@ -63,5 +60,4 @@ __all__ = [
     "WorkerDropped",
     "WorkerJoined",
     "WorkerPhase",
-    "derive_worker_key",
 ]

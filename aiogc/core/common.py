@@ -1,4 +1,4 @@
-"""Values shared by the two core state machines: outgoing items, events, auth helpers.
+"""Values shared by the two core state machines: outgoing items and events.
 
 The core never touches a socket or a clock: drivers feed ``receive(peer, msg, now=...)`` and
 ``handle_timer(now=...)``, flush :class:`Outgoing` items and re-arm one timer at
@@ -7,18 +7,15 @@ The core never touches a socket or a clock: drivers feed ``receive(peer, msg, no
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import msgpack
 import numpy as np
 
-from ..messages import Message, slot_constructor
-from ..status import EndReason, RoundStatus
+from aiogc.protocol.messages import Message, slot_constructor
+from aiogc.protocol.status import EndReason, RoundStatus
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
@@ -63,7 +60,7 @@ class Endpoint:
 
 #: A positional constructor of a slotted, frozen dataclass that skips ``__init__``,
 #: ``__post_init__`` validation and frozen ``__setattr__`` (``fast_new(cls, names=None)``):
-#: one implementation with the wire decoder's, :func:`aiogc.messages.slot_constructor`.
+#: one implementation with the wire decoder's, :func:`aiogc.protocol.messages.slot_constructor`.
 #: Only for values this process built itself (messages it sends, its own events): anything
 #: that came from the network is still built through the validating constructors.
 fast_new = slot_constructor
@@ -83,72 +80,25 @@ class Outgoing(NamedTuple):
     reason: str = ""
 
 
-# ------------------------------------------------------------------------------ keys and MACs
-# Protocol version 2 (docs/protocol.md, "Authentication"): every worker id has its own key
-# derived from the master secret, so a worker given only its own key cannot pose as another id;
-# the handshake MACs bind both nonces, the id, the epoch and (welcome) the configuration; the
-# session keys of one connection come from both nonces, so tags never repeat across sessions.
 
 
-def _u32(x: int) -> bytes:
-    return int(x).to_bytes(4, "big")
 
 
-def _u64(x: int) -> bytes:
-    return int(x).to_bytes(8, "big")
 
 
-def _hmac(key: bytes, msg: bytes) -> bytes:
-    return hmac.new(key, msg, hashlib.sha256).digest()
 
 
-def derive_worker_key(secret: bytes, worker: int) -> bytes:
-    """k_j = HMAC-SHA256(S, "aiogc/2 worker-key" || u32be(j)): 32 bytes."""
-    return _hmac(secret, b"aiogc/2 worker-key" + _u32(worker))
 
 
-def hello_mac(key: bytes, ps_nonce: bytes, worker_nonce: bytes, worker: int, epoch: int) -> bytes:
-    """MAC a worker sends in ``hello`` under its key k_j."""
-    return _hmac(key, b"aiogc/2 hello" + ps_nonce + worker_nonce + _u32(worker) + _u64(epoch))
 
 
-def welcome_mac(key: bytes, ps_nonce: bytes, worker_nonce: bytes, worker: int, epoch: int,
-                config_hash: bytes) -> bytes:
-    """MAC the PS sends in ``welcome``: proves it knows k_j and binds the configuration."""
-    return _hmac(key, b"aiogc/2 welcome" + ps_nonce + worker_nonce + _u32(worker) + _u64(epoch)
-                 + config_hash)
 
 
-def config_hash(config: dict[str, Any]) -> bytes:
-    """SHA-256 of the canonical bytes of a welcome config map.
-
-    Canonical bytes: msgpack of the map with its keys in sorted order (ints in their shortest
-    form, floats as float64, ``use_bin_type``), i.e. the bytes a sorted-key re-encoding of
-    the decoded map gives, whoever encoded it first.
-    """
-    canonical = msgpack.packb({k: config[k] for k in sorted(config)}, use_bin_type=True)
-    return hashlib.sha256(canonical).digest()
 
 
-@dataclass(frozen=True, slots=True)
-class SessionKeys:
-    """Per-connection GMAC keys: ``ps_to_worker`` tags PS frames, ``worker_to_ps`` the others."""
-
-    ps_to_worker: bytes
-    worker_to_ps: bytes
 
 
-def session_keys(key: bytes, ps_nonce: bytes, worker_nonce: bytes, epoch: int,
-                 worker: int) -> SessionKeys:
-    """K = HMAC(k_j, "aiogc/2 session" || nonce_ps || nonce_w || u64be(epoch) || u32be(j));
-    K_ps = HMAC(K, "ps->worker"), K_w = HMAC(K, "worker->ps")."""
-    k = _hmac(key, b"aiogc/2 session" + ps_nonce + worker_nonce + _u64(epoch) + _u32(worker))
-    return SessionKeys(_hmac(k, b"ps->worker"), _hmac(k, b"worker->ps"))
 
-
-def macs_equal(a: bytes, b: bytes) -> bool:
-    """Constant-time comparison."""
-    return hmac.compare_digest(a, b)
 
 
 # ------------------------------------------------------------------------------ events
@@ -225,7 +175,7 @@ class RoundRecord:
 
     Times are the PS's ``now`` values. ``reports`` holds (ps_time, worker, count, elapsed_s)
     for every accepted report; ``arrivals`` the PS time each coded vector arrived.
-    ``end_reason`` is why the round ended (an :class:`~aiogc.status.EndReason`, None while it
+    ``end_reason`` is why the round ended (an :class:`EndReason`, None while it
     runs); ``end_detail`` the particulars in words (which workers went away, which check
     rejected the step), empty when the code says it all.
     """

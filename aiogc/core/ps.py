@@ -31,16 +31,43 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..coding.base import ProgressTracker
-from ..coding.consistency import RoundGuard
-from ..config import RunConfig, scheme_digest
-from ..errors import (
+from aiogc.coding.base import ProgressTracker
+from aiogc.coding.consistency import RoundGuard
+from aiogc.config import RunConfig, scheme_digest
+from aiogc.core.common import (
+    AUTH_DEADLINE_S,
+    DuplicateWorker,
+    Endpoint,
+    Event,
+    Finished,
+    Outgoing,
+    PeerClosed,
+    RoundCompleted,
+    RoundRecord,
+    RoundResumed,
+    RoundStarted,
+    Triggered,
+    WorkerDropped,
+    WorkerJoined,
+    fast_new,
+    new_outgoing,
+)
+from aiogc.errors import (
     CodingError,
     ConfigError,
     LocalProtocolError,
     RemoteProtocolError,
 )
-from ..messages import (
+from aiogc.protocol.auth import (
+    SessionKeys,
+    config_hash,
+    derive_worker_key,
+    hello_mac,
+    macs_equal,
+    session_keys,
+    welcome_mac,
+)
+from aiogc.protocol.messages import (
     Bye,
     Challenge,
     ChunkReport,
@@ -59,32 +86,7 @@ from ..messages import (
     Welcome,
     state_digest,
 )
-from ..status import EndReason, RoundStatus
-from .common import (
-    AUTH_DEADLINE_S,
-    DuplicateWorker,
-    Endpoint,
-    Event,
-    Finished,
-    Outgoing,
-    PeerClosed,
-    RoundCompleted,
-    RoundRecord,
-    RoundResumed,
-    RoundStarted,
-    SessionKeys,
-    Triggered,
-    WorkerDropped,
-    WorkerJoined,
-    config_hash,
-    derive_worker_key,
-    fast_new,
-    hello_mac,
-    macs_equal,
-    new_outgoing,
-    session_keys,
-    welcome_mac,
-)
+from aiogc.protocol.status import EndReason, RoundStatus
 
 # unvalidated constructors of the frames the PS builds itself (see fast_new)
 _new_round_start = fast_new(RoundStart, RoundStart._names)
@@ -625,7 +627,7 @@ class ParameterServer(Endpoint):
         B = getattr(self.scheme, "B", None)
         if B is None or self.scheme.n_parts == 1:
             return float(np.finfo(self.config.payload_dtype).eps)  # B = 1ᵀ, condition 1
-        from ..coding import check_conditioning
+        from aiogc.coding import check_conditioning
 
         mode: Literal["raise", "warn"] = (
             "raise" if self.config.on_ill_conditioned == "raise" else "warn"

@@ -33,10 +33,36 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..coding.base import encode_rows
-from ..config import RunConfig, scheme_digest
-from ..errors import ConfigError, LocalProtocolError, RemoteProtocolError
-from ..messages import (
+from aiogc.coding.base import encode_rows
+from aiogc.config import RunConfig, scheme_digest
+from aiogc.core.common import (
+    FATAL_CODES,
+    ComputeChunks,
+    ConnectionFailed,
+    Endpoint,
+    Event,
+    Outgoing,
+    RoundEnded,
+    SetupNeeded,
+    ShutdownRequested,
+    Welcomed,
+    fast_new,
+    new_chunk_computed,
+    new_coded_sent,
+    new_compute_chunks,
+    new_outgoing,
+)
+from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from aiogc.protocol.auth import (
+    SessionKeys,
+    config_hash,
+    derive_worker_key,
+    hello_mac,
+    macs_equal,
+    session_keys,
+    welcome_mac,
+)
+from aiogc.protocol.messages import (
     Challenge,
     ChunkReport,
     CodedGradient,
@@ -53,30 +79,6 @@ from ..messages import (
     Shutdown,
     Welcome,
     state_digest,
-)
-from .common import (
-    FATAL_CODES,
-    ComputeChunks,
-    ConnectionFailed,
-    Endpoint,
-    Event,
-    Outgoing,
-    RoundEnded,
-    SessionKeys,
-    SetupNeeded,
-    ShutdownRequested,
-    Welcomed,
-    config_hash,
-    derive_worker_key,
-    fast_new,
-    hello_mac,
-    macs_equal,
-    new_chunk_computed,
-    new_coded_sent,
-    new_compute_chunks,
-    new_outgoing,
-    session_keys,
-    welcome_mac,
 )
 
 PS_PEER = "ps"
@@ -194,7 +196,7 @@ _FACTS: weakref.WeakKeyDictionary[Any, _SchemeFacts] = weakref.WeakKeyDictionary
 class Setup:
     """What a worker needs for a configuration: the scheme and its gradient function.
 
-    Built by the driver layer (``aiogc.worker_setup``), shared by every worker of a process
+    Built by the driver layer (``aiogc.training.setup``), shared by every worker of a process
     that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once
     per scheme object). Setups of one scheme object share what their workers validated
     (``facts``), also when a driver builds one Setup per worker (the simulator's per-worker

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from . import approx, live, ordering, speedup, stability
-from ._common import Experiment, read_csv, write_csv
+from aiogc.errors import ConfigError
+from aiogc.experiments import approx, live, ordering, speedup, stability
+from aiogc.experiments._common import Experiment, read_csv, write_csv
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
 

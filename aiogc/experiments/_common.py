@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
+from aiogc.config import RunConfig
 
 Row = dict[str, Any]
 

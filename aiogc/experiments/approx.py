@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..coding import make_scheme
-from ..delays import materialise
-from ._common import (
+from aiogc.coding import make_scheme
+from aiogc.experiments._common import (
     Experiment,
     Row,
     band,
@@ -29,6 +28,7 @@ from ._common import (
     save,
     select,
 )
+from aiogc.training.delays import materialise
 
 DIM = 120
 
@@ -44,7 +44,7 @@ def _mse_cell(*, m: int, delta: int, ell: int, delay: str, deadlines: list[float
               base: Row) -> list[Row]:
     """Rows for every (T, scheme) of one (ℓ, delay) cell: mean MSE with CI, and the
     original/partial MSE ratio with CI."""
-    from ..sim.fast import mse_of_states, outcomes
+    from aiogc.sim.fast import mse_of_states, outcomes
 
     mse = {(T, n): np.empty((C, R)) for T in deadlines for n in schemes}
     exact = {(T, n): np.empty((C, R), dtype=bool) for T in deadlines for n in schemes}

@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
-from ..delays import materialise
-from ._common import (
+from aiogc.config import RunConfig
+from aiogc.experiments._common import (
     Experiment,
     Row,
     band,
@@ -24,6 +23,7 @@ from ._common import (
     save,
     select,
 )
+from aiogc.training.delays import materialise
 
 # ------------------------------------------------------------------------------ live-vs-sim
 
@@ -32,9 +32,9 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     """The same schedule live on loopback (coroutines; asyncio and uvloop) and in the protocol
     simulator, with zero latency and with one per-frame latency calibrated on the live
     original-scheme rounds (so the partial scheme's calibrated prediction is out of sample)."""
-    from ..runner import run_live
-    from ..sim.fast import build_schemes, schedule_for
-    from ..sim.protocol import simulate_protocol
+    from aiogc.harness.local import run_live
+    from aiogc.sim.fast import build_schemes, schedule_for
+    from aiogc.sim.protocol import simulate_protocol
 
     rounds = 10 if quick else 40
     schemes = ["partial", "original"]
@@ -163,8 +163,8 @@ def lat_grid(quick: bool) -> dict[str, Any]:
 
 
 def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
-    from ..coding import make_scheme
-    from ..sim.fast import exact_times
+    from aiogc.coding import make_scheme
+    from aiogc.sim.fast import exact_times
 
     m, delta, C, R = g["m"], g["delta"], g["instances"], g["trials"]
     rows: list[Row] = []
@@ -198,8 +198,9 @@ def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
 
 
 def _live_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
-    from ..runner import run_live, scheme_config
-    from ..sim.fast import exact_times
+    from aiogc.harness.kit import scheme_config
+    from aiogc.harness.local import run_live
+    from aiogc.sim.fast import exact_times
 
     rows: list[Row] = []
     for lat_ms in g["live_ms"]:
@@ -311,7 +312,7 @@ def _replay(cfg: RunConfig, records: list[Any]) -> list[tuple[float, float]]:
     scheme's own encode and decode, on the recorded state (which workers had finished what),
     from the same initial model and learning rate; every replayed loss is checked against the
     loss the live PS logged, so the accuracy is that of the live model."""
-    from ..tasks import chunk_gradients, make_task
+    from aiogc.training.tasks import chunk_gradients, make_task
 
     scheme: Any = cfg.build_scheme()
     task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed)
@@ -337,7 +338,8 @@ def _replay(cfg: RunConfig, records: list[Any]) -> list[tuple[float, float]]:
 
 
 def train_compute(quick: bool, seed: int) -> list[Row]:
-    from ..runner import run_live, scheme_config
+    from aiogc.harness.kit import scheme_config
+    from aiogc.harness.local import run_live
 
     g = train_grid(quick)
     rows: list[Row] = []

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..coding import make_scheme, q_max, random_order
-from ..delays import materialise
-from ._common import (
+from aiogc.coding import make_scheme, q_max, random_order
+from aiogc.experiments._common import (
     Experiment,
     Row,
     band,
@@ -30,6 +29,7 @@ from ._common import (
     save,
     select,
 )
+from aiogc.training.delays import materialise
 
 ORDERINGS = ("optimal", "random", "natural")
 FAMILIES = ("regular", "cyclic", "fr")
@@ -57,7 +57,7 @@ class _Samples:
 def _instance(s: _Samples, c: int, family: str, m: int, delta: int, g: dict[str, Any],
               seed: int, deadlines: list[float]) -> None:
     """Fill instance ``c`` of ``s``: every ℓ and ordering on one assignment draw."""
-    from ..sim.fast import exact_times, mse_of_states, outcomes
+    from aiogc.sim.fast import exact_times, mse_of_states, outcomes
 
     sched = materialise("exp:1.0", rounds=g["trials"], m=m, max_chunks=delta,
                         seed=delay_seed(seed, c))

@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..coding import make_scheme
-from ..delays import materialise
-from ._common import (
+from aiogc.coding import make_scheme
+from aiogc.experiments._common import (
     Experiment,
     Row,
     band,
@@ -22,6 +21,7 @@ from ._common import (
     save,
     select,
 )
+from aiogc.training.delays import materialise
 
 SPEEDUP_DELAYS = ("exp:1.0", "pareto:2.5", "straggle:0.2,5,exp:1.0")
 ASSIGNMENTS = ("cyclic", "regular")
@@ -34,7 +34,7 @@ def grid(quick: bool) -> dict[str, Any]:
 
 
 def compute(quick: bool, seed: int) -> list[Row]:
-    from ..sim.fast import exact_times
+    from aiogc.sim.fast import exact_times
 
     g = grid(quick)
     m, delta, C, R = g["m"], g["delta"], g["instances"], g["trials"]

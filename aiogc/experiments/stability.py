@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..coding import cyclic_assignment, decoding_matrix, make_scheme, worst_condition_number
-from ..coding.decoding_matrix import subset_conditions
-from ..delays import materialise
-from ._common import Experiment, Row, code_rng, delay_seed, plt, save, select
+from aiogc.coding import cyclic_assignment, decoding_matrix, make_scheme, worst_condition_number
+from aiogc.coding.decoding_matrix import subset_conditions
+from aiogc.experiments._common import Experiment, Row, code_rng, delay_seed, plt, save, select
+from aiogc.training.delays import materialise
 
 # ------------------------------------------------------------------------------ stability
 
@@ -57,7 +57,7 @@ def _vandermonde_cond(m: int, s: int, rng: np.random.Generator, samples: int = 2
 
 
 def _error_rows(m: int, g: dict[str, Any], seed: int) -> list[Row]:
-    from ..sim.fast import gaussian_chunk_gradients, outcomes
+    from aiogc.sim.fast import gaussian_chunk_gradients, outcomes
 
     delta, ell, dim = 4, 2, 120
     C, R = g["instances"], g["trials"]

@@ -11,7 +11,7 @@ in an executor thread), (4) switches a connection to tagged frames once the core
 session keys, and (5) keeps one timer at ``next_deadline()`` (re-armed only when the deadline
 moves earlier, see :class:`_Timer`). Protocol
 decisions live in ``aiogc.core``; framing, tags and bounded decoding in
-:mod:`aiogc.net.framing` and :mod:`aiogc.wire`.
+:mod:`aiogc.net.framing` and :mod:`aiogc.protocol.wire`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import (
+from aiogc.core import (
     ComputeChunks,
     ConnectionFailed,
     Event,
@@ -40,12 +40,18 @@ from ..core import (
     Welcomed,
     Worker,
 )
-from ..core.worker import Polled
-from ..errors import ConfigError, RemoteProtocolError
-from ..messages import Message, Welcome
-from ..wire import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits, encode_frame
-from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
-from .framing import FramedConnection
+from aiogc.core.worker import Polled
+from aiogc.errors import ConfigError, RemoteProtocolError
+from aiogc.net.framing import FramedConnection
+from aiogc.protocol.messages import Message, Welcome
+from aiogc.protocol.wire import (
+    DEFAULT_LIMITS,
+    MAX_STR_BYTES,
+    PREAUTH_LIMITS,
+    FrameLimits,
+    encode_frame,
+)
+from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 log = logging.getLogger("aiogc.net")
 _INF = float("inf")

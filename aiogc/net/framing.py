@@ -3,7 +3,8 @@
 Invariants
 ----------
 * Receive is zero-copy for array bodies: :class:`FramedConnection` is an
-  ``asyncio.BufferedProtocol`` whose ``get_buffer`` is the :class:`~aiogc.wire.FrameDecoder`'s,
+  ``asyncio.BufferedProtocol`` whose ``get_buffer`` is the
+  :class:`~aiogc.protocol.wire.FrameDecoder`'s,
   so a payload is received straight into the array ``alloc`` chose (e.g. the PS's row for this
   worker).
 * Send never copies the array on uvloop: the header and a memoryview of the array are written
@@ -44,9 +45,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from ..errors import MalformedFrame, RemoteProtocolError
-from ..messages import Error, Message
-from ..wire import (
+from aiogc.errors import MalformedFrame, RemoteProtocolError
+from aiogc.protocol.messages import Error, Message
+from aiogc.protocol.wire import (
     DEFAULT_LIMITS,
     TAG_BYTES,
     AllocFn,
@@ -77,7 +78,8 @@ _MAX_REASON: Final = 200
 OnMessage = Callable[["FramedConnection", Message], None]
 OnClose = Callable[["FramedConnection", "BaseException | None"], None]
 OnMade = Callable[["FramedConnection"], None]
-#: ``alloc(conn, kind, header_fields, dtype, n)``: like :data:`aiogc.wire.AllocFn`, with the
+#: ``alloc(conn, kind, header_fields, dtype, n)``: like :data:`~aiogc.protocol.wire.AllocFn`,
+#: with the
 #: connection passed in (so that no per-connection closure is needed)
 ConnAllocFn = Callable[["FramedConnection", str, dict[str, Any], Any, int], Any]
 
@@ -91,7 +93,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         raises :class:`RemoteProtocolError`, the connection is closed with that error's code.
     on_close : called once as ``on_close(conn, exc)`` when the connection is gone.
     limits : frame limits; raise them with :meth:`set_limits` after authentication.
-    alloc : destination allocator for array bodies (see :data:`aiogc.wire.AllocFn`).
+    alloc : destination allocator for array bodies (see :data:`aiogc.protocol.wire.AllocFn`).
     max_pending_bytes : slow-consumer cut-off on the write buffer.
     on_made : called as ``on_made(conn)`` once the transport is up (no subclass needed).
     conn_alloc : like ``alloc``, called with the connection first.

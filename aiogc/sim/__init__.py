@@ -5,12 +5,12 @@
   delay schedule, per-round records.
 * :mod:`aiogc.sim.fast` -- :func:`simulate_fast`: the same outcomes in closed form, vectorised
   over trials (agrees with the protocol engine trial by trial; tests/test_sim.py).
-* :mod:`aiogc.sim.cli` -- ``aiogc simulate`` and ``aiogc experiment``.
+* :mod:`aiogc.cli.simulate` -- ``aiogc simulate`` and ``aiogc experiment``.
 """
 
-from .engine import Simulation
-from .fast import FastResult, gaussian_chunk_gradients, simulate_fast
-from .protocol import record_arrays, simulate_protocol, simulation_config
+from aiogc.sim.engine import Simulation
+from aiogc.sim.fast import FastResult, gaussian_chunk_gradients, simulate_fast
+from aiogc.sim.protocol import record_arrays, simulate_protocol, simulation_config
 
 __all__ = [
     "FastResult",

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from ..core import (
+from aiogc.core import (
     PS_PEER,
     ComputeChunks,
     ConnectionFailed,
@@ -33,9 +33,9 @@ from ..core import (
     ShutdownRequested,
     Worker,
 )
-from ..core.worker import Polled
-from ..messages import Message
-from ..worker_setup import SetupCache, TaskPolicy, setup_error_code
+from aiogc.core.worker import Polled
+from aiogc.protocol.messages import Message
+from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 LatencyFn = Callable[[int, str, Message], float]
 

@@ -1,6 +1,7 @@
 """Vectorised fast path: round outcomes computed in closed form over many trials at once.
 
-One *trial* is one round ``r`` of a materialised :class:`~aiogc.delays.DelaySchedule`. Everything
+One *trial* is one round ``r`` of a materialised
+:class:`~aiogc.training.delays.DelaySchedule`. Everything
 here is a pure function of the scheme, the schedule and (for the MSE) a seed, and reproduces, trial
 by trial, what the state-machine simulation (:mod:`aiogc.sim.protocol`) records on the same
 schedule; ``tests/test_sim.py`` and the seeded property in ``tests/test_sim_property.py``
@@ -50,11 +51,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..coding.base import Scheme
-from ..config import RunConfig
-from ..delays import DelaySchedule, materialise
-from ..errors import ConfigError
-from ..status import RoundStatus
+from aiogc.coding.base import Scheme
+from aiogc.config import RunConfig
+from aiogc.errors import ConfigError
+from aiogc.protocol.status import RoundStatus
+from aiogc.training.delays import DelaySchedule, materialise
 
 __all__ = [
     "FastResult",
@@ -173,7 +174,7 @@ class FastResult:
     trigger_s, completion_s : ndarray (R,)
         Seconds from round start to the trigger / to the round's end.
     status : ndarray of str (R,)
-        :class:`~aiogc.status.RoundStatus` values: ``exact`` / ``approximate`` / ``failed``.
+        :class:`RoundStatus` values: ``exact`` / ``approximate`` / ``failed``.
     states : ndarray of int64 (R, m)
         The state the PS decoded with (send-when-done: finished workers' loads).
     mse : ndarray (R,) or None

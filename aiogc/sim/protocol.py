@@ -2,7 +2,8 @@
 
 For each scheme: one :class:`~aiogc.core.ParameterServer` and ``m`` :class:`~aiogc.core.Worker`
 objects wired by :class:`~aiogc.sim.engine.Simulation`, all fed the *same* materialised
-:class:`~aiogc.delays.DelaySchedule`; one round of the schedule is one trial. The result is the
+:class:`~aiogc.training.delays.DelaySchedule`; one round of the schedule is one trial. The
+result is the
 PS's per-round :class:`~aiogc.core.RoundRecord` list of every scheme.
 
 Simulation settings. The engine's clock is virtual, so the wall-clock safety timers of a live run
@@ -23,14 +24,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..coding.base import Scheme
-from ..config import RunConfig
-from ..core import ParameterServer, RoundRecord, Setup, Worker
-from ..delays import DelaySchedule
-from ..errors import ConfigError
-from ..status import RoundStatus
-from .engine import Simulation
-from .fast import build_schemes, gaussian_chunk_gradients, schedule_for
+from aiogc.coding.base import Scheme
+from aiogc.config import RunConfig
+from aiogc.core import ParameterServer, RoundRecord, Setup, Worker
+from aiogc.errors import ConfigError
+from aiogc.protocol.status import RoundStatus
+from aiogc.sim.engine import Simulation
+from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
+from aiogc.training.delays import DelaySchedule
 
 __all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
 
@@ -89,7 +90,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
 
         verify_fn: Callable[[np.ndarray], np.ndarray] = verify
     else:
-        from ..tasks import chunk_grads_fn, make_task
+        from aiogc.training.tasks import chunk_grads_fn, make_task
 
         task = make_task(cfg.task, scheme.n_chunks, cfg.seed)
         model = task.initial_model()

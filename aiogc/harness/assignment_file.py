@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .coding.assignments import validate_assignment
-from .errors import CodingError
+from aiogc.coding.assignments import validate_assignment
+from aiogc.errors import CodingError
 
 __all__ = ["load_assignment"]
 

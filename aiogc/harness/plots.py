@@ -32,9 +32,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from .core.common import RoundRecord
-from .errors import AiogcError
-from .records import is_trigger_scheme, load_run, records_from_run
+from aiogc.core.common import RoundRecord
+from aiogc.errors import AiogcError
+from aiogc.harness.records import is_trigger_scheme, load_run, records_from_run
 
 __all__ = ["PlotUnavailable", "plot_run", "plots_available", "representative_round"]
 
@@ -88,7 +88,7 @@ def plot_run(
     Parameters
     ----------
     run_dir : str or Path
-        A run directory written by :class:`aiogc.records.RunRecorder`.
+        A run directory written by :class:`aiogc.harness.records.RunRecorder`.
     out_dir : str or Path, optional
         Where to write the PNGs (created if missing); default ``run_dir``.
 

@@ -65,7 +65,7 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 from scipy.special import expit
 
-from .errors import ConfigError
+from aiogc.errors import ConfigError
 
 __all__ = [
     "BREAST_CANCER",

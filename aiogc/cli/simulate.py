@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..coding.registry import scheme_names, scheme_spec
-from ..config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
-from ..errors import ConfigError
+from aiogc.coding.registry import scheme_names, scheme_spec
+from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
+from aiogc.errors import ConfigError
 
 __all__ = ["register", "run_simulate", "simulate_summary"]
 
@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--format", default="json", choices=("json", "table"))
     p.set_defaults(func=cmd_simulate)
 
-    from ..experiments import EXPERIMENTS
+    from aiogc.experiments import EXPERIMENTS
 
     e = subparsers.add_parser(
         "experiment",
@@ -112,7 +112,7 @@ def _parse_latency(text: str) -> tuple[float, str]:
     try:
         latency = float(text)
     except ValueError:
-        from ..delays import parse_delay
+        from aiogc.training.delays import parse_delay
 
         parse_delay(str(text), field="latency")
         return 0.0, str(text)
@@ -148,7 +148,7 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
         raise ConfigError("dim", args.dim, "an integer in [1, 1000000]")
     latency, spec = _parse_latency(args.latency)
     deadlines = _parse_deadlines(args.mode, args.deadline)
-    from ..delays import parse_delay
+    from aiogc.training.delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
     # the base config carries the configured ell; each scheme then sees its own view
@@ -196,8 +196,14 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  deadlines: list[float] | None = None, engine: str = "fast",
                  dim: int = 120) -> list[dict[str, Any]]:
     """Result rows (one per scheme, or per scheme and deadline in approx mode)."""
-    from .fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
-    from .protocol import record_arrays, simulate_protocol
+    from aiogc.sim.fast import (
+        arrival_times,
+        build_schemes,
+        schedule_for,
+        simulate_fast,
+        tie_fraction,
+    )
+    from aiogc.sim.protocol import record_arrays, simulate_protocol
 
     built = build_schemes(cfg, schemes)
     schedule = schedule_for(cfg, built)
@@ -330,7 +336,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Handler of ``aiogc experiment NAME --out DIR [--quick]``."""
-    from ..experiments import EXPERIMENTS, run_experiment
+    from aiogc.experiments import EXPERIMENTS, run_experiment
 
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]
     for name in names:

@@ -13,9 +13,9 @@ import os
 import threading
 from dataclasses import dataclass
 
-from .config import RunConfig
-from .core import Setup
-from .errors import ConfigError
+from aiogc.config import RunConfig
+from aiogc.core import Setup
+from aiogc.errors import ConfigError
 
 __all__ = ["SetupCache", "TaskNotAllowed", "TaskPolicy", "build_setup"]
 
@@ -40,7 +40,7 @@ class TaskPolicy:
 
     def check(self, spec: str) -> None:
         """Raise :class:`TaskNotAllowed` unless ``spec`` may be built here."""
-        from .tasks import task_kind
+        from aiogc.training.tasks import task_kind
 
         if self.task is not None and spec.strip() == self.task.strip():
             return
@@ -61,7 +61,7 @@ class TaskPolicy:
 
 def build_setup(config: RunConfig, policy: TaskPolicy | None = None) -> Setup:
     """Scheme and task for ``config`` (same seed -> same scheme as the PS)."""
-    from .tasks import make_task
+    from aiogc.training.tasks import make_task
 
     (policy or TaskPolicy()).check(config.task)
     scheme = config.build_scheme()

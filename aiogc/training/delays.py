@@ -88,7 +88,7 @@ from typing import Final
 
 import numpy as np
 
-from .errors import ConfigError
+from aiogc.errors import ConfigError
 
 __all__ = [
     "CSV_COLUMNS",

@@ -78,8 +78,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import FrameTooLarge, LocalProtocolError, MalformedFrame
-from .messages import (
+from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
+from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
     MAX_INT,

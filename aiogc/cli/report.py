@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import ConfigError
+from aiogc import __version__
+from aiogc.errors import ConfigError
 
 __all__ = ["build_report", "write_report"]
 
@@ -138,7 +138,7 @@ def _load_json(path: Path) -> Any:
 
 
 def _experiment_sections(d: Path) -> list[str]:
-    from .experiments import EXPERIMENTS
+    from aiogc.experiments import EXPERIMENTS
 
     rank = {name: i for i, name in enumerate(EXPERIMENTS)}
     out = []

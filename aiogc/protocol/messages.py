@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final
 
 import numpy as np
 
-from .errors import MalformedFrame
+from aiogc.errors import MalformedFrame
 
 #: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
 PROTOCOL_VERSION: Final = 3

@@ -7,7 +7,7 @@ the end), the frames recorded for that round in time order, and a per-worker tab
 
 Times in the timeline are seconds since the round start on the PS clock (``+0.012345``), with
 the absolute PS time where useful. Frame times are converted from ``t_ns`` on the same clock
-(see :mod:`aiogc.records`).
+(see :mod:`aiogc.harness.records`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import AiogcError
-from .records import is_trigger_scheme, load_events, load_run
-from .status import describe_end
+from aiogc.errors import AiogcError
+from aiogc.harness.records import is_trigger_scheme, load_events, load_run
+from aiogc.protocol.status import describe_end
 
 __all__ = ["NoSuchRound", "inspect_round"]
 
@@ -59,7 +59,7 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
     Parameters
     ----------
     run_dir : str or Path
-        A run directory written by :class:`aiogc.records.RunRecorder`.
+        A run directory written by :class:`aiogc.harness.records.RunRecorder`.
     round : int
         Round number (as in ``rounds.csv``).
     scheme : str, optional

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from .coding.registry import spec_of_label
-from .core.common import RoundRecord
+from aiogc.coding.registry import spec_of_label
+from aiogc.core.common import RoundRecord
 
 __all__ = ["chrome_trace"]
 

@@ -15,172 +15,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from . import __version__
-from .config import RunConfig, scheme_digest
-from .core import (
-    Event,
-    Finished,
-    ParameterServer,
-    RoundCompleted,
-    RoundRecord,
-    ShutdownRequested,
-    Worker,
-    derive_worker_key,
+from aiogc.config import RunConfig
+from aiogc.core import Event, Finished, ParameterServer, RoundCompleted, RoundRecord, Worker
+from aiogc.harness.kit import (
+    BLAS_ENV,
+    PROCESS_GRACE_S,
+    ExitReason,
+    Progress,
+    RunInterrupted,
+    RunResult,
+    close_run,
+    make_ps,
+    materialise_for,
+    open_recorder,
+    plot_run,
+    scheme_config,
 )
-from .delays import DelaySchedule, materialise
-from .messages import Message
-from .net.drivers import PSServer, WorkerClient, loop_factory, run_on
-from .status import describe_end
-from .tasks import chunk_grads_fn, make_task
+from aiogc.net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from aiogc.protocol.auth import derive_worker_key
+from aiogc.protocol.messages import Message
+from aiogc.training.delays import DelaySchedule
 
 if TYPE_CHECKING:
-    from .records import RunRecorder
-
-#: Seconds worker processes get to exit after the PS finished before they are terminated.
-PROCESS_GRACE_S = 5.0
-#: Failed rounds listed by reason in the console summary (summary.json lists more).
-FAILED_ROUNDS_SHOWN = 10
-
-_BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    pass
 
 
-@dataclass
-class RunResult:
-    """Outcome of :func:`run_live`."""
-
-    records: dict[str, list[RoundRecord]] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    out_dir: Path | None = None
-    schedule: DelaySchedule | None = None
-    wall_s: dict[str, float] = field(default_factory=dict)
-    #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
-    end_reasons: dict[str, str] = field(default_factory=dict)
-    #: why the whole run ended: "all rounds done", or the first scheme's other reason
-    end_reason: str = ""
 
 
-def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
-    """One schedule wide enough for every scheme's largest load."""
-    max_load = 1
-    for name in schemes:
-        sch = config.replace(scheme=name).build_scheme()
-        max_load = max(max_load, int(np.max(sch.loads)))
-    return materialise(config.delay, config.latency, rounds=config.rounds, m=config.workers,
-                       max_chunks=max_load, seed=config.seed)
 
 
-def scheme_config(config: RunConfig, name: str) -> RunConfig:
-    """The run config for one scheme of a comparison (ℓ kept where the scheme allows it)."""
-    return config.for_scheme(name)
 
 
-def git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
-def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                   *, mode: str, loop: str, verify: bool,
-                   argv: Sequence[str] | None) -> dict[str, Any]:
-    from .coding import worst_condition_number
-
-    per_scheme: dict[str, Any] = {}
-    for name in schemes:
-        cfg = scheme_config(config, name)
-        sch = cfg.build_scheme()
-        entry: dict[str, Any] = {
-            "config": cfg.to_wire(),
-            "digest": scheme_digest(sch),
-            "assignment": np.asarray(sch.A, dtype=int).tolist(),
-            "orders": [np.asarray(o).tolist() for o in sch.orders],
-            "loads": np.asarray(sch.loads).tolist(),
-        }
-        B = getattr(sch, "B", None)
-        if B is not None:
-            entry["B"] = np.asarray(B).tolist()
-            entry["worst_condition_number"] = float(
-                worst_condition_number(sch.A, B, sch.n_parts, rng=np.random.default_rng(0)))
-        if name == "partial":
-            entry["q_max"] = int(sch.q_max())
-        per_scheme[name] = entry
-    return {
-        "aiogc_version": __version__,
-        "git_sha": git_sha(),
-        "argv": list(argv) if argv is not None else None,
-        "python": sys.version.split()[0],
-        "seed": config.seed,
-        "config": config.to_wire(),
-        "schemes": per_scheme,
-        "delay_model": {"compute": schedule.compute_spec, "network": schedule.network_spec},
-        "mode": mode,
-        "loop": loop,
-        "verify": verify,
-    }
 
 
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, total: int, label: str, *, enabled: bool) -> None:
-        self.total = total
-        self.label = label
-        self.enabled = enabled
-        self.done = 0
-        self._t0 = time.monotonic()
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        width = 30
-        fill = int(width * self.done / max(1, self.total))
-        rate = time.monotonic() - self._t0
-        sys.stderr.write(f"\r{self.label:>18} [{'#' * fill}{'.' * (width - fill)}] "
-                         f"{self.done}/{self.total} rounds {rate:5.1f}s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
-def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
-            **kwargs: Any) -> tuple[ParameterServer, Any]:
-    """A ParameterServer for ``config`` with its task (initial model, learning rate, loss and,
-    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS."""
-    scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
-    ps = ParameterServer(
-        config,
-        scheme=scheme,
-        model=task.initial_model(),
-        learning_rate=config.learning_rate or task.learning_rate,
-        loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task) if verify else None,
-        schedule=schedule,
-        **kwargs,
-    )
-    return ps, task
+
+
 
 
 # ------------------------------------------------------------------ worker processes
@@ -190,27 +73,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
 EXIT_PARENT_DIED = 4
 
 
-#: The PS's shutdown reason when every round ran; workers stay quiet then.
-ALL_ROUNDS_DONE = "all rounds done"
 
 
-class ExitReason:
-    """Event sink of a worker that remembers only why the PS ended the run."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def __call__(self, ev: Event) -> None:
-        if isinstance(ev, ShutdownRequested):
-            self.reason = ev.reason
-
-    def describe(self) -> str:
-        return "PS ended the run" + (f": {self.reason}" if self.reason else "")
-
-    @property
-    def early(self) -> bool:
-        """The run ended before every round ran (or the reason is unknown)."""
-        return self.reason != ALL_ROUNDS_DONE
 
 
 async def _watched(client: WorkerClient, parent_alive: Any, died: list[bool]) -> None:
@@ -257,7 +121,7 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
     shutdown reason, an unreachable PS (exit 3) or a dead runner (exit
     :data:`EXIT_PARENT_DIED`).
     """
-    from .worker_setup import TaskPolicy
+    from aiogc.training.setup import TaskPolicy
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     _yield_cpu_to_ps()
@@ -291,7 +155,7 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     :func:`_worker_process`: 3 if a worker could not reach the PS, :data:`EXIT_PARENT_DIED`
     when the runner died; a worker that stopped early says why on stderr.
     """
-    from .worker_setup import SetupCache, TaskPolicy
+    from aiogc.training.setup import SetupCache, TaskPolicy
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     _yield_cpu_to_ps()
@@ -374,7 +238,7 @@ def _yield_cpu_to_ps() -> None:
 def _mp_context(start_method: str = "forkserver") -> Any:
     methods = mp.get_all_start_methods()
     if start_method not in ("forkserver", "spawn"):
-        from .errors import ConfigError
+        from aiogc.errors import ConfigError
 
         raise ConfigError("start_method", start_method, "forkserver or spawn")
     if start_method == "forkserver" and "forkserver" in methods:
@@ -382,7 +246,7 @@ def _mp_context(start_method: str = "forkserver") -> Any:
         # preloaded once in the fork server, shared copy-on-write by every worker;
         # aiogc.coding too: build_scheme imports it lazily, which otherwise blocks each worker's
         # loop for ~0.1 s (seconds on a loaded machine) when the welcome arrives
-        ctx.set_forkserver_preload(["aiogc.runner", "aiogc.coding", "numpy", "scipy.linalg",
+        ctx.set_forkserver_preload(["aiogc.harness.local", "aiogc.coding", "numpy", "scipy.linalg",
                                     "msgpack"])
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - platforms without forkserver
@@ -391,8 +255,8 @@ def _mp_context(start_method: str = "forkserver") -> Any:
 @contextlib.contextmanager
 def _single_thread_blas_env() -> Any:
     """Children inherit one-thread BLAS (the parent's already-loaded BLAS is unaffected)."""
-    old = {k: os.environ.get(k) for k in _BLAS_ENV}
-    for k in _BLAS_ENV:
+    old = {k: os.environ.get(k) for k in BLAS_ENV}
+    for k in BLAS_ENV:
         os.environ[k] = "1"
     try:
         yield
@@ -475,7 +339,7 @@ async def _run_scheme(
             serving = tg.create_task(server.serve())
             await _started(server, serving)
             if mode == "coroutines" and not worker_hosts:
-                from .worker_setup import SetupCache, TaskPolicy
+                from aiogc.training.setup import SetupCache, TaskPolicy
 
                 # one scheme + task for all in-process workers, built once (off the loop)
                 setups = SetupCache(TaskPolicy(task=config.task))
@@ -546,7 +410,7 @@ def _scheme_event_handler(
     ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``.
 
     It runs on the event loop between rounds: recording a round only buffers a copy of the
-    record (:meth:`aiogc.records.RunRecorder.round`); the rows are written later."""
+    record (:meth:`aiogc.harness.records.RunRecorder.round`); the rows are written later."""
     loads = tuple(int(x) for x in scheme.loads)
     m = scheme.m
     trigger = not scheme.sends_when_done
@@ -571,7 +435,7 @@ def _scheme_event_handler(
 def _frame_logger(scheme_name: str, ps: ParameterServer,
                   recorder: Any) -> Callable[[str, Any, Message, int], None]:
     """The PS's frame log callback: one buffered ``events.jsonl`` row per frame (a tuple
-    append on the loop; :meth:`aiogc.records.RunRecorder.frame_logger`)."""
+    append on the loop; :meth:`aiogc.harness.records.RunRecorder.frame_logger`)."""
     log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
                                                                           ps.worker_of)
     return log
@@ -625,7 +489,7 @@ def run_live(
         reports.csv, summary.json, trace.json, PNGs). None: no files.
     backend : {"local", "ray"}
         ``"ray"``: the PS and one actor per worker on a Ray cluster (``mode`` and ``loop`` do
-        not apply; see :func:`aiogc.cluster.ray_backend.run_ray`, which gets ``address``).
+        not apply; see :func:`aiogc.harness.ray_backend.run_ray`, which gets ``address``).
 
     Raises
     ------
@@ -637,7 +501,7 @@ def run_live(
 
     mode_label = _check_worker_hosts(worker_hosts, mode, config.workers)
     if backend == "ray":
-        from .cluster.ray_backend import run_ray
+        from aiogc.harness.ray_backend import run_ray
 
         _check_ray_mode(mode)
         return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
@@ -652,7 +516,7 @@ def run_live(
     if secret is None:
         secret = secrets.token_bytes(32)
     result = RunResult(schedule=schedule)
-    recorder = _open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
+    recorder = open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
                               loop_kind=loop_kind, verify=verify, argv=argv)
     interrupted: list[str] = []
     try:
@@ -690,32 +554,15 @@ def run_live(
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
-        _plot_run(out_dir)
+        plot_run(out_dir)
     return result
 
 
-def _open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConfig,
-                   schemes: Sequence[str], schedule: DelaySchedule, *, mode: str,
-                   loop_kind: str, verify: bool,
-                   argv: Sequence[str] | None) -> RunRecorder | None:
-    """The run directory's recorder (None without ``out_dir``), with the manifest and the
-    delay schedule written; sets ``result.out_dir``."""
-    if out_dir is None:
-        return None
-    from .records import RunRecorder
-
-    out = Path(out_dir)
-    manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                              verify=verify, argv=argv)
-    recorder = RunRecorder(out, manifest)
-    recorder.write_schedule(schedule)
-    result.out_dir = out
-    return recorder
 
 
 def _check_ray_mode(mode: str) -> None:
     if mode == "coroutines":
-        from .errors import ConfigError
+        from aiogc.errors import ConfigError
 
         raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
                                       "actor process)")
@@ -723,7 +570,7 @@ def _check_ray_mode(mode: str) -> None:
 
 def _check_local_args(backend: str, address: str | None, mode: str) -> None:
     """The local backend's options: ``backend``, ``address`` (none) and ``mode``."""
-    from .errors import ConfigError
+    from aiogc.errors import ConfigError
 
     if backend != "local":
         raise ConfigError("backend", backend, "local or ray")
@@ -735,7 +582,7 @@ def _check_local_args(backend: str, address: str | None, mode: str) -> None:
 
 def _check_worker_hosts(worker_hosts: int, mode: str, m: int) -> str:
     """Validate ``worker_hosts``; the run's mode as the manifest records it."""
-    from .errors import ConfigError
+    from aiogc.errors import ConfigError
 
     if isinstance(worker_hosts, bool) or not isinstance(worker_hosts, int) \
             or not 0 <= worker_hosts <= m:
@@ -746,121 +593,15 @@ def _check_worker_hosts(worker_hosts: int, mode: str, m: int) -> str:
     return f"coroutines, {worker_hosts} worker-host processes" if worker_hosts else mode
 
 
-def close_run(result: RunResult, interrupted: Sequence[str],
-              recorder: RunRecorder | None) -> None:
-    """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
-    from .records import summarize
-
-    result.summary = summarize(result.records, end_reasons=result.end_reasons)
-    if not result.end_reason:
-        result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
-    result.summary["wall_s"] = result.wall_s
-    result.summary["end_reason"] = result.end_reason
-    result.summary["interrupted_by"] = interrupted[0] if interrupted else None
-    if recorder is not None:
-        recorder.close(result.summary)
 
 
-def _plot_run(out_dir: str | Path) -> None:
-    try:
-        from .plots import plot_run
-
-        plot_run(out_dir)
-    except ImportError as exc:  # the plot extra is optional
-        print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
 
 
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT / SIGTERM stopped :func:`run_live`; ``result`` holds what was recorded."""
-
-    def __init__(self, signal_name: str, result: RunResult) -> None:
-        super().__init__(f"run stopped by {signal_name}")
-        self.signal_name = signal_name
-        self.result = result
 
 
-def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
-                   summary: dict[str, Any] | None = None) -> str:
-    """One line saying why a run ended: the signal, the first scheme that ended early, the
-    first non-finite failure or failed rounds (with ``summary``), or ``"all rounds done"``."""
-    if interrupted:
-        return f"stopped by {interrupted[0]}"
-    for name, why in end_reasons.items():
-        if why != ALL_ROUNDS_DONE:
-            return f"{name}: {why}"
-    if not end_reasons:
-        return "no scheme ran"
-    for name, s in (summary or {}).get("schemes", {}).items():
-        if s.get("failure"):
-            return f"all rounds ran, but {name} failed: {s['failure']}"
-        n_failed = s.get("rounds_failed") or 0
-        if n_failed:
-            first = (s.get("failed_rounds") or [{}])[0]
-            return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
-                    f"{name} rounds failed (first: round {first.get('round')}: "
-                    f"{describe_end(first.get('reason'), first.get('detail'))})")
-    return ALL_ROUNDS_DONE
 
 
-def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = "exact") -> bool:
-    """Whether every scheme completed every requested round as configured.
-
-    True only if no round failed, each scheme ran ``requested_rounds`` rounds, no loss or
-    decode error was non-finite, and, in exact mode, every round decoded exactly.
-    """
-    schemes = summary.get("schemes", {})
-    if not schemes or summary.get("ok") is False:
-        return False
-    for s in schemes.values():
-        if s.get("rounds_failed") or s.get("rounds") != requested_rounds or s.get("failure"):
-            return False
-        if mode == "exact" and s.get("rounds_exact") != requested_rounds:
-            return False
-    return True
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """The summary table printed at the end of a run."""
-    rows = [("scheme", "rounds", "mean s", "p50 s", "p95 s", "oracle s", "speedup",
-             "max rel err", "final loss")]
-    schemes = summary.get("schemes", {})
-    base = schemes.get("original", {}).get("round_time_mean_s")
-
-    def f(x: Any, spec: str = ".4f") -> str:
-        return "-" if x is None else format(x, spec)
-
-    for name, s in schemes.items():
-        mean = s.get("round_time_mean_s")
-        speed = base / mean if base and mean else None
-        rows.append((name, str(s.get("rounds")), f(mean), f(s.get("round_time_p50_s")),
-                     f(s.get("round_time_p95_s")), f(s.get("oracle_time_mean_s")),
-                     f(speed, ".2f"), f(s.get("max_rel_decode_error"), ".1e"),
-                     f(s.get("final_loss"), ".5g")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    if summary.get("speedup") is not None:
-        lines.append(f"speedup (original mean / partial mean): {summary['speedup']:.2f}x")
-    for name, s in schemes.items():
-        n_failed = s.get("rounds_failed") or 0
-        if n_failed:
-            listed = s.get("failed_rounds") or []
-            lines.append(f"{name}: {n_failed} failed round(s):")
-            for fr in listed[:FAILED_ROUNDS_SHOWN]:
-                lines.append(f"  round {fr.get('round')}: "
-                             f"{describe_end(fr.get('reason'), fr.get('detail'))}")
-            if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
-                lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
-                             "(rounds.csv has every one)")
-        if s.get("failure"):
-            lines.append(f"{name}: FAILED: {s['failure']}")
-        worst = s.get("worst_round")
-        if worst and worst.get("rel_error") is not None:
-            lines.append(f"{name}: worst round {worst['round']} "
-                         f"(rel decode error {worst['rel_error']:.1e})")
-    if summary.get("end_reason"):
-        lines.append(f"end reason: {summary['end_reason']}")
-    return "\n".join(lines)
 
 
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -14,7 +14,7 @@ plotted and replayed from the files alone:
     run-level events (:meth:`RunRecorder.run_event`, ``direction == "event"``), such as
     ``run_end`` with the ``reason`` the run of a scheme ended. ``t_ns``
     must be on the same clock as the PS ``now`` values (``t_ns == round(now * 1e9)``), so frames
-    and round records line up in ``trace.json`` and :func:`aiogc.inspect_run.inspect_round`.
+    and round records line up in ``trace.json`` and :func:`aiogc.harness.inspect_run.inspect_round`.
 ``rounds.csv``
     One row per round and scheme: :meth:`aiogc.core.common.RoundRecord.as_row`, with ``scheme``
     set to the label the caller passed (first column).
@@ -36,8 +36,8 @@ plotted and replayed from the files alone:
 ``summary.json``
     :func:`summarize` of the rounds (or whatever dict the caller passes to :meth:`close`).
 ``trace.json``
-    A Perfetto / ``chrome://tracing`` trace of the rounds seen (:func:`aiogc.trace.chrome_trace`),
-    compact (one line).
+    A Perfetto / ``chrome://tracing`` trace of the rounds seen
+    (:func:`~aiogc.harness.trace.chrome_trace`), compact (one line).
 
 Invariants
 ----------
@@ -70,11 +70,11 @@ from typing import IO, Any, Final, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
-from .coding.registry import spec_of_label
-from .core.common import RoundRecord
-from .delays import DelaySchedule
-from .errors import ConfigError
-from .status import EndReason, RoundStatus
+from aiogc.coding.registry import spec_of_label
+from aiogc.core.common import RoundRecord
+from aiogc.errors import ConfigError
+from aiogc.protocol.status import EndReason, RoundStatus
+from aiogc.training.delays import DelaySchedule
 
 __all__ = [
     "COLUMN_TYPES",
@@ -634,7 +634,7 @@ class RunRecorder:
                 for f in self._files:
                     f.close()
             if self._trace:
-                from .trace import chrome_trace
+                from aiogc.harness.trace import chrome_trace
 
                 frames = load_events(self.out_dir, limit=self.MAX_TRACE_FRAMES)
                 _write_json_compact(self.out_dir / "trace.json",
@@ -726,7 +726,7 @@ def summarize(
         ``final_loss`` (after the last round that was not failed; None if not finite),
         ``worst_round`` (``{"round", "rel_error"}`` of the largest decode error, or None),
         ``failed_rounds`` (``[{"round", "reason", "detail"}]``: the round's
-        :class:`~aiogc.status.EndReason` value and its ``end_detail``; at most
+        :class:`~aiogc.protocol.status.EndReason` value and its ``end_detail``; at most
         :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
         and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
         ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
@@ -872,7 +872,7 @@ def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
     """A RoundRecord from a parsed rounds.csv row: every field written there, by the field
     list of the dataclass (an empty cell restores the field's default, e.g. NaN).
 
-    ``end_reason`` must be an :class:`~aiogc.status.EndReason` value, except in a file
+    ``end_reason`` must be an :class:`~aiogc.protocol.status.EndReason` value, except in a file
     written before rounds.csv had an ``end_detail`` column: there it was free text, which
     becomes the detail of a round whose code is unknown (None).
     """

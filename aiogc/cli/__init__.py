@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .coding.registry import scheme_names
-from .config import MAX_WORKERS, RunConfig
-from .errors import AiogcError, ConfigError
+from aiogc.coding.registry import scheme_names
+from aiogc.config import MAX_WORKERS, RunConfig
+from aiogc.errors import AiogcError, ConfigError
 
 DEFAULT_OUT = "runs/latest"
 
@@ -193,7 +193,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .runner import RunInterrupted, dump_json, format_summary, run_complete, run_live
+    from aiogc.harness.kit import RunInterrupted, dump_json, format_summary, run_complete
+    from aiogc.harness.local import run_live
 
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
@@ -251,8 +252,8 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     appends the PS's end reason to ``ended``."""
     import time
 
-    from .core import Finished, RoundCompleted
-    from .status import describe_end
+    from aiogc.core import Finished, RoundCompleted
+    from aiogc.protocol.status import describe_end
 
     loads = tuple(int(x) for x in scheme.loads)
     trigger = not scheme.sends_when_done
@@ -278,8 +279,8 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
 def _ps_summary(scheme_name: str, records: Any, ended: list[str],
                 stopped: list[str]) -> dict[str, Any]:
     """``aiogc ps``'s summary with the end reason (the PS's, or the signal that stopped it)."""
-    from .records import summarize
-    from .runner import ALL_ROUNDS_DONE, run_end_reason
+    from aiogc.harness.kit import ALL_ROUNDS_DONE, run_end_reason
+    from aiogc.harness.records import summarize
 
     ps_reason = (ended[0] if ended else
                  f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
@@ -295,10 +296,7 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
 def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
-    from .net.drivers import PSServer, run_on
-    from .records import RunRecorder
-    from .runner import (
-        _started,
+    from aiogc.harness.kit import (
         build_manifest,
         dump_json,
         format_summary,
@@ -306,6 +304,9 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         materialise_for,
         run_complete,
     )
+    from aiogc.harness.local import _started
+    from aiogc.harness.records import RunRecorder
+    from aiogc.net.drivers import PSServer, run_on
 
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
@@ -405,7 +406,7 @@ def parse_worker_ids(text: str) -> list[int]:
 
 def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
     """One :class:`~aiogc.core.Worker` per id, keyed by --worker-key-file or the secret."""
-    from .core import Worker
+    from aiogc.core import Worker
 
     if a.worker_key_file is None:
         secret = read_secret(a.secret_file)
@@ -428,8 +429,8 @@ def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
 
 
 def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .net.drivers import WorkerClient, run_on
-    from .runner import ExitReason
+    from aiogc.harness.kit import ExitReason
+    from aiogc.net.drivers import WorkerClient, run_on
 
     host, _, port = a.connect.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
@@ -437,7 +438,7 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     ids = parse_worker_ids(a.id)
     if not a.give_up_after > 0:
         raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
-    from .worker_setup import SetupCache, TaskPolicy
+    from aiogc.training.setup import SetupCache, TaskPolicy
 
     _check_local_task_files(a.task, a.data_dir or ())
     # no code from the wire: only built-in tasks, this worker's own --task, or data files
@@ -509,7 +510,7 @@ def _run_dir(path: str) -> None:
 
 
 def cmd_plot(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .plots import plot_run
+    from aiogc.harness.plots import plot_run
 
     _run_dir(a.run_dir)
     if a.out is not None:
@@ -520,7 +521,7 @@ def cmd_plot(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from .inspect_run import NoSuchRound, inspect_round
+    from aiogc.harness.inspect_run import NoSuchRound, inspect_round
 
     _run_dir(a.run_dir)
     try:
@@ -542,7 +543,7 @@ def add_report_parser(sub: Any) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from .report import write_report
+    from aiogc.cli.report import write_report
 
     print(write_report(a.dir, a.out))
     return 0
@@ -554,7 +555,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
     """Fail at once, naming the flag, when a file or directory this worker's own command line
     names is missing (rather than after connecting, where it would look like a PS problem)."""
-    from .tasks import task_kind
+    from aiogc.training.tasks import task_kind
 
     for d in data_dirs:
         if not Path(d).expanduser().is_dir():
@@ -584,7 +585,7 @@ def add_keys_parser(sub: Any) -> None:
 
 
 def cmd_keys_derive(a: argparse.Namespace) -> int:
-    from .core import derive_worker_key
+    from aiogc.protocol.auth import derive_worker_key
 
     if not 0 <= a.worker < MAX_WORKERS:
         raise ConfigError("worker", a.worker, f"an integer in [0, {MAX_WORKERS - 1}]")
@@ -604,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_parser(sub)
     add_keys_parser(sub)
     try:
-        from .sim import cli as sim_cli
+        from aiogc.cli import simulate as sim_cli
 
         sim_cli.register(sub)
     except ImportError:  # pragma: no cover - during development only

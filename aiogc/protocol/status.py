@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TypeVar
 
-from .errors import ConfigError
+from aiogc.errors import ConfigError
 
 __all__ = ["EndReason", "RoundStatus", "describe_end"]
 

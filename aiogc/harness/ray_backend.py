@@ -56,25 +56,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import RunConfig
-from ..core import Event, Finished, RoundCompleted, RoundRecord, Worker, derive_worker_key
-from ..delays import DelaySchedule
-from ..errors import AiogcError
-from ..messages import Message
-from ..net.drivers import PSServer, WorkerClient, loop_factory
-from ..runner import (
+from aiogc.config import RunConfig
+from aiogc.core import Event, Finished, RoundCompleted, RoundRecord, Worker
+from aiogc.errors import AiogcError
+from aiogc.harness.kit import (
     PROCESS_GRACE_S,
     Progress,
     RunInterrupted,
     RunResult,
-    _plot_run,
     build_manifest,
     close_run,
     make_ps,
     materialise_for,
+    plot_run,
     scheme_config,
 )
-from ..worker_setup import TaskPolicy
+from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
+from aiogc.protocol.auth import derive_worker_key
+from aiogc.protocol.messages import Message
+from aiogc.training.delays import DelaySchedule
+from aiogc.training.setup import TaskPolicy
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",
@@ -593,7 +594,7 @@ def run_ray(
         start a local Ray instance for this run and stop it at the end. When Ray is already
         initialised in this process, that cluster is used and left running.
     out_dir : path, optional
-        Run directory: the files of a local run (see :func:`aiogc.runner.run_live`) plus
+        Run directory: the files of a local run (see :func:`aiogc.harness.local.run_live`) plus
         ``nodes.csv`` (:data:`NODE_COLUMNS`: where each PS / worker incarnation ran).
     secret : bytes, optional
         Shared secret; default a fresh random one for this run.
@@ -614,10 +615,10 @@ def run_ray(
     KeyboardInterrupt
         SIGINT or SIGTERM stopped the run; what was recorded is written (no plots).
     """
-    from ..records import RunRecorder
+    from aiogc.harness.records import RunRecorder
 
     if max_restarts < 0:
-        from ..errors import ConfigError
+        from aiogc.errors import ConfigError
 
         raise ConfigError("max_restarts", max_restarts, "an integer >= 0")
     loop_kind, _ = loop_factory(loop)  # validates the name
@@ -664,7 +665,7 @@ def run_ray(
     if interrupted:
         raise RunInterrupted(interrupted[0], result)
     if out_dir is not None and plots:
-        _plot_run(out_dir)
+        plot_run(out_dir)
     return result
 
 

@@ -1,0 +1,1 @@
+"""The run kit, the local and Ray runners, records, traces and plots."""

@@ -1,0 +1,331 @@
+"""The run kit shared by every runner (local and Ray): the run's result, manifest, delay
+schedule, progress line, PS construction, end reasons and summary.
+
+Both runners import this module and never each other, so a new backend needs only the kit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aiogc import __version__
+from aiogc.config import RunConfig, scheme_digest
+from aiogc.core import (
+    Event,
+    ParameterServer,
+    RoundRecord,
+    ShutdownRequested,
+)
+from aiogc.protocol.status import describe_end
+from aiogc.training.delays import DelaySchedule, materialise
+from aiogc.training.tasks import chunk_grads_fn, make_task
+
+if TYPE_CHECKING:
+    from aiogc.harness.records import RunRecorder
+
+
+#: Seconds worker processes get to exit after the PS finished before they are terminated.
+PROCESS_GRACE_S = 5.0
+
+
+#: Failed rounds listed by reason in the console summary (summary.json lists more).
+FAILED_ROUNDS_SHOWN = 10
+
+
+BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass
+class RunResult:
+    """Outcome of :func:`run_live`."""
+
+    records: dict[str, list[RoundRecord]] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    out_dir: Path | None = None
+    schedule: DelaySchedule | None = None
+    wall_s: dict[str, float] = field(default_factory=dict)
+    #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
+    end_reasons: dict[str, str] = field(default_factory=dict)
+    #: why the whole run ended: "all rounds done", or the first scheme's other reason
+    end_reason: str = ""
+
+
+def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
+    """One schedule wide enough for every scheme's largest load."""
+    max_load = 1
+    for name in schemes:
+        sch = config.replace(scheme=name).build_scheme()
+        max_load = max(max_load, int(np.max(sch.loads)))
+    return materialise(config.delay, config.latency, rounds=config.rounds, m=config.workers,
+                       max_chunks=max_load, seed=config.seed)
+
+
+def scheme_config(config: RunConfig, name: str) -> RunConfig:
+    """The run config for one scheme of a comparison (ℓ kept where the scheme allows it)."""
+    return config.for_scheme(name)
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
+                   *, mode: str, loop: str, verify: bool,
+                   argv: Sequence[str] | None) -> dict[str, Any]:
+    from aiogc.coding import worst_condition_number
+
+    per_scheme: dict[str, Any] = {}
+    for name in schemes:
+        cfg = scheme_config(config, name)
+        sch = cfg.build_scheme()
+        entry: dict[str, Any] = {
+            "config": cfg.to_wire(),
+            "digest": scheme_digest(sch),
+            "assignment": np.asarray(sch.A, dtype=int).tolist(),
+            "orders": [np.asarray(o).tolist() for o in sch.orders],
+            "loads": np.asarray(sch.loads).tolist(),
+        }
+        B = getattr(sch, "B", None)
+        if B is not None:
+            entry["B"] = np.asarray(B).tolist()
+            entry["worst_condition_number"] = float(
+                worst_condition_number(sch.A, B, sch.n_parts, rng=np.random.default_rng(0)))
+        if name == "partial":
+            entry["q_max"] = int(sch.q_max())
+        per_scheme[name] = entry
+    return {
+        "aiogc_version": __version__,
+        "git_sha": git_sha(),
+        "argv": list(argv) if argv is not None else None,
+        "python": sys.version.split()[0],
+        "seed": config.seed,
+        "config": config.to_wire(),
+        "schemes": per_scheme,
+        "delay_model": {"compute": schedule.compute_spec, "network": schedule.network_spec},
+        "mode": mode,
+        "loop": loop,
+        "verify": verify,
+    }
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool) -> None:
+        self.total = total
+        self.label = label
+        self.enabled = enabled
+        self.done = 0
+        self._t0 = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        width = 30
+        fill = int(width * self.done / max(1, self.total))
+        rate = time.monotonic() - self._t0
+        sys.stderr.write(f"\r{self.label:>18} [{'#' * fill}{'.' * (width - fill)}] "
+                         f"{self.done}/{self.total} rounds {rate:5.1f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
+            **kwargs: Any) -> tuple[ParameterServer, Any]:
+    """A ParameterServer for ``config`` with its task (initial model, learning rate, loss and,
+    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS."""
+    scheme = config.build_scheme()
+    task = make_task(config.task, scheme.n_chunks, config.seed)
+    ps = ParameterServer(
+        config,
+        scheme=scheme,
+        model=task.initial_model(),
+        learning_rate=config.learning_rate or task.learning_rate,
+        loss_fn=task.loss,
+        verify_fn=chunk_grads_fn(task) if verify else None,
+        schedule=schedule,
+        **kwargs,
+    )
+    return ps, task
+
+
+#: The PS's shutdown reason when every round ran; workers stay quiet then.
+ALL_ROUNDS_DONE = "all rounds done"
+
+
+class ExitReason:
+    """Event sink of a worker that remembers only why the PS ended the run."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __call__(self, ev: Event) -> None:
+        if isinstance(ev, ShutdownRequested):
+            self.reason = ev.reason
+
+    def describe(self) -> str:
+        return "PS ended the run" + (f": {self.reason}" if self.reason else "")
+
+    @property
+    def early(self) -> bool:
+        """The run ended before every round ran (or the reason is unknown)."""
+        return self.reason != ALL_ROUNDS_DONE
+
+
+def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConfig,
+                   schemes: Sequence[str], schedule: DelaySchedule, *, mode: str,
+                   loop_kind: str, verify: bool,
+                   argv: Sequence[str] | None) -> RunRecorder | None:
+    """The run directory's recorder (None without ``out_dir``), with the manifest and the
+    delay schedule written; sets ``result.out_dir``."""
+    if out_dir is None:
+        return None
+    from aiogc.harness.records import RunRecorder
+
+    out = Path(out_dir)
+    manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
+                              verify=verify, argv=argv)
+    recorder = RunRecorder(out, manifest)
+    recorder.write_schedule(schedule)
+    result.out_dir = out
+    return recorder
+
+
+def close_run(result: RunResult, interrupted: Sequence[str],
+              recorder: RunRecorder | None) -> None:
+    """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
+    from aiogc.harness.records import summarize
+
+    result.summary = summarize(result.records, end_reasons=result.end_reasons)
+    if not result.end_reason:
+        result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
+    result.summary["wall_s"] = result.wall_s
+    result.summary["end_reason"] = result.end_reason
+    result.summary["interrupted_by"] = interrupted[0] if interrupted else None
+    if recorder is not None:
+        recorder.close(result.summary)
+
+
+def plot_run(out_dir: str | Path) -> None:
+    try:
+        from aiogc.harness.plots import plot_run
+
+        plot_run(out_dir)
+    except ImportError as exc:  # the plot extra is optional
+        print(f"aiogc: plots skipped ({exc})", file=sys.stderr)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM stopped :func:`run_live`; ``result`` holds what was recorded."""
+
+    def __init__(self, signal_name: str, result: RunResult) -> None:
+        super().__init__(f"run stopped by {signal_name}")
+        self.signal_name = signal_name
+        self.result = result
+
+
+def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
+                   summary: dict[str, Any] | None = None) -> str:
+    """One line saying why a run ended: the signal, the first scheme that ended early, the
+    first non-finite failure or failed rounds (with ``summary``), or ``"all rounds done"``."""
+    if interrupted:
+        return f"stopped by {interrupted[0]}"
+    for name, why in end_reasons.items():
+        if why != ALL_ROUNDS_DONE:
+            return f"{name}: {why}"
+    if not end_reasons:
+        return "no scheme ran"
+    for name, s in (summary or {}).get("schemes", {}).items():
+        if s.get("failure"):
+            return f"all rounds ran, but {name} failed: {s['failure']}"
+        n_failed = s.get("rounds_failed") or 0
+        if n_failed:
+            first = (s.get("failed_rounds") or [{}])[0]
+            return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
+                    f"{name} rounds failed (first: round {first.get('round')}: "
+                    f"{describe_end(first.get('reason'), first.get('detail'))})")
+    return ALL_ROUNDS_DONE
+
+
+def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = "exact") -> bool:
+    """Whether every scheme completed every requested round as configured.
+
+    True only if no round failed, each scheme ran ``requested_rounds`` rounds, no loss or
+    decode error was non-finite, and, in exact mode, every round decoded exactly.
+    """
+    schemes = summary.get("schemes", {})
+    if not schemes or summary.get("ok") is False:
+        return False
+    for s in schemes.values():
+        if s.get("rounds_failed") or s.get("rounds") != requested_rounds or s.get("failure"):
+            return False
+        if mode == "exact" and s.get("rounds_exact") != requested_rounds:
+            return False
+    return True
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary table printed at the end of a run."""
+    rows = [("scheme", "rounds", "mean s", "p50 s", "p95 s", "oracle s", "speedup",
+             "max rel err", "final loss")]
+    schemes = summary.get("schemes", {})
+    base = schemes.get("original", {}).get("round_time_mean_s")
+
+    def f(x: Any, spec: str = ".4f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    for name, s in schemes.items():
+        mean = s.get("round_time_mean_s")
+        speed = base / mean if base and mean else None
+        rows.append((name, str(s.get("rounds")), f(mean), f(s.get("round_time_p50_s")),
+                     f(s.get("round_time_p95_s")), f(s.get("oracle_time_mean_s")),
+                     f(speed, ".2f"), f(s.get("max_rel_decode_error"), ".1e"),
+                     f(s.get("final_loss"), ".5g")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    if summary.get("speedup") is not None:
+        lines.append(f"speedup (original mean / partial mean): {summary['speedup']:.2f}x")
+    for name, s in schemes.items():
+        n_failed = s.get("rounds_failed") or 0
+        if n_failed:
+            listed = s.get("failed_rounds") or []
+            lines.append(f"{name}: {n_failed} failed round(s):")
+            for fr in listed[:FAILED_ROUNDS_SHOWN]:
+                lines.append(f"  round {fr.get('round')}: "
+                             f"{describe_end(fr.get('reason'), fr.get('detail'))}")
+            if n_failed > min(len(listed), FAILED_ROUNDS_SHOWN):
+                lines.append(f"  ... and {n_failed - min(len(listed), FAILED_ROUNDS_SHOWN)} more "
+                             "(rounds.csv has every one)")
+        if s.get("failure"):
+            lines.append(f"{name}: FAILED: {s['failure']}")
+        worst = s.get("worst_round")
+        if worst and worst.get("rel_error") is not None:
+            lines.append(f"{name}: worst round {worst['round']} "
+                         f"(rel decode error {worst['rel_error']:.1e})")
+    if summary.get("end_reason"):
+        lines.append(f"end reason: {summary['end_reason']}")
+    return "\n".join(lines)
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)
+
+

@@ -1,0 +1,1 @@
+"""The wire contract: messages, codecs, authentication, status codes."""
