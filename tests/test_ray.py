@@ -58,6 +58,16 @@ def decision_rows(run_dir: Path) -> list[dict[str, str]]:
         return [{c: row[c] for c in DECISION_COLUMNS} for row in csv.DictReader(fh)]
 
 
+def final_counts(reports: list[dict[str, Any]]) -> dict[tuple[int, int], int]:
+    """(round, worker) -> the highest chunk count it reported; each worker's counts rise."""
+    out: dict[tuple[int, int], int] = {}
+    for row in reports:
+        key = (int(row["round"]), int(row["worker"]))
+        assert int(row["count"]) > out.get(key, 0), row  # strictly increasing per round
+        out[key] = int(row["count"])
+    return out
+
+
 def frame_kinds(run_dir: Path) -> set[str]:
     with (run_dir / "events.jsonl").open() as fh:
         return {json.loads(line)["kind"] for line in fh}
@@ -99,7 +109,11 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
 
     run, local_run = load_run(out), load_run(local)
     assert len(run["rounds"]) == rounds and len(run["workers"]) == rounds * m
-    assert len(run["reports"]) == len(local_run["reports"])
+    # the same reports, up to coalescing: a worker woken late reports two finished chunks in
+    # one frame, so the *number* of reports depends on timing; the count each worker reached
+    # in each round does not (the pinned schedule fixes it), nor does the order of its counts
+    assert final_counts(run["reports"]) == final_counts(local_run["reports"])
+    assert len(run["reports"]) <= sum(sum(r["state"]) for r in run["rounds"])
     kinds = frame_kinds(out)
     heartbeats = {"ping", "pong"}  # sent after a silence, so they depend on timing
     assert kinds - heartbeats == frame_kinds(local) - heartbeats  # the same protocol
