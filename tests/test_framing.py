@@ -10,7 +10,7 @@ import asyncio
 import socket
 import struct
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -609,3 +609,61 @@ def test_connection_tags_both_ways_and_closes_on_a_bad_tag(
     assert got == ["ping", "pong"]
     assert isinstance(exc, MalformedFrame) and exc.code == "bad_tag"
     assert errs == ["error:bad_tag"]
+
+
+class _FailingTransport:
+    """Behaves as uvloop's TCPTransport on a peer reset: the first ``write`` fails with a
+    socket error, which closes the handle at once (``connection_lost`` comes later, from the
+    loop); every later ``write`` raises ``RuntimeError`` ("unable to perform operation on
+    <TCPTransport closed=True>")."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.writes = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.closed:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; "
+                               "the handler is closed")
+        self.writes += 1
+        self.closed = True  # ECONNRESET: uvloop's fatal-error path closes the handle
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> Any:
+        return None
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_flush_stops_writing_once_the_transport_closed() -> None:
+    """A write that fails closes the transport before ``connection_lost`` runs: ``flush``
+    must not write again, neither the next part of the same flush (a large payload is
+    written part by part) nor a later flush to that peer in the same loop iteration. A
+    256-worker run logged 95 ``RuntimeError`` tracebacks from ``flush`` before."""
+    async def main() -> None:
+        conn = FramedConnection(lambda c, m: None, lambda c, e: None, DEFAULT_LIMITS)
+        t = _FailingTransport()
+        conn.connection_made(cast(asyncio.BaseTransport, t))
+        big = np.zeros(2 * 65536, dtype="<f8")  # larger than one joined write: several parts
+        conn.queue(CodedGradient(epoch=0, round=1, attempt=0, state_digest=b"d" * 8,
+                                 compute_s=0.0, payload=big))
+        conn.flush()  # first part fails and closes; the payload part must not be written
+        assert t.writes == 1
+        conn.queue(Ping(seq=1))  # a no-op once closing
+        conn._wq.append(b"late")  # even a part queued before the close is not written
+        conn.flush()
+        assert t.writes == 1
+
+    asyncio.run(main())

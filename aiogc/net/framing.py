@@ -260,7 +260,10 @@ class FramedConnection(asyncio.BufferedProtocol):
             return
         self._wq = []
         t = self._transport
-        if t is None or self._lost:
+        # is_closing: a write that failed (peer reset) closed uvloop's handle before the loop
+        # delivers connection_lost, and every later write raises RuntimeError; what was
+        # queued for a closing connection is dropped, as queue() drops what comes after
+        if t is None or self._lost or t.is_closing():
             return
         total = sum(map(len, wq))
         self.bytes_out += total
@@ -284,8 +287,10 @@ class FramedConnection(asyncio.BufferedProtocol):
             if run:
                 t.write(run[0] if len(run) == 1 else b"".join(run))
                 run = []
+            if t.is_closing():  # the previous write failed and closed it (see flush)
+                return
             t.write(part)
-        if run:
+        if run and not t.is_closing():
             t.write(run[0] if len(run) == 1 else b"".join(run))
 
     async def drain(self) -> None:
