@@ -1,0 +1,119 @@
+"""The fidelity measurement of live runs (aiogc.harness.fidelity), on records built from the
+protocol engine (virtual clock): a run that took exactly its simulated time is faithful, one
+made slower on purpose is not, and the verdict names the number that broke it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.core import RoundRecord
+from aiogc.harness.fidelity import (
+    Calibration,
+    CpuSnapshot,
+    LoopLagMonitor,
+    choose_time_scale,
+    chunk_lateness,
+    fidelity_report,
+    predicted_ratio,
+    replay_ratios,
+)
+from aiogc.sim.fast import build_schemes, schedule_for
+from aiogc.sim.protocol import simulate_protocol
+from aiogc.training.delays import DelaySchedule
+
+SCHEMES = ["partial", "original"]
+Run = tuple[RunConfig, DelaySchedule, dict[str, list[RoundRecord]]]
+
+
+@pytest.fixture(scope="module")
+def engine_run() -> Run:
+    cfg = RunConfig(workers=8, delta=3, rounds=12, seed=5, delay="exp:0.01")
+    schedule = schedule_for(cfg, build_schemes(cfg, SCHEMES))
+    records = simulate_protocol(cfg, SCHEMES, schedule=schedule)
+    return cfg, schedule, records
+
+
+def _stretched(records: dict[str, list[RoundRecord]], k: float, extra_s: float = 0.0
+               ) -> dict[str, list[RoundRecord]]:
+    """The same rounds as a live run at time scale k would record them (wall = k x emulated),
+    each round ``extra_s`` (wall) slower."""
+    out: dict[str, list[RoundRecord]] = {}
+    for name, recs in records.items():
+        out[name] = [dataclasses.replace(
+            r, t_start=r.t_start * k, t_end=None if r.t_end is None else r.t_end * k + extra_s,
+            reports=[(t, w, c, e * k) for (t, w, c, e) in r.reports]) for r in recs]
+    return out
+
+
+def test_a_run_that_took_its_simulated_time_is_faithful(engine_run: Run) -> None:
+    cfg, schedule, records = engine_run
+    for k in (1.0, 7.0):
+        rep = replay_ratios(cfg, schedule, _stretched(records, k), time_scale=k)
+        for name in SCHEMES:
+            assert rep["schemes"][name]["ratio"] == pytest.approx(1.0, rel=1e-9)
+            assert rep["schemes"][name]["rounds_compared"] == cfg.rounds
+        assert rep["speedups"]["original"]["ratio"] == pytest.approx(1.0, rel=1e-9)
+        fid = fidelity_report(rep, threshold=0.1, time_scale=k)
+        assert fid["verdict"] == "faithful" and fid["reasons"] == []
+        late = chunk_lateness(schedule, _stretched(records, k), time_scale=k)
+        assert late["n"] > 0 and abs(late["max"]) < 1e-9  # the engine is never late
+
+
+def test_a_slow_run_is_unfaithful_and_says_which_ratio(engine_run: Run) -> None:
+    cfg, schedule, records = engine_run
+    mean = float(np.mean([r.duration_s for r in records["partial"]]))
+    slow = _stretched(records, 1.0, extra_s=0.5 * mean)  # every round 50 % of a round late
+    rep = replay_ratios(cfg, schedule, slow)
+    assert rep["schemes"]["partial"]["ratio"] == pytest.approx(1.5, rel=0.25)
+    fid = fidelity_report(rep, threshold=0.1, time_scale=1.0)
+    assert fid["verdict"] == "unfaithful"
+    assert any(r.startswith("partial rounds took") for r in fid["reasons"])
+    assert fid["worst_ratio"] > 1.1
+
+
+def test_starved_cpu_makes_the_verdict_unfaithful(engine_run: Run) -> None:
+    cfg, schedule, records = engine_run
+    rep = replay_ratios(cfg, schedule, records)
+    cpu = {"share_when_runnable": 0.4, "starved": True}
+    fid = fidelity_report(rep, threshold=0.1, time_scale=1.0, cpu=cpu)
+    assert fid["verdict"] == "unfaithful" and "CPU starved" in fid["reasons"][-1]
+
+
+def test_chosen_scale_keeps_the_predicted_overhead_under_half_the_threshold() -> None:
+    cfg = RunConfig(workers=256, delta=4, rounds=20, seed=1, delay="exp:0.01")
+    schedule = schedule_for(cfg, build_schemes(cfg, SCHEMES))
+    cal = Calibration(frame_s=20e-6, core_s_per_worker=60e-6)
+    k, why = choose_time_scale(cfg, SCHEMES, schedule, cal, threshold=0.1)
+    assert k >= 1 and k == math.ceil(k)
+    assert why["predicted_ratio"] <= 1.05 + 1e-12
+    # the next smaller scale would not have been enough (K is the smallest)
+    if k > 1:
+        assert predicted_ratio(why["predicted_overhead_s"], why["sim_round_s"], k - 1) > 1.05
+    # a free machine needs no dilation
+    k0, _ = choose_time_scale(cfg, SCHEMES, schedule, Calibration(0.0, 0.0), threshold=0.1)
+    assert k0 == 1.0
+
+
+def test_loop_lag_monitor_and_cpu_snapshot() -> None:
+    async def main() -> dict[str, float]:
+        mon = LoopLagMonitor(interval_s=0.001)
+        mon.start()
+        done = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.02, done.set)
+        await done.wait()
+        mon.stop()
+        return mon.summary()
+
+    before = CpuSnapshot.take()
+    s = asyncio.run(main())
+    assert s["n"] >= 1 and s["p50"] >= 0.0
+    after = CpuSnapshot.take()
+    if before is not None and after is not None:  # Linux with schedstat
+        cpu = after.since(before)
+        assert cpu["cpu_s"] >= 0.0 and 0.0 <= cpu["share_when_runnable"] <= 1.0
