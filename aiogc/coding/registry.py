@@ -8,10 +8,13 @@ themselves are the scheme's :meth:`~aiogc.coding.base.SchemeBase.is_decodable`,
 :meth:`~aiogc.coding.base.SchemeBase.exact_states`), the ``ell`` it forces and the
 assignments, orderings and decodings it accepts.
 
-Adding a scheme is one :func:`register_scheme` call (a test module may do it): the config
-validates the name against the registry, :func:`make_scheme` builds it, the fast path asks the
-built scheme for its decode times, the protocol core calls its ``is_decodable`` /
-``contributes`` / ``encode`` / ``decode_result``, and the records ask :func:`sends_when_done`.
+Adding a scheme is one :func:`register_scheme` call, in the scheme's own module (imported by
+``aiogc/coding/__init__.py``) or in a test module: the config validates the name against the
+registry and checks its setup memory model (:attr:`SchemeSpec.setup_bytes`), :func:`make_scheme`
+builds it, the fast path asks the built scheme for its decode times, the protocol core calls
+its ``is_decodable`` / ``contributes`` / ``encode`` / ``decode_result`` and its declared
+capabilities (:class:`~aiogc.coding.base.Scheme`), and the records ask
+:func:`sends_when_done`. See docs/coding.md, "Adding a scheme".
 """
 
 from __future__ import annotations
