@@ -148,7 +148,7 @@ class RunConfig:
                               f"< round_timeout_s={self.round_timeout_s}")
         # bounded setup: refuse before anything is allocated (PS, and a worker given it in
         # welcome); the module holds no numpy state, so the import is cheap
-        from aiogc.coding.decoding_matrix import check_setup_budget
+        from aiogc.coding.registry import check_setup_budget
 
         check_setup_budget(self.scheme, self.workers, self.delta, self.n_parts)
 
@@ -228,18 +228,17 @@ class RunConfig:
 
 
 def scheme_digest(scheme: Scheme) -> str:
-    """Hex digest of what every side must agree on: A, the orders and B (if any)."""
+    """Hex digest of what every side must agree on: the name, A, the orders and every array
+    the scheme draws from the seed (:meth:`~aiogc.coding.base.Scheme.digest_arrays`: B of the
+    partial scheme, the encoding tensor E of the fixed codes), so a worker that drew any of
+    them differently does not pass the PS-worker check."""
     h = hashlib.sha256()
     h.update(scheme.name.encode())
     h.update(np.ascontiguousarray(scheme.A, dtype=np.uint8).tobytes())
     for o in scheme.orders:
         h.update(np.ascontiguousarray(o, dtype="<i8").tobytes())
         h.update(b"|")
-    # B (partial) or the encoding matrix E (original: Tandon's random construction); both are
-    # drawn from the seed, and a worker that drew differently must not pass the check
-    for name in ("B", "E"):
-        M = getattr(scheme, name, None)
-        if M is not None:
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(M, dtype="<f8").tobytes())
+    for name, M in scheme.digest_arrays():
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(M, dtype="<f8").tobytes())
     return h.hexdigest()[:32]

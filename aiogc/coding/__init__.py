@@ -15,12 +15,23 @@ from aiogc.coding.assignments import (
     regular_assignment,
     validate_assignment,
 )
-from aiogc.coding.base import DecodeResult, Scheme, SchemeBase
+from aiogc.coding.base import DecodeResult, Scheme, SchemeBase, TrustedDecoder, TrustedEncoder
+
+# Scheme modules register themselves on import, and the registry keeps registration order
+# (scheme_names(): the CLI's default comparison, the help texts), so these imports are in that
+# order, not sorted: the paper's scheme first, then the baselines. A new scheme module is one
+# more import here (tests/test_scheme_capabilities.py pins the order).
+# isort: split
+from aiogc.coding.partial import PartialScheme
+
+# isort: split
 from aiogc.coding.baselines import (
     IgnoreStragglersScheme,
     OriginalScheme,
     UncodedScheme,
 )
+
+# isort: split
 from aiogc.coding.decoding_matrix import (
     check_conditioning,
     colour_workers,
@@ -36,7 +47,6 @@ from aiogc.coding.orderings import (
     q_max_per_chunk,
     random_order,
 )
-from aiogc.coding.partial import PartialScheme
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
@@ -65,6 +75,8 @@ __all__ = [
     "SchemeBase",
     "SchemeParams",
     "SchemeSpec",
+    "TrustedDecoder",
+    "TrustedEncoder",
     "UncodedScheme",
     "assignment_from_matrix",
     "build_assignment",

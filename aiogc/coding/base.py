@@ -13,16 +13,16 @@ non-contributing workers are never read (they may hold garbage).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from aiogc.errors import CodingError
 
-__all__ = ["DecodeResult", "ProgressTracker", "Scheme", "SchemeBase", "combine", "encode_rows",
-           "runs"]
+__all__ = ["DecodeResult", "ProgressTracker", "Scheme", "SchemeBase", "TrustedDecoder",
+           "TrustedEncoder", "combine", "encode_rows", "runs"]
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,32 @@ class _StateTracker:
         self._update()
 
 
+#: Fast encoder for callers whose state the process validated itself:
+#: ``(worker, c as a sequence of ints, chunk_grads (>= c_j, d) in processing order) -> (p,)``.
+TrustedEncoder = Callable[[int, Sequence[int], np.ndarray], np.ndarray]
+#: Fast decoder for callers whose state the process built itself:
+#: ``(coded (m, p), c (m,) int64, dim) -> DecodeResult``.
+TrustedDecoder = Callable[[np.ndarray, np.ndarray, int], DecodeResult]
+
+
 @runtime_checkable
 class Scheme(Protocol):
-    """The interface the protocol core uses (and nothing else)."""
+    """The interface the protocol core uses (and nothing else).
+
+    Besides the numerics, a scheme declares its *capabilities* (defaults in
+    :class:`SchemeBase`; nobody probes a scheme with ``getattr``):
+
+    * :attr:`sends_when_done`: workers send once after all their chunks (else the PS triggers);
+    * :meth:`digest_arrays`: every array drawn from the seed, hashed into ``scheme_digest`` so
+      a worker that drew differently fails the PS-worker check;
+    * :meth:`trusted_encoder` / :meth:`trusted_decoder`: fast paths without re-validation;
+    * :meth:`fixed_coefficients`: a worker's state-independent encoding rows;
+    * :meth:`conditioning_matrix`: the decoding matrix whose ell-subsets the PS checks;
+    * :meth:`encoding_tensor`: the fixed code ``E`` the redundancy check solves against;
+    * :meth:`manifest_extras`: scheme-specific entries of a run manifest;
+    * ``setup_bytes(m, delta, n_parts)`` (static, carried by the registry entry): the setup
+      memory model, usable before the scheme is built.
+    """
 
     name: str
     A: np.ndarray
@@ -120,6 +143,13 @@ class Scheme(Protocol):
     def encode_all(self, state: object, chunk_grads: np.ndarray, out: np.ndarray) -> None: ...
     def progress_tracker(self) -> ProgressTracker: ...
     def exact_states(self, states: np.ndarray) -> np.ndarray: ...
+    def digest_arrays(self) -> Sequence[tuple[str, np.ndarray]]: ...
+    def trusted_encoder(self) -> TrustedEncoder | None: ...
+    def trusted_decoder(self) -> TrustedDecoder | None: ...
+    def fixed_coefficients(self, worker: int) -> np.ndarray | None: ...
+    def conditioning_matrix(self) -> np.ndarray | None: ...
+    def encoding_tensor(self) -> np.ndarray | None: ...
+    def manifest_extras(self) -> dict[str, Any]: ...
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
@@ -279,10 +309,66 @@ def _combine_mapping(D: np.ndarray, rows: np.ndarray, coded: Mapping[int, np.nda
 
 
 class SchemeBase:
-    """Shared state handling; subclasses set ``name``, ``sends_when_done`` and the numerics."""
+    """Shared state handling; subclasses set ``name``, ``sends_when_done`` and the numerics.
+
+    The capability methods (see :class:`Scheme`) default to "not offered"; a scheme overrides
+    those that apply.
+    """
 
     name: str = ""
     sends_when_done: bool = True
+
+    # ---- capabilities (defaults) ---------------------------------------------------------
+    def digest_arrays(self) -> Sequence[tuple[str, np.ndarray]]:
+        """Every array drawn from the seed, as ``(name, array)`` pairs in a fixed order.
+
+        ``scheme_digest`` hashes each name and its float64 little-endian bytes after ``A`` and
+        the orders (which it always covers). A scheme drawing a matrix from ``rng`` must list
+        it here: a worker that drew it differently must not pass the PS-worker check.
+        Default: none.
+        """
+        return ()
+
+    def trusted_encoder(self) -> TrustedEncoder | None:
+        """A faster :meth:`encode` skipping state validation (see :data:`TrustedEncoder`), or
+        None (default) when the scheme has none."""
+        return None
+
+    def trusted_decoder(self) -> TrustedDecoder | None:
+        """A faster :meth:`decode_result` skipping state validation (see
+        :data:`TrustedDecoder`), or None (default)."""
+        return None
+
+    def fixed_coefficients(self, worker: int) -> np.ndarray | None:
+        """Encoding rows of ``worker`` when they do not depend on the state, shape
+        ``(loads[worker], ell)`` in processing order; None (default) when they do."""
+        return None
+
+    def conditioning_matrix(self) -> np.ndarray | None:
+        """The decoding matrix ``B`` (ell, m) whose ell-subset conditioning the PS checks
+        before a run, or None (default: nothing to check)."""
+        return None
+
+    def encoding_tensor(self) -> np.ndarray | None:
+        """The fixed encoding tensor ``E`` (m, N, ell) the redundancy check's decoders solve
+        against (its conditioning bounds their error), or None (default)."""
+        return None
+
+    def manifest_extras(self) -> dict[str, Any]:
+        """Scheme-specific entries of a run manifest (JSON-ready); default none."""
+        return {}
+
+    @staticmethod
+    def setup_bytes(m: int, delta: int, n_parts: int) -> int:
+        """Estimated peak bytes of building the scheme and decoding one round (model
+        excluded), for ``N = m`` chunks: default the assignment ``A`` only (``N * m``).
+
+        The registry entry (:attr:`SchemeSpec.setup_bytes`) carries this so a configuration
+        is checked before anything is built.
+        """
+        return m * m
+
+    # ---- state handling ------------------------------------------------------------------
 
     def __init__(self, A: np.ndarray, n_parts: int, orders: list[np.ndarray]) -> None:
         self.A = A

@@ -1,5 +1,5 @@
 """Baseline schemes run through the same interface: original gradient coding, uncoded,
-ignore-stragglers, and the :func:`make_scheme` factory.
+ignore-stragglers, each registered here (the partial scheme registers in its own module).
 
 Original gradient coding keeps a fixed encoding tensor ``E`` of shape ``(m, N, ell)``:
 worker ``j`` sends ``sum_{i,k} E[j, i, k] g_i^(k)`` once it finished *all* its chunks. Any
@@ -34,7 +34,7 @@ Constructions:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -44,11 +44,8 @@ from aiogc.coding.assignments import (
     validate_assignment,
 )
 from aiogc.coding.base import DecodeResult, SchemeBase, combine, encode_rows
-from aiogc.coding.decoding_matrix import decoding_matrix
-from aiogc.coding.orderings import natural_order, optimal_order, random_order
-from aiogc.coding.partial import PartialScheme
+from aiogc.coding.orderings import natural_order
 from aiogc.coding.registry import (
-    ORDERINGS,
     SchemeParams,
     SchemeSpec,
     build_assignment,
@@ -88,6 +85,19 @@ class _FixedCodeScheme(SchemeBase):
         """Encoding rows of ``worker`` for its chunks in processing order; (loads[j], ell)."""
         j = self._check_worker(worker)
         return self.E[j, self.orders[j], :]
+
+    # ---- capabilities -------------------------------------------------------------------
+    def digest_arrays(self) -> Sequence[tuple[str, np.ndarray]]:
+        """The encoding tensor ``E`` (Tandon's construction draws it from the seed)."""
+        return (("E", self.E),)
+
+    def fixed_coefficients(self, worker: int) -> np.ndarray:
+        """:meth:`coefficients`: the code is fixed, rows (loads[worker], ell)."""
+        return self.coefficients(worker)
+
+    def encoding_tensor(self) -> np.ndarray:
+        """``E`` (m, N, ell)."""
+        return self.E
 
     def encode(self, worker: int, state: object, chunk_grads: np.ndarray) -> np.ndarray:
         """Coded vector ``(ceil(d/ell),)``; reads rows ``0 .. loads[j]-1`` (all chunks).
@@ -284,6 +294,14 @@ class OriginalScheme(_FixedCodeScheme):
     def _need(self) -> int:
         return self.m - self.s
 
+    @staticmethod
+    def setup_bytes(m: int, delta: int, n_parts: int) -> int:
+        """Estimated peak bytes of building the scheme and decoding one round, ``N = m``: the
+        assignment (N x m bytes), the encoding tensor ``E`` (m x N x ell float64) and the
+        least-squares decoder's system and work space (~3 more of that size)."""
+        N = m
+        return N * m + 4 * m * N * n_parts * 8
+
     def is_decodable(self, state: object) -> bool:
         """Any ``m - s`` finished workers; with groups, ``ell`` finished workers per group."""
         if self.groups is None:
@@ -446,18 +464,6 @@ class IgnoreStragglersScheme(UncodedScheme):
         return DecodeResult(grad, exact, 0.0 if exact else res, amp, int(F.size))
 
 
-def _build_partial(p: SchemeParams) -> PartialScheme:
-    A = build_assignment(p)
-    if p.ordering == "optimal":
-        orders = optimal_order(A, p.n_parts, p.rng)
-    elif p.ordering == "natural":
-        orders = natural_order(A)
-    else:
-        orders = random_order(A, p.rng)
-    B = decoding_matrix(A, p.n_parts, p.decoding, p.rng)  # type: ignore[arg-type]
-    return PartialScheme(A, p.n_parts, orders, B, p.rng)
-
-
 def _build_original(p: SchemeParams) -> OriginalScheme:
     return OriginalScheme(build_assignment(p), p.delta - p.n_parts, p.n_parts, p.rng)
 
@@ -475,18 +481,12 @@ def _build_ignore(p: SchemeParams) -> IgnoreStragglersScheme:
 
 
 register_scheme(SchemeSpec(
-    name="partial", build=_build_partial, sends_when_done=False,
-    waiting="every chunk has ell reported holders (min_i |U_i(c)| >= ell)",
-    exactness="exact at the trigger; approximate (projection) at an approx deadline",
-    decoder="g^(k) = sum_j B[k, j] v_j with per-chunk pinv(B_U) encoding",
-    orderings=ORDERINGS, decodings=("frame", "gaussian")))
-register_scheme(SchemeSpec(
     name="original", build=_build_original, sends_when_done=True,
     waiting="any m - s finished workers; fractional repetition: ell finished per group",
     exactness="exact once decodable; least-squares optimal (Glasgow-Wootters) before",
     decoder="fr: one finished worker per group; tandon / polynomial: the construction's "
     "decoder from m - s workers, least squares from fewer",
-    min_redundancy=1))
+    min_redundancy=1, setup_bytes=OriginalScheme.setup_bytes))
 register_scheme(SchemeSpec(
     name="uncoded", build=_build_uncoded, sends_when_done=True,
     waiting="all m workers finished", exactness="exact only with every worker",

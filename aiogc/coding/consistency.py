@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.errors import ConfigError
 
 __all__ = [
@@ -97,13 +98,14 @@ def redundancy_tolerance(dtype: object, kappa: float = 1.0,
     return safety * (eps + float(np.finfo(np.float64).eps) * max(1.0, k))
 
 
-def _system_condition(scheme: object, workers: list[int]) -> float:
-    """Condition number of the encoding rows of ``workers`` (rank-limited), or 1 without ``E``.
+def _system_condition(scheme: Scheme, workers: list[int]) -> float:
+    """Condition number of the encoding rows of ``workers`` (rank-limited), or 1 without ``E``
+    (:meth:`~aiogc.coding.base.Scheme.encoding_tensor`).
 
     The decoder solves ``D E_S = T`` for these rows; singular values below 1e-10 of the largest
     are the structural rank deficit of a code with redundancy, not conditioning.
     """
-    E = getattr(scheme, "E", None)
+    E = scheme.encoding_tensor()
     if E is None:
         return 1.0
     M = np.asarray(E, dtype=np.float64)[workers].reshape(len(workers), -1)
@@ -121,20 +123,20 @@ def _finished_state(loads: np.ndarray, workers: Iterable[int]) -> np.ndarray:
     return st
 
 
-def _decoder(scheme: object, state: np.ndarray) -> tuple[np.ndarray, bool]:
+def _decoder(scheme: Scheme, state: np.ndarray) -> tuple[np.ndarray, bool]:
     """The decoding coefficients ``D`` (ell, m) the scheme uses in ``state``, and exactness.
 
     Decoding is linear in the payloads, so decoding the identity (payload length m, one column
     per worker) returns ``D`` itself: one decode, no access to the scheme's internals.
     """
-    m = int(scheme.m)  # type: ignore[attr-defined]
-    ell = int(scheme.n_parts)  # type: ignore[attr-defined]
-    r = scheme.decode_result(np.eye(m), state, ell * m)  # type: ignore[attr-defined]
+    m = int(scheme.m)
+    ell = int(scheme.n_parts)
+    r = scheme.decode_result(np.eye(m), state, ell * m)
     return np.asarray(r.gradient, dtype=np.float64).reshape(ell, m), bool(r.exact)
 
 
 def redundancy_check(
-    scheme: object,
+    scheme: Scheme,
     coded: np.ndarray | Mapping[int, np.ndarray],
     received: Iterable[int],
     dim: int,
@@ -173,23 +175,21 @@ def redundancy_check(
         not decode exactly, as in ignore-stragglers). Otherwise ``value`` is
         ``||g1 - g2|| / scale`` and ``bound`` the tolerance.
     """
-    if not getattr(scheme, "sends_when_done", False):
+    if not scheme.sends_when_done:
         return None
     rec = sorted({int(w) for w in received})
     if len(rec) < 3:
         return None
-    loads = np.asarray(scheme.loads, dtype=np.int64)  # type: ignore[attr-defined]
+    loads = np.asarray(scheme.loads, dtype=np.int64)
     st1, st2 = _finished_state(loads, rec[:-1]), _finished_state(loads, rec[1:])
-    if not (scheme.is_decodable(st1) and scheme.is_decodable(st2)):  # type: ignore[attr-defined]
+    if not (scheme.is_decodable(st1) and scheme.is_decodable(st2)):
         return None
     D1, exact1 = _decoder(scheme, st1)
     D2, exact2 = _decoder(scheme, st2)
     if not (exact1 and exact2):
         return None
-    g1 = np.asarray(scheme.decode_result(coded, st1, dim).gradient,  # type: ignore[attr-defined]
-                    dtype=np.float64)
-    g2 = np.asarray(scheme.decode_result(coded, st2, dim).gradient,  # type: ignore[attr-defined]
-                    dtype=np.float64)
+    g1 = np.asarray(scheme.decode_result(coded, st1, dim).gradient, dtype=np.float64)
+    g2 = np.asarray(scheme.decode_result(coded, st2, dim).gradient, dtype=np.float64)
     dtype = coded.dtype if isinstance(coded, np.ndarray) else np.asarray(coded[rec[0]]).dtype
     kappa = max(_system_condition(scheme, rec[:-1]), _system_condition(scheme, rec[1:]))
     tol = redundancy_tolerance(dtype, kappa, safety)
@@ -413,7 +413,7 @@ class RoundGuard:
     def check(
         self,
         *,
-        scheme: object,
+        scheme: Scheme,
         coded: np.ndarray | Mapping[int, np.ndarray],
         received: Iterable[int],
         dim: int,

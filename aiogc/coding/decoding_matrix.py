@@ -17,7 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from aiogc.errors import CodingError, ConfigError
+from aiogc.coding.registry import SETUP_MEMORY_BUDGET, check_setup_budget, setup_bytes
+from aiogc.errors import CodingError
 
 __all__ = [
     "SETUP_MEMORY_BUDGET",
@@ -44,98 +45,6 @@ _SAMPLE_OVERDRAW = 2
 FRAME_SEARCH_BUDGET = 400_000
 #: Fewest colour subsets a frame candidate is scored on, however large ell.
 MIN_FRAME_SUBSETS = 500
-
-
-#: Largest estimated working set (bytes) of building a scheme and decoding one round with it.
-#: Configurations above it are refused before anything is allocated (a PS would otherwise
-#: grow for minutes before listening, and a worker given the config in ``welcome`` would block).
-SETUP_MEMORY_BUDGET = 1 << 30
-
-
-def setup_bytes(scheme: str, m: int, delta: int, n_parts: int) -> int:
-    """Estimated peak bytes of building ``scheme`` and decoding one round (model excluded).
-
-    The terms are the arrays the construction and one decode allocate, for N = m chunks
-    (cyclic, regular and fractional-repetition assignments all have m chunks) of ``delta``
-    holders each:
-
-    * every scheme: the assignment ``A`` (N x m bytes);
-    * partial: the worker-conflict product (m x m int32 + bool), the holder tables (two
-      N x delta int64, one N x m int64) and a decode's stacked ``B_U`` with its QR / SVD work
-      (~3 arrays of N x delta x ell float64), plus the conditioning check's sampled
-      ell x ell matrices (20000, with their SVD work);
-    * original: the encoding tensor ``E`` (m x N x ell float64) and the least-squares decoder's
-      system and work space (~3 more of that size).
-
-    Parameters
-    ----------
-    scheme : {"partial", "original", "uncoded", "ignore-stragglers"}
-    m, delta, n_parts : int
-        Workers, chunks per worker and ell.
-
-    Returns
-    -------
-    int
-        Bytes (an estimate, within a small factor of the measured peak).
-    """
-    N, ell = m, n_parts
-    total = N * m
-    if scheme == "partial":
-        total += m * m * 5 + N * delta * 16 + N * m * 8 + 3 * N * delta * ell * 8
-        n_check = min(20_000, N * math.comb(delta, ell))  # worst_condition_number's subsets
-        total += 3 * n_check * ell * ell * 8
-    elif scheme == "original":
-        total += 4 * m * N * ell * 8
-    return total
-
-
-def check_setup_budget(
-    scheme: str, m: int, delta: int, n_parts: int, budget: int = SETUP_MEMORY_BUDGET
-) -> int:
-    """Refuse a configuration whose setup would exceed ``budget`` bytes (:func:`setup_bytes`).
-
-    Returns
-    -------
-    int
-        The estimate, when within budget.
-
-    Raises
-    ------
-    ConfigError
-        Naming ``delta`` and the largest delta within budget for these workers and ell, or
-        ``workers`` when no delta fits.
-    """
-    need = setup_bytes(scheme, m, delta, n_parts)
-    if need <= budget:
-        return need
-    lo = n_parts + 1 if scheme == "original" else max(1, n_parts)
-    mib = f"~{need / 2**20:.0f} MiB, over the {budget / 2**20:.0f} MiB setup budget"
-    if lo <= m and setup_bytes(scheme, m, lo, n_parts) <= budget:
-        best = lo
-        hi = delta  # setup_bytes grows with delta: binary search for the largest that fits
-        while best + 1 < hi:
-            mid = (best + hi) // 2
-            if setup_bytes(scheme, m, mid, n_parts) <= budget:
-                best = mid
-            else:
-                hi = mid
-        raise ConfigError(
-            "delta", delta,
-            f"an integer in [{lo}, {best}] for scheme={scheme}, workers={m}, n_parts={n_parts} "
-            f"(this setup needs {mib})",
-        )
-    best, hi = 1, m
-    while best + 1 < hi:
-        mid = (best + hi) // 2
-        if setup_bytes(scheme, mid, min(delta, mid), n_parts) <= budget:
-            best = mid
-        else:
-            hi = mid
-    raise ConfigError(
-        "workers", m,
-        f"an integer in [1, {best}] for scheme={scheme}, n_parts={n_parts} "
-        f"(this setup needs {mib})",
-    )
 
 
 def subset_conditions(mats: np.ndarray) -> np.ndarray:

@@ -13,15 +13,37 @@ the same code path, so all holders derive bit-identical ``Theta_i`` independentl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
 from aiogc.coding.assignments import validate_assignment
-from aiogc.coding.base import DecodeResult, SchemeBase, combine, encode_rows
-from aiogc.coding.decoding_matrix import decoding_matrix
-from aiogc.coding.orderings import optimal_order, q_max, validate_orders
+from aiogc.coding.base import (
+    DecodeResult,
+    SchemeBase,
+    TrustedDecoder,
+    TrustedEncoder,
+    combine,
+    encode_rows,
+)
+from aiogc.coding.decoding_matrix import decoding_matrix, worst_condition_number
+from aiogc.coding.orderings import (
+    natural_order,
+    optimal_order,
+    q_max,
+    random_order,
+    validate_orders,
+)
+from aiogc.coding.registry import (
+    DECODINGS,
+    ORDERINGS,
+    SchemeParams,
+    SchemeSpec,
+    build_assignment,
+    register_scheme,
+)
 from aiogc.errors import CodingError
 
 __all__ = ["CoverageTracker", "PartialScheme"]
@@ -145,6 +167,46 @@ class PartialScheme(SchemeBase):
             H[i, : h.size] = h
             HP[i, : h.size] = pos[i, h]
         self._H, self._HP = H, HP
+
+    # ---- capabilities -------------------------------------------------------------------
+    def digest_arrays(self) -> Sequence[tuple[str, np.ndarray]]:
+        """The decoding matrix ``B``, drawn from the seed by the frame search."""
+        return (("B", self.B),)
+
+    def trusted_encoder(self) -> TrustedEncoder:
+        """:meth:`encode_trusted`."""
+        return self.encode_trusted
+
+    def trusted_decoder(self) -> TrustedDecoder:
+        """:meth:`decode_trusted`."""
+        return self.decode_trusted
+
+    def conditioning_matrix(self) -> np.ndarray:
+        """``B`` (ell, m): its ell-subsets of a chunk's holders are what the decode inverts."""
+        return self.B
+
+    def manifest_extras(self) -> dict[str, Any]:
+        """``B``, its worst ell-subset condition number (seeded sample) and ``q_max``."""
+        return {
+            "B": np.asarray(self.B).tolist(),
+            "worst_condition_number": float(worst_condition_number(
+                self.A, self.B, self.n_parts, rng=np.random.default_rng(0))),
+            "q_max": int(self.q_max()),
+        }
+
+    @staticmethod
+    def setup_bytes(m: int, delta: int, n_parts: int) -> int:
+        """Estimated peak bytes of building the scheme and decoding one round, ``N = m``.
+
+        The assignment (N x m bytes), the worker-conflict product (m x m int32 + bool), the
+        holder tables (two N x delta int64, one N x m int64) and a decode's stacked ``B_U``
+        with its QR / SVD work (~3 arrays of N x delta x ell float64), plus the conditioning
+        check's sampled ell x ell matrices (at most 20000, with their SVD work).
+        """
+        N, ell = m, n_parts
+        total = N * m + m * m * 5 + N * delta * 16 + N * m * 8 + 3 * N * delta * ell * 8
+        n_check = min(20_000, N * math.comb(delta, ell))  # worst_condition_number's subsets
+        return total + 3 * n_check * ell * ell * 8
 
     # ---- trigger ------------------------------------------------------------------------
     def is_decodable(self, state: object) -> bool:
@@ -436,3 +498,23 @@ class PartialScheme(SchemeBase):
             # same gemv and bits, without the matmul ufunc's overhead on short vectors
             return np.array(coef).dot(X)  # type: ignore[no-any-return]
         return encode_rows(np.array(coef)[:, None], chunk_grads, 1)
+
+
+def _build_partial(p: SchemeParams) -> PartialScheme:
+    A = build_assignment(p)
+    if p.ordering == "optimal":
+        orders = optimal_order(A, p.n_parts, p.rng)
+    elif p.ordering == "natural":
+        orders = natural_order(A)
+    else:
+        orders = random_order(A, p.rng)
+    B = decoding_matrix(A, p.n_parts, p.decoding, p.rng)  # type: ignore[arg-type]
+    return PartialScheme(A, p.n_parts, orders, B, p.rng)
+
+
+register_scheme(SchemeSpec(
+    name="partial", build=_build_partial, sends_when_done=False,
+    waiting="every chunk has ell reported holders (min_i |U_i(c)| >= ell)",
+    exactness="exact at the trigger; approximate (projection) at an approx deadline",
+    decoder="g^(k) = sum_j B[k, j] v_j with per-chunk pinv(B_U) encoding",
+    orderings=ORDERINGS, decodings=DECODINGS, setup_bytes=PartialScheme.setup_bytes))

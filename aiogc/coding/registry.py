@@ -8,10 +8,13 @@ themselves are the scheme's :meth:`~aiogc.coding.base.SchemeBase.is_decodable`,
 :meth:`~aiogc.coding.base.SchemeBase.exact_states`), the ``ell`` it forces and the
 assignments, orderings and decodings it accepts.
 
-Adding a scheme is one :func:`register_scheme` call (a test module may do it): the config
-validates the name against the registry, :func:`make_scheme` builds it, the fast path asks the
-built scheme for its decode times, the protocol core calls its ``is_decodable`` /
-``contributes`` / ``encode`` / ``decode_result``, and the records ask :func:`sends_when_done`.
+Adding a scheme is one :func:`register_scheme` call, in the scheme's own module (imported by
+``aiogc/coding/__init__.py``) or in a test module: the config validates the name against the
+registry and checks its setup memory model (:attr:`SchemeSpec.setup_bytes`), :func:`make_scheme`
+builds it, the fast path asks the built scheme for its decode times, the protocol core calls
+its ``is_decodable`` / ``contributes`` / ``encode`` / ``decode_result`` and its declared
+capabilities (:class:`~aiogc.coding.base.Scheme`), and the records ask
+:func:`sends_when_done`. See docs/coding.md, "Adding a scheme".
 """
 
 from __future__ import annotations
@@ -27,21 +30,24 @@ from aiogc.coding.assignments import (
     regular_assignment,
     validate_assignment,
 )
-from aiogc.coding.base import Scheme
+from aiogc.coding.base import Scheme, SchemeBase
 from aiogc.errors import CodingError, ConfigError
 
 __all__ = [
     "ASSIGNMENTS",
     "DECODINGS",
     "ORDERINGS",
+    "SETUP_MEMORY_BUDGET",
     "SchemeParams",
     "SchemeSpec",
     "build_assignment",
+    "check_setup_budget",
     "make_scheme",
     "register_scheme",
     "scheme_names",
     "scheme_spec",
     "sends_when_done",
+    "setup_bytes",
     "spec_of_label",
     "unregister_scheme",
 ]
@@ -116,6 +122,10 @@ class SchemeSpec:
     min_finished : callable (SchemeParams) -> int
         Fewest finished workers that always suffice (the classic straggler tolerance is ``m``
         minus this); default ``m - (delta - ell)``.
+    setup_bytes : callable (m, delta, n_parts) -> int
+        The setup memory model (usually the scheme class's static ``setup_bytes``), checked
+        against :data:`SETUP_MEMORY_BUDGET` before anything is built; default
+        :meth:`SchemeBase.setup_bytes` (the assignment only).
     """
 
     name: str
@@ -131,6 +141,7 @@ class SchemeSpec:
     uses_k: bool = False
     min_redundancy: int = 0
     min_finished: Callable[[SchemeParams], int] = lambda p: p.m - (p.delta - p.n_parts)
+    setup_bytes: Callable[[int, int, int], int] = SchemeBase.setup_bytes
 
     def check(self, p: SchemeParams) -> None:
         """Raise :class:`ConfigError` (naming the field) if ``p`` is not valid for this scheme."""
@@ -198,6 +209,84 @@ def spec_of_label(label: str) -> SchemeSpec:
 def sends_when_done(name: str) -> bool:
     """Whether scheme ``name`` sends when done (False: the PS triggers encoding)."""
     return scheme_spec(name).sends_when_done
+
+
+#: Largest estimated working set (bytes) of building a scheme and decoding one round with it.
+#: Configurations above it are refused before anything is allocated (a PS would otherwise
+#: grow for minutes before listening, and a worker given the config in ``welcome`` would block).
+SETUP_MEMORY_BUDGET = 1 << 30
+
+
+def setup_bytes(scheme: str, m: int, delta: int, n_parts: int) -> int:
+    """Estimated peak bytes of building ``scheme`` and decoding one round (model excluded).
+
+    The scheme's own memory model (:attr:`SchemeSpec.setup_bytes`, e.g.
+    :meth:`PartialScheme.setup_bytes <aiogc.coding.partial.PartialScheme.setup_bytes>`):
+    the arrays the construction and one decode allocate, for N = m chunks (cyclic, regular
+    and fractional-repetition assignments all have m chunks) of ``delta`` holders each.
+
+    Parameters
+    ----------
+    scheme : str
+        A registered scheme name.
+    m, delta, n_parts : int
+        Workers, chunks per worker and ell.
+
+    Returns
+    -------
+    int
+        Bytes (an estimate, within a small factor of the measured peak).
+    """
+    return int(scheme_spec(scheme).setup_bytes(m, delta, n_parts))
+
+
+def check_setup_budget(
+    scheme: str, m: int, delta: int, n_parts: int, budget: int = SETUP_MEMORY_BUDGET
+) -> int:
+    """Refuse a configuration whose setup would exceed ``budget`` bytes (:func:`setup_bytes`).
+
+    Returns
+    -------
+    int
+        The estimate, when within budget.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``delta`` and the largest delta within budget for these workers and ell, or
+        ``workers`` when no delta fits.
+    """
+    need = setup_bytes(scheme, m, delta, n_parts)
+    if need <= budget:
+        return need
+    lo = max(1, n_parts + scheme_spec(scheme).min_redundancy)
+    mib = f"~{need / 2**20:.0f} MiB, over the {budget / 2**20:.0f} MiB setup budget"
+    if lo <= m and setup_bytes(scheme, m, lo, n_parts) <= budget:
+        best = lo
+        hi = delta  # setup_bytes grows with delta: binary search for the largest that fits
+        while best + 1 < hi:
+            mid = (best + hi) // 2
+            if setup_bytes(scheme, m, mid, n_parts) <= budget:
+                best = mid
+            else:
+                hi = mid
+        raise ConfigError(
+            "delta", delta,
+            f"an integer in [{lo}, {best}] for scheme={scheme}, workers={m}, n_parts={n_parts} "
+            f"(this setup needs {mib})",
+        )
+    best, hi = 1, m
+    while best + 1 < hi:
+        mid = (best + hi) // 2
+        if setup_bytes(scheme, mid, min(delta, mid), n_parts) <= budget:
+            best = mid
+        else:
+            hi = mid
+    raise ConfigError(
+        "workers", m,
+        f"an integer in [1, {best}] for scheme={scheme}, n_parts={n_parts} "
+        f"(this setup needs {mib})",
+    )
 
 
 def _int_field(fname: str, value: object, lo: int, hi: int) -> int:

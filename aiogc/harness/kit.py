@@ -85,8 +85,6 @@ def git_sha() -> str | None:
 def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
                    *, mode: str, loop: str, verify: bool,
                    argv: Sequence[str] | None) -> dict[str, Any]:
-    from aiogc.coding import worst_condition_number
-
     per_scheme: dict[str, Any] = {}
     for name in schemes:
         cfg = scheme_config(config, name)
@@ -97,14 +95,8 @@ def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySch
             "assignment": np.asarray(sch.A, dtype=int).tolist(),
             "orders": [np.asarray(o).tolist() for o in sch.orders],
             "loads": np.asarray(sch.loads).tolist(),
+            **sch.manifest_extras(),  # partial: B, its worst condition number, q_max
         }
-        B = getattr(sch, "B", None)
-        if B is not None:
-            entry["B"] = np.asarray(B).tolist()
-            entry["worst_condition_number"] = float(
-                worst_condition_number(sch.A, B, sch.n_parts, rng=np.random.default_rng(0)))
-        if name == "partial":
-            entry["q_max"] = int(sch.q_max())
         per_scheme[name] = entry
     return {
         "aiogc_version": __version__,
