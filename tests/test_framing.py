@@ -17,6 +17,7 @@ import pytest
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
+from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES
 from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Bye,
@@ -29,12 +30,10 @@ from aiogc.protocol.messages import (
     Pong,
     RoundStart,
 )
+from aiogc.protocol.tags import FrameAuth
 from aiogc.protocol.wire import (
-    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
-    KIND_CODES,
     PREAUTH_LIMITS,
-    FrameAuth,
     FrameDecoder,
     FrameLimits,
     encode_frame_bytes,

@@ -20,11 +20,10 @@ import msgpack
 import numpy as np
 
 from aiogc.errors import MalformedFrame
+from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES
 from aiogc.protocol.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
 from aiogc.protocol.wire import (
-    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
-    KIND_CODES,
     PREAUTH_LIMITS,
     FrameDecoder,
     FrameLimits,

@@ -47,15 +47,8 @@ from typing import Any, Final, cast
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.protocol.messages import Error, Message
-from aiogc.protocol.wire import (
-    DEFAULT_LIMITS,
-    TAG_BYTES,
-    AllocFn,
-    FrameAuth,
-    FrameDecoder,
-    FrameLimits,
-    encode_frame,
-)
+from aiogc.protocol.tags import TAG_BYTES, FrameAuth
+from aiogc.protocol.wire import DEFAULT_LIMITS, AllocFn, FrameDecoder, FrameLimits, encode_frame
 
 __all__ = ["FramedConnection"]
 
