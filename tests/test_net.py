@@ -43,7 +43,7 @@ from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.net.framing import FramedConnection
 from aiogc.protocol.messages import ChunkReport, Error, Hello, Ping, Shutdown
 from aiogc.protocol.wire import DEFAULT_LIMITS, FrameDecoder, encode_frame_bytes
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 from tests.helpers import build_rig
 
 HOST = "127.0.0.1"

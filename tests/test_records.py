@@ -32,7 +32,7 @@ from aiogc.harness.records import (
 )
 from aiogc.harness.trace import chrome_trace
 from aiogc.protocol.status import EndReason
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 M = 3
 LOADS = [2, 2, 2]

@@ -16,7 +16,8 @@ from aiogc.harness.kit import materialise_for
 from aiogc.harness.local import run_live
 from aiogc.harness.records import load_run
 from aiogc.sim.protocol import simulate_protocol
-from aiogc.training.delays import DelaySchedule, materialise
+from aiogc.training.delays import materialise
+from aiogc.training.schedule import DelaySchedule
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=4, seed=7, task="linreg:samples=300,dim=10",
              delay="exp:0.004")

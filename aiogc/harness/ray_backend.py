@@ -74,7 +74,7 @@ from aiogc.harness.kit import (
 from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 from aiogc.training.setup import TaskPolicy
 
 __all__ = [

@@ -74,7 +74,7 @@ from aiogc.coding.registry import spec_of_label
 from aiogc.core.common import RoundRecord
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 __all__ = [
     "COLUMN_TYPES",
