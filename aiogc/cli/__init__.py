@@ -280,7 +280,7 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
                 stopped: list[str]) -> dict[str, Any]:
     """``aiogc ps``'s summary with the end reason (the PS's, or the signal that stopped it)."""
     from aiogc.harness.kit import ALL_ROUNDS_DONE, run_end_reason
-    from aiogc.harness.records import summarize
+    from aiogc.harness.summary import summarize
 
     ps_reason = (ended[0] if ended else
                  f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
