@@ -17,7 +17,13 @@ import pytest
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
-from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES
+from aiogc.protocol.headers import (
+    COMPACT_LAYOUTS,
+    DEFAULT_LIMITS,
+    KIND_CODES,
+    PREAUTH_LIMITS,
+    FrameLimits,
+)
 from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Bye,
@@ -31,13 +37,7 @@ from aiogc.protocol.messages import (
     RoundStart,
 )
 from aiogc.protocol.tags import FrameAuth
-from aiogc.protocol.wire import (
-    DEFAULT_LIMITS,
-    PREAUTH_LIMITS,
-    FrameDecoder,
-    FrameLimits,
-    encode_frame_bytes,
-)
+from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
 
 GUARD_S = 20.0  # hang guard only
 

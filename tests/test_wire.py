@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
-from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES
+from aiogc.protocol.headers import (
+    COMPACT_LAYOUTS,
+    DEFAULT_LIMITS,
+    KIND_CODES,
+    PREAUTH_LIMITS,
+    FrameLimits,
+)
 from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
@@ -38,15 +44,7 @@ from aiogc.protocol.messages import (
     RoundStart,
 )
 from aiogc.protocol.tags import FrameAuth
-from aiogc.protocol.wire import (
-    DEFAULT_LIMITS,
-    PREAUTH_LIMITS,
-    FrameDecoder,
-    FrameLimits,
-    decode_frame_bytes,
-    encode_frame,
-    encode_frame_bytes,
-)
+from aiogc.protocol.wire import FrameDecoder, decode_frame_bytes, encode_frame, encode_frame_bytes
 
 # ----------------------------------------------------------------------------- helpers
 

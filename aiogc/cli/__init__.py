@@ -195,6 +195,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import RunInterrupted, dump_json, format_summary, run_complete
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
@@ -203,9 +204,9 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     _writable_dir("out", a.out)
     progress = sys.stderr.isatty() if a.progress is None else a.progress
     try:
-        result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify,
+        result = run_live(base, schemes, RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify,
                           loop=a.loop, progress=progress, argv=argv, plots=a.plots,
-                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts)
+                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts))
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
