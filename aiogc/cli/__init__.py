@@ -203,10 +203,11 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     base = config_from_args(a, schemes[0])
     _writable_dir("out", a.out)
     progress = sys.stderr.isatty() if a.progress is None else a.progress
+    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
+                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
+                         address=a.address, worker_hosts=a.worker_hosts)
     try:
-        result = run_live(base, schemes, RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify,
-                          loop=a.loop, progress=progress, argv=argv, plots=a.plots,
-                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts))
+        result = run_live(base, schemes, options)
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
