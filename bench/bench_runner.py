@@ -64,10 +64,11 @@ def _med(xs: list[float]) -> float:
 def _one_run(cfg: Any, scheme: str, *, mode: str = "processes", loop: str = "uvloop",
              start_method: str = "forkserver") -> tuple[list[Any], float]:
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     t0 = time.monotonic()
-    res = run_live(cfg, [scheme], mode=mode, out_dir=None, verify=False, loop=loop,
-                   start_method=start_method, plots=False)
+    res = run_live(cfg, [scheme], RunOptions(mode=mode, out_dir=None, verify=False, loop=loop,
+                   start_method=start_method, plots=False))
     recs = res.records[scheme]
     if not recs:
         raise RuntimeError(f"no round completed ({scheme}, {mode}, {loop}, {start_method})")

@@ -305,6 +305,7 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
 
     from aiogc.config import RunConfig
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
     from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 
     run_dir = workdir / f"live-m{m}-{mode}-s{seed}"
@@ -319,9 +320,9 @@ def live_vs_sim(m: int, rounds: int, *, mode: str, seed: int, workdir: Path, lim
         try:
             # "hostsN": coroutine workers in N worker-host processes (--worker-hosts N)
             hosts = int(mode[5:]) if mode.startswith("hosts") else 0
-            res = run_live(cfg, SCHEMES, mode="coroutines" if hosts else mode,
+            res = run_live(cfg, SCHEMES, RunOptions(mode="coroutines" if hosts else mode,
                            out_dir=run_dir, verify=True, loop=loop, plots=False,
-                           worker_hosts=hosts)
+                           worker_hosts=hosts))
             recs = res.records
         except KeyboardInterrupt:
             if not fired:
@@ -754,6 +755,7 @@ def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int,
 
     from aiogc.config import RunConfig
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     cfg = RunConfig(workers=m, delta=4, n_parts=1, delay=delay, rounds=sz.many_rounds,
                     seed=seed, join_timeout_s=sz.many_limit_s)
@@ -761,8 +763,8 @@ def _many_live_trial(sz: Sizes, m: int, delay: str, *, seed: int,
     t0 = time.monotonic()
     with ps_receive_tap() as log, watchdog(sz.many_limit_s) as fired:
         try:
-            res = run_live(cfg, ["partial"], mode="coroutines", out_dir=None, verify=False,
-                           plots=False, worker_hosts=worker_hosts)
+            res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None,
+                           verify=False, plots=False, worker_hosts=worker_hosts))
             n_rounds = len(_completed(res.records["partial"]))
         except KeyboardInterrupt:
             if not fired:
@@ -1092,12 +1094,14 @@ def _rss_child(args: dict[str, Any]) -> None:
 
     from aiogc.config import RunConfig
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     floor_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = RunConfig(workers=args["m"], delta=4 if args["m"] > 4 else 2, n_parts=1,
                     rounds=args["rounds"], delay="none", task=bulk_task.spec(args["d"]),
                     dtype="float32", seed=1)
-    res = run_live(cfg, ["partial"], mode="processes", out_dir=None, verify=False, plots=False)
+    res = run_live(cfg, ["partial"], RunOptions(mode="processes", out_dir=None, verify=False,
+                   plots=False))
     print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                       "floor_kb": floor_kb,
                       "rounds_completed": len(_completed(res.records["partial"]))}))

@@ -77,7 +77,7 @@ from aiogc.protocol.messages import (
     state_digest,
 )
 from aiogc.protocol.wire import encode_frame_bytes
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 HOST = "127.0.0.1"
 #: The goal: every bad connection closed within this many seconds.

@@ -16,7 +16,7 @@ from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, Setup, Worker
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 
 @dataclass

@@ -46,7 +46,7 @@ from aiogc.protocol.messages import (
 )
 from aiogc.protocol.status import EndReason
 from aiogc.sim.engine import Simulation
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 from aiogc.training.setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from aiogc.errors import ConfigError
 from aiogc.training.delays import (
     DelayModel,
-    DelaySchedule,
     Failures,
     MarkovBursts,
     Pareto,
@@ -22,6 +21,7 @@ from aiogc.training.delays import (
     materialise,
     parse_delay,
 )
+from aiogc.training.schedule import DelaySchedule
 
 N = 200_000  # samples for the statistical checks (fast: vectorised draws)
 

@@ -296,7 +296,8 @@ def test_breast_cancer_task_is_the_documented_file() -> None:
     import hashlib
     import importlib.resources
 
-    from aiogc.training.tasks import load_breast_cancer, make_task
+    from aiogc.training.datasets import load_breast_cancer
+    from aiogc.training.tasks import make_task
 
     raw = importlib.resources.files("aiogc").joinpath("data", "breast_cancer.csv").read_bytes()
     digest = hashlib.sha256(raw).hexdigest()

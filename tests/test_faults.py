@@ -42,7 +42,7 @@ from aiogc.harness import local as runner
 from aiogc.net.drivers import PSServer
 from aiogc.protocol.messages import ChunkReport, EncodeAndTransmit, Message
 from aiogc.protocol.status import EndReason
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 from tests.test_net import (
     GUARD_S,
     HOST,

@@ -17,6 +17,13 @@ import pytest
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
+from aiogc.protocol.headers import (
+    COMPACT_LAYOUTS,
+    DEFAULT_LIMITS,
+    KIND_CODES,
+    PREAUTH_LIMITS,
+    FrameLimits,
+)
 from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Bye,
@@ -29,16 +36,8 @@ from aiogc.protocol.messages import (
     Pong,
     RoundStart,
 )
-from aiogc.protocol.wire import (
-    COMPACT_LAYOUTS,
-    DEFAULT_LIMITS,
-    KIND_CODES,
-    PREAUTH_LIMITS,
-    FrameAuth,
-    FrameDecoder,
-    FrameLimits,
-    encode_frame_bytes,
-)
+from aiogc.protocol.tags import FrameAuth
+from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
 
 GUARD_S = 20.0  # hang guard only
 

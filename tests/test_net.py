@@ -41,9 +41,10 @@ from aiogc.harness.kit import make_ps as runner_make_ps
 from aiogc.harness.kit import materialise_for
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.net.framing import FramedConnection
+from aiogc.protocol.headers import DEFAULT_LIMITS
 from aiogc.protocol.messages import ChunkReport, Error, Hello, Ping, Shutdown
-from aiogc.protocol.wire import DEFAULT_LIMITS, FrameDecoder, encode_frame_bytes
-from aiogc.training.delays import DelaySchedule
+from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
+from aiogc.training.schedule import DelaySchedule
 from tests.helpers import build_rig
 
 HOST = "127.0.0.1"

@@ -38,6 +38,7 @@ import pytest
 
 from aiogc.config import RunConfig
 from aiogc.harness.local import run_live
+from aiogc.harness.options import RunOptions
 from tests.helpers import StreamWatcher, pinned_trigger_schedule, wait_pids_exit
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
@@ -315,7 +316,7 @@ def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
     local = run_live(RunConfig(workers=M, delta=K, rounds=ROUNDS, seed=3,
                                task="linreg:samples=120,dim=6",
                                delay=f"replay:{tmp_path / 'delays.csv'}"),
-                     ["partial"], mode="coroutines", out_dir=tmp_path / "local", plots=False,
-                     loop="asyncio")
+                     ["partial"], RunOptions(mode="coroutines", out_dir=tmp_path / "local",
+                     plots=False, loop="asyncio"))
     assert local.summary["schemes"]["partial"]["rounds_failed"] == 0
     assert decision_rows(out) == decision_rows(tmp_path / "local")  # bit for bit

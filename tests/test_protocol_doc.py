@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from aiogc.protocol.auth import derive_worker_key, session_keys
+from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES, PREFIX_BYTES
 from aiogc.protocol.messages import (
     KINDS,
     PROTOCOL_VERSION,
@@ -31,14 +32,8 @@ from aiogc.protocol.messages import (
     RoundStart,
     state_digest,
 )
-from aiogc.protocol.wire import (
-    COMPACT_LAYOUTS,
-    KIND_CODES,
-    PREFIX_BYTES,
-    FrameAuth,
-    decode_frame_bytes,
-    encode_frame_bytes,
-)
+from aiogc.protocol.tags import FrameAuth
+from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 

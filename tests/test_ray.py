@@ -30,6 +30,7 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
 
+from aiogc.harness.options import RayOptions, RunOptions
 from aiogc.harness.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
@@ -167,8 +168,8 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
             rejoined.append(rec.round)
             run.ps.stop.remote("test: worker 0 rejoined")  # no need for the other rounds
 
-    res = run_ray(cfg, ["partial"], out_dir=tmp_path, plots=False, on_round=on_round,
-                  secret=secret, loop="asyncio")
+    res = run_ray(cfg, ["partial"], RunOptions(out_dir=tmp_path, plots=False, secret=secret,
+                  loop="asyncio"), on_round=on_round)
     assert killed and rejoined, (killed, rejoined)
     recs = res.records["partial"]
     # every round before the test stopped the PS decoded exactly, with or without worker 0
@@ -204,7 +205,8 @@ def test_ps_that_cannot_bind_is_a_clear_error_and_nothing_is_left(local_ray: Pat
     cfg = RunConfig(workers=2, delta=1, rounds=1, seed=1, task="linreg:samples=40,dim=3",
                     scheme="uncoded", n_parts=1)
     with pytest.raises(ClusterError, match=r"198\.51\.100\.7"):
-        run_ray(cfg, ["uncoded"], bind="198.51.100.7", out_dir=tmp_path, plots=False)
+        run_ray(cfg, ["uncoded"], RunOptions(out_dir=tmp_path, plots=False),
+                ray_options=RayOptions(bind="198.51.100.7"))
     assert all_placement_groups_removed()
     assert (tmp_path / "manifest.json").exists() and (tmp_path / "nodes.csv").exists()
 

@@ -15,24 +15,21 @@ import pytest
 
 from aiogc.core.common import RoundRecord
 from aiogc.errors import ConfigError
-from aiogc.harness.inspect_run import inspect_round
-from aiogc.harness.records import (
+from aiogc.harness.columns import (
     COLUMN_TYPES,
     REPORT_COLUMNS,
     ROUND_COLUMNS,
     WORKER_COLUMNS,
-    RunRecorder,
     is_trigger_scheme,
-    load_events,
-    load_run,
-    records_from_run,
-    summarize,
     to_jsonable,
     worker_rows,
 )
+from aiogc.harness.inspect_run import inspect_round
+from aiogc.harness.records import RunRecorder, load_events, load_run, records_from_run
+from aiogc.harness.summary import summarize
 from aiogc.harness.trace import chrome_trace
 from aiogc.protocol.status import EndReason
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 M = 3
 LOADS = [2, 2, 2]

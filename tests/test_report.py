@@ -19,6 +19,7 @@ from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.experiments import run_experiment
 from aiogc.harness.local import run_live
+from aiogc.harness.options import RunOptions
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -39,8 +40,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("matplotlib")
     d = tmp_path_factory.mktemp("run")
     cfg = RunConfig(workers=4, delta=2, n_parts=1, rounds=3, delay="exp:0.002", seed=3)
-    run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=d,
-             argv=["aiogc", "run", "--rounds", "3", "<script>alert(1)</script>"])
+    run_live(cfg, ["partial", "original"], RunOptions(mode="coroutines", out_dir=d,
+             argv=["aiogc", "run", "--rounds", "3", "<script>alert(1)</script>"]))
     return d
 
 

@@ -14,9 +14,11 @@ from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.harness.kit import materialise_for
 from aiogc.harness.local import run_live
+from aiogc.harness.options import RunOptions
 from aiogc.harness.records import load_run
 from aiogc.sim.protocol import simulate_protocol
-from aiogc.training.delays import DelaySchedule, materialise
+from aiogc.training.delays import materialise
+from aiogc.training.schedule import DelaySchedule
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=4, seed=7, task="linreg:samples=300,dim=10",
              delay="exp:0.004")
@@ -26,8 +28,8 @@ RECORD_FILES = ["manifest.json", "delays.csv", "events.jsonl", "rounds.csv", "wo
 
 def test_coroutine_run_writes_every_record(tmp_path: Path) -> None:
     cfg = RunConfig(**SMALL)
-    res = run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=tmp_path,
-                   plots=False, loop="asyncio")
+    res = run_live(cfg, ["partial", "original"], RunOptions(mode="coroutines", out_dir=tmp_path,
+                   plots=False, loop="asyncio"))
     for name in RECORD_FILES:
         assert (tmp_path / name).stat().st_size > 0, name
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -62,7 +64,7 @@ def test_coroutine_run_writes_every_record(tmp_path: Path) -> None:
 @pytest.mark.processes
 def test_process_mode_run(tmp_path: Path) -> None:
     cfg = RunConfig(**{**SMALL, "rounds": 3})
-    res = run_live(cfg, ["partial"], mode="processes", out_dir=tmp_path, plots=False)
+    res = run_live(cfg, ["partial"], RunOptions(mode="processes", out_dir=tmp_path, plots=False))
     recs = res.records["partial"]
     assert [r.status for r in recs] == ["exact"] * 3
     assert max(r.rel_error for r in recs) <= 1e-9
@@ -93,12 +95,12 @@ def test_replay_reproduces_decisions_live_and_in_simulator(tmp_path: Path) -> No
                     delay=f"replay:{path}")
     replayed = materialise_for(cfg, ["partial"])
     np.testing.assert_array_equal(replayed.compute_s, sched.compute_s)
-    first = run_live(cfg, ["partial"], mode="coroutines", out_dir=tmp_path / "a", plots=False,
-                     verify=False)
+    first = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=tmp_path / "a",
+                     plots=False, verify=False))
     # replay the *run's own* record of the schedule
     cfg2 = cfg.replace(delay=f"replay:{tmp_path / 'a' / 'delays.csv'}")
-    second = run_live(cfg2, ["partial"], mode="coroutines", out_dir=None, plots=False,
-                      verify=False)
+    second = run_live(cfg2, ["partial"], RunOptions(mode="coroutines", out_dir=None, plots=False,
+                      verify=False))
     sim = simulate_protocol(cfg2, ["partial"])
     states = [[r.state for r in res] for res in (first.records["partial"],
                                                   second.records["partial"], sim["partial"])]

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from aiogc.errors import ConfigError
+from aiogc.training.datasets import load_libsvm
 from aiogc.training.tasks import (
     FunctionTask,
     LinearRegression,
     LogisticRegression,
     Task,
     chunk_gradients,
-    load_libsvm,
     make_task,
 )
 

@@ -132,6 +132,7 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
     """A PS whose workers never all come: summary.json and events.jsonl say why."""
     from aiogc.config import RunConfig
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     cfg = RunConfig(workers=3, delta=1, rounds=2, task="linreg:samples=30,dim=3",
                     delay="exp:0.001", join_timeout_s=0.5)
@@ -147,8 +148,8 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
             super().__init__(worker_id, **kw)
 
     monkeypatch.setattr(runner, "Worker", WrongSecret)
-    res = run_live(cfg, ["partial"], mode="coroutines", out_dir=tmp_path, plots=False,
-                   loop="asyncio", secret=b"right" * 8)
+    res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=tmp_path, plots=False,
+                   loop="asyncio", secret=b"right" * 8))
     assert "workers ready" in res.end_reason and "join_timeout_s" in res.end_reason
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["end_reason"] == res.end_reason

@@ -7,7 +7,7 @@ import math
 
 from aiogc.core.common import RoundRecord
 from aiogc.harness.kit import format_summary, run_complete, run_end_reason
-from aiogc.harness.records import summarize
+from aiogc.harness.summary import summarize
 from aiogc.protocol.status import EndReason
 
 NAN = float("nan")

@@ -19,6 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
+from aiogc.protocol.headers import (
+    COMPACT_LAYOUTS,
+    DEFAULT_LIMITS,
+    KIND_CODES,
+    PREAUTH_LIMITS,
+    FrameLimits,
+)
 from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
@@ -36,18 +43,8 @@ from aiogc.protocol.messages import (
     Resume,
     RoundStart,
 )
-from aiogc.protocol.wire import (
-    COMPACT_LAYOUTS,
-    DEFAULT_LIMITS,
-    KIND_CODES,
-    PREAUTH_LIMITS,
-    FrameAuth,
-    FrameDecoder,
-    FrameLimits,
-    decode_frame_bytes,
-    encode_frame,
-    encode_frame_bytes,
-)
+from aiogc.protocol.tags import FrameAuth
+from aiogc.protocol.wire import FrameDecoder, decode_frame_bytes, encode_frame, encode_frame_bytes
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -313,10 +310,12 @@ def test_frame_limits_validate() -> None:
             FrameLimits(*args)
 
 
-def test_wire_is_sans_io() -> None:
-    import aiogc.protocol.wire
+@pytest.mark.parametrize("module", ["wire", "headers", "tags"])
+def test_wire_is_sans_io(module: str) -> None:
+    import importlib
 
-    tree = ast.parse(Path(aiogc.protocol.wire.__file__).read_text())
+    mod = importlib.import_module(f"aiogc.protocol.{module}")
+    tree = ast.parse(Path(str(mod.__file__)).read_text())
     banned = {"asyncio", "socket", "time", "random", "multiprocessing", "selectors"}
     for node in ast.walk(tree):
         names: list[str] = []

@@ -20,16 +20,15 @@ import msgpack
 import numpy as np
 
 from aiogc.errors import MalformedFrame
-from aiogc.protocol.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
-from aiogc.protocol.wire import (
+from aiogc.protocol.headers import (
     COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,
     PREAUTH_LIMITS,
-    FrameDecoder,
     FrameLimits,
-    encode_frame_bytes,
 )
+from aiogc.protocol.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
+from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
 
 #: The reliability goal: no single frame may take longer to reject.
 MAX_FRAME_S = 0.100

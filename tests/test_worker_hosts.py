@@ -17,6 +17,7 @@ from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness import local as runner
 from aiogc.harness.local import host_blocks, run_live
+from aiogc.harness.options import RunOptions
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
                              task="linreg:samples=300,dim=10", delay="exp:0.004")
@@ -33,8 +34,8 @@ def test_host_blocks_partition_the_workers(m: int, hosts: int) -> None:
 
 def test_run_with_worker_hosts_decodes_every_round(tmp_path: Path) -> None:
     cfg = RunConfig(**SMALL)
-    res = run_live(cfg, ["partial", "original"], mode="coroutines", out_dir=tmp_path,
-                   plots=False, loop="asyncio", worker_hosts=2)
+    res = run_live(cfg, ["partial", "original"], RunOptions(mode="coroutines", out_dir=tmp_path,
+                   plots=False, loop="asyncio", worker_hosts=2))
     for scheme in ("partial", "original"):
         recs = res.records[scheme]
         assert [r.round for r in recs] == list(range(SMALL["rounds"]))
@@ -52,8 +53,8 @@ def test_run_with_worker_hosts_decodes_every_round(tmp_path: Path) -> None:
 ])
 def test_bad_worker_hosts_fail_fast_naming_the_field(hosts: Any, mode: str, why: str) -> None:
     with pytest.raises(ConfigError, match="worker_hosts") as err:
-        run_live(RunConfig(**SMALL), ["partial"], mode=mode, out_dir=None, plots=False,
-                 worker_hosts=hosts)
+        run_live(RunConfig(**SMALL), ["partial"], RunOptions(mode=mode, out_dir=None, plots=False,
+                 worker_hosts=hosts))
     assert why in str(err.value)
 
 

@@ -195,6 +195,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import RunInterrupted, dump_json, format_summary, run_complete
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
@@ -202,10 +203,11 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     base = config_from_args(a, schemes[0])
     _writable_dir("out", a.out)
     progress = sys.stderr.isatty() if a.progress is None else a.progress
+    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
+                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
+                         address=a.address, worker_hosts=a.worker_hosts)
     try:
-        result = run_live(base, schemes, mode=a.as_, out_dir=a.out, verify=a.verify,
-                          loop=a.loop, progress=progress, argv=argv, plots=a.plots,
-                          backend=a.backend, address=a.address, worker_hosts=a.worker_hosts)
+        result = run_live(base, schemes, options)
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
@@ -280,7 +282,7 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
                 stopped: list[str]) -> dict[str, Any]:
     """``aiogc ps``'s summary with the end reason (the PS's, or the signal that stopped it)."""
     from aiogc.harness.kit import ALL_ROUNDS_DONE, run_end_reason
-    from aiogc.harness.records import summarize
+    from aiogc.harness.summary import summarize
 
     ps_reason = (ended[0] if ended else
                  f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")

@@ -8,6 +8,7 @@ random assignments) with its own delay schedule and gradient stream.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,28 @@ def _scheme(name: str, m: int, delta: int, ell: int, seed: int, c: int) -> Any:
     return make_scheme(name, m=m, delta=delta, n_parts=ell, rng=code_rng(seed, c))
 
 
-def _mse_cell(*, m: int, delta: int, ell: int, delay: str, deadlines: list[float],
-              schemes: tuple[str, ...], C: int, R: int, seed: int, key: tuple[int, ...],
-              base: Row) -> list[Row]:
+@dataclass(frozen=True)
+class _MseGrid:
+    """What every (ℓ, delay) cell of an MSE sweep shares: m workers, δ, the deadlines T, the
+    schemes, C code instances of R trials each, the seed."""
+
+    m: int
+    delta: int
+    deadlines: list[float]
+    schemes: tuple[str, ...]
+    instances: int
+    trials: int
+    seed: int
+
+
+def _mse_cell(grid: _MseGrid, *, ell: int, delay: str, key: tuple[int, ...]) -> list[Row]:
     """Rows for every (T, scheme) of one (ℓ, delay) cell: mean MSE with CI, and the
     original/partial MSE ratio with CI."""
     from aiogc.sim.fast import mse_of_states, outcomes
 
+    m, delta, deadlines, schemes = grid.m, grid.delta, grid.deadlines, grid.schemes
+    C, R, seed = grid.instances, grid.trials, grid.seed
+    base: Row = {"m": m, "delta": delta, "dim": DIM}
     mse = {(T, n): np.empty((C, R)) for T in deadlines for n in schemes}
     exact = {(T, n): np.empty((C, R), dtype=bool) for T in deadlines for n in schemes}
     for c in range(C):
@@ -128,11 +144,11 @@ def mse_grid(quick: bool) -> dict[str, Any]:
 def mse_compute(quick: bool, seed: int) -> list[Row]:
     g = mse_grid(quick)
     rows: list[Row] = []
+    grid = _MseGrid(m=g["m"], delta=g["delta"], deadlines=g["deadlines"],
+                    schemes=("partial", "original"), instances=g["instances"],
+                    trials=g["trials"], seed=seed)
     for ell in (1, 2, 3):
-        rows += _mse_cell(m=g["m"], delta=g["delta"], ell=ell, delay="exp:1.0",
-                          deadlines=g["deadlines"], schemes=("partial", "original"),
-                          C=g["instances"], R=g["trials"], seed=seed, key=(ell,),
-                          base={"m": g["m"], "delta": g["delta"], "dim": DIM})
+        rows += _mse_cell(grid, ell=ell, delay="exp:1.0", key=(ell,))
     return rows
 
 
@@ -175,11 +191,11 @@ def tails_grid(quick: bool) -> dict[str, Any]:
 def tails_compute(quick: bool, seed: int) -> list[Row]:
     g = tails_grid(quick)
     rows: list[Row] = []
+    grid = _MseGrid(m=g["m"], delta=g["delta"], deadlines=g["deadlines"],
+                    schemes=TAIL_SCHEMES, instances=g["instances"], trials=g["trials"],
+                    seed=seed)
     for d_i, delay in enumerate(g["delays"]):
-        rows += _mse_cell(m=g["m"], delta=g["delta"], ell=g["ell"], delay=delay,
-                          deadlines=g["deadlines"], schemes=TAIL_SCHEMES,
-                          C=g["instances"], R=g["trials"], seed=seed, key=(100 + d_i,),
-                          base={"m": g["m"], "delta": g["delta"], "dim": DIM})
+        rows += _mse_cell(grid, ell=g["ell"], delay=delay, key=(100 + d_i,))
     return rows
 
 

@@ -33,6 +33,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     simulator, with zero latency and with one per-frame latency calibrated on the live
     original-scheme rounds (so the partial scheme's calibrated prediction is out of sample)."""
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
     from aiogc.sim.fast import build_schemes, schedule_for
     from aiogc.sim.protocol import simulate_protocol
 
@@ -45,8 +46,8 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     sim = simulate_protocol(cfg, schemes, schedule=schedule, gradients="task", built=built)
     rows: list[Row] = []
     for loop in ("asyncio", "uvloop"):
-        live = run_live(cfg, schemes, mode="coroutines", out_dir=None, verify=False,
-                        schedule=schedule, loop=loop)
+        live = run_live(cfg, schemes, RunOptions(mode="coroutines", out_dir=None, verify=False,
+                        loop=loop), schedule=schedule)
         for name in schemes:
             lrec, srec = live.records[name], sim[name]
             n = min(len(lrec), len(srec))
@@ -200,6 +201,7 @@ def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
 def _live_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
     from aiogc.harness.kit import scheme_config
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
     from aiogc.sim.fast import exact_times
 
     rows: list[Row] = []
@@ -207,7 +209,8 @@ def _live_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
         lat = f"const:{lat_ms / 1e3!r}" if lat_ms > 0 else "none"
         cfg = RunConfig(workers=g["m"], delta=g["delta"], n_parts=1, rounds=g["live_rounds"],
                         delay=g["delay"], latency=lat, seed=seed, task="linreg")
-        res = run_live(cfg, list(LAT_SCHEMES), mode="coroutines", out_dir=None, verify=False)
+        res = run_live(cfg, list(LAT_SCHEMES), RunOptions(mode="coroutines", out_dir=None,
+                       verify=False))
         d = {n: np.array([r.duration_s for r in res.records[n] if r.status != "failed"])
              for n in LAT_SCHEMES}
         # the fast path on the very rounds that ran live (same schedule, same code): separates
@@ -340,13 +343,15 @@ def _replay(cfg: RunConfig, records: list[Any]) -> list[tuple[float, float]]:
 def train_compute(quick: bool, seed: int) -> list[Row]:
     from aiogc.harness.kit import scheme_config
     from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
 
     g = train_grid(quick)
     rows: list[Row] = []
     for k in range(g["seeds"]):
         cfg = RunConfig(workers=g["m"], delta=g["delta"], n_parts=g["ell"], rounds=g["rounds"],
                         delay=g["delay"], seed=seed + k, task=TRAIN_TASK)
-        res = run_live(cfg, list(TRAIN_SCHEMES), mode=g["mode"], out_dir=None, verify=False)
+        res = run_live(cfg, list(TRAIN_SCHEMES), RunOptions(mode=g["mode"], out_dir=None,
+                       verify=False))
         for name in TRAIN_SCHEMES:
             recs = res.records[name]
             t0 = recs[0].t_start

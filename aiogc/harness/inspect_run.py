@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiogc.errors import AiogcError
-from aiogc.harness.records import is_trigger_scheme, load_events, load_run
+from aiogc.harness.columns import is_trigger_scheme
+from aiogc.harness.records import load_events, load_run
 from aiogc.protocol.status import describe_end
 
 __all__ = ["NoSuchRound", "inspect_round"]

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aiogc.config import RunConfig
@@ -41,6 +41,7 @@ from aiogc.harness.kit import (
     plot_run,
     scheme_config,
 )
+from aiogc.harness.options import RunOptions
 from aiogc.net.drivers import PSServer, WorkerClient, loop_factory, run_on
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
@@ -294,27 +295,35 @@ async def _guarded(client: WorkerClient) -> None:
         print(f"aiogc: {exc}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class SchemeOutcome:
+    """What one scheme's live run returns: the PS's round records and why it finished (None
+    if the PS ended without saying why)."""
+
+    records: list[RoundRecord]
+    end_reason: str | None
+
+
 async def _run_scheme(
     config: RunConfig,
     schedule: DelaySchedule,
+    options: RunOptions,
     *,
-    mode: str,
     loop_kind: str,
-    verify: bool,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
-    secret: bytes | None,
-    start_method: str = "forkserver",
-    interrupted: list[str] | None = None,
-    end_reason: list[str] | None = None,
-    worker_hosts: int = 0,
-) -> list[RoundRecord]:
-    """One scheme, live. SIGTERM / SIGINT stop the PS gracefully (it tells every worker to
-    shut down) and the signal's name is appended to ``interrupted``; why the PS finished is
-    appended to ``end_reason`` (and written to ``events.jsonl``)."""
-    ps, _ = make_ps(config, schedule=schedule, verify=verify, secret=secret)
+    on_signal: Callable[[str], None] | None = None,
+) -> SchemeOutcome:
+    """One scheme, live (``options.mode``, ``verify``, ``secret``, ``start_method`` and
+    ``worker_hosts`` apply). SIGTERM / SIGINT stop the PS gracefully (it tells every worker
+    to shut down) and ``on_signal`` gets the signal's name; why the PS finished is returned
+    (and written to ``events.jsonl``)."""
+    mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
+    ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret)
     scheme = ps.scheme
-    on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round, end_reason)
+    finished: list[str] = []
+    on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round,
+                                     finished.append)
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder)
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
     procs: list[Any] = []
@@ -322,17 +331,17 @@ async def _run_scheme(
     loop = asyncio.get_running_loop()
     stop_handlers = []
     watch_ends: list[Any] = []  # parent-watch write ends, closed after the reap
-    stopped_by = interrupted if interrupted is not None else []
 
-    def on_signal(name: str) -> None:
-        stopped_by.append(name)
+    def stop_on(name: str) -> None:
+        if on_signal is not None:
+            on_signal(name)
         server.stop(name)  # idempotent: a repeated signal changes nothing
 
     # SIGINT too: left to asyncio.Runner it cancels this task, which closes the connections
     # before the PS could tell the workers to stop (they were then terminated after the grace)
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, on_signal, sig.name)
+            loop.add_signal_handler(sig, stop_on, sig.name)
             stop_handlers.append(sig)
     try:
         async with asyncio.TaskGroup() as tg:
@@ -357,7 +366,7 @@ async def _run_scheme(
                 for t in pending:
                     t.cancel()
             else:
-                ctx = _mp_context(start_method)
+                ctx = _mp_context(options.start_method)
                 # the runner keeps the only write end: the workers see EOF when it dies
                 parent_alive, keep_alive = ctx.Pipe(duplex=False)
                 watch_ends.append(keep_alive)
@@ -379,7 +388,7 @@ async def _run_scheme(
             await asyncio.to_thread(_reap, procs, PROCESS_GRACE_S)
         for c in watch_ends:
             c.close()
-    return ps.records
+    return SchemeOutcome(ps.records, finished[0] if finished else None)
 
 
 def _worker_spawns(m: int, worker_hosts: int, secret: bytes | None, port: int, loop_kind: str,
@@ -404,10 +413,10 @@ def _scheme_event_handler(
     scheme: Any,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
-    end_reason: list[str] | None,
+    on_finished: Callable[[str], None] | None,
 ) -> Callable[[Event], None]:
     """The PS event callback of one scheme's run: records rounds and the run's end (if
-    ``recorder``), calls ``on_round``, appends why the PS finished to ``end_reason``.
+    ``recorder``), calls ``on_round``, and ``on_finished`` with why the PS finished.
 
     It runs on the event loop between rounds: recording a round only buffers a copy of the
     record (:meth:`aiogc.harness.records.RunRecorder.round`); the rows are written later."""
@@ -417,8 +426,8 @@ def _scheme_event_handler(
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, Finished):
-            if end_reason is not None:
-                end_reason.append(ev.reason)
+            if on_finished is not None:
+                on_finished(ev.reason)
             if recorder is not None:
                 recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
                                    scheme=scheme_name, reason=ev.reason,
@@ -456,20 +465,9 @@ async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
 def run_live(
     config: RunConfig,
     schemes: Sequence[str],
+    options: RunOptions | None = None,
     *,
-    mode: str = "coroutines",
-    out_dir: str | Path | None = None,
-    verify: bool = True,
-    loop: str = "uvloop",
-    progress: bool = False,
     schedule: DelaySchedule | None = None,
-    argv: Sequence[str] | None = None,
-    secret: bytes | None = None,
-    plots: bool = True,
-    start_method: str = "forkserver",
-    backend: str = "local",
-    address: str | None = None,
-    worker_hosts: int = 0,
 ) -> RunResult:
     """Run each scheme live on loopback over the same schedule; write the run directory.
 
@@ -477,19 +475,11 @@ def run_live(
     ----------
     config : RunConfig
         Base configuration; ``scheme`` is replaced by each entry of ``schemes``.
-    mode : {"coroutines", "processes"}
-    worker_hosts : int
-        Coroutines mode: 0 runs every worker on the runner's own loop, beside the PS; ``n``
-        (1..m) spreads them over ``n`` worker-host processes, each one loop of coroutine
-        workers sharing one scheme and task, so the PS has a loop (and a core) of its own.
-    start_method : {"forkserver", "spawn"}
-        How worker processes start (processes mode); forkserver preloads the package.
-    out_dir : path, optional
-        Run directory (manifest.json, delays.csv, events.jsonl, rounds.csv, workers.csv,
-        reports.csv, summary.json, trace.json, PNGs). None: no files.
-    backend : {"local", "ray"}
-        ``"ray"``: the PS and one actor per worker on a Ray cluster (``mode`` and ``loop`` do
-        not apply; see :func:`aiogc.harness.ray_backend.run_ray`, which gets ``address``).
+    options : RunOptions, optional
+        Mode, loop, run directory, backend... (:class:`~aiogc.harness.options.RunOptions`);
+        default ``RunOptions()``: coroutine workers on uvloop, verified, no files.
+    schedule : DelaySchedule, optional
+        The delays of every scheme; default drawn from ``config`` (its seed).
 
     Raises
     ------
@@ -498,49 +488,47 @@ def run_live(
         its workers to shut down, no further scheme started, and what was recorded is written,
         ``summary.json`` included (no plots); the exception carries the partial result.
     """
-
-    mode_label = _check_worker_hosts(worker_hosts, mode, config.workers)
-    if backend == "ray":
+    options = options if options is not None else RunOptions()
+    mode = options.mode
+    mode_label = _check_worker_hosts(options.worker_hosts, mode, config.workers)
+    if options.backend == "ray":
         from aiogc.harness.ray_backend import run_ray
 
         _check_ray_mode(mode)
-        return run_ray(config, schemes, address=address, out_dir=out_dir, verify=verify,
-                       progress=progress, schedule=schedule, argv=argv, secret=secret,
-                       plots=plots, loop=loop)
-    _check_local_args(backend, address, mode)
+        return run_ray(config, schemes, options, schedule=schedule)
+    _check_local_args(options.backend, options.address, mode)
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
-    loop_kind, _ = loop_factory(loop)
+    loop_kind, _ = loop_factory(options.loop)
     if schedule is None:
         schedule = materialise_for(config, schemes)
-    if secret is None:
-        secret = secrets.token_bytes(32)
+    if options.secret is None:
+        options = replace(options, secret=secrets.token_bytes(32))
+    out_dir = options.out_dir
     result = RunResult(schedule=schedule)
     recorder = open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
-                              loop_kind=loop_kind, verify=verify, argv=argv)
+                              loop_kind=loop_kind, verify=options.verify, argv=options.argv)
     interrupted: list[str] = []
     try:
         for name in schemes:
             cfg = scheme_config(config, name)
-            bar = Progress(cfg.rounds, name, enabled=progress)
+            bar = Progress(cfg.rounds, name, enabled=options.progress)
 
             def tick(_rec: RoundRecord, bar: Progress = bar) -> None:
                 bar.update()
 
             t0 = time.monotonic()
-            ended: list[str] = []
             try:
-                recs = run_on(loop_kind, _run_scheme(cfg, schedule, mode=mode, loop_kind=loop_kind,
-                                               verify=verify, recorder=recorder,
-                                               on_round=tick,
-                                               secret=secret, start_method=start_method,
-                                               interrupted=interrupted, end_reason=ended,
-                                               worker_hosts=worker_hosts))
+                outcome = run_on(loop_kind, _run_scheme(cfg, schedule, options,
+                                                        loop_kind=loop_kind, recorder=recorder,
+                                                        on_round=tick,
+                                                        on_signal=interrupted.append))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
-            result.records[name] = recs
-            result.end_reasons[name] = ended[0] if ended else "PS ended without a reason"
+            result.records[name] = outcome.records
+            result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
+                                        else "PS ended without a reason")
             if interrupted:
                 break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
     except BaseException as exc:
@@ -553,7 +541,7 @@ def run_live(
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and plots:
+    if out_dir is not None and options.plots:
         plot_run(out_dir)
     return result
 

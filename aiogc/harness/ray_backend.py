@@ -52,7 +52,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,14 +71,14 @@ from aiogc.harness.kit import (
     plot_run,
     scheme_config,
 )
+from aiogc.harness.options import RayOptions, RunOptions
 from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 from aiogc.training.setup import TaskPolicy
 
 __all__ = [
-    "DEFAULT_MAX_RESTARTS",
     "NODE_COLUMNS",
     "ClusterError",
     "RaySchemeRun",
@@ -86,10 +86,6 @@ __all__ = [
     "run_ray",
 ]
 
-#: Times Ray restarts a worker actor whose process died (and retries its ``run`` call).
-DEFAULT_MAX_RESTARTS: Final = 3
-#: Seconds to wait for the placement group and the PS actor to come up.
-PLACEMENT_TIMEOUT_S: Final = 120.0
 #: Seconds between two polls of the PS actor (records reach the run directory this often).
 POLL_S: Final = 0.25
 #: nodes.csv columns.
@@ -407,22 +403,23 @@ class _Drain:
 class _Driver:
     """One run on a connected Ray cluster (all schemes)."""
 
-    def __init__(self, ray: Any, *, schedule: DelaySchedule, secret: bytes, verify: bool,
-                 recorder: Any | None, progress: bool, cpus: float, max_restarts: int,
-                 placement_timeout_s: float, bind: str | None, loop: str,
+    def __init__(self, ray: Any, options: RunOptions, ray_options: RayOptions, *,
+                 schedule: DelaySchedule, recorder: Any | None, cpus: float,
                  interrupted: list[str],
                  on_round: Callable[[RoundRecord, RaySchemeRun], None] | None) -> None:
+        """``options`` resolved by :func:`run_ray`: ``secret`` set, ``loop`` the kind used."""
+        assert options.secret is not None
         self.ray = ray
         self.schedule = schedule
-        self.secret = _Secret(secret)
-        self.verify = verify
+        self.secret = _Secret(options.secret)
+        self.verify = options.verify
         self.recorder = recorder
-        self.progress = progress
+        self.progress = options.progress
         self.cpus = cpus
-        self.max_restarts = max_restarts
-        self.placement_timeout_s = placement_timeout_s
-        self.bind = bind
-        self.loop = loop
+        self.max_restarts = ray_options.max_restarts
+        self.placement_timeout_s = ray_options.placement_timeout_s
+        self.bind = ray_options.bind
+        self.loop = options.loop
         self.interrupted = interrupted
         #: scheme -> the PS's own reason for finishing (its ``Finished`` event)
         self.end_reasons: dict[str, str] = {}
@@ -568,19 +565,10 @@ class _Driver:
 def run_ray(
     config: RunConfig,
     schemes: Sequence[str],
+    options: RunOptions | None = None,
     *,
-    address: str | None = None,
-    out_dir: str | Path | None = None,
-    verify: bool = True,
-    progress: bool = False,
     schedule: DelaySchedule | None = None,
-    argv: Sequence[str] | None = None,
-    secret: bytes | None = None,
-    plots: bool = True,
-    max_restarts: int = DEFAULT_MAX_RESTARTS,
-    placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
-    bind: str | None = None,
-    loop: str = "uvloop",
+    ray_options: RayOptions | None = None,
     on_round: Callable[[RoundRecord, RaySchemeRun], None] | None = None,
 ) -> RunResult:
     """Run each scheme on a Ray cluster over the same schedule; write the run directory.
@@ -589,22 +577,18 @@ def run_ray(
     ----------
     config : RunConfig
         Base configuration; ``scheme`` is replaced by each entry of ``schemes``.
-    address : str, optional
-        ``"auto"`` (the cluster this machine belongs to), ``"HOST:PORT"`` (its GCS), or None:
-        start a local Ray instance for this run and stop it at the end. When Ray is already
-        initialised in this process, that cluster is used and left running.
-    out_dir : path, optional
-        Run directory: the files of a local run (see :func:`aiogc.harness.local.run_live`) plus
-        ``nodes.csv`` (:data:`NODE_COLUMNS`: where each PS / worker incarnation ran).
-    secret : bytes, optional
-        Shared secret; default a fresh random one for this run.
-    max_restarts : int
-        Times Ray restarts a worker actor whose process died.
-    bind : str, optional
-        Address the PS binds (default: its node's IP address as Ray knows it).
-    loop : {"uvloop", "asyncio"}
-        Event loop of the actors: uvloop is Ray's own default (when installed); asyncio starts
-        the actors with ``RAY_USE_UVLOOP=0``. ``nodes.csv`` records the loop each actor ran.
+    options : RunOptions, optional
+        ``address``, ``out_dir``, ``verify``, ``progress``, ``argv``, ``secret``, ``plots`` and
+        ``loop`` apply (:class:`~aiogc.harness.options.RunOptions`). The run directory holds
+        the files of a local run plus ``nodes.csv`` (:data:`NODE_COLUMNS`: where each PS /
+        worker incarnation ran). ``loop``: uvloop is Ray's own default (when installed);
+        asyncio starts the actors with ``RAY_USE_UVLOOP=0``; ``nodes.csv`` records the loop
+        each actor ran.
+    schedule : DelaySchedule, optional
+        The delays of every scheme; default drawn from ``config`` (its seed).
+    ray_options : RayOptions, optional
+        ``max_restarts``, ``placement_timeout_s``, ``bind``
+        (:class:`~aiogc.harness.options.RayOptions`).
     on_round : callable, optional
         ``on_round(record, run)`` in the driver after each round was written.
 
@@ -617,18 +601,22 @@ def run_ray(
     """
     from aiogc.harness.records import RunRecorder
 
+    options = options if options is not None else RunOptions()
+    ray_options = ray_options if ray_options is not None else RayOptions()
+    address, out_dir, max_restarts = options.address, options.out_dir, ray_options.max_restarts
     if max_restarts < 0:
         from aiogc.errors import ConfigError
 
         raise ConfigError("max_restarts", max_restarts, "an integer >= 0")
-    loop_kind, _ = loop_factory(loop)  # validates the name
+    loop_kind, _ = loop_factory(options.loop)  # validates the name
     ray = _import_ray()
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
     if schedule is None:
         schedule = materialise_for(config, schemes)
-    if secret is None:
-        secret = secrets.token_bytes(32)
+    # resolved: the secret of this run, the loop actually used
+    secret = options.secret if options.secret is not None else secrets.token_bytes(32)
+    options = replace(options, loop=loop_kind, secret=secret)
     result = RunResult(schedule=schedule)
     interrupted: list[str] = []
     started = False
@@ -641,16 +629,14 @@ def run_ray(
             cpus = cpus_per_actor(_node_cpus(ray), n_actors)
             if out_dir is not None:
                 manifest = build_manifest(config, schemes, schedule, mode="ray",
-                                          loop=loop_kind, verify=verify, argv=argv)
+                                          loop=loop_kind, verify=options.verify,
+                                          argv=options.argv)
                 manifest["cluster"] = _cluster_manifest(ray, address, cpus, max_restarts)
                 recorder = RunRecorder(Path(out_dir), manifest)
                 recorder.write_schedule(schedule)
                 result.out_dir = Path(out_dir)
-            driver = _Driver(ray, schedule=schedule, secret=secret, verify=verify,
-                             recorder=recorder, progress=progress, cpus=cpus,
-                             max_restarts=max_restarts, placement_timeout_s=placement_timeout_s,
-                             bind=bind, loop=loop_kind, interrupted=interrupted,
-                             on_round=on_round)
+            driver = _Driver(ray, options, ray_options, schedule=schedule, recorder=recorder,
+                             cpus=cpus, interrupted=interrupted, on_round=on_round)
             for name in schemes:
                 cfg = scheme_config(config, name)
                 t0 = time.monotonic()
@@ -664,7 +650,7 @@ def run_ray(
             ray.shutdown()
     if interrupted:
         raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and plots:
+    if out_dir is not None and options.plots:
         plot_run(out_dir)
     return result
 

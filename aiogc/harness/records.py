@@ -19,7 +19,7 @@ plotted and replayed from the files alone:
     One row per round and scheme: :meth:`aiogc.core.common.RoundRecord.as_row`, with ``scheme``
     set to the label the caller passed (first column).
 ``workers.csv``
-    ``m`` rows per round (:data:`WORKER_COLUMNS`): ``round, scheme, worker, load, chunks_done``
+    ``m`` rows per round (:data:`.WORKER_COLUMNS`): ``round, scheme, worker, load, chunks_done``
     (largest count the PS saw; a send-when-done worker whose vector arrived counts as done),
     ``chunks_used`` (the decoding state entry), ``compute_s`` (as the worker reported it),
     ``arrival_s`` (PS time the coded vector arrived), ``comm_s``, ``arrival_order`` (1-based
@@ -31,13 +31,16 @@ plotted and replayed from the files alone:
     the send-when-done schemes (round start and upload legs, plus any slack between the two
     clocks). Empty when the vector did not arrive.
 ``reports.csv``
-    Every accepted chunk-count report (:data:`REPORT_COLUMNS`): ``scheme, round, ps_time,
+    Every accepted chunk-count report (:data:`.REPORT_COLUMNS`): ``scheme, round, ps_time,
     worker, count, elapsed_s`` -- ``rounds.csv`` alone cannot say how a round unfolded.
 ``summary.json``
-    :func:`summarize` of the rounds (or whatever dict the caller passes to :meth:`close`).
+    :func:`.summarize` of the rounds (or whatever dict the caller passes to :meth:`close`).
 ``trace.json``
     A Perfetto / ``chrome://tracing`` trace of the rounds seen
     (:func:`~aiogc.harness.trace.chrome_trace`), compact (one line).
+
+The columns and cell formats are :mod:`aiogc.harness.columns`; the summary is
+:mod:`aiogc.harness.summary`.
 
 Invariants
 ----------
@@ -59,292 +62,42 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from types import TracebackType, UnionType
-from typing import IO, Any, Final, Union, get_args, get_origin, get_type_hints
+from types import TracebackType
+from typing import IO, Any, Final
 
-import numpy as np
-
-from aiogc.coding.registry import spec_of_label
 from aiogc.core.common import RoundRecord
 from aiogc.errors import ConfigError
+from aiogc.harness.columns import (
+    COLUMN_OF_FIELD,
+    NOT_IN_ROUNDS,
+    REPORT_COLUMNS,
+    ROUND_COLUMNS,
+    WORKER_COLUMNS,
+    format_cell,
+    is_trigger_scheme,
+    read_csv,
+    to_jsonable,
+    worker_tuples,
+    write_json,
+    write_json_compact,
+)
+from aiogc.harness.summary import summarize
 from aiogc.protocol.status import EndReason, RoundStatus
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
+# summarize (summary.py) is re-exported: harness/kit.py imports it from here.
 __all__ = [
-    "COLUMN_TYPES",
-    "REPORT_COLUMNS",
-    "ROUND_COLUMNS",
-    "WORKER_COLUMNS",
-    "ReportRow",
     "RunRecorder",
-    "WorkerRow",
-    "is_trigger_scheme",
     "load_events",
     "load_run",
     "records_from_run",
     "summarize",
-    "to_jsonable",
-    "worker_rows",
 ]
-
-#: rounds.csv column of each RoundRecord field whose column name differs from the field name.
-_COLUMN_OF_FIELD: Final[dict[str, str]] = {
-    "t_start": "start_s",
-    "t_trigger": "trigger_s",
-    "t_end": "end_s",
-    "oracle_elapsed_s": "oracle_s",
-}
-#: RoundRecord fields written to other files (or not at all: the gradient).
-_NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient"})
-
-#: rounds.csv columns: ``scheme`` then :meth:`RoundRecord.as_row` in its own order.
-ROUND_COLUMNS: Final[tuple[str, ...]] = (
-    "scheme",
-    *(k for k in RoundRecord(round=0, scheme="", t_start=0.0).as_row() if k != "scheme"),
-)
-
-
-@dataclass(frozen=True)
-class WorkerRow:
-    """One ``workers.csv`` row (see the module docstring); the columns are its fields."""
-
-    round: int
-    scheme: str
-    worker: int
-    load: int
-    chunks_done: int
-    chunks_used: int
-    compute_s: float | None
-    arrival_s: float | None
-    comm_s: float | None
-    arrival_order: int | None
-    straggler: int
-    dropped_reason: str
-
-
-@dataclass(frozen=True)
-class ReportRow:
-    """One ``reports.csv`` row: an accepted chunk-count report."""
-
-    scheme: str
-    round: int
-    ps_time: float
-    worker: int
-    count: int
-    elapsed_s: float
-
-
-WORKER_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(WorkerRow))
-REPORT_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ReportRow))
-
-
-def _kind(tp: Any) -> type:
-    """The scalar type a CSV cell of annotation ``tp`` parses to (``X | None`` -> ``X``)."""
-    args = [a for a in get_args(tp) if a is not type(None)]
-    base = args[0] if args and get_origin(tp) in (UnionType, Union) else tp
-    origin = get_origin(base)
-    if origin is tuple:
-        return tuple
-    for kind in (str, int, float):  # str first: a StrEnum (status) is written as its value
-        if isinstance(base, type) and issubclass(base, kind):
-            return kind
-    raise TypeError(f"no CSV cell type for annotation {tp!r}")
-
-
-def _column_types() -> dict[str, dict[str, type]]:
-    """Cell type of every column of every CSV file, derived from the dataclasses."""
-    hints = get_type_hints(RoundRecord)
-    rounds: dict[str, type] = {"duration_s": float}
-    for f in fields(RoundRecord):
-        if f.name not in _NOT_IN_ROUNDS:
-            rounds[_COLUMN_OF_FIELD.get(f.name, f.name)] = _kind(hints[f.name])
-    missing = set(ROUND_COLUMNS) - set(rounds)
-    if missing:  # as_row grew a column this module does not know how to read back
-        raise TypeError(f"rounds.csv columns without a RoundRecord field: {sorted(missing)}")
-    out = {"rounds.csv": rounds}
-    for name, cls in (("workers.csv", WorkerRow), ("reports.csv", ReportRow)):
-        h = get_type_hints(cls)
-        out[name] = {f.name: _kind(h[f.name]) for f in fields(cls)}
-    return out
-
-
-#: ``{file: {column: int | float | str | tuple}}``: how :func:`load_run` parses each cell.
-COLUMN_TYPES: Final = _column_types()
-
-
-def is_trigger_scheme(scheme: str) -> bool:
-    """Whether the label ``scheme`` names a scheme whose PS triggers encoding.
-
-    Asks the scheme registry (:func:`aiogc.coding.registry.spec_of_label`): a registered name,
-    or one followed by ``-variant`` / ``:variant`` (``partial-random``).
-
-    Raises
-    ------
-    ConfigError
-        If the label names no registered scheme.
-    """
-    return not spec_of_label(scheme).sends_when_done
-
-
-# ------------------------------------------------------------------------------ formatting
-
-
-def to_jsonable(obj: Any) -> Any:
-    """``obj`` with numpy values made plain and non-finite floats made ``None`` (strict JSON).
-
-    Dicts get string keys; tuples, sets and arrays become lists; paths become strings; any
-    other object falls back to ``str(obj)`` so a manifest never fails to write.
-    """
-    if obj is None or isinstance(obj, bool | str):
-        return obj
-    if isinstance(obj, int | np.integer):
-        return int(obj)
-    if isinstance(obj, float | np.floating):
-        x = float(obj)
-        return x if math.isfinite(x) else None
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        items = sorted(obj, key=repr) if isinstance(obj, set | frozenset) else obj
-        return [to_jsonable(v) for v in items]
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    return str(obj)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
-
-
-def _write_json_compact(path: Path, obj: Any) -> None:
-    """``obj`` as one line of strict JSON, for large machine-read files (the trace): plain
-    values go straight to the encoder; only when it meets something it cannot write strictly
-    (a NaN, a numpy value) is ``obj`` converted by :func:`to_jsonable` first."""
-    try:
-        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):
-        text = json.dumps(to_jsonable(obj), separators=(",", ":"), allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
-
-
-def _cell(v: Any) -> str:
-    """One CSV cell: ``None`` -> empty, floats in ``repr`` form, bools as 0/1."""
-    if v is None:
-        return ""
-    t = type(v)  # the common exact types first: the batch writer formats many cells
-    if t is float:
-        return repr(v)
-    if t is int or t is str:
-        return str(v)
-    if isinstance(v, bool | np.bool_):
-        return "1" if v else "0"
-    if isinstance(v, float | np.floating):
-        return repr(float(v))
-    if isinstance(v, int | np.integer):
-        return str(int(v))
-    return str(v)
-
-
-def _parse(kind: type, s: str) -> Any:
-    if s == "":
-        return None
-    if kind is tuple:
-        return [int(x) for x in s.split()]
-    return kind(s)
-
-
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    types = COLUMN_TYPES.get(path.name, {})
-    with path.open(newline="", encoding="utf-8") as f:
-        return [{k: _parse(types.get(k, str), v) for k, v in row.items()}
-                for row in csv.DictReader(f)]
-
-
-# ------------------------------------------------------------------------------ per-worker rows
-
-
-def _worker_tuples(
-    scheme: str, record: RoundRecord, m: int, loads: Sequence[int], partial: bool
-) -> list[tuple[Any, ...]]:
-    """The ``m`` rows of ``workers.csv`` for one round, as tuples in :data:`WORKER_COLUMNS`
-    order (see :func:`worker_rows`)."""
-    done = [0] * m
-    for _, w, count, _ in record.reports:
-        if 0 <= w < m:
-            done[w] = max(done[w], int(count))
-    order = {
-        w: i + 1 for i, (_, w) in enumerate(sorted((t, w) for w, t in record.arrivals.items()))
-    }
-    arrivals, compute_s, dropped, state = (record.arrivals, record.compute_s, record.dropped,
-                                           record.state)
-    t_start, t_trigger, rnd = record.t_start, record.t_trigger, record.round
-    rows = []
-    for w in range(m):
-        arrival = arrivals.get(w)
-        compute = compute_s.get(w)
-        chunks_done = done[w]
-        if arrival is not None and not partial:
-            # a send-when-done vector means every chunk was computed, last reports in flight
-            chunks_done = max(chunks_done, int(loads[w]))
-        comm: float | None = None
-        if arrival is not None:
-            if partial:
-                if t_trigger is not None:
-                    comm = arrival - t_trigger
-            elif compute is not None:
-                comm = arrival - t_start - compute
-        rows.append((
-            rnd, scheme, w, int(loads[w]), chunks_done,
-            int(state[w]) if w < len(state) else 0,
-            compute, arrival, comm, order.get(w),
-            int(arrival is None or w in dropped), dropped.get(w, ""),
-        ))
-    return rows
-
-
-def worker_rows(
-    scheme: str,
-    record: RoundRecord,
-    *,
-    m: int,
-    loads: Sequence[int],
-    trigger_scheme: bool | None = None,
-) -> list[dict[str, Any]]:
-    """The ``m`` rows of ``workers.csv`` for one round (see the module docstring).
-
-    Parameters
-    ----------
-    scheme : str
-        Label written in the ``scheme`` column.
-    record : RoundRecord
-        The round, as the PS recorded it.
-    m : int
-        Number of workers.
-    loads : sequence of int, length m
-        Chunks assigned to each worker.
-    trigger_scheme : bool, optional
-        Whether the PS triggers encoding (partial scheme); default :func:`is_trigger_scheme`
-        of ``scheme``. Decides how ``comm_s`` is measured.
-    """
-    if len(loads) != m:
-        raise ValueError(f"len(loads)={len(loads)} != m={m}")
-    partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
-    return [dict(zip(WORKER_COLUMNS, row, strict=True))
-            for row in _worker_tuples(scheme, record, m, loads, partial)]
-
 
 # ------------------------------------------------------------------------------ batch formatting
 
@@ -425,7 +178,7 @@ class RunRecorder:
         self._trace = trace
         self._records: dict[str, list[RoundRecord]] = {}
         self._closed = False
-        _write_json(self.out_dir / "manifest.json", dict(manifest))
+        write_json(self.out_dir / "manifest.json", dict(manifest))
         self._events: IO[str] = (self.out_dir / "events.jsonl").open("w", encoding="utf-8")
         self._files: list[IO[str]] = [self._events]
         self._rounds = self._open_csv("rounds.csv", ROUND_COLUMNS)
@@ -517,12 +270,12 @@ class RunRecorder:
         for scheme, rec, m, loads, partial in pending:
             row = rec.as_row()
             row["scheme"] = scheme
-            rounds.append([_cell(row.get(c)) for c in ROUND_COLUMNS])
-            workers.extend([_cell(v) for v in t]
-                           for t in _worker_tuples(scheme, rec, m, loads, partial))
-            r = _cell(rec.round)
-            reports.extend([scheme, r, _cell(t), _cell(w), _cell(count), _cell(elapsed)]
-                           for t, w, count, elapsed in rec.reports)
+            rounds.append([format_cell(row.get(c)) for c in ROUND_COLUMNS])
+            workers.extend([format_cell(v) for v in t]
+                           for t in worker_tuples(scheme, rec, m, loads, partial))
+            r = format_cell(rec.round)
+            reports.extend([scheme, r, format_cell(t), format_cell(w), format_cell(count),
+                            format_cell(elapsed)] for t, w, count, elapsed in rec.reports)
         self._rounds.writerows(rounds)
         self._workers.writerows(workers)
         self._reports.writerows(reports)
@@ -637,10 +390,10 @@ class RunRecorder:
                 from aiogc.harness.trace import chrome_trace
 
                 frames = load_events(self.out_dir, limit=self.MAX_TRACE_FRAMES)
-                _write_json_compact(self.out_dir / "trace.json",
+                write_json_compact(self.out_dir / "trace.json",
                                     chrome_trace(self._records, frames))
         if summary is not None:
-            _write_json(self.out_dir / "summary.json", dict(summary))
+            write_json(self.out_dir / "summary.json", dict(summary))
 
     @property
     def records(self) -> dict[str, list[RoundRecord]]:
@@ -653,151 +406,6 @@ class RunRecorder:
 
 
 _COPIED_FIELDS: Final = tuple(f for f in RoundRecord.__dataclass_fields__ if f != "gradient")
-
-
-# ------------------------------------------------------------------------------ summary
-
-
-def _finite(xs: Iterable[float | None]) -> list[float]:
-    return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
-
-
-def _opt(x: float | None) -> float | None:
-    return float(x) if x is not None and math.isfinite(float(x)) else None
-
-
-#: Failed rounds listed by name in a summary at most (the count is always complete).
-MAX_LISTED_FAILED_ROUNDS = 100
-
-
-def _nonfinite_failure(recs: Sequence[RoundRecord]) -> tuple[int, str] | None:
-    """The first round whose loss or decode error says the model was broken, with why.
-
-    An infinite loss or decode error fails wherever it occurs. A NaN loss fails in a round that
-    applied a step, once the run records losses at all (a run without a loss function has NaN
-    everywhere); a NaN decode error only means the round was not verified.
-    """
-    losses_recorded = any(r.loss is not None and math.isfinite(r.loss) for r in recs)
-    for r in recs:
-        loss = float("nan") if r.loss is None else float(r.loss)
-        if math.isinf(loss):
-            return r.round, f"round {r.round}: loss is {loss}"
-        if math.isnan(loss) and losses_recorded and r.status != "failed":
-            return r.round, f"round {r.round}: loss is nan"
-        rel = float("nan") if r.rel_error is None else float(r.rel_error)
-        if math.isinf(rel):
-            return r.round, f"round {r.round}: decode error is {rel}"
-    return None
-
-
-def summarize(
-    records_by_scheme: Mapping[str, Sequence[RoundRecord]],
-    *,
-    initial_loss: float | None = None,
-    end_reasons: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Per-scheme statistics of a run, JSON-serialisable (``None`` where undefined, never NaN).
-
-    Round-time statistics cover the rounds that did not fail (a failed round produced no
-    gradient step); ``wall_time_s`` sums every round. The summary reports the *worst* round,
-    never hides one: any infinite loss or decode error (or a NaN loss after a step) makes the
-    scheme fail, naming the first such round, and ``final_loss`` is the loss after the last
-    step, not the last finite one.
-
-    Parameters
-    ----------
-    records_by_scheme : mapping of str to sequence of RoundRecord
-        The rounds of each scheme, in order.
-    initial_loss : float, optional
-        Loss of the initial model (the same for every scheme), copied to the output.
-    end_reasons : mapping of str to str, optional
-        Why each scheme's run ended (the PS's finish reason), copied to ``end_reason``.
-
-    Returns
-    -------
-    dict
-        ``{"schemes": {name: {...}}, "speedup": float | None, "speedup_vs_original": {...},
-        "initial_loss": ...}``. Per scheme: ``rounds`` (completed, not failed),
-        ``rounds_failed``, ``rounds_exact``, ``rounds_approximate``, ``round_time_mean_s``,
-        ``round_time_p50_s``, ``round_time_p95_s``, ``round_time_max_s``, ``wall_time_s``,
-        ``oracle_time_mean_s`` (mean over the rounds with an oracle time), ``overhead_ratio``
-        (mean round time / mean oracle time), ``attempts_mean``, ``max_rel_decode_error``,
-        ``max_residual``, ``max_amplification``, ``first_loss`` (after round 0),
-        ``final_loss`` (after the last round that was not failed; None if not finite),
-        ``worst_round`` (``{"round", "rel_error"}`` of the largest decode error, or None),
-        ``failed_rounds`` (``[{"round", "reason", "detail"}]``: the round's
-        :class:`~aiogc.protocol.status.EndReason` value and its ``end_detail``; at most
-        :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
-        and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
-        ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
-        when both are present; ``speedup_vs_original`` gives the same ratio for every scheme.
-        ``failures`` maps every failing scheme to its ``failure``; ``ok`` is True when there is
-        none.
-    """
-    schemes: dict[str, dict[str, Any]] = {}
-    for name, recs in records_by_scheme.items():
-        ok = [r for r in recs if r.status != "failed" and r.t_end is not None]
-        durations = np.array([r.duration_s for r in ok], dtype=np.float64)
-        oracle = _finite(r.oracle_elapsed_s for r in ok)
-        mean = float(durations.mean()) if durations.size else None
-        oracle_mean = float(np.mean(oracle)) if oracle else None
-        rel = _finite(r.rel_error for r in recs)
-        stepped = [r for r in recs if r.status != "failed"]
-        worst = max(
-            ((float(r.rel_error), r.round) for r in recs
-             if r.rel_error is not None and not math.isnan(float(r.rel_error))),
-            default=None,
-        )
-        nonfinite = _nonfinite_failure(recs)
-        resid = _finite(r.residual for r in ok)
-        amp = _finite(r.amplification for r in ok)
-
-        def pct(q: float, d: np.ndarray = durations) -> float | None:
-            return float(np.percentile(d, q)) if d.size else None
-
-        schemes[name] = {
-            "rounds": len(ok),
-            "rounds_failed": sum(r.status == "failed" for r in recs),
-            "rounds_exact": sum(r.status == "exact" for r in ok),
-            "rounds_approximate": sum(r.status == "approximate" for r in ok),
-            "round_time_mean_s": mean,
-            "round_time_p50_s": pct(50),
-            "round_time_p95_s": pct(95),
-            "round_time_max_s": float(durations.max()) if durations.size else None,
-            "wall_time_s": float(sum(r.duration_s for r in recs)),
-            "oracle_time_mean_s": oracle_mean,
-            "overhead_ratio": (mean / oracle_mean if mean is not None and oracle_mean else None),
-            "attempts_mean": float(np.mean([r.attempts for r in ok])) if ok else None,
-            "max_rel_decode_error": max(rel) if rel else None,
-            "max_residual": max(resid) if resid else None,
-            "max_amplification": max(amp) if amp else None,
-            "first_loss": _opt(recs[0].loss) if recs else None,
-            "final_loss": _opt(stepped[-1].loss) if stepped else None,
-            "worst_round": (None if worst is None
-                            else {"round": worst[1], "rel_error": worst[0]}),
-            "failed_rounds": [{"round": r.round, "reason": r.end_reason, "detail": r.end_detail}
-                              for r in recs if r.status == "failed"][:MAX_LISTED_FAILED_ROUNDS],
-            "failure": None if nonfinite is None else nonfinite[1],
-            "failed_round": None if nonfinite is None else nonfinite[0],
-            "end_reason": (end_reasons or {}).get(name),
-        }
-    orig = schemes.get("original", {}).get("round_time_mean_s")
-    part = schemes.get("partial", {}).get("round_time_mean_s")
-    vs_orig = {
-        name: (orig / s["round_time_mean_s"] if orig and s["round_time_mean_s"] else None)
-        for name, s in schemes.items()
-    }
-    summary: dict[str, Any] = to_jsonable(
-        {
-            "schemes": schemes,
-            "speedup": orig / part if orig and part else None,
-            "speedup_vs_original": vs_orig if orig else {},
-            "initial_loss": _opt(initial_loss),
-            "failures": {n: s["failure"] for n, s in schemes.items() if s["failure"]},
-            "ok": not any(s["failure"] for s in schemes.values()),
-        }
-    )
-    return summary
 
 
 # ------------------------------------------------------------------------------ reading back
@@ -861,9 +469,9 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return {
         "dir": d,
         "manifest": manifest,
-        "rounds": _read_csv(d / "rounds.csv"),
-        "workers": _read_csv(d / "workers.csv"),
-        "reports": _read_csv(d / "reports.csv"),
+        "rounds": read_csv(d / "rounds.csv"),
+        "workers": read_csv(d / "workers.csv"),
+        "reports": read_csv(d / "reports.csv"),
         "summary": json.loads(summary_path.read_text("utf-8")) if summary_path.exists() else None,
     }
 
@@ -883,9 +491,9 @@ def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
             row = {**row, "end_reason": None, "end_detail": row["end_reason"]}
     kw: dict[str, Any] = {}
     for f in fields(RoundRecord):
-        if f.name in _NOT_IN_ROUNDS:
+        if f.name in NOT_IN_ROUNDS:
             continue
-        v = row.get(_COLUMN_OF_FIELD.get(f.name, f.name))
+        v = row.get(COLUMN_OF_FIELD.get(f.name, f.name))
         if v is None:
             continue
         if f.name == "state":

@@ -43,21 +43,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
+from aiogc.protocol.headers import DEFAULT_LIMITS, FrameLimits
 from aiogc.protocol.messages import Error, Message
-from aiogc.protocol.wire import (
-    DEFAULT_LIMITS,
-    TAG_BYTES,
-    AllocFn,
-    FrameAuth,
-    FrameDecoder,
-    FrameLimits,
-    encode_frame,
-)
+from aiogc.protocol.tags import TAG_BYTES, FrameAuth
+from aiogc.protocol.wire import AllocFn, FrameDecoder, encode_frame
 
-__all__ = ["FramedConnection"]
+__all__ = ["FramedConnection", "WriteFlow"]
 
 #: Default slow-consumer cut-off: a little more than two of the largest default frames may be
 #: queued (a broadcast still draining while the next one is sent); beyond that the peer is not
@@ -72,6 +67,20 @@ WRITE_HIGH_WATER: Final = 256 * 1024
 WRITE_LOW_WATER: Final = 64 * 1024
 #: A closing connection whose peer does not take our last bytes is aborted after this long.
 CLOSE_TIMEOUT_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFlow:
+    """Write-side flow control of one connection: the transport's write-buffer marks
+    (``pause_writing`` above ``high_water``; ``drain()`` returns at or below ``low_water``) and
+    how long a closing connection waits for the peer to take its last bytes before aborting.
+    """
+
+    high_water: int = WRITE_HIGH_WATER
+    low_water: int = WRITE_LOW_WATER
+    close_timeout_s: float = CLOSE_TIMEOUT_S
+
+
 #: Longest reason text put into an Error frame (messages.MAX_TEXT is the hard bound).
 _MAX_REASON: Final = 200
 
@@ -85,7 +94,7 @@ ConnAllocFn = Callable[["FramedConnection", str, dict[str, Any], Any, int], Any]
 
 
 class FramedConnection(asyncio.BufferedProtocol):
-    """Protocol for one TCP connection carrying aiogc frames.
+    r"""Protocol for one TCP connection carrying aiogc frames.
 
     Parameters
     ----------
@@ -97,6 +106,7 @@ class FramedConnection(asyncio.BufferedProtocol):
     max_pending_bytes : slow-consumer cut-off on the write buffer.
     on_made : called as ``on_made(conn)`` once the transport is up (no subclass needed).
     conn_alloc : like ``alloc``, called with the connection first.
+    flow : write-buffer marks and close timeout (default :class:`WriteFlow`\ ``()``).
 
     Memory: one instance per connection, no class per connection, and every reference cycle
     through the connection (decoder -> allocator -> connection) is broken when it is lost, so
@@ -112,11 +122,9 @@ class FramedConnection(asyncio.BufferedProtocol):
         alloc: AllocFn | None = None,
         *,
         max_pending_bytes: int = MAX_PENDING_BYTES,
-        write_high_water: int = WRITE_HIGH_WATER,
-        write_low_water: int = WRITE_LOW_WATER,
-        close_timeout_s: float = CLOSE_TIMEOUT_S,
         on_made: OnMade | None = None,
         conn_alloc: ConnAllocFn | None = None,
+        flow: WriteFlow | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_close = on_close
@@ -129,8 +137,9 @@ class FramedConnection(asyncio.BufferedProtocol):
 
         self._decoder = FrameDecoder(limits, alloc)
         self._max_pending = max_pending_bytes
-        self._high, self._low = write_high_water, write_low_water
-        self._close_timeout_s = close_timeout_s
+        flow = flow if flow is not None else WriteFlow()
+        self._high, self._low = flow.high_water, flow.low_water
+        self._close_timeout_s = flow.close_timeout_s
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False  # a close decision was taken (or the transport is gone)

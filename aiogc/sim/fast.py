@@ -55,7 +55,8 @@ from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
-from aiogc.training.delays import DelaySchedule, materialise
+from aiogc.training.delays import materialise
+from aiogc.training.schedule import DelaySchedule
 
 __all__ = [
     "FastResult",

@@ -31,7 +31,7 @@ from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.engine import Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 __all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
 

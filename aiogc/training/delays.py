@@ -1,4 +1,4 @@
-"""Straggler / delay models and the materialised delay schedule.
+"""Straggler / delay models, their spec strings, and :func:`materialise` (a run's schedule).
 
 Two kinds of delay act on a round of gradient coding:
 
@@ -81,17 +81,18 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 import numpy as np
 
 from aiogc.errors import ConfigError
+from aiogc.training.schedule import DelaySchedule
 
+# DelaySchedule (defined in schedule.py: what materialise returns, what Replay replays) is
+# re-exported: harness/kit.py imports it from here.
 __all__ = [
-    "CSV_COLUMNS",
     "Constant",
     "DelayModel",
     "DelaySchedule",
@@ -107,9 +108,6 @@ __all__ = [
     "materialise",
     "parse_delay",
 ]
-
-#: Column names of ``delays.csv``, in order.
-CSV_COLUMNS: Final = ("round", "worker", "chunk", "compute_s", "network_s")
 
 #: Refuse to materialise more delay cells than this (R * m * K): 8 bytes each, so 800 MB. A
 #: larger request is almost surely a typo in rounds / workers / chunks.
@@ -584,249 +582,6 @@ class _Parser:
 
 def _parse(text: str, whole: str, fld: str) -> DelayModel:
     return _Parser(whole, fld).parse(text)
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, dtype=np.float64, copy=True)
-    a.setflags(write=False)
-    return a
-
-
-@dataclass(frozen=True, eq=False)
-class DelaySchedule:
-    """A materialised delay schedule: everything a run's delays depend on.
-
-    Attributes
-    ----------
-    compute_s : numpy.ndarray
-        Shape ``(R, m, K)`` float64: seconds for the ``k``-th chunk (by position) worker ``j``
-        computes in round ``r``; ``inf`` = never finishes (dead from that position on).
-        Read-only.
-    network_s : numpy.ndarray
-        Shape ``(R, m)`` float64: one-way seconds added to every frame worker ``j`` sends in
-        round ``r``. Read-only.
-    seed : int
-        The seed it was drawn from.
-    compute_spec, network_spec : str
-        The models' canonical specs.
-    """
-
-    compute_s: np.ndarray
-    network_s: np.ndarray
-    seed: int = 0
-    compute_spec: str = "none"
-    network_spec: str = "none"
-
-    def __post_init__(self) -> None:
-        c = _frozen(self.compute_s)
-        n = _frozen(self.network_s)
-        if c.ndim != 3 or min(c.shape) < 1:
-            raise ConfigError("compute_s", c.shape, "a non-empty (rounds, m, max_chunks) array")
-        if n.shape != c.shape[:2]:
-            raise ConfigError("network_s", n.shape, f"shape {c.shape[:2]} (rounds, m)")
-        for name, a in (("compute_s", c), ("network_s", n)):
-            if np.isnan(a).any() or (a < 0).any():
-                raise ConfigError(name, "array with NaN or negative entries", ">= 0 or inf")
-        object.__setattr__(self, "compute_s", c)
-        object.__setattr__(self, "network_s", n)
-
-    @property
-    def rounds(self) -> int:
-        """Number of rounds R."""
-        return int(self.compute_s.shape[0])
-
-    @property
-    def m(self) -> int:
-        """Number of workers m."""
-        return int(self.compute_s.shape[1])
-
-    @property
-    def max_chunks(self) -> int:
-        """Number of chunk positions K."""
-        return int(self.compute_s.shape[2])
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, DelaySchedule):
-            return NotImplemented
-        return (
-            self.seed == other.seed
-            and self.compute_spec == other.compute_spec
-            and self.network_spec == other.network_spec
-            and np.array_equal(self.compute_s, other.compute_s)
-            and np.array_equal(self.network_s, other.network_s)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def dead(self) -> np.ndarray:
-        """Workers dead in each round: bool array of shape ``(R, m)``.
-
-        Dead = first chunk ``inf`` (computes nothing) or network delay ``inf`` (nothing it
-        sends ever arrives, e.g. ``--latency fail:...``).
-        """
-        return np.asarray(np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s))
-
-    def rows(self) -> Iterator[dict[str, float | int]]:
-        """Tidy rows, one per (round, worker, chunk), keys :data:`CSV_COLUMNS`."""
-        for r in range(self.rounds):
-            for j in range(self.m):
-                net = float(self.network_s[r, j])
-                for k in range(self.max_chunks):
-                    yield {
-                        "round": r,
-                        "worker": j,
-                        "chunk": k,
-                        "compute_s": float(self.compute_s[r, j, k]),
-                        "network_s": net,
-                    }
-
-    def to_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write ``delays.csv``: ``#`` header lines (seed, specs, shape), then
-        :data:`CSV_COLUMNS` with floats in ``repr`` form (exact round trip, ``inf`` allowed)."""
-        lines = [
-            "# aiogc delay schedule v1",
-            f"# seed={self.seed}",
-            f"# compute_spec={self.compute_spec}",
-            f"# network_spec={self.network_spec}",
-            f"# shape={self.rounds},{self.m},{self.max_chunks}",
-            ",".join(CSV_COLUMNS),
-        ]
-        comp = self.compute_s.tolist()
-        net = self.network_s.tolist()
-        for r in range(self.rounds):
-            for j in range(self.m):
-                n = repr(net[r][j])
-                cr = comp[r][j]
-                lines.extend(f"{r},{j},{k},{cr[k]!r},{n}" for k in range(self.max_chunks))
-        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-    @classmethod
-    def from_csv(cls, path: str | os.PathLike[str]) -> DelaySchedule:
-        """Read a file written by :meth:`to_csv`.
-
-        Every (round, worker, chunk) of the grid ``0..R-1 x 0..m-1 x 0..K-1`` must appear exactly
-        once (any order), and ``network_s`` must be the same for all chunks of a (round, worker).
-        Missing ``#`` headers default to seed 0 and specs ``replay:PATH`` / ``none``.
-
-        Raises
-        ------
-        ConfigError
-            Field ``"delays_csv"``; the value names the file and line.
-        OSError
-            The file cannot be read.
-        """
-        where = str(path)
-        meta, data, linenos = _read_schedule_lines(path, where)
-        table = _numeric_table(data)
-        _check_rows(data, linenos, table, where)
-        assert table is not None  # _check_rows raised otherwise
-        compute, network = _grid(table, where)
-        try:
-            seed = int(meta.get("seed", "0"))
-        except ValueError:
-            raise _csv_error(where, 0, f"an integer '# seed=' header, got {meta['seed']!r}"
-                             ) from None
-        return cls(
-            compute_s=compute,
-            network_s=network,
-            seed=seed,
-            compute_spec=meta.get("compute_spec", f"replay:{where}"),
-            network_spec=meta.get("network_spec", "none"),
-        )
-
-
-def _csv_error(where: str, line: int, allowed: str) -> ConfigError:
-    return ConfigError("delays_csv", f"{where}:{line}", allowed)
-
-
-def _read_schedule_lines(path: str | os.PathLike[str], where: str
-                         ) -> tuple[dict[str, str], list[str], list[int]]:
-    """``#`` headers (key=value), data lines and their 1-based line numbers."""
-    meta: dict[str, str] = {}
-    header_seen = False
-    data: list[str] = []
-    linenos: list[int] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if line.startswith("#"):
-                key, eq, val = line[1:].strip().partition("=")
-                if eq:
-                    meta[key.strip()] = val.strip()
-            elif line and not header_seen:
-                if tuple(c.strip() for c in line.split(",")) != CSV_COLUMNS:
-                    raise _csv_error(where, lineno, f"header line {','.join(CSV_COLUMNS)}")
-                header_seen = True
-            elif line:
-                data.append(line)
-                linenos.append(lineno)
-    if not data:
-        raise _csv_error(where, 0, "a header line and at least one data row")
-    return meta, data, linenos
-
-
-def _numeric_table(data: list[str]) -> np.ndarray | None:
-    """The rows as an (n, 5) float array, or None if numpy's parser refuses them."""
-    try:
-        # numpy's C parser (correctly rounded, accepts "inf"): ~10x faster than a Python loop
-        table = np.loadtxt(data, delimiter=",", dtype=np.float64, ndmin=2)
-    except ValueError:
-        return None
-    return table if table.shape[1] == 5 else None
-
-
-def _check_rows(data: list[str], linenos: list[int], table: np.ndarray | None,
-                where: str) -> None:
-    """Raise naming the first bad line (Python parsing only for the suspect lines)."""
-    if table is None:
-        suspects = list(range(len(data)))
-    else:
-        ix = table[:, :3]
-        good = (
-            np.isfinite(ix).all(axis=1)
-            & (ix >= 0).all(axis=1)
-            & (ix == np.floor(ix)).all(axis=1)
-            & (table[:, 3:] >= 0).all(axis=1)  # False for NaN too
-        )
-        suspects = np.flatnonzero(~good).tolist()
-    for t in suspects:
-        line = data[t]
-        parts = line.split(",")
-        if len(parts) != 5:
-            raise _csv_error(where, linenos[t], f"5 comma-separated fields, got {line!r}")
-        try:
-            r, j, k = (int(p) for p in parts[:3])
-            c, n = float(parts[3]), float(parts[4])
-        except ValueError:
-            raise _csv_error(where, linenos[t], f"int,int,int,float,float; got {line!r}"
-                             ) from None
-        if min(r, j, k) < 0 or math.isnan(c) or math.isnan(n) or c < 0 or n < 0:
-            raise _csv_error(where, linenos[t],
-                             f"indices >= 0 and delays >= 0 or inf; got {line!r}")
-    if table is None:  # every line parsed one by one: numpy refused for another reason
-        raise _csv_error(where, 0, "int,int,int,float,float rows")
-
-
-def _grid(table: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(compute (R, m, K), network (R, m)) from validated rows covering the grid once."""
-    idx = table[:, :3].astype(np.int64)
-    shape = tuple(int(v) + 1 for v in idx.max(axis=0))
-    if table.shape[0] != shape[0] * shape[1] * shape[2]:
-        raise _csv_error(where, 0, f"every (round, worker, chunk) of a {shape} grid exactly once")
-    flat = np.ravel_multi_index((idx[:, 0], idx[:, 1], idx[:, 2]), shape)
-    if np.unique(flat).size != flat.size:
-        raise _csv_error(where, 0, "no duplicate (round, worker, chunk) rows")
-    compute = np.empty(shape[0] * shape[1] * shape[2])
-    network = np.empty_like(compute)
-    compute[flat] = table[:, 3]
-    network[flat] = table[:, 4]
-    network3 = network.reshape(shape)
-    if not np.array_equal(network3, network3[:, :, :1].repeat(shape[2], axis=2)):
-        raise _csv_error(where, 0, "network_s constant across the chunks of each (round, worker)")
-    return compute.reshape(shape), network3[:, :, 0]
 
 
 def _as_model(model: str | DelayModel, fld: str) -> DelayModel:
