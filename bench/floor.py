@@ -21,6 +21,7 @@ import statistics
 import struct
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -59,93 +60,118 @@ class _Conn(asyncio.Protocol):
         self.t.write(_HDR.pack(len(body) + 1, kind) + body)
 
 
+class _FloorPS:
+    """The PS: round start to all, trigger after the simulated number of reports, then wait
+    for a vector from every worker that reported."""
+
+    def __init__(self, m: int, trigger_reports: list[int], dim: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.m = m
+        self.trigger_reports = trigger_reports
+        self.model = bytes(8 * dim)
+        self.conns: list[_Conn] = []
+        self.all_connected = asyncio.Event()
+        self.done = self.loop.create_future()
+        self.durations: list[float] = []
+        self.r = -1
+        self.reports = self.coded = self.expect = 0
+        self.reported: set[int] = set()
+        self.t0 = 0.0
+
+    def connected(self, conn: _Conn) -> None:
+        self.conns.append(conn)
+        if len(self.conns) == self.m:
+            self.all_connected.set()
+
+    def start_round(self) -> None:
+        self.r += 1
+        self.reports = self.coded = 0
+        self.reported.clear()
+        if self.r >= len(self.trigger_reports):
+            self.done.set_result(None)
+            return
+        self.t0 = self.loop.time()
+        for c in self.conns:
+            c.send(START, self.model)
+
+    def on_frame(self, conn: _Conn, kind: int, body: bytes) -> None:
+        if struct.unpack("!I", body[:4])[0] != self.r:
+            return  # a late frame of an earlier round
+        if kind == REPORT:
+            self.reports += 1
+            self.reported.add(id(conn))
+            if self.reports == self.trigger_reports[self.r]:
+                self.expect = len(self.reported)
+                for c in self.conns:
+                    c.send(ENCODE, struct.pack("!I", self.r))
+        elif kind == CODED:
+            self.coded += 1
+            if self.coded == self.expect:
+                self.durations.append(self.loop.time() - self.t0)
+                self.start_round()
+
+
+class _FloorWorker:
+    """A worker: finish chunks on the schedule (absolute deadlines from the round start it
+    received), report each, answer the encode broadcast with one coded vector."""
+
+    def __init__(self, j: int, delays: np.ndarray, payload_len: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.j = j
+        self.delays = delays
+        self.coded = bytes(8 * payload_len)
+        self.r = -1
+        self.done = 0
+        self.due: np.ndarray = np.empty(0)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def on_frame(self, conn: _Conn, kind: int, body: bytes) -> None:
+        if kind == START:
+            self.r += 1
+            self.done = 0
+            self.due = self.loop.time() + np.cumsum(self.delays[self.r, self.j])
+            self._next(conn)
+        elif kind == ENCODE:
+            if self.timer is not None:
+                self.timer.cancel()
+            if self.done:
+                conn.send(CODED, struct.pack("!I", self.r) + self.coded)
+
+    def _next(self, conn: _Conn) -> None:
+        if self.done < len(self.due) and np.isfinite(self.due[self.done]):
+            self.timer = self.loop.call_at(float(self.due[self.done]), self._finished, conn)
+
+    def _finished(self, conn: _Conn) -> None:
+        self.done += 1
+        conn.send(REPORT, struct.pack("!II", self.r, self.done))
+        self._next(conn)
+
+
 async def _run(m: int, delays: np.ndarray, trigger_reports: list[int], dim: int,
                payload_len: int) -> list[float]:
     """Round times (seconds) of ``len(trigger_reports)`` rounds."""
     loop = asyncio.get_running_loop()
-    rounds = len(trigger_reports)
-    durations: list[float] = []
-    state = {"r": -1, "reports": 0, "coded": 0, "t0": 0.0, "expect": 0}
-    reported: set[int] = set()  # connections that reported this round (the contributors)
-    done = loop.create_future()
-    conns: list[_Conn] = []
-    model = bytes(8 * dim)
-
-    def start_round() -> None:
-        state["r"] += 1
-        state["reports"] = state["coded"] = 0
-        reported.clear()
-        if state["r"] >= rounds:
-            done.set_result(None)
-            return
-        state["t0"] = loop.time()
-        for c in conns:
-            c.send(START, model)
-
-    def on_ps(conn: _Conn, kind: int, body: bytes) -> None:
-        r = int(state["r"])
-        if kind == REPORT and struct.unpack("!I", body[:4])[0] == r:
-            state["reports"] += 1
-            reported.add(id(conn))
-            if state["reports"] == trigger_reports[r]:
-                state["expect"] = len(reported)
-                for c in conns:
-                    c.send(ENCODE, struct.pack("!I", r))
-        elif kind == CODED and struct.unpack("!I", body[:4])[0] == r:
-            state["coded"] += 1
-            if state["coded"] == state["expect"]:
-                durations.append(loop.time() - state["t0"])
-                start_round()
-
-    server = await loop.create_server(lambda: _PSConn(on_ps, conns), "127.0.0.1", 0)
+    ps = _FloorPS(m, trigger_reports, dim)
+    server = await loop.create_server(lambda: _PSConn(ps), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    coded = bytes(8 * payload_len)
-
-    async def worker(j: int) -> None:
-        rnd = {"r": -1, "done": 0, "timer": None}
-
-        def on_w(conn: _Conn, kind: int, body: bytes) -> None:
-            if kind == START:
-                rnd["r"] += 1
-                rnd["done"] = 0
-                t0 = loop.time()
-                due = t0 + np.cumsum(delays[int(rnd["r"]), j])
-                schedule_next(conn, due)
-            elif kind == ENCODE:
-                if rnd["timer"] is not None:
-                    rnd["timer"].cancel()  # type: ignore[attr-defined]
-                if rnd["done"]:
-                    conn.send(CODED, struct.pack("!I", int(rnd["r"])) + coded)
-
-        def schedule_next(conn: _Conn, due: np.ndarray) -> None:
-            k = int(rnd["done"])
-            if k < len(due) and np.isfinite(due[k]):
-                rnd["timer"] = loop.call_at(float(due[k]), finished, conn, due)
-
-        def finished(conn: _Conn, due: np.ndarray) -> None:
-            rnd["done"] += 1
-            conn.send(REPORT, struct.pack("!II", int(rnd["r"]), int(rnd["done"])))
-            schedule_next(conn, due)
-
-        await loop.create_connection(lambda: _Conn(on_w), "127.0.0.1", port)
-
-    await asyncio.gather(*(worker(j) for j in range(m)))
-    while len(conns) < m:
-        await asyncio.sleep(0.001)
-    start_round()
-    await done
+    for j in range(m):
+        on_frame = _FloorWorker(j, delays, payload_len).on_frame
+        await loop.create_connection(partial(_Conn, on_frame), "127.0.0.1", port)
+    await ps.all_connected.wait()
+    ps.start_round()
+    await ps.done
     server.close()
-    return durations
+    return ps.durations
 
 
 class _PSConn(_Conn):
-    def __init__(self, on_frame: Any, conns: list[_Conn]) -> None:
-        super().__init__(on_frame)
-        self._conns = conns
+    def __init__(self, ps: _FloorPS) -> None:
+        super().__init__(ps.on_frame)
+        self._ps = ps
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._conns.append(self)
+        self._ps.connected(self)
 
 
 def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str = "exp:0.01",

@@ -25,7 +25,7 @@ from aiogc.harness.fidelity import (
 )
 from aiogc.sim.fast import build_schemes, schedule_for
 from aiogc.sim.protocol import simulate_protocol
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 SCHEMES = ["partial", "original"]
 Run = tuple[RunConfig, DelaySchedule, dict[str, list[RoundRecord]]]

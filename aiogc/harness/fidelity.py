@@ -43,7 +43,7 @@ import numpy as np
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
 from aiogc.protocol.status import RoundStatus
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 __all__ = [
     "DEFAULT_THRESHOLD",
