@@ -36,6 +36,8 @@ DTYPES = ("float64", "float32")
 
 #: Largest worker count we accept: state vectors and per-worker tables stay small on the wire.
 MAX_WORKERS = 4096
+#: Largest time dilation (a 10 ms chunk becomes 10 s).
+MAX_TIME_SCALE = 1000.0
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:
@@ -107,6 +109,7 @@ class RunConfig:
     collect_timeout_s: float = 5.0
     round_timeout_s: float = 60.0
     join_timeout_s: float = 30.0
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _check_choice("scheme", self.scheme, scheme_names())
@@ -138,9 +141,15 @@ class RunConfig:
         _check_float("max_predicted_error", self.max_predicted_error, 0.0, 1e6, optional=False)
         _check_choice("on_ill_conditioned", self.on_ill_conditioned, ("raise", "warn"))
         _check_float("learning_rate", self.learning_rate, 0.0, 1e6, optional=True)
-        _check_float("heartbeat_s", self.heartbeat_s, 0.0, 3600.0, optional=True)
-        _check_float("dead_after_s", self.dead_after_s, 0.0, 3600.0, optional=True)
-        _check_float("collect_timeout_s", self.collect_timeout_s, 0.0, 3600.0, optional=False)
+        # timeouts: up to an hour each at real time, times the time scale (dilated runs)
+        _check_float("time_scale", self.time_scale, 0.0, MAX_TIME_SCALE, optional=False)
+        if self.time_scale < 1.0:
+            raise ConfigError("time_scale", self.time_scale,
+                              f"a number in [1, {MAX_TIME_SCALE:g}]")
+        hour = 3600.0 * self.time_scale
+        _check_float("heartbeat_s", self.heartbeat_s, 0.0, hour, optional=True)
+        _check_float("dead_after_s", self.dead_after_s, 0.0, hour, optional=True)
+        _check_float("collect_timeout_s", self.collect_timeout_s, 0.0, hour, optional=False)
         _check_float("round_timeout_s", self.round_timeout_s, 0.0, 1e6, optional=False)
         _check_float("join_timeout_s", self.join_timeout_s, 0.0, 1e6, optional=False)
         if self.deadline_s is not None and self.deadline_s >= self.round_timeout_s:
@@ -210,9 +219,33 @@ class RunConfig:
 
     # ------------------------------------------------------------------ wire
 
+    def dilated(self) -> RunConfig:
+        """This configuration as the PS runs it at ``time_scale`` K: every protocol timeout
+        (heartbeat, dead-after, collect, round, join, the approximate-mode deadline) times K.
+        The delays are scaled with the schedule (:meth:`DelaySchedule.scaled`). K = 1: self.
+
+        The workers get the dilated timeouts (and K) in ``welcome``, under the config hash,
+        so both ends of a connection run on the same emulated clock."""
+        k = self.time_scale
+        if k == 1.0:
+            return self
+
+        def s(x: float | None) -> float | None:
+            return None if x is None else x * k
+
+        return replace(self, heartbeat_s=s(self.heartbeat_s), dead_after_s=s(self.dead_after_s),
+                       collect_timeout_s=self.collect_timeout_s * k,
+                       round_timeout_s=self.round_timeout_s * k,
+                       join_timeout_s=self.join_timeout_s * k, deadline_s=s(self.deadline_s))
+
     def to_wire(self) -> dict[str, Any]:
-        """Flat map of scalars for the ``welcome`` message."""
-        return asdict(self)
+        """Flat map of scalars for the ``welcome`` message. ``time_scale`` is left out at its
+        default 1 (the bytes of a real-time run's welcome are those of protocol v3 before
+        time dilation existed)."""
+        out = asdict(self)
+        if self.time_scale == 1.0:
+            del out["time_scale"]
+        return out
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> RunConfig:
@@ -221,7 +254,8 @@ class RunConfig:
         unknown = sorted(set(data) - names - {"scheme_digest"})
         if unknown:
             raise ConfigError("config", unknown, "known RunConfig fields")
-        missing = sorted(names - set(data))
+        # time_scale: the one field a real-time welcome leaves out (see to_wire)
+        missing = sorted(names - set(data) - {"time_scale"})
         if missing:  # exact schema: a default must not stand in for what the PS meant
             raise ConfigError("config", missing, "every RunConfig field present")
         return cls(**{k: v for k, v in data.items() if k in names})

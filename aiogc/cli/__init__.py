@@ -40,6 +40,10 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+#: --fidelity strict: the run completed but its fidelity verdict is "unfaithful" (its round
+#: times or speedups differ from the simulator's replay of its own schedule by more than the
+#: threshold): its timings are not a result
+EXIT_UNFAITHFUL = 5
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
@@ -128,6 +132,25 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
                    help="seconds of silence after which a peer is declared dead")
     g.add_argument("--join-timeout", type=float, default=d.join_timeout_s,
                    help="seconds the PS waits for all m workers to join")
+    g.add_argument("--time-scale", type=_time_scale, default=d.time_scale, metavar="K|auto",
+                   help="time dilation: every delay and every timeout above times K, records "
+                        "in emulated seconds (emulates a machine K times faster); auto "
+                        "(aiogc run): the smallest K this machine keeps faithful, from a "
+                        "short calibration run (default 1)")
+
+
+def _time_scale(s: str) -> float | str:
+    if s == "auto":
+        return s
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"time-scale={s!r}: expected auto or a number in [1, 1000]") from None
+    if not 1.0 <= v <= 1000.0:
+        raise argparse.ArgumentTypeError(f"time-scale={v:g} is out of range: expected auto or "
+                                         "a number in [1, 1000]")
+    return v
 
 
 def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
@@ -139,6 +162,7 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
         max_predicted_error=a.max_predicted_error, on_ill_conditioned=a.on_ill_conditioned,
         learning_rate=a.lr, round_timeout_s=a.round_timeout, collect_timeout_s=a.collect_timeout,
         heartbeat_s=a.heartbeat, dead_after_s=a.dead_after, join_timeout_s=a.join_timeout,
+        time_scale=1.0 if a.time_scale == "auto" else float(a.time_scale),
     )
 
 
@@ -190,6 +214,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="--backend ray: auto | HOST:PORT of the cluster's GCS "
                         "(default: start a local Ray instance for this run)")
+    p.add_argument("--fidelity", choices=("report", "strict"), default="report",
+                   help="report: summary.json's fidelity section and a line on stdout; "
+                        f"strict: also exit {EXIT_UNFAITHFUL} when the verdict is unfaithful")
+    p.add_argument("--fidelity-threshold", type=float, default=0.10, metavar="F",
+                   help="the verdict's tolerance: every live/simulated ratio within F of 1 "
+                        "(default %(default)s)")
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -205,7 +235,9 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     progress = sys.stderr.isatty() if a.progress is None else a.progress
     options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
                          progress=progress, argv=argv, plots=a.plots, backend=a.backend,
-                         address=a.address, worker_hosts=a.worker_hosts)
+                         address=a.address, worker_hosts=a.worker_hosts,
+                         auto_time_scale=a.time_scale == "auto",
+                         fidelity_threshold=a.fidelity_threshold)
     try:
         result = run_live(base, schemes, options)
     except RunInterrupted as exc:
@@ -221,6 +253,11 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
+    fid = result.summary.get("fidelity") or {}
+    if a.fidelity == "strict" and fid.get("verdict") != "faithful":
+        why = "; ".join(fid.get("reasons") or ["no fidelity measured"])
+        print(f"aiogc run: unfaithful (--fidelity strict): {why}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from aiogc import __version__
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import (
+    AUTH_DEADLINE_S,
     Event,
     ParameterServer,
     RoundRecord,
@@ -56,6 +57,8 @@ class RunResult:
     end_reasons: dict[str, str] = field(default_factory=dict)
     #: why the whole run ended: "all rounds done", or the first scheme's other reason
     end_reason: str = ""
+    #: sections the runner adds to summary.json beside summarize()'s (e.g. ``fidelity``)
+    extra_summary: dict[str, Any] = field(default_factory=dict)
 
 
 def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
@@ -143,7 +146,17 @@ class Progress:
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
             **kwargs: Any) -> tuple[ParameterServer, Any]:
     """A ParameterServer for ``config`` with its task (initial model, learning rate, loss and,
-    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS."""
+    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS.
+
+    At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
+    times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
+    new connection K times as long to authenticate."""
+    k = config.time_scale
+    if k != 1.0:
+        config = config.dilated()
+        if schedule is not None:
+            schedule = schedule.scaled(k)
+        kwargs.setdefault("auth_deadline_s", AUTH_DEADLINE_S * k)
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
     ps = ParameterServer(
@@ -212,6 +225,7 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["wall_s"] = result.wall_s
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
+    result.summary.update(result.extra_summary)
     if recorder is not None:
         recorder.close(result.summary)
 
@@ -312,9 +326,27 @@ def format_summary(summary: dict[str, Any]) -> str:
         if worst and worst.get("rel_error") is not None:
             lines.append(f"{name}: worst round {worst['round']} "
                          f"(rel decode error {worst['rel_error']:.1e})")
+    lines += _fidelity_lines(summary.get("fidelity"))
     if summary.get("end_reason"):
         lines.append(f"end reason: {summary['end_reason']}")
     return "\n".join(lines)
+
+
+def _fidelity_lines(fid: dict[str, Any] | None) -> list[str]:
+    """The fidelity verdict in two or three lines (summary.json has the details)."""
+    if not fid:
+        return []
+    ratios = ", ".join(f"{n} {s['ratio']:.2f}" for n, s in fid.get("schemes", {}).items()
+                       if s.get("ratio") == s.get("ratio"))  # NaN-free
+    k = fid.get("time_scale", 1.0)
+    out = [f"fidelity: {fid['verdict']} (live/simulated: {ratios or '-'}; threshold "
+           f"{fid['threshold']:.0%}; time scale K={k:g})"]
+    out += [f"  {why}" for why in fid.get("reasons", [])]
+    out += [f"  warning: {w}" for w in fid.get("warnings", [])]
+    choice = fid.get("time_scale_choice")
+    if choice:
+        out.append(f"  K chosen by --time-scale auto: {choice.get('explanation', '')}")
+    return out
 
 
 def dump_json(obj: Any) -> str:

@@ -22,11 +22,18 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aiogc.config import RunConfig
 from aiogc.core import Event, Finished, ParameterServer, RoundCompleted, RoundRecord, Worker
+from aiogc.harness.fidelity import (
+    CpuSnapshot,
+    LoopLagMonitor,
+    auto_time_scale,
+    emulated,
+    live_fidelity,
+)
 from aiogc.harness.kit import (
     BLAS_ENV,
     PROCESS_GRACE_S,
@@ -302,6 +309,8 @@ class SchemeOutcome:
 
     records: list[RoundRecord]
     end_reason: str | None
+    #: the PS loop's timer lag samples, wall seconds (:class:`LoopLagMonitor`)
+    loop_lag_s: list[float] = field(default_factory=list)
 
 
 async def _run_scheme(
@@ -319,12 +328,14 @@ async def _run_scheme(
     to shut down) and ``on_signal`` gets the signal's name; why the PS finished is returned
     (and written to ``events.jsonl``)."""
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
+    k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret)
     scheme = ps.scheme
     finished: list[str] = []
     on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round,
-                                     finished.append)
-    frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder)
+                                     finished.append, time_scale=k)
+    frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
+    lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
@@ -347,6 +358,7 @@ async def _run_scheme(
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(server.serve())
             await _started(server, serving)
+            lag.start()
             if mode == "coroutines" and not worker_hosts:
                 from aiogc.training.setup import SetupCache, TaskPolicy
 
@@ -382,13 +394,15 @@ async def _run_scheme(
         server.stop("runner interrupted")
         raise
     finally:
+        lag.stop()
         for sig in stop_handlers:
             loop.remove_signal_handler(sig)
         if procs:
             await asyncio.to_thread(_reap, procs, PROCESS_GRACE_S)
         for c in watch_ends:
             c.close()
-    return SchemeOutcome(ps.records, finished[0] if finished else None)
+    return SchemeOutcome([emulated(r, k) for r in ps.records],
+                         finished[0] if finished else None, lag.lags)
 
 
 def _worker_spawns(m: int, worker_hosts: int, secret: bytes | None, port: int, loop_kind: str,
@@ -414,6 +428,8 @@ def _scheme_event_handler(
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     on_finished: Callable[[str], None] | None,
+    *,
+    time_scale: float = 1.0,
 ) -> Callable[[Event], None]:
     """The PS event callback of one scheme's run: records rounds and the run's end (if
     ``recorder``), calls ``on_round``, and ``on_finished`` with why the PS finished.
@@ -423,31 +439,42 @@ def _scheme_event_handler(
     loads = tuple(int(x) for x in scheme.loads)
     m = scheme.m
     trigger = not scheme.sends_when_done
+    k = time_scale
 
     def on_event(ev: Event) -> None:
         if isinstance(ev, Finished):
             if on_finished is not None:
                 on_finished(ev.reason)
             if recorder is not None:
-                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                recorder.run_event(t_ns=int(time.monotonic_ns() / k), kind="run_end",
                                    scheme=scheme_name, reason=ev.reason,
                                    rounds=ev.rounds_completed)
         if isinstance(ev, RoundCompleted):
+            rec = emulated(ev.record, k)  # records hold emulated seconds
             if recorder is not None:
-                recorder.round(scheme_name, ev.record, m=m, loads=loads, trigger_scheme=trigger)
+                recorder.round(scheme_name, rec, m=m, loads=loads, trigger_scheme=trigger)
             if on_round is not None:
-                on_round(ev.record)
+                on_round(rec)
 
     return on_event
 
 
-def _frame_logger(scheme_name: str, ps: ParameterServer,
-                  recorder: Any) -> Callable[[str, Any, Message, int], None]:
+def _frame_logger(scheme_name: str, ps: ParameterServer, recorder: Any,
+                  time_scale: float = 1.0) -> Callable[[str, Any, Message, int], None]:
     """The PS's frame log callback: one buffered ``events.jsonl`` row per frame (a tuple
-    append on the loop; :meth:`aiogc.harness.records.RunRecorder.frame_logger`)."""
-    log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
-                                                                          ps.worker_of)
-    return log
+    append on the loop; :meth:`aiogc.harness.records.RunRecorder.frame_logger`), its time
+    in emulated nanoseconds (the PS clock divided by the time scale)."""
+    if time_scale == 1.0:
+        log: Callable[[str, Any, Message, int], None] = recorder.frame_logger(scheme_name,
+                                                                              ps.worker_of)
+        return log
+
+    def clock() -> int:
+        return int(time.monotonic_ns() / time_scale)
+
+    scaled: Callable[[str, Any, Message, int], None] = recorder.frame_logger(
+        scheme_name, ps.worker_of, clock=clock)
+    return scaled
 
 
 async def _started(server: PSServer, serving: asyncio.Task[None]) -> None:
@@ -504,8 +531,11 @@ def run_live(
         schedule = materialise_for(config, schemes)
     if options.secret is None:
         options = replace(options, secret=secrets.token_bytes(32))
+    config, choice = _choose_time_scale(config, schemes, schedule, options, loop_kind)
     out_dir = options.out_dir
     result = RunResult(schedule=schedule)
+    cpu0 = CpuSnapshot.take()
+    lags: list[float] = []
     recorder = open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
                               loop_kind=loop_kind, verify=options.verify, argv=options.argv)
     interrupted: list[str] = []
@@ -527,6 +557,7 @@ def run_live(
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
             result.records[name] = outcome.records
+            lags += outcome.loop_lag_s
             result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
                                         else "PS ended without a reason")
             if interrupted:
@@ -537,6 +568,8 @@ def run_live(
             result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
         raise
     finally:
+        result.extra_summary["fidelity"] = _fidelity(config, schedule, result, lags, cpu0,
+                                                     options.fidelity_threshold, choice)
         close_run(result, interrupted, recorder)
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
@@ -546,6 +579,46 @@ def run_live(
     return result
 
 
+
+
+#: Period of the PS loop's lag monitor (wall seconds): 100 samples a second.
+LAG_INTERVAL_S = 0.01
+#: Rounds of the K = 1 calibration run behind ``--time-scale auto``.
+CALIBRATION_ROUNDS = 5
+
+
+def _fidelity(config: RunConfig, schedule: DelaySchedule, result: RunResult,
+              lags: list[float], cpu0: CpuSnapshot | None, threshold: float,
+              choice: dict[str, Any] | None) -> dict[str, Any]:
+    cpu1 = CpuSnapshot.take()
+    return live_fidelity(config, schedule, result.records, loop_lag_s=lags,
+                         cpu=cpu1.since(cpu0) if cpu0 is not None and cpu1 is not None else None,
+                         threshold=threshold, time_scale_choice=choice)
+
+
+def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
+                       options: RunOptions, loop_kind: str
+                       ) -> tuple[RunConfig, dict[str, Any] | None]:
+    """``--time-scale auto``: run the first scheme for a few rounds at K = 1 with the run's
+    own mode, m and schedule, no records; its mean live-minus-simulated round time is this
+    machine's overhead per round now; then K is the smallest that keeps that overhead under
+    half the fidelity threshold of the shortest simulated round. Without ``auto``: the
+    configuration as it is, and no choice to record."""
+    if not options.auto_time_scale:
+        return config, None
+    n = min(CALIBRATION_ROUNDS, config.rounds)
+    cal_cfg = scheme_config(config, schemes[0]).replace(rounds=n, time_scale=1.0)
+    cal_opts = replace(options, out_dir=None, progress=False, plots=False,
+                       auto_time_scale=False)
+    t0 = time.monotonic()
+    outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts, loop_kind=loop_kind,
+                                            recorder=None, on_round=None))
+    k, why = auto_time_scale(config, schemes, schedule, {schemes[0]: outcome.records},
+                             threshold=options.fidelity_threshold)
+    why["calibration_wall_s"] = time.monotonic() - t0
+    print(f"aiogc: --time-scale auto chose K={k:g}: {why['explanation']}", file=sys.stderr,
+          flush=True)
+    return config.replace(time_scale=k), why
 
 
 def _check_ray_mode(mode: str) -> None:

@@ -106,6 +106,15 @@ class DelaySchedule:
         """
         return np.asarray(np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s))
 
+    def scaled(self, k: float) -> DelaySchedule:
+        """Every delay times ``k`` (time dilation: what the PS sends a run at time scale k;
+        ``delays.csv`` keeps the emulated, unscaled schedule). ``k = 1``: self."""
+        if k == 1.0:
+            return self
+        return DelaySchedule(compute_s=self.compute_s * k, network_s=self.network_s * k,
+                             seed=self.seed, compute_spec=self.compute_spec,
+                             network_spec=self.network_spec)
+
     def rows(self) -> Iterator[dict[str, float | int]]:
         """Tidy rows, one per (round, worker, chunk), keys :data:`CSV_COLUMNS`."""
         for r in range(self.rounds):
