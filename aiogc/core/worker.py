@@ -21,20 +21,17 @@ Invariants
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import operator
-import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import accumulate
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
 from aiogc.coding.base import encode_rows
-from aiogc.config import RunConfig, scheme_digest
+from aiogc.config import RunConfig
 from aiogc.core.common import (
     FATAL_CODES,
     ComputeChunks,
@@ -52,6 +49,8 @@ from aiogc.core.common import (
     new_compute_chunks,
     new_outgoing,
 )
+from aiogc.core.worker_rules import ACCEPTS, HANDSHAKING, NEXT, WorkerPhase
+from aiogc.core.worker_setup import ChunkGradientFn, SchemeFacts, Setup, WorkerCache
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
     SessionKeys,
@@ -81,19 +80,11 @@ from aiogc.protocol.messages import (
     state_digest,
 )
 
+__all__ = ["HANDSHAKE_TIMEOUT_S", "PS_PEER", "ChunkGradientFn", "Polled", "Setup", "Worker",
+           "WorkerCache", "WorkerPhase"]
+
 PS_PEER = "ps"
 _F8 = np.dtype(np.float64)
-
-#: ``_tuple_new(Outgoing, (peer, msg, close, reason))``: common.new_outgoing inlined where a
-#: frame is queued per chunk report or coded vector
-_tuple_new = tuple.__new__
-
-#: Validated configs by the SHA-256 of their canonical bytes (:func:`config_hash`, which the
-#: welcome MAC covers anyway): the coroutine workers of one process all receive the same
-#: config, and ``RunConfig.from_wire`` (~70 us) then runs once, not once per worker. Equal
-#: canonical bytes are an equal map, which ``from_wire`` turns into an equal (frozen) value;
-#: a map it rejects is never stored. Bounded: cleared when it reaches 16 entries.
-_WIRE_CONFIGS: dict[bytes, RunConfig] = {}
 
 # unvalidated constructors of the frames this worker builds itself (see fast_new)
 _new_report = fast_new(ChunkReport, ChunkReport._names)
@@ -103,60 +94,11 @@ _new_coded = fast_new(CodedGradient, CodedGradient._names)
 #: gives up on that connection and reconnects.
 HANDSHAKE_TIMEOUT_S = 10.0
 
-
-class WorkerPhase(enum.Enum):
-    CONNECTING = "connecting"  # transport up, waiting for challenge
-    AUTHENTICATING = "authenticating"  # hello sent, waiting for welcome
-    SETTING_UP = "setting_up"  # welcomed, waiting for the driver to build scheme and task
-    IDLE = "idle"  # ready, between rounds
-    COMPUTING = "computing"
-    WAITING = "waiting"  # stopped computing (all done, or told to encode), round not over
-    CLOSED = "closed"
-
-    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
-    # phase checks run on every message)
-    __hash__ = object.__hash__
-
-
-_TRANSITIONS = frozenset(
-    {
-        (WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING),
-        (WorkerPhase.AUTHENTICATING, WorkerPhase.SETTING_UP),
-        (WorkerPhase.SETTING_UP, WorkerPhase.IDLE),
-        (WorkerPhase.IDLE, WorkerPhase.COMPUTING),
-        (WorkerPhase.COMPUTING, WorkerPhase.WAITING),
-        (WorkerPhase.WAITING, WorkerPhase.COMPUTING),  # resume, or the next round_start
-        (WorkerPhase.WAITING, WorkerPhase.WAITING),  # re-broadcast
-        (WorkerPhase.COMPUTING, WorkerPhase.IDLE),  # round ended while computing
-        (WorkerPhase.WAITING, WorkerPhase.IDLE),
-        (WorkerPhase.COMPUTING, WorkerPhase.COMPUTING),  # next round_start (round_end folded)
-        (WorkerPhase.IDLE, WorkerPhase.IDLE),
-    }
-    | {(p, WorkerPhase.CLOSED) for p in WorkerPhase}
-)
-
-_RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
-_HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
 _INF = float("inf")
 _NONE: tuple[()] = ()  # what poll returns for an empty queue
 
 #: what :meth:`Worker.poll` returns: ``(events, work, outgoing, deadline)``
 Polled = tuple[Sequence[Event], Sequence[ComputeChunks], Sequence[Outgoing], float | None]
-
-#: kind -> phases in which the worker accepts it from the PS
-_ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
-    "challenge": frozenset({WorkerPhase.CONNECTING}),
-    "welcome": frozenset({WorkerPhase.AUTHENTICATING}),
-    "round_start": _RUNNING,
-    "encode_and_transmit": _RUNNING,
-    "resume": _RUNNING,
-    "round_end": _RUNNING,
-    "shutdown": frozenset(WorkerPhase),
-    "error": frozenset(WorkerPhase),
-    "ping": frozenset(WorkerPhase),
-    "pong": frozenset(WorkerPhase),
-}
-
 
 # phase members as module constants: an Enum class attribute lookup costs ~10x a
 # global read, and the hot path compares phases several times per message
@@ -167,56 +109,6 @@ _W_CONNECTING = WorkerPhase.CONNECTING
 _W_IDLE = WorkerPhase.IDLE
 _W_SETTING_UP = WorkerPhase.SETTING_UP
 _W_WAITING = WorkerPhase.WAITING
-
-
-class ChunkGradientFn(Protocol):
-    def __call__(self, chunk: int, w: np.ndarray) -> np.ndarray: ...
-
-
-@dataclass
-class _SchemeFacts:
-    """What the workers of a process learn once per scheme object and share."""
-
-    digest: str = ""
-    #: the last broadcast state a worker validated against ``scheme.loads``, with its digest:
-    #: every worker of a process receives the same state in a round, so the others skip the
-    #: O(m) bound check and the hash (each still checks its own entry)
-    checked_state: tuple[tuple[int, ...], bytes] | None = None
-    #: ``scheme.loads`` and ``scheme.orders`` as Python ints (the hot path indexes them per
-    #: chunk), converted once per scheme rather than once per worker and connection
-    loads: list[int] | None = None
-    orders: list[list[int]] | None = None
-
-
-#: scheme object -> its shared facts (weak: a scheme nobody uses any more is forgotten)
-_FACTS: weakref.WeakKeyDictionary[Any, _SchemeFacts] = weakref.WeakKeyDictionary()
-
-
-@dataclass
-class Setup:
-    """What a worker needs for a configuration: the scheme and its gradient function.
-
-    Built by the driver layer (``aiogc.training.setup``), shared by every worker of a process
-    that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once
-    per scheme object). Setups of one scheme object share what their workers validated
-    (``facts``), also when a driver builds one Setup per worker (the simulator's per-worker
-    gradient functions).
-    """
-
-    config: RunConfig
-    scheme: Any
-    chunk_gradient: ChunkGradientFn
-    digest: str = ""
-    facts: _SchemeFacts = field(default_factory=_SchemeFacts, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # a scheme that is not hashable or weak-referenceable keeps its facts per Setup
-        with contextlib.suppress(TypeError):
-            self.facts = _FACTS.setdefault(self.scheme, self.facts)
-        if not self.digest:
-            if not self.facts.digest:
-                self.facts.digest = scheme_digest(self.scheme)
-            self.digest = self.facts.digest
 
 
 def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
@@ -257,7 +149,14 @@ class Worker(Endpoint):
         per-round :class:`RoundEnded` events (telemetry only: no driver decision depends on
         them). Drivers with no event sink turn them off (attribute ``progress_events``): they
         are ~6 objects per worker-round.
+    cache : WorkerCache, optional
+        What the workers of this process share (validated configs, scheme facts): a driver
+        that runs several workers in one process passes them one; None keeps a private one.
     """
+
+    #: the current phase: CLOSED until the driver's first ``connection_made``; changed only
+    #: by :meth:`_set_phase` (checked against ``worker_rules.TRANSITIONS``)
+    phase: WorkerPhase = WorkerPhase.CLOSED
 
     def __init__(
         self,
@@ -269,6 +168,7 @@ class Worker(Endpoint):
         nonce_fn: Callable[[], bytes] | None = None,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         progress_events: bool = True,
+        cache: WorkerCache | None = None,
     ) -> None:
         super().__init__()
         if secret is not None and worker_key is not None:
@@ -283,8 +183,9 @@ class Worker(Endpoint):
         self.handshake_timeout_s = float(handshake_timeout_s)
         self.progress_events = progress_events
         self._connected_at = 0.0
-        self.phase = _W_CLOSED
+        self.cache = cache if cache is not None else WorkerCache()
         self.setup: Setup | None = None
+        self._facts = SchemeFacts()  # the current setup's, shared through ``cache``
         #: keys of the current session (after a verified welcome), or None without a secret
         self.session: SessionKeys | None = None
         self._pending_config: RunConfig | None = None
@@ -326,7 +227,7 @@ class Worker(Endpoint):
 
     def connection_made(self, *, now: float) -> None:
         """A fresh transport to the PS is up (first connect or a reconnect)."""
-        self.phase = _W_CONNECTING
+        self._set_phase(_W_CONNECTING)
         self._delayed.clear()
         self._work.clear()
         self.session = None
@@ -338,7 +239,7 @@ class Worker(Endpoint):
     def connection_lost(self, *, now: float) -> None:
         """The transport is gone; the driver reconnects (with backoff) unless shut down."""
         if self.phase is not _W_CLOSED:
-            self.phase = _W_CLOSED
+            self._set_phase(_W_CLOSED)
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
@@ -494,7 +395,9 @@ class Worker(Endpoint):
         return self._count
 
     def _set_phase(self, new: WorkerPhase) -> None:
-        if (self.phase, new) not in _TRANSITIONS:
+        """The one place the phase changes: an edge outside ``worker_rules.TRANSITIONS``
+        raises LocalProtocolError before anything changes."""
+        if new not in NEXT[self.phase]:
             raise LocalProtocolError(
                 f"illegal worker transition {self.phase.value} -> {new.value}"
             )
@@ -508,7 +411,7 @@ class Worker(Endpoint):
             self._delayed.append((now + (self._net_delay if delay else 0.0), msg))
             self._release(now)
         else:
-            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
+            self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
 
     def _release(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -519,7 +422,7 @@ class Worker(Endpoint):
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
-        self.phase = _W_CLOSED
+        self._set_phase(_W_CLOSED)
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
@@ -545,11 +448,11 @@ class Worker(Endpoint):
                 while due < n and dl[due] <= now:
                     due += 1
                 self._requested = due
-                self._work.append(_tuple_new(ComputeChunks, (
-                    self._round, k, tuple(self._order[k:due]), self._model)))
+                self._work.append(new_compute_chunks(
+                    self._round, k, tuple(self._order[k:due]), self._model))
         elif phase is _W_CLOSED:
             return
-        elif phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
+        elif phase in HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
             # e.g. a connection the PS's kernel completed but its accept queue dropped: the
             # PS will never speak on it, and without a config there is no liveness timer yet
             self._fail("handshake_timeout", "no challenge/welcome from the PS in time", now,
@@ -583,7 +486,7 @@ class Worker(Endpoint):
 
     def _on_shutdown(self, msg: Shutdown, now: float) -> None:
         self._events.append(ShutdownRequested(msg.reason, now))
-        self.phase = _W_CLOSED
+        self._set_phase(_W_CLOSED)
         self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
 
     def _on_error(self, msg: Error, now: float) -> None:
@@ -620,15 +523,10 @@ class Worker(Endpoint):
             self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
                                         self.worker_id)
         digest = msg.config.get("scheme_digest")
-        config = _WIRE_CONFIGS.get(chash)
-        if config is None:
-            try:
-                config = RunConfig.from_wire(msg.config)
-            except ConfigError as exc:
-                raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
-            if len(_WIRE_CONFIGS) >= 16:
-                _WIRE_CONFIGS.clear()
-            _WIRE_CONFIGS[chash] = config
+        try:
+            config = self.cache.config(chash, msg.config)
+        except ConfigError as exc:
+            raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
         if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._pending_digest = digest
@@ -662,7 +560,7 @@ class Worker(Endpoint):
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
             self._fixed_digest = state_digest(st)
         self._encode_fast = getattr(setup.scheme, "encode_trusted", None)
-        facts = setup.facts
+        facts = self._facts = self.cache.facts(setup)
         if facts.loads is None or facts.orders is None:
             facts.loads = [int(x) for x in setup.scheme.loads]
             facts.orders = [[int(x) for x in o] for o in setup.scheme.orders]
@@ -712,9 +610,7 @@ class Worker(Endpoint):
         dl = ([now + acc for acc in accumulate(delays[:load])] if delays
               else [now] * load)
         self._deadline_list = dl
-        # round_start is accepted only in IDLE, COMPUTING and WAITING (_ACCEPTS), and each
-        # may move to COMPUTING (_TRANSITIONS): no check needed on this per-round path
-        self.phase = _W_COMPUTING
+        self._set_phase(_W_COMPUTING)
         if load == 0:
             self._after_all_computed(now)
         elif dl[0] <= now:
@@ -775,7 +671,7 @@ class Worker(Endpoint):
                     self._emit(msg, now)
                 else:  # _emit's undelayed case, inlined: one report per wake-up
                     self._last_sent = now
-                    self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
+                    self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
         if count == load:
             self._after_all_computed(now)
 
@@ -789,9 +685,7 @@ class Worker(Endpoint):
     def _after_all_computed(self, now: float) -> None:
         assert self.setup is not None
         scheme = self.setup.scheme
-        # only reached in COMPUTING (the last chunk stored, or a round of load 0 just
-        # started), which may move to WAITING: no transition check per worker-round
-        self.phase = _W_WAITING
+        self._set_phase(_W_WAITING)
         if scheme.sends_when_done:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
@@ -836,7 +730,7 @@ class Worker(Endpoint):
             self._emit(msg, now)
         else:  # _emit's undelayed case, inlined (once per worker-round)
             self._last_sent = now
-            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
+            self._outbox.append(new_outgoing(PS_PEER, msg, False, ""))
         if self.progress_events:
             self._events.append(new_coded_sent(self._round, attempt, c, now))
 
@@ -861,7 +755,7 @@ class Worker(Endpoint):
                 f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
                 code="bad_state",
             )
-        facts = self.setup.facts
+        facts = self._facts
         checked = facts.checked_state
         if checked is not None and (checked[0] is state or checked[0] == state):
             digest = checked[1]  # the same state passed the bound check below (same loads)
@@ -876,9 +770,7 @@ class Worker(Endpoint):
         if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
             self.stats["stale_encode"] += 1
             return
-        # COMPUTING or WAITING here (IDLE returned above, _ACCEPTS admits no other), and both
-        # may move to WAITING (_TRANSITIONS): no check needed per vector
-        self.phase = _W_WAITING
+        self._set_phase(_W_WAITING)
         self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
 
     def _on_resume(self, msg: Resume, now: float) -> None:
@@ -916,22 +808,23 @@ class Worker(Endpoint):
 
 
 #: exact message type -> (phases in which the worker accepts it, handler); built from
-#: ``_ACCEPTS`` so the two cannot disagree (frames from the network are built as their exact
-#: class, never a subclass)
-_HANDLERS: dict[type[Message], Callable[[Worker, Any, float], None]] = {
-    RoundStart: Worker._on_round_start,
-    EncodeAndTransmit: Worker._on_encode,
-    Ping: Worker._on_ping,
-    Pong: Worker._on_pong,
-    Challenge: Worker._on_challenge,
-    Welcome: Worker._on_welcome,
-    Resume: Worker._on_resume,
-    RoundEnd: Worker._on_round_end,
-    Shutdown: Worker._on_shutdown,
-    Error: Worker._on_error,
-}
-_DISPATCH: dict[type[Message], tuple[frozenset[WorkerPhase],
-                                     Callable[[Worker, Any, float], None]]] = {
-    cls: (_ACCEPTS[cls.kind], fn) for cls, fn in _HANDLERS.items()
-}
-assert set(_ACCEPTS) == {cls.kind for cls in _HANDLERS}
+#: ``worker_rules.ACCEPTS`` so the two cannot disagree (frames from the network are built as
+#: their exact class, never a subclass)
+_DISPATCH: Mapping[type[Message], tuple[frozenset[WorkerPhase],
+                                        Callable[[Worker, Any, float], None]]] = MappingProxyType({
+    cls: (ACCEPTS[cls.kind], fn) for cls, fn in (
+        (RoundStart, Worker._on_round_start),
+        (EncodeAndTransmit, Worker._on_encode),
+        (Ping, Worker._on_ping),
+        (Pong, Worker._on_pong),
+        (Challenge, Worker._on_challenge),
+        (Welcome, Worker._on_welcome),
+        (Resume, Worker._on_resume),
+        (RoundEnd, Worker._on_round_end),
+        (Shutdown, Worker._on_shutdown),
+        (Error, Worker._on_error),
+    )
+})
+assert set(ACCEPTS) == {cls.kind for cls in _DISPATCH}
+#: kind -> phases in which the worker accepts it from the PS (``worker_rules.ACCEPTS``)
+_ACCEPTS = ACCEPTS
