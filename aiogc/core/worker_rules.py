@@ -15,7 +15,10 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["ACCEPTS", "HANDSHAKING", "NEXT", "RUNNING", "TRANSITIONS", "WorkerPhase"]
+__all__ = ["ACCEPTS", "HANDSHAKING", "NEXT", "PS_PEER", "RUNNING", "TRANSITIONS", "WorkerPhase"]
+
+#: the worker's one peer, as its :class:`~aiogc.core.common.Outgoing` frames name it
+PS_PEER = "ps"
 
 
 class WorkerPhase(enum.Enum):

@@ -10,7 +10,6 @@ from a private cache.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,7 +83,7 @@ class WorkerCache:
         self._configs: dict[bytes, RunConfig] = {}
         self._facts: weakref.WeakKeyDictionary[Any, SchemeFacts] = weakref.WeakKeyDictionary()
 
-    def config(self, chash: bytes, wire: Mapping[str, Any]) -> RunConfig:
+    def config(self, chash: bytes, wire: dict[str, Any]) -> RunConfig:
         """``RunConfig.from_wire(wire)``, once per ``chash`` (raises its ConfigError)."""
         config = self._configs.get(chash)
         if config is None:
