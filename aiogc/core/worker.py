@@ -17,6 +17,13 @@ Invariants
   latency); frames leave in order.
 * No exception escapes a driver call: one that is not a protocol error closes the connection
   with code ``worker_error`` (the driver reconnects), so the worker's timer never dies.
+* Every phase change goes through one checked ``_set_phase`` (``worker_rules.TRANSITIONS``).
+* No process-global state: what workers of one process share (validated configs, scheme
+  facts) is a :class:`WorkerCache` their driver creates and passes in.
+
+Layout: this module holds the connection (handshake, setup, liveness, the driver's calls);
+the round half is the base class in ``worker_round.py``; phases and tables are in
+``worker_rules.py``; :class:`Setup` and :class:`WorkerCache` in ``worker_setup.py``.
 """
 
 from __future__ import annotations
