@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from aiogc.config import RunConfig
-from aiogc.core import ParameterServer, Setup, Worker
+from aiogc.core import ParameterServer, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 from aiogc.training.schedule import DelaySchedule
@@ -53,8 +53,10 @@ def build_rig(
         return built[cfg]
 
     ws = worker_secret if worker_secret is not None else secret
+    cache = WorkerCache()  # shared by the workers, as a driver's process shares one
     workers = [
-        Worker(j, secret=ws, setup=setup, nonce_fn=_counter_nonces(j)) for j in range(scheme.m)
+        Worker(j, secret=ws, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
+        for j in range(scheme.m)
     ]
     sim = Simulation(ps, workers, latency=latency)
     return Rig(config, scheme, task, schedule, ps, workers, sim)

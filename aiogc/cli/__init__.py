@@ -445,7 +445,7 @@ def parse_worker_ids(text: str) -> list[int]:
 
 def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
     """One :class:`~aiogc.core.Worker` per id, keyed by --worker-key-file or the secret."""
-    from aiogc.core import Worker
+    from aiogc.core import Worker, WorkerCache
 
     if a.worker_key_file is None:
         secret = read_secret(a.secret_file)
@@ -453,7 +453,8 @@ def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
             raise ConfigError("id", a.id, "a single id unless --secret-file or AIOGC_SECRET "
                                           "gives the master secret (each worker's key is "
                                           "derived from it)")
-        return [Worker(j, secret=secret) for j in ids]
+        cache = WorkerCache()  # the workers of this process share what they validate
+        return [Worker(j, secret=secret, cache=cache) for j in ids]
     if len(ids) > 1:
         raise ConfigError("worker-key-file", a.worker_key_file,
                           "one worker's key: use --secret-file for a range of ids")

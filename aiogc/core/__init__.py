@@ -29,7 +29,7 @@ from aiogc.core.common import (
     WorkerJoined,
 )
 from aiogc.core.ps import ParameterServer, PSPhase
-from aiogc.core.worker import PS_PEER, Setup, Worker, WorkerPhase
+from aiogc.core.worker import PS_PEER, Setup, Worker, WorkerCache, WorkerPhase
 
 __all__ = [
     "AUTH_DEADLINE_S",
@@ -57,6 +57,7 @@ __all__ = [
     "Triggered",
     "Welcomed",
     "Worker",
+    "WorkerCache",
     "WorkerDropped",
     "WorkerJoined",
     "WorkerPhase",

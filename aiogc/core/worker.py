@@ -17,41 +17,37 @@ Invariants
   latency); frames leave in order.
 * No exception escapes a driver call: one that is not a protocol error closes the connection
   with code ``worker_error`` (the driver reconnects), so the worker's timer never dies.
+* Every phase change goes through one checked ``_set_phase`` (``worker_rules.TRANSITIONS``).
+* No process-global state: what workers of one process share (validated configs, scheme
+  facts) is a :class:`WorkerCache` their driver creates and passes in.
+
+Layout: this module holds the connection (handshake, setup, liveness, the driver's calls);
+the round half is the base class in ``worker_round.py``; phases and tables are in
+``worker_rules.py``; :class:`Setup` and :class:`WorkerCache` in ``worker_setup.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
-import operator
-import weakref
-from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
-from aiogc.coding.base import encode_rows
-from aiogc.config import RunConfig, scheme_digest
+from aiogc.config import RunConfig
 from aiogc.core.common import (
     FATAL_CODES,
     ComputeChunks,
     ConnectionFailed,
-    Endpoint,
     Event,
     Outgoing,
-    RoundEnded,
     SetupNeeded,
     ShutdownRequested,
     Welcomed,
-    fast_new,
-    new_chunk_computed,
-    new_coded_sent,
-    new_compute_chunks,
-    new_outgoing,
 )
+from aiogc.core.worker_round import WorkerRounds
+from aiogc.core.worker_rules import ACCEPTS, HANDSHAKING, PS_PEER, WorkerPhase
+from aiogc.core.worker_setup import ChunkGradientFn, Setup, WorkerCache
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
     SessionKeys,
@@ -64,8 +60,6 @@ from aiogc.protocol.auth import (
 )
 from aiogc.protocol.messages import (
     Challenge,
-    ChunkReport,
-    CodedGradient,
     EncodeAndTransmit,
     Error,
     Hello,
@@ -81,142 +75,31 @@ from aiogc.protocol.messages import (
     state_digest,
 )
 
-PS_PEER = "ps"
-_F8 = np.dtype(np.float64)
-
-#: ``_tuple_new(Outgoing, (peer, msg, close, reason))``: common.new_outgoing inlined where a
-#: frame is queued per chunk report or coded vector
-_tuple_new = tuple.__new__
-
-#: Validated configs by the SHA-256 of their canonical bytes (:func:`config_hash`, which the
-#: welcome MAC covers anyway): the coroutine workers of one process all receive the same
-#: config, and ``RunConfig.from_wire`` (~70 us) then runs once, not once per worker. Equal
-#: canonical bytes are an equal map, which ``from_wire`` turns into an equal (frozen) value;
-#: a map it rejects is never stored. Bounded: cleared when it reaches 16 entries.
-_WIRE_CONFIGS: dict[bytes, RunConfig] = {}
-
-# unvalidated constructors of the frames this worker builds itself (see fast_new)
-_new_report = fast_new(ChunkReport, ChunkReport._names)
-_new_coded = fast_new(CodedGradient, CodedGradient._names)
+__all__ = ["HANDSHAKE_TIMEOUT_S", "PS_PEER", "ChunkGradientFn", "Polled", "Setup", "Worker",
+           "WorkerCache", "WorkerPhase"]
 
 #: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
 #: gives up on that connection and reconnects.
 HANDSHAKE_TIMEOUT_S = 10.0
 
-
-class WorkerPhase(enum.Enum):
-    CONNECTING = "connecting"  # transport up, waiting for challenge
-    AUTHENTICATING = "authenticating"  # hello sent, waiting for welcome
-    SETTING_UP = "setting_up"  # welcomed, waiting for the driver to build scheme and task
-    IDLE = "idle"  # ready, between rounds
-    COMPUTING = "computing"
-    WAITING = "waiting"  # stopped computing (all done, or told to encode), round not over
-    CLOSED = "closed"
-
-    # members are singletons: hash by identity (Enum's default hashes the name in Python, and
-    # phase checks run on every message)
-    __hash__ = object.__hash__
-
-
-_TRANSITIONS = frozenset(
-    {
-        (WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING),
-        (WorkerPhase.AUTHENTICATING, WorkerPhase.SETTING_UP),
-        (WorkerPhase.SETTING_UP, WorkerPhase.IDLE),
-        (WorkerPhase.IDLE, WorkerPhase.COMPUTING),
-        (WorkerPhase.COMPUTING, WorkerPhase.WAITING),
-        (WorkerPhase.WAITING, WorkerPhase.COMPUTING),  # resume, or the next round_start
-        (WorkerPhase.WAITING, WorkerPhase.WAITING),  # re-broadcast
-        (WorkerPhase.COMPUTING, WorkerPhase.IDLE),  # round ended while computing
-        (WorkerPhase.WAITING, WorkerPhase.IDLE),
-        (WorkerPhase.COMPUTING, WorkerPhase.COMPUTING),  # next round_start (round_end folded)
-        (WorkerPhase.IDLE, WorkerPhase.IDLE),
-    }
-    | {(p, WorkerPhase.CLOSED) for p in WorkerPhase}
-)
-
-_RUNNING = frozenset({WorkerPhase.IDLE, WorkerPhase.COMPUTING, WorkerPhase.WAITING})
-_HANDSHAKING = frozenset({WorkerPhase.CONNECTING, WorkerPhase.AUTHENTICATING})
 _INF = float("inf")
 _NONE: tuple[()] = ()  # what poll returns for an empty queue
 
 #: what :meth:`Worker.poll` returns: ``(events, work, outgoing, deadline)``
 Polled = tuple[Sequence[Event], Sequence[ComputeChunks], Sequence[Outgoing], float | None]
 
-#: kind -> phases in which the worker accepts it from the PS
-_ACCEPTS: dict[str, frozenset[WorkerPhase]] = {
-    "challenge": frozenset({WorkerPhase.CONNECTING}),
-    "welcome": frozenset({WorkerPhase.AUTHENTICATING}),
-    "round_start": _RUNNING,
-    "encode_and_transmit": _RUNNING,
-    "resume": _RUNNING,
-    "round_end": _RUNNING,
-    "shutdown": frozenset(WorkerPhase),
-    "error": frozenset(WorkerPhase),
-    "ping": frozenset(WorkerPhase),
-    "pong": frozenset(WorkerPhase),
-}
-
-
-# phase members as module constants: an Enum class attribute lookup costs ~10x a
-# global read, and the hot path compares phases several times per message
-_W_AUTHENTICATING = WorkerPhase.AUTHENTICATING
-_W_CLOSED = WorkerPhase.CLOSED
-_W_COMPUTING = WorkerPhase.COMPUTING
+# Phase members as module constants: the one micro-idiom kept, because the replay shows it
+# (bench/core_replay.py's recorded calls, worker calls only, m=64, 30 rounds, median of 7
+# interleaved runs, us per worker-round): with these 15.6 partial / 15.1 original, with
+# ``WorkerPhase.X`` at each use 18.6 / 18.4 (an Enum class attribute is ~60 ns on 3.11, a
+# global ~8 ns, and every poll, timer and message compares phases). Hand-inlined helpers and
+# a private tuple constructor measured no difference and are gone.
 _W_CONNECTING = WorkerPhase.CONNECTING
-_W_IDLE = WorkerPhase.IDLE
+_W_AUTHENTICATING = WorkerPhase.AUTHENTICATING
 _W_SETTING_UP = WorkerPhase.SETTING_UP
-_W_WAITING = WorkerPhase.WAITING
-
-
-class ChunkGradientFn(Protocol):
-    def __call__(self, chunk: int, w: np.ndarray) -> np.ndarray: ...
-
-
-@dataclass
-class _SchemeFacts:
-    """What the workers of a process learn once per scheme object and share."""
-
-    digest: str = ""
-    #: the last broadcast state a worker validated against ``scheme.loads``, with its digest:
-    #: every worker of a process receives the same state in a round, so the others skip the
-    #: O(m) bound check and the hash (each still checks its own entry)
-    checked_state: tuple[tuple[int, ...], bytes] | None = None
-    #: ``scheme.loads`` and ``scheme.orders`` as Python ints (the hot path indexes them per
-    #: chunk), converted once per scheme rather than once per worker and connection
-    loads: list[int] | None = None
-    orders: list[list[int]] | None = None
-
-
-#: scheme object -> its shared facts (weak: a scheme nobody uses any more is forgotten)
-_FACTS: weakref.WeakKeyDictionary[Any, _SchemeFacts] = weakref.WeakKeyDictionary()
-
-
-@dataclass
-class Setup:
-    """What a worker needs for a configuration: the scheme and its gradient function.
-
-    Built by the driver layer (``aiogc.training.setup``), shared by every worker of a process
-    that runs the same configuration. ``digest`` is ``scheme_digest(scheme)`` (computed once
-    per scheme object). Setups of one scheme object share what their workers validated
-    (``facts``), also when a driver builds one Setup per worker (the simulator's per-worker
-    gradient functions).
-    """
-
-    config: RunConfig
-    scheme: Any
-    chunk_gradient: ChunkGradientFn
-    digest: str = ""
-    facts: _SchemeFacts = field(default_factory=_SchemeFacts, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # a scheme that is not hashable or weak-referenceable keeps its facts per Setup
-        with contextlib.suppress(TypeError):
-            self.facts = _FACTS.setdefault(self.scheme, self.facts)
-        if not self.digest:
-            if not self.facts.digest:
-                self.facts.digest = scheme_digest(self.scheme)
-            self.digest = self.facts.digest
+_W_IDLE = WorkerPhase.IDLE
+_W_COMPUTING = WorkerPhase.COMPUTING
+_W_CLOSED = WorkerPhase.CLOSED
 
 
 def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
@@ -235,7 +118,7 @@ def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
     return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
 
-class Worker(Endpoint):
+class Worker(WorkerRounds):
     """Worker core.
 
     Parameters
@@ -257,6 +140,9 @@ class Worker(Endpoint):
         per-round :class:`RoundEnded` events (telemetry only: no driver decision depends on
         them). Drivers with no event sink turn them off (attribute ``progress_events``): they
         are ~6 objects per worker-round.
+    cache : WorkerCache, optional
+        What the workers of this process share (validated configs, scheme facts): a driver
+        that runs several workers in one process passes them one; None keeps a private one.
     """
 
     def __init__(
@@ -269,11 +155,11 @@ class Worker(Endpoint):
         nonce_fn: Callable[[], bytes] | None = None,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         progress_events: bool = True,
+        cache: WorkerCache | None = None,
     ) -> None:
-        super().__init__()
         if secret is not None and worker_key is not None:
             raise LocalProtocolError("give either secret or worker_key, not both")
-        self.worker_id = worker_id
+        super().__init__(worker_id, progress_events)
         self.secret = secret
         self.key: bytes | None = (
             derive_worker_key(secret, worker_id) if secret is not None else worker_key
@@ -281,52 +167,25 @@ class Worker(Endpoint):
         self.setup_fn = setup
         self.nonce_fn = nonce_fn
         self.handshake_timeout_s = float(handshake_timeout_s)
-        self.progress_events = progress_events
         self._connected_at = 0.0
-        self.phase = _W_CLOSED
-        self.setup: Setup | None = None
+        self.cache = cache if cache is not None else WorkerCache()
         #: keys of the current session (after a verified welcome), or None without a secret
         self.session: SessionKeys | None = None
         self._pending_config: RunConfig | None = None
         self._pending_digest: object = None
-        self._work: list[ComputeChunks] = []
-        self._delayed: deque[tuple[float, Message]] = deque()
-        self._epoch = 0
         self._nonce = b""
         self._ps_nonce = b""
-        self._last_sent = 0.0
         self._last_heard = 0.0
         self._ping_seq = 0
-        # round state
-        self._round = -1
-        self._model: np.ndarray | None = None
-        self._grads: np.ndarray | None = None  # (load, d) stored chunk gradients
-        self._count = 0
-        self._requested = 0  # positions handed to the driver as work
-        self._reported = 0
-        self._t0 = 0.0
-        self._deadline_list: list[float] = []
-        self._net_delay = 0.0
-        self._compute_s = 0.0
-        self._attempt_sent: int | None = None
-        self._loads: list[int] = []
-        self._order: list[int] = []
-        self._fixed_theta: np.ndarray | None = None
-        # hot-path copies of setup/config values (set in _on_welcome / _setup_ready)
+        # liveness, from the config (set in _on_welcome / _setup_ready)
         self._dead_after: float | None = None
         self._heartbeat: float | None = None
-        self._report_every = 1
-        self._swd = False  # scheme sends when done
-        self._payload_dtype: np.dtype = np.dtype("<f8")
-        self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
-        self._fixed_digest = b""
-        self._encode_fast: Callable[[int, Any, np.ndarray], np.ndarray] | None = None
 
     # ================================================================== driver contract
 
     def connection_made(self, *, now: float) -> None:
         """A fresh transport to the PS is up (first connect or a reconnect)."""
-        self.phase = _W_CONNECTING
+        self._set_phase(_W_CONNECTING)
         self._delayed.clear()
         self._work.clear()
         self.session = None
@@ -338,7 +197,7 @@ class Worker(Endpoint):
     def connection_lost(self, *, now: float) -> None:
         """The transport is gone; the driver reconnects (with backoff) unless shut down."""
         if self.phase is not _W_CLOSED:
-            self.phase = _W_CLOSED
+            self._set_phase(_W_CLOSED)
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
@@ -484,42 +343,12 @@ class Worker(Endpoint):
 
     # ================================================================== helpers
 
-    @property
-    def round(self) -> int:
-        return self._round
-
-    @property
-    def count(self) -> int:
-        """Chunk gradients computed and stored in the current round."""
-        return self._count
-
-    def _set_phase(self, new: WorkerPhase) -> None:
-        if (self.phase, new) not in _TRANSITIONS:
-            raise LocalProtocolError(
-                f"illegal worker transition {self.phase.value} -> {new.value}"
-            )
-        self.phase = new
-
-    def _emit(self, msg: Message, now: float, *, delay: bool = True) -> None:
-        """Queue ``msg``, held back by this round's artificial network delay."""
-        self._last_sent = now
-        if self._delayed or (delay and self._net_delay > 0):
-            # keep frame order: once something is held, everything queues behind it
-            self._delayed.append((now + (self._net_delay if delay else 0.0), msg))
-            self._release(now)
-        else:
-            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
-
-    def _release(self, now: float) -> None:
-        while self._delayed and self._delayed[0][0] <= now:
-            self._outbox.append(new_outgoing(PS_PEER, self._delayed.popleft()[1], False, ""))
-
     def _fail(self, code: str, reason: str, now: float, *, send_error: bool) -> None:
         self.stats[f"failed_{code}"] += 1
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
-        self.phase = _W_CLOSED
+        self._set_phase(_W_CLOSED)
         self._delayed.clear()
         self._work.clear()
         self._deadline_list = []
@@ -535,21 +364,11 @@ class Worker(Endpoint):
             self._release(now)
         phase = self.phase
         if phase is _W_COMPUTING:
-            # the common wake-up: the next chunk is due (inlined _request_due: every chunk
-            # due by ``now`` becomes one work item)
-            k = self._count
-            dl = self._deadline_list
-            if self._requested == k and k < len(dl) and now >= dl[k]:
-                due = k + 1
-                n = len(dl)
-                while due < n and dl[due] <= now:
-                    due += 1
-                self._requested = due
-                self._work.append(_tuple_new(ComputeChunks, (
-                    self._round, k, tuple(self._order[k:due]), self._model)))
+            if self._requested == self._count:  # else the due chunks are with the driver
+                self._request_due(now)
         elif phase is _W_CLOSED:
             return
-        elif phase in _HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
+        elif phase in HANDSHAKING and now >= self._connected_at + self.handshake_timeout_s:
             # e.g. a connection the PS's kernel completed but its accept queue dropped: the
             # PS will never speak on it, and without a config there is no liveness timer yet
             self._fail("handshake_timeout", "no challenge/welcome from the PS in time", now,
@@ -583,7 +402,7 @@ class Worker(Endpoint):
 
     def _on_shutdown(self, msg: Shutdown, now: float) -> None:
         self._events.append(ShutdownRequested(msg.reason, now))
-        self.phase = _W_CLOSED
+        self._set_phase(_W_CLOSED)
         self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
 
     def _on_error(self, msg: Error, now: float) -> None:
@@ -620,15 +439,10 @@ class Worker(Endpoint):
             self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
                                         self.worker_id)
         digest = msg.config.get("scheme_digest")
-        config = _WIRE_CONFIGS.get(chash)
-        if config is None:
-            try:
-                config = RunConfig.from_wire(msg.config)
-            except ConfigError as exc:
-                raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
-            if len(_WIRE_CONFIGS) >= 16:
-                _WIRE_CONFIGS.clear()
-            _WIRE_CONFIGS[chash] = config
+        try:
+            config = self.cache.config(chash, msg.config)
+        except ConfigError as exc:
+            raise RemoteProtocolError(f"unusable config: {exc}", code="bad_config") from exc
         if self.worker_id >= config.workers:
             raise RemoteProtocolError("worker id out of range for this run", code="bad_welcome")
         self._pending_digest = digest
@@ -662,7 +476,7 @@ class Worker(Endpoint):
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
             self._fixed_digest = state_digest(st)
         self._encode_fast = getattr(setup.scheme, "encode_trusted", None)
-        facts = setup.facts
+        facts = self._facts = self.cache.facts(setup)
         if facts.loads is None or facts.orders is None:
             facts.loads = [int(x) for x in setup.scheme.loads]
             facts.orders = [[int(x) for x in o] for o in setup.scheme.orders]
@@ -673,265 +487,25 @@ class Worker(Endpoint):
         self._events.append(Welcomed(self.worker_id, self._epoch, now))
         self._emit(Ready.trusted(self._epoch), now, delay=False)
 
-    def _check_epoch(self, epoch: int, kind: str) -> bool:
-        if epoch != self._epoch:
-            self.stats[f"stale_epoch_{kind}"] += 1
-            return False
-        return True
-
-    def _on_round_start(self, msg: RoundStart, now: float) -> None:
-        if msg.epoch != self._epoch:
-            self._check_epoch(msg.epoch, msg.kind)  # counts it
-            return
-        assert self.setup is not None
-        if msg.round <= self._round:
-            raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
-                                      code="bad_round")
-        if self._round >= 0 and self.phase is not _W_IDLE and self.progress_events:
-            # round_end is folded into the next round_start: the previous round is over
-            self._events.append(RoundEnded(self._round, "", now))
-        load = self._loads[self.worker_id]
-        dim = int(msg.model.shape[0])
-        if msg.delays_s and len(msg.delays_s) < load:
-            raise RemoteProtocolError("delays_s shorter than the load", code="bad_field")
-        self._round = msg.round
-        model = msg.model
-        self._model = model if model.dtype is _F8 else np.asarray(model, dtype=np.float64)
-        if self._grads is None or self._grads.shape != (load, dim):
-            self._grads = np.empty((load, dim), dtype=np.float64)
-        self._count = 0
-        self._requested = 0
-        self._reported = 0
-        self._compute_s = 0.0
-        self._attempt_sent = None
-        self._work.clear()
-        self._t0 = now
-        self._net_delay = msg.net_delay_s
-        # absolute deadlines now + (d_0 + ... + d_k), summed left to right (as np.cumsum does)
-        delays = msg.delays_s
-        dl = ([now + acc for acc in accumulate(delays[:load])] if delays
-              else [now] * load)
-        self._deadline_list = dl
-        # round_start is accepted only in IDLE, COMPUTING and WAITING (_ACCEPTS), and each
-        # may move to COMPUTING (_TRANSITIONS): no check needed on this per-round path
-        self.phase = _W_COMPUTING
-        if load == 0:
-            self._after_all_computed(now)
-        elif dl[0] <= now:
-            self._request_due(now)
-
-    def _request_due(self, now: float) -> None:
-        """Hand every chunk due by ``now`` to the driver as one work item."""
-        assert self.setup is not None and self._model is not None
-        dl = self._deadline_list
-        k = self._count
-        due = k
-        while due < len(dl) and dl[due] <= now:
-            due += 1
-        if due == k:
-            return
-        chunks = tuple(self._order[k:due])
-        self._requested = due
-        self._work.append(new_compute_chunks(self._round, k, chunks, self._model))
-
-    def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
-        store = self._grads
-        phase = self.phase
-        if rnd != self._round or first != self._count or store is None or (
-                phase is not _W_COMPUTING and phase is not _W_WAITING):
-            self.stats["stale_work"] += 1
-            return
-        n = len(grads)
-        count = first + n
-        if count > self._requested:
-            raise LocalProtocolError(f"chunks_done for {n} chunks, {self._requested - first} "
-                                     "were requested")
-        dl = self._deadline_list
-        prev = dl[first - 1] if first > 0 else self._t0
-        if self.progress_events:
-            self._chunk_events(first, n, prev, now)
-        # compute_s: the scheduled (injected) duration of the chunks done so far, summed chunk
-        # by chunk (the same floats as the ChunkComputed durations add up to)
-        compute_s = self._compute_s
-        for k in range(first, count):
-            store[k] = grads[k - first]  # row by row: a slice assignment converts the list
-            t = dl[k]
-            compute_s += t - prev
-            prev = t
-        self._compute_s = compute_s
-        self._count = count
-        if phase is not _W_COMPUTING:
-            return  # told to encode meanwhile: these gradients only matter after a resume
-        load = len(dl)
-        if count == load or count // self._report_every > self._reported // self._report_every:
-            self._reported = count
-            # send-when-done schemes need no reports: the coded vector itself says "finished"
-            # (and carries compute_s, the finish time on the worker's schedule)
-            if not self._swd:
-                t0 = self._t0
-                msg = _new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
-                                  now - t0 if now > t0 else 0.0)
-                if self._delayed or self._net_delay > 0:
-                    self._emit(msg, now)
-                else:  # _emit's undelayed case, inlined: one report per wake-up
-                    self._last_sent = now
-                    self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
-        if count == load:
-            self._after_all_computed(now)
-
-    def _chunk_events(self, first: int, n: int, prev: float, now: float) -> None:
-        order, dl, rnd, append = self._order, self._deadline_list, self._round, self._events.append
-        for k in range(first, first + n):
-            t = dl[k]
-            append(new_chunk_computed(rnd, k, order[k], now, t - prev))
-            prev = t
-
-    def _after_all_computed(self, now: float) -> None:
-        assert self.setup is not None
-        scheme = self.setup.scheme
-        # only reached in COMPUTING (the last chunk stored, or a round of load 0 just
-        # started), which may move to WAITING: no transition check per worker-round
-        self.phase = _W_WAITING
-        if scheme.sends_when_done:
-            state = [0] * scheme.m
-            state[self.worker_id] = self._count
-            self._send_coded(state, attempt=0, now=now)
-
-    def _send_coded(self, state: list[int] | tuple[int, ...], *, attempt: int, now: float,
-                    digest: bytes | None = None) -> None:
-        assert self.setup is not None and self._grads is not None
-        scheme = self.setup.scheme
-        c = state[self.worker_id]
-        fast = self._encode_fast
-        if self._fixed_theta is not None:
-            # send-when-done: the coefficients do not depend on the state (computed once)
-            if c != self._loads[self.worker_id] or c == 0:
-                return
-            X = self._grads[:c]
-            if self._fixed_coef is not None and X.dtype == np.float64:
-                vec = self._fixed_coef.dot(X)  # encode_rows' product for ell = 1, no checks
-            else:
-                vec = encode_rows(self._fixed_theta, X, scheme.n_parts)
-            if digest is None:
-                digest = self._fixed_digest
-        elif fast is not None:
-            if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
-                return
-            vec = fast(self.worker_id, state, self._grads[:c])
-        else:
-            arr = np.asarray(state, dtype=np.int64)
-            if not scheme.contributes(self.worker_id, arr):
-                return
-            vec = scheme.encode(self.worker_id, arr, self._grads[:c])
-        dt = self._payload_dtype
-        # the encoders' products are fresh, contiguous float64 vectors: converting them only
-        # when the payload dtype differs saves a numpy call per vector
-        payload = vec if vec.dtype is dt and vec.flags.c_contiguous else (
-            np.ascontiguousarray(vec, dtype=dt))
-        self._attempt_sent = attempt
-        msg = _new_coded(self._epoch, self._round, attempt,
-                         digest if digest is not None else state_digest(state),
-                         self._compute_s, payload)
-        if self._delayed or self._net_delay > 0:
-            self._emit(msg, now)
-        else:  # _emit's undelayed case, inlined (once per worker-round)
-            self._last_sent = now
-            self._outbox.append(_tuple_new(Outgoing, (PS_PEER, msg, False, "")))
-        if self.progress_events:
-            self._events.append(new_coded_sent(self._round, attempt, c, now))
-
-    def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
-        if msg.epoch != self._epoch:
-            self._check_epoch(msg.epoch, msg.kind)  # counts it
-            return
-        if msg.round != self._round or self.phase is _W_IDLE:
-            self.stats["stale_encode"] += 1
-            return
-        assert self.setup is not None
-        scheme = self.setup.scheme
-        if scheme.sends_when_done:
-            raise RemoteProtocolError("encode_and_transmit for a send-when-done scheme",
-                                      code="bad_kind")
-        state = msg.state
-        if len(state) != scheme.m:
-            raise RemoteProtocolError(f"state of length {len(state)} != m={scheme.m}",
-                                      code="bad_state")
-        if state[self.worker_id] > self._reported:
-            raise RemoteProtocolError(
-                f"state asks for {state[self.worker_id]} chunks, {self._reported} reported",
-                code="bad_state",
-            )
-        facts = self.setup.facts
-        checked = facts.checked_state
-        if checked is not None and (checked[0] is state or checked[0] == state):
-            digest = checked[1]  # the same state passed the bound check below (same loads)
-        else:
-            loads = self._loads
-            if any(map(operator.gt, state, loads)):
-                j = next(i for i, (c, n) in enumerate(zip(state, loads, strict=True)) if c > n)
-                raise RemoteProtocolError(f"state[{j}]={state[j]} exceeds load {loads[j]}",
-                                          code="bad_state")
-            digest = state_digest(state)
-            facts.checked_state = (tuple(state), digest)
-        if self._attempt_sent is not None and msg.attempt <= self._attempt_sent:
-            self.stats["stale_encode"] += 1
-            return
-        # COMPUTING or WAITING here (IDLE returned above, _ACCEPTS admits no other), and both
-        # may move to WAITING (_TRANSITIONS): no check needed per vector
-        self.phase = _W_WAITING
-        self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
-
-    def _on_resume(self, msg: Resume, now: float) -> None:
-        if not self._check_epoch(msg.epoch, msg.kind):
-            return
-        if msg.round != self._round or self.phase is not _W_WAITING:
-            self.stats["stale_resume"] += 1
-            return
-        self._attempt_sent = None
-        dl = self._deadline_list
-        if self._count < len(dl):
-            # restart the chunk that was in flight: its full duration counts again from now
-            starts = [self._t0, *dl[:-1]]
-            acc = 0.0
-            for k in range(self._count, len(dl)):
-                acc += dl[k] - starts[k]
-                dl[k] = now + acc
-            self._requested = self._count
-            self._work.clear()
-            self._set_phase(_W_COMPUTING)
-            if self._deadline_list[self._count] <= now:
-                self._request_due(now)
-
-    def _on_round_end(self, msg: RoundEnd, now: float) -> None:
-        if not self._check_epoch(msg.epoch, msg.kind):
-            return
-        if msg.round != self._round:
-            self.stats["stale_round_end"] += 1
-            return
-        self._deadline_list = []
-        self._work.clear()
-        self._set_phase(_W_IDLE)
-        if self.progress_events:
-            self._events.append(RoundEnded(msg.round, msg.status, now))
-
 
 #: exact message type -> (phases in which the worker accepts it, handler); built from
-#: ``_ACCEPTS`` so the two cannot disagree (frames from the network are built as their exact
-#: class, never a subclass)
-_HANDLERS: dict[type[Message], Callable[[Worker, Any, float], None]] = {
-    RoundStart: Worker._on_round_start,
-    EncodeAndTransmit: Worker._on_encode,
-    Ping: Worker._on_ping,
-    Pong: Worker._on_pong,
-    Challenge: Worker._on_challenge,
-    Welcome: Worker._on_welcome,
-    Resume: Worker._on_resume,
-    RoundEnd: Worker._on_round_end,
-    Shutdown: Worker._on_shutdown,
-    Error: Worker._on_error,
-}
-_DISPATCH: dict[type[Message], tuple[frozenset[WorkerPhase],
-                                     Callable[[Worker, Any, float], None]]] = {
-    cls: (_ACCEPTS[cls.kind], fn) for cls, fn in _HANDLERS.items()
-}
-assert set(_ACCEPTS) == {cls.kind for cls in _HANDLERS}
+#: ``worker_rules.ACCEPTS`` so the two cannot disagree (frames from the network are built as
+#: their exact class, never a subclass)
+_DISPATCH: Mapping[type[Message], tuple[frozenset[WorkerPhase],
+                                        Callable[[Worker, Any, float], None]]] = MappingProxyType({
+    cls: (ACCEPTS[cls.kind], fn) for cls, fn in (
+        (RoundStart, Worker._on_round_start),
+        (EncodeAndTransmit, Worker._on_encode),
+        (Ping, Worker._on_ping),
+        (Pong, Worker._on_pong),
+        (Challenge, Worker._on_challenge),
+        (Welcome, Worker._on_welcome),
+        (Resume, Worker._on_resume),
+        (RoundEnd, Worker._on_round_end),
+        (Shutdown, Worker._on_shutdown),
+        (Error, Worker._on_error),
+    )
+})
+assert set(ACCEPTS) == {cls.kind for cls in _DISPATCH}
+#: kind -> phases in which the worker accepts it from the PS (``worker_rules.ACCEPTS``)
+_ACCEPTS = ACCEPTS

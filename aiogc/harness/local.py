@@ -26,7 +26,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aiogc.config import RunConfig
-from aiogc.core import Event, Finished, ParameterServer, RoundCompleted, RoundRecord, Worker
+from aiogc.core import (
+    Event,
+    Finished,
+    ParameterServer,
+    RoundCompleted,
+    RoundRecord,
+    Worker,
+    WorkerCache,
+)
 from aiogc.harness.fidelity import (
     CpuSnapshot,
     LoopLagMonitor,
@@ -168,8 +176,10 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     _yield_cpu_to_ps()
     setups = SetupCache(TaskPolicy(task=task))
+    cache = WorkerCache()  # and what the workers validate, once per host
     whys = [ExitReason() for _ in worker_ids]
-    clients = [WorkerClient(Worker(j, worker_key=k), host, port, setups=setups, on_event=why,
+    clients = [WorkerClient(Worker(j, worker_key=k, cache=cache), host, port, setups=setups,
+                            on_event=why,
                             progress_events=False)
                for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
     died: list[bool] = []
@@ -364,10 +374,11 @@ async def _run_scheme(
 
                 # one scheme + task for all in-process workers, built once (off the loop)
                 setups = SetupCache(TaskPolicy(task=config.task))
+                cache = WorkerCache()
                 clients = [
                     tg.create_task(_guarded(WorkerClient(
                         Worker(j, worker_key=None if secret is None
-                               else derive_worker_key(secret, j)),
+                               else derive_worker_key(secret, j), cache=cache),
                         "127.0.0.1", server.port, setups=setups)))
                     for j in range(scheme.m)
                 ]

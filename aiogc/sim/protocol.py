@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from aiogc.coding.base import Scheme
-from aiogc.config import RunConfig
-from aiogc.core import ParameterServer, RoundRecord, Setup, Worker
+from aiogc.config import RunConfig, scheme_digest
+from aiogc.core import ParameterServer, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.engine import Simulation
@@ -72,6 +72,8 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
              bandwidth_Bps: float | None, gradients: str, dim: int) -> list[RoundRecord]:
     m = scheme.m
     workers: list[Worker] = []
+    # one Setup per worker (its own gradient function) of one scheme: its digest once
+    digest = scheme_digest(scheme)
     if gradients == "gaussian":
         gg = _GaussianGradients(cfg.seed, scheme.n_chunks, dim)
         model = np.zeros(dim)
@@ -86,7 +88,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
             def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
                 return np.asarray(gg.of_round(workers[j].round)[chunk])
 
-            return lambda c: Setup(c, scheme, chunk_gradient)
+            return lambda c: Setup(c, scheme, chunk_gradient, digest)
 
         verify_fn: Callable[[np.ndarray], np.ndarray] = verify
     else:
@@ -99,13 +101,15 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         verify_fn = chunk_grads_fn(task)
 
         def setup_for(j: int) -> Callable[[RunConfig], Setup]:
-            return lambda c: Setup(c, scheme, task.chunk_gradient)
+            return lambda c: Setup(c, scheme, task.chunk_gradient, digest)
 
         ps_box = []
     ps = ParameterServer(cfg, scheme=scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
                          verify_fn=verify_fn, schedule=schedule, nonce_fn=_nonces(1000))
     ps_box.append(ps)
-    workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j)) for j in range(m))
+    cache = WorkerCache()  # what the m workers of this simulation share
+    workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
+                   for j in range(m))
     sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
     sim.run()
     return list(ps.records)
