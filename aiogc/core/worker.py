@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core.common import (
     FATAL_CODES,
@@ -102,18 +103,16 @@ _W_COMPUTING = WorkerPhase.COMPUTING
 _W_CLOSED = WorkerPhase.CLOSED
 
 
-def _fixed_coefficients(scheme: Any, worker: int) -> np.ndarray | None:
+def _fixed_coefficients(scheme: Scheme, worker: int) -> np.ndarray | None:
     """A send-when-done scheme's (load, ell) encoding coefficients of ``worker`` (they do not
-    depend on the state), or None when the scheme does not expose them."""
+    depend on the state), or None when the scheme does not declare them
+    (:meth:`~aiogc.coding.base.Scheme.fixed_coefficients`)."""
     if not scheme.sends_when_done:
         return None
-    coef = getattr(scheme, "coefficients", None)
-    if coef is None:
+    fixed = scheme.fixed_coefficients(worker)
+    if fixed is None:
         return None
-    try:
-        theta = np.asarray(coef(worker), dtype=np.float64)
-    except TypeError:
-        return None
+    theta = np.asarray(fixed, dtype=np.float64)
     load = int(scheme.loads[worker])
     return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
@@ -475,7 +474,7 @@ class Worker(WorkerRounds):
             st = [0] * setup.scheme.m
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])
             self._fixed_digest = state_digest(st)
-        self._encode_fast = getattr(setup.scheme, "encode_trusted", None)
+        self._encode_fast = setup.scheme.trusted_encoder()
         facts = self._facts = self.cache.facts(setup)
         if facts.loads is None or facts.orders is None:
             facts.loads = [int(x) for x in setup.scheme.loads]

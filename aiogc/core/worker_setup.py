@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig, scheme_digest
 
 __all__ = ["ChunkGradientFn", "SchemeFacts", "Setup", "WorkerCache"]
@@ -54,7 +55,7 @@ class Setup:
     """
 
     config: RunConfig
-    scheme: Any
+    scheme: Scheme
     chunk_gradient: ChunkGradientFn
     digest: str = ""
     facts: SchemeFacts = field(default_factory=SchemeFacts, repr=False, compare=False)
