@@ -1,0 +1,139 @@
+"""Time dilation (``--time-scale K``): every delay and every protocol timeout times K, records
+in emulated seconds. On the virtual clock the dilated run is exactly K times longer and
+decides exactly the same things."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.core import AUTH_DEADLINE_S, Finished, WorkerDropped
+from aiogc.errors import ConfigError
+from aiogc.harness.fidelity import emulated
+from aiogc.harness.kit import materialise_for
+from aiogc.harness.local import run_live
+from aiogc.harness.options import RunOptions
+from aiogc.harness.records import load_run
+from aiogc.sim.engine import Simulation
+from aiogc.training.schedule import DelaySchedule
+from tests.helpers import build_rig
+
+K = 4.0
+TIMEOUTS = ("heartbeat_s", "dead_after_s", "collect_timeout_s", "round_timeout_s",
+            "join_timeout_s", "deadline_s")
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base: dict[str, object] = dict(workers=6, delta=3, rounds=4, delay="exp:0.05", seed=3,
+                                   task="linreg:samples=240,dim=12", heartbeat_s=None,
+                                   dead_after_s=None)
+    base.update(kw)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def test_dilated_multiplies_every_timeout_and_nothing_else() -> None:
+    cfg = _cfg(mode="approx", deadline_s=0.3, heartbeat_s=1.0, dead_after_s=5.0,
+               time_scale=K)
+    d = cfg.dilated()
+    for name in TIMEOUTS:
+        assert getattr(d, name) == pytest.approx(K * getattr(cfg, name)), name
+    changed = {f.name for f in dataclasses.fields(cfg)
+               if getattr(cfg, f.name) != getattr(d, f.name)}
+    assert changed == set(TIMEOUTS)
+    assert d.time_scale == K
+    plain = _cfg()
+    assert plain.dilated() is plain
+    assert _cfg(time_scale=K).dilated().heartbeat_s is None  # "off" stays off
+
+
+def test_time_scale_is_validated() -> None:
+    for bad in (0.5, 0.0, 1001.0, float("nan")):
+        with pytest.raises(ConfigError, match="time_scale"):
+            _cfg(time_scale=bad)
+
+
+def test_welcome_carries_k_only_when_dilated() -> None:
+    plain, slow = _cfg(), _cfg(time_scale=K)
+    assert "time_scale" not in plain.to_wire()  # real-time welcome bytes as before
+    assert slow.to_wire()["time_scale"] == K
+    assert RunConfig.from_wire(plain.to_wire()) == plain
+    assert RunConfig.from_wire(slow.to_wire()) == slow
+
+
+def test_virtual_run_at_scale_k_is_k_times_longer_and_decides_the_same() -> None:
+    real = build_rig(_cfg())
+    real.sim.run()
+    slow = build_rig(_cfg(time_scale=K))
+    slow.sim.run()
+    a, b = real.ps.records, slow.ps.records
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b, strict=True):
+        assert y.duration_s == pytest.approx(K * x.duration_s, rel=1e-9)
+        assert y.t_start == pytest.approx(K * x.t_start, rel=1e-9, abs=1e-12)
+        assert (y.state, y.status, y.loss) == (x.state, x.status, x.loss)
+        e = emulated(y, K)  # what the records hold
+        assert e.duration_s == pytest.approx(x.duration_s, rel=1e-9)
+        assert [r[3] for r in e.reports] == pytest.approx([r[3] for r in x.reports])
+    # the PS runs the dilated timeouts and gives handshakes K times as long
+    assert slow.ps.config.round_timeout_s == K * real.ps.config.round_timeout_s
+    assert slow.ps.auth_deadline_s == pytest.approx(K * AUTH_DEADLINE_S)
+
+
+def test_join_deadline_is_dilated() -> None:
+    rig = build_rig(_cfg(join_timeout_s=2.5, time_scale=K))
+    sim = Simulation(rig.ps, [], reconnect=False)
+    sim.run()
+    fin = [e for e in sim.ps_events if isinstance(e, Finished)]
+    assert len(fin) == 1 and fin[0].time == pytest.approx(2.5 * K)
+
+
+def test_approx_deadline_and_dead_after_are_dilated() -> None:
+    """Approximate mode: each round ends at the dilated deadline; a killed worker is declared
+    dead after the dilated dead-after bound (both on the virtual clock, exactly)."""
+    cfg = _cfg(mode="approx", deadline_s=0.02, delay="const:0.5", rounds=2)
+    real = build_rig(cfg)
+    real.sim.run()
+    slow = build_rig(cfg.replace(time_scale=K))
+    slow.sim.run()
+    for x, y in zip(real.ps.records, slow.ps.records, strict=True):
+        assert x.duration_s == pytest.approx(0.02)
+        assert y.duration_s == pytest.approx(K * 0.02)
+        assert x.status == y.status
+    hb = _cfg(heartbeat_s=0.2, dead_after_s=1.0, delay="const:0.1", rounds=10, time_scale=K)
+    rig = build_rig(hb)
+    rig.sim.kill(2, at=0.05, silent=True)  # SIGSTOP-like: only the heartbeat can tell
+    rig.sim.run()
+    drops = [e for e in rig.sim.ps_events if isinstance(e, WorkerDropped) and e.worker == 2]
+    assert drops and drops[0].reason == "heartbeat_timeout"
+    # silent since at most 0.05 s; declared dead after dead_after_s * K, checked every
+    # heartbeat_s * K (at real time it would be about 1 s)
+    assert 1.0 * K - 0.05 <= drops[0].time <= 0.05 + (1.0 + 0.2) * K + 1e-9
+    # the workers run the dilated heartbeat too: it came to them in welcome
+    setup = rig.workers[0].setup
+    assert setup is not None and setup.config.heartbeat_s == pytest.approx(0.2 * K)
+
+
+def test_live_run_at_scale_k_records_emulated_seconds(tmp_path: Path) -> None:
+    """A loopback run at K=3: the manifest and the fidelity section say K, delays.csv holds
+    the emulated (undilated) schedule, and the recorded round times are emulated: each is at
+    least its simulated time (nothing is faster than its schedule), never ~3x it. No wall
+    time is asserted."""
+    cfg = _cfg(workers=4, delta=2, rounds=3, delay="const:0.02", time_scale=3.0)
+    schedule = materialise_for(cfg, ["partial"])
+    res = run_live(cfg, ["partial"], RunOptions(out_dir=tmp_path, plots=False,
+                                                 loop="asyncio"), schedule=schedule)
+    fid = res.summary["fidelity"]
+    assert fid["time_scale"] == 3.0
+    assert json.loads((tmp_path / "manifest.json").read_text())["config"]["time_scale"] == 3.0
+    assert DelaySchedule.from_csv(tmp_path / "delays.csv") == schedule
+    sim = fid["schemes"]["partial"]["sim_mean_s"]
+    assert sim == pytest.approx(0.02, rel=1e-9)  # const delays: each worker's first chunk
+    live = fid["schemes"]["partial"]["live_mean_s"]
+    assert sim <= live < 2.0 * sim  # emulated seconds (wall / 3), not wall
+    rows = load_run(tmp_path)["rounds"]
+    assert [r["duration_s"] for r in rows] == pytest.approx(
+        [r.duration_s for r in res.records["partial"]])
