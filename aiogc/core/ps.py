@@ -43,7 +43,7 @@ from aiogc.core.common import (
 )
 from aiogc.core.ps_rounds import RoundMachine, RoundSetup, _Peer
 from aiogc.core.ps_rules import _ACCEPTS, RULES, TRANSITIONS, PSPhase
-from aiogc.core.ps_work import AnalyseRound, DecodeRound, Decoded, RoundWorker
+from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound, RoundWorker
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
     SessionKeys,
@@ -65,8 +65,17 @@ from aiogc.protocol.messages import (
     Welcome,
 )
 
-__all__ = ["MAX_PENDING_CONNECTIONS", "RULES", "TRANSITIONS", "AnalyseRound", "DecodeRound",
-           "Decoded", "PSPhase", "ParameterServer", "_ACCEPTS"]
+__all__ = [
+    "MAX_PENDING_CONNECTIONS",
+    "RULES",
+    "TRANSITIONS",
+    "_ACCEPTS",
+    "AnalyseRound",
+    "DecodeRound",
+    "Decoded",
+    "PSPhase",
+    "ParameterServer",
+]
 
 #: Floor of the cap on unauthenticated connections held at once (:attr:`ParameterServer.
 #: pending_cap` is ``max(MAX_PENDING_CONNECTIONS, 2 * m)``): a connection flood must not starve
@@ -324,9 +333,9 @@ class ParameterServer(RoundMachine):
 
         Drains the outbox; then, when :meth:`next_work` has an item, returns
         ``(outgoing, None, None)`` (the driver flushes, runs the item, answers with
-        :meth:`work_done` and polls again); otherwise also drains the events and returns :meth:`next_deadline`. Same order
-        and results as ``messages_to_send``, ``has_pending``, ``drain_events``,
-        ``next_deadline`` called in turn.
+        :meth:`work_done` and polls again); otherwise also drains the events and returns
+        :meth:`next_deadline`. Same order and results as ``messages_to_send``,
+        ``has_pending``, ``drain_events``, ``next_deadline`` called in turn.
         """
         # an empty queue comes back as the shared empty tuple: no list per poll
         out: Sequence[Outgoing] = self._outbox

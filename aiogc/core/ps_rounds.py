@@ -31,7 +31,7 @@ from aiogc.core.common import (
     fast_new,
 )
 from aiogc.core.ps_rules import RULES, TRANSITIONS, PSPhase
-from aiogc.core.ps_work import AnalyseRound, DecodeRound, Decoded
+from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import SessionKeys
 from aiogc.protocol.messages import (
@@ -206,18 +206,19 @@ class RoundMachine(Endpoint):
             return len(ready) == self.m
         return self._ready_can_decode(ready)
 
-    def _start_round(self, now: float, *, force: bool = False) -> None:
+    def _start_round(self, now: float, *, force: bool = False) -> PSPhase:
+        """Start the next round, or wait for workers, or finish; returns the phase entered."""
         r = self._round_no + 1
         if r >= self.config.rounds:
             self._round_no = r
             self._finish("all rounds done", now)
-            return
+            return PSPhase.FINISHED
         ready = self._ready_workers()
         if not force and not self._can_start(r, ready):
             # only reached when a round just ended: wait (join_timeout_s) for enough workers
             self._set_phase(PSPhase.JOINING)
             self._join_deadline = now + self.config.join_timeout_s
-            return
+            return PSPhase.JOINING
         self._set_phase(PSPhase.COMPUTING)
         self._round_no = r
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
@@ -233,6 +234,7 @@ class RoundMachine(Endpoint):
         if len(ready) < self.m:
             rs.excluded.update(w for w in range(self.m) if w not in ready)
         self._emit_after_analyses(RoundStarted(r, now))
+        return PSPhase.COMPUTING
 
     def _send_round_start(self, r: int, ready: dict[int, Hashable]) -> None:
         # a copy: the transport may still read it after we update self.model
@@ -609,13 +611,12 @@ class RoundMachine(Endpoint):
         hint = self._oracle_hints.pop(rec.round, None)
         self._analyses.append(AnalyseRound(rec, answer.gradient, item.model, answer.model,
                                            live, hint))
-        if self.phase is PSPhase.DECODING:  # (not when stop() came while the decode was out)
-            self._start_round(now)
-            if self.phase is PSPhase.JOINING:
-                # no round started at once: tell the workers this one is over (when a round
-                # does start, its round_start says so)
-                self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round,
-                                         status=str(rec.status)), ready_only=True)
+        # (no next round when stop() came while the decode was out)
+        if self.phase is PSPhase.DECODING and self._start_round(now) is PSPhase.JOINING:
+            # no round started at once: tell the workers this one is over (when a round
+            # does start, its round_start says so)
+            self._broadcast(RoundEnd(epoch=self.epoch, round=rec.round,
+                                     status=str(rec.status)), ready_only=True)
 
     def _finish(self, reason: str, now: float) -> None:
         self._set_phase(PSPhase.FINISHED)

@@ -21,7 +21,7 @@ import numpy as np
 from aiogc.coding.consistency import RoundGuard
 from aiogc.config import RunConfig
 from aiogc.core.common import RoundRecord
-from aiogc.core.ps_work import AnalyseRound, DecodeRound, Decoded
+from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
 
