@@ -496,7 +496,7 @@ class ParameterServer(RoundMachine):
 
     def _on_ping(self, worker: int, peer: Hashable, msg: Ping, now: float) -> None:
         if self._ping_allowed(worker, now):
-            self._send(peer, Pong.trusted(msg.seq))
+            self._send(peer, Pong(seq=msg.seq))
         else:
             self.stats["ping_dropped"] += 1
 

@@ -471,7 +471,8 @@ class RoundMachine(Endpoint):
             rs.expected = set()
             rs.received = {}
             rs.collect_deadline = None
-            self._broadcast(Resume.trusted(self.epoch, rs.round, rs.attempt), ready_only=True)
+            self._broadcast(Resume(epoch=self.epoch, round=rs.round, attempt=rs.attempt),
+                            ready_only=True)
             self._events.append(RoundResumed(rs.round, rs.attempt, now))
             # rs.broadcast is None again, so the next trigger keeps this attempt number
             # (the resume itself consumed one)
