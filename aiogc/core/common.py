@@ -58,6 +58,12 @@ class Endpoint:
         return dict(self.stats)
 
 
+#: The cores' shared constants of the hot path: "no deadline" in comparisons, and the empty
+#: result of a poll (one shared tuple rather than a new list per poll).
+INF = float("inf")
+EMPTY: tuple[()] = ()
+
+
 def fast_new(cls: type, names: tuple[str, ...] | None = None) -> Any:
     """THE unvalidated positional constructor of the cores (the one hot-path idiom they share).
 

@@ -35,6 +35,8 @@ import numpy as np
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core.common import (
     AUTH_DEADLINE_S,
+    EMPTY,
+    INF,
     DuplicateWorker,
     Event,
     Outgoing,
@@ -88,8 +90,6 @@ MAX_PENDING_CONNECTIONS = 64
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
 PING_MIN_RATE = 10.0
-_INF = float("inf")
-_NONE: tuple[()] = ()
 
 
 class ParameterServer(RoundMachine):
@@ -309,7 +309,7 @@ class ParameterServer(RoundMachine):
         """The earliest time at which ``handle_timer`` has something to do, or None."""
         # called after every pump: plain comparisons, no list and no min() over one; the
         # round's deadlines were computed when it started
-        best = min(self._pending.values()) if self._pending else _INF
+        best = min(self._pending.values()) if self._pending else INF
         sweep = self._sweep_at
         if sweep is not None and sweep < best and self.config.dead_after_s is not None:
             best = sweep
@@ -326,7 +326,7 @@ class ParameterServer(RoundMachine):
         elif (self.phase is PSPhase.JOINING and self._join_deadline is not None
               and self._join_deadline < best):
             best = self._join_deadline
-        return None if best == _INF else best
+        return None if best == INF else best
 
     def poll(self) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
         """One driver call per pump instead of four: ``(outgoing, events, deadline)``.
@@ -342,14 +342,14 @@ class ParameterServer(RoundMachine):
         if out:
             self._outbox = []
         else:
-            out = _NONE
+            out = EMPTY
         if self._decode_item is not None or self._analyses:
             return out, None, None
         events: Sequence[Event] = self._events
         if events:
             self._events = []
         else:
-            events = _NONE
+            events = EMPTY
         return out, events, self.next_deadline()
 
     # ================================================================== public helpers

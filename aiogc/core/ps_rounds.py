@@ -18,6 +18,7 @@ import numpy as np
 from aiogc.coding.base import ProgressTracker
 from aiogc.config import RunConfig
 from aiogc.core.common import (
+    INF,
     Endpoint,
     Event,
     Finished,
@@ -47,7 +48,6 @@ from aiogc.protocol.messages import (
 )
 from aiogc.protocol.status import EndReason, RoundStatus
 
-_INF = float("inf")
 # unvalidated constructors of what the PS builds itself, several per worker-round
 _new_out = fast_new(Outgoing)
 _new_round_start = fast_new(RoundStart)
@@ -68,7 +68,7 @@ class _RoundState:
 
     record: RoundRecord
     state: list[int]  # (m,) latest accepted counts
-    #: ``record.round`` and ``record.reports``, one attribute load closer (read per report)
+    #: ``record.round`` and ``record.reports`` (fixed for the round; read on every report)
     round: int = -1
     reports: list[tuple[float, int, int, float]] = field(default_factory=list)
     cover: ProgressTracker | None = None  # trigger schemes only: the scheme's rule
@@ -228,7 +228,7 @@ class RoundMachine(Endpoint):
             record=rec, state=[0] * self.m, round=r, reports=rec.reports, cover=cover,
             timeout_at=now + cfg.round_timeout_s,
             approx_at=(now + cfg.deadline_s if cfg.mode == "approx" and cfg.deadline_s is not None
-                       else _INF))
+                       else INF))
         self._send_round_start(r, ready)
         # workers not connected and ready now cannot take part in this round
         if len(ready) < self.m:
