@@ -58,10 +58,8 @@ class Endpoint:
         return dict(self.stats)
 
 
-#: The cores' shared constants of the hot path: "no deadline" in comparisons, and the empty
-#: result of a poll (one shared tuple rather than a new list per poll).
+#: "No deadline" in the cores' deadline comparisons.
 INF = float("inf")
-EMPTY: tuple[()] = ()
 
 
 def fast_new(cls: type, names: tuple[str, ...] | None = None) -> Any:

@@ -35,7 +35,6 @@ import numpy as np
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core.common import (
     AUTH_DEADLINE_S,
-    EMPTY,
     INF,
     DuplicateWorker,
     Event,
@@ -337,19 +336,10 @@ class ParameterServer(RoundMachine):
         :meth:`next_deadline`. Same order and results as ``messages_to_send``,
         ``has_pending``, ``drain_events``, ``next_deadline`` called in turn.
         """
-        # an empty queue comes back as the shared empty tuple: no list per poll
-        out: Sequence[Outgoing] = self._outbox
-        if out:
-            self._outbox = []
-        else:
-            out = EMPTY
+        out, self._outbox = self._outbox, []
         if self._decode_item is not None or self._analyses:
             return out, None, None
-        events: Sequence[Event] = self._events
-        if events:
-            self._events = []
-        else:
-            events = EMPTY
+        events, self._events = self._events, []
         return out, events, self.next_deadline()
 
     # ================================================================== public helpers

@@ -48,7 +48,12 @@ from aiogc.protocol.messages import (
 )
 from aiogc.protocol.status import EndReason, RoundStatus
 
-# unvalidated constructors of what the PS builds itself, several per worker-round
+# Unvalidated constructors of what the PS builds itself, m per round each. Measured with
+# bench/run.py --only core_us_per_worker_round (m=64; medians of 7 interleaved runs on the
+# shared 2-core machine): 24.2 us with fast_new, 25.7 us with Outgoing(...) and
+# Message.trusted instead. The other idioms the PS once had showed nothing and are gone:
+# phase members copied into module globals 23.8 us (vs 24.2, within the runs' spread), a
+# shared empty tuple for an empty poll 23.9 us vs 24.0 us without it.
 _new_out = fast_new(Outgoing)
 _new_round_start = fast_new(RoundStart)
 _new_encode = fast_new(EncodeAndTransmit)
