@@ -32,7 +32,7 @@ from aiogc.sim.engine import Simulation
 METHODS = ("poll", "finish_chunks", "receive_and_poll", "handle_timer_and_poll",
            "receive", "handle_timer", "connection_made",
            "connection_lost", "messages_to_send", "next_event", "next_deadline", "chunks_done",
-           "next_work", "run_pending", "has_pending", "drain_events", "drain_work",
+           "next_work", "work_done", "has_pending", "drain_events", "drain_work",
            "setup_ready", "start")
 
 
@@ -40,7 +40,7 @@ def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
     cfg = RunConfig(scheme=scheme, workers=m, delta=4, rounds=rounds, delay="exp:0.01", seed=1,
                     heartbeat_s=None, dead_after_s=None)
     ps, task = make_ps(cfg, schedule=materialise_for(cfg, [scheme]), verify=False)
-    ps.loss_fn = None
+    ps.aggregator.loss_fn = None
     sch = ps.scheme
     G = np.stack([task.chunk_gradient(i, task.initial_model()) for i in range(sch.n_chunks)])
     setup = Setup(cfg, sch, lambda chunk, w: G[chunk])
@@ -72,10 +72,13 @@ def record(scheme: str, m: int, rounds: int) -> tuple[list[tuple[int, str, Any, 
                     return _f(*a, **kw)
                 depth[0] += 1
                 try:
-                    if _n == "run_pending":  # replay with the virtual time the driver passed
-                        t = a[0]()
-                        log.append((_k, _n, (lambda t=t: t,), kw))
-                        return _f(lambda: t)
+                    if _k == 0 and _n == "next_work":
+                        return _f(*a, **kw)  # replayed inside the "work_done" entry
+                    if _k == 0 and _n == "work_done":
+                        # replay the driver's step on the fresh PS: take its own item, run
+                        # its own aggregator, answer at the virtual time this driver did
+                        log.append((_k, "_work", (), {"now": kw["now"]}))
+                        return _f(*a, **kw)
                     log.append((_k, _n, a, kw))
                     return _f(*a, **kw)
                 finally:
@@ -86,6 +89,19 @@ def record(scheme: str, m: int, rounds: int) -> tuple[list[tuple[int, str, Any, 
     sim.run()
     assert len(ps.records) == rounds
     return log, sim.frames
+
+
+def _bound(obj: Any, name: str) -> Any:
+    """The replayed call: a core method, or ``_work`` (the PS driver's step on a work item:
+    next_work, the aggregator, work_done)."""
+    if name != "_work":
+        return getattr(obj, name)
+
+    def work(*, now: float) -> None:
+        item = obj.next_work()
+        obj.work_done(item, obj.aggregator.run(item), now=now)
+
+    return work
 
 
 def main() -> None:
@@ -101,7 +117,7 @@ def main() -> None:
         for _ in range(5):
             _, ps, ws = build(scheme, m, rounds)
             objs = [ps, *ws]
-            calls = [(getattr(objs[k], n), args, kw) for k, n, args, kw in log]
+            calls = [(_bound(objs[k], n), args, kw) for k, n, args, kw in log]
             t0 = time.process_time()
             for f, args, kw in calls:
                 f(*args, **kw)
@@ -119,7 +135,7 @@ def main() -> None:
                 key = ("ps." if k == 0 else "w.") + n + (
                     ":" + args[1].kind if n in ("receive", "receive_and_poll") else "")
                 t = time.perf_counter()
-                getattr(objs[k], n)(*args, **kw)
+                _bound(objs[k], n)(*args, **kw)
                 tot[key] += time.perf_counter() - t
             for key in sorted(tot, key=tot.__getitem__, reverse=True)[:15]:
                 print(f"   {key:36s} {tot[key] / (m * rounds) * 1e6:7.1f} us/worker-round")

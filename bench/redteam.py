@@ -147,7 +147,7 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
     ps = run["ps"]
     scheme = ps.scheme
     w = task.initial_model().astype(np.float64)
-    lr = ps.learning_rate
+    lr = ps.aggregator.learning_rate
     applied = wrong = 0
     worst = 0.0
     for rec in run["records"]:

@@ -660,7 +660,7 @@ def _replay_us(m: int, rounds: int, trials: int) -> dict[str, Any]:
             for _ in range(max(1, trials)):
                 _, ps, ws = core_replay.build(scheme, m, rounds)
                 objs = [ps, *ws]
-                calls = [(getattr(objs[k], n), a, kw) for k, n, a, kw in log]
+                calls = [(core_replay._bound(objs[k], n), a, kw) for k, n, a, kw in log]
                 t0 = time.process_time()
                 for f, a, kw in calls:
                     f(*a, **kw)

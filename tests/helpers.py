@@ -16,6 +16,7 @@ from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
+from aiogc.training.aggregator import Aggregator
 from aiogc.training.schedule import DelaySchedule
 
 
@@ -28,6 +29,7 @@ class Rig:
     ps: ParameterServer
     workers: list[Worker]
     sim: Simulation
+    aggregator: Aggregator
 
 
 def build_rig(
@@ -59,7 +61,8 @@ def build_rig(
         for j in range(scheme.m)
     ]
     sim = Simulation(ps, workers, latency=latency)
-    return Rig(config, scheme, task, schedule, ps, workers, sim)
+    assert isinstance(ps.aggregator, Aggregator)
+    return Rig(config, scheme, task, schedule, ps, workers, sim, ps.aggregator)
 
 
 def _counter_nonces(salt: int = 1000) -> Any:

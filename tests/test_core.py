@@ -103,7 +103,7 @@ def test_partial_decode_matches_coding_library() -> None:
         expect = rig.scheme.decode(coded, state, w.shape[0])
         assert rec.gradient is not None
         np.testing.assert_allclose(rec.gradient, expect, rtol=1e-12, atol=1e-14)
-        w = w - rig.ps.learning_rate * rec.gradient
+        w = w - rig.aggregator.learning_rate * rec.gradient
 
 
 @pytest.mark.parametrize(
@@ -395,9 +395,9 @@ def test_ill_conditioned_decoding_matrix_is_refused_or_warned() -> None:
         build_rig(cfg)
     with pytest.warns(UserWarning, match="ill-conditioned"):
         rig = build_rig(cfg.replace(on_ill_conditioned="warn"))
-    assert rig.ps.predicted_error > 1e-6
+    assert rig.aggregator.predicted_error > 1e-6
     ok = build_rig(cfg.replace(decoding="frame", max_predicted_error=1e-4))
-    assert ok.ps.predicted_error <= 1e-4
+    assert ok.aggregator.predicted_error <= 1e-4
 
 
 def test_replaced_connection_leaves_the_running_round() -> None:
@@ -555,9 +555,10 @@ def test_worker_survives_an_exception_in_its_own_code() -> None:
 
 
 def test_next_round_starts_after_the_decode_with_its_own_now() -> None:
-    """The PS decodes in run_pending and reads the clock again (now_fn) before it starts the
-    next round, so the decode is not billed to the next round; verify/loss/oracle run after
-    that round_start left (they are filled in before RoundCompleted is emitted)."""
+    """The PS hands its decode to the driver (next_work) and starts the next round at the
+    ``now`` of the answer (work_done), so the decode is not billed to the next round;
+    verify/loss/oracle run after that round_start left (they are filled in before
+    RoundCompleted is emitted)."""
     seen: list[tuple[str, int]] = []
 
     class SlowDecodeSim(Simulation):
@@ -570,7 +571,10 @@ def test_next_round_starts_after_the_decode_with_its_own_now() -> None:
             for out in [*(polled[0] if polled is not None else ()), *ps.messages_to_send()]:
                 self._route_down(out, now)
             while ps.has_pending():
-                ps.run_pending(lambda: now + 1e-3)  # the decode "took" 1 ms
+                item = ps.next_work()
+                assert item is not None
+                # the decode "took" 1 ms: its answer comes back 1 ms later
+                ps.work_done(item, self.aggregator.run(item), now=now + 1e-3)
                 for out in ps.messages_to_send():
                     seen.append((out.message.kind if out.message else "close",
                                  len(ps.records)))
@@ -877,13 +881,13 @@ def test_live_oracle_matches_the_post_hoc_one() -> None:
                 rig.sim = Simulation(ps, rig.workers, latency=latency)
             if kill:
                 rig.sim.kill(5, at=0.05)
-            orig = ps._oracle
+            orig = rig.aggregator._oracle
 
             def counted(rec: Any, _orig: Any = orig) -> Any:
                 seen["recomputed"] += 1
                 return _orig(rec)
 
-            ps._oracle = counted  # type: ignore[method-assign]
+            rig.aggregator._oracle = counted  # type: ignore[method-assign]
             rig.sim.run()
             assert not ps._oracle_hints
             for rec in ps.records:

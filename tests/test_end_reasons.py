@@ -37,7 +37,8 @@ class _RejectRound1(RoundGuard):
 
 def test_a_rejected_step_fails_the_round_as_rejected() -> None:
     rig = build_rig(CFG)
-    rig.ps.guard = _RejectRound1(rig.ps.model, predicted_error=rig.ps.predicted_error)
+    rig.aggregator.guard = _RejectRound1(rig.ps.model,
+                                         predicted_error=rig.aggregator.predicted_error)
     rig.sim.run()
     reasons = [(r.status, r.end_reason, r.end_detail) for r in rig.ps.records]
     assert reasons[1] == (RoundStatus.FAILED, EndReason.REJECTED,
@@ -50,17 +51,17 @@ def test_a_rejected_step_fails_the_round_as_rejected() -> None:
 
 def test_a_nonfinite_decode_fails_the_round_as_nonfinite(monkeypatch: pytest.MonkeyPatch) -> None:
     rig = build_rig(CFG.replace(rounds=2))
-    decode = rig.ps._decode
+    decode = rig.aggregator._decode
     calls: list[int] = []
 
-    def poisoned(state: np.ndarray) -> Any:
+    def poisoned(rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
         calls.append(1)
-        res = decode(state)
+        res = decode(rows, state, dim)
         if len(calls) == 1:
             return dataclasses.replace(res, gradient=np.full_like(res.gradient, np.inf))
         return res
 
-    monkeypatch.setattr(rig.ps, "_decode", poisoned)
+    monkeypatch.setattr(rig.aggregator, "_decode", poisoned)
     rig.sim.run()
     r0, r1 = rig.ps.records
     assert (r0.status, r0.end_reason, r0.end_detail) == (

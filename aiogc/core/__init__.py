@@ -29,16 +29,20 @@ from aiogc.core.common import (
     WorkerJoined,
 )
 from aiogc.core.ps import ParameterServer, PSPhase
+from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.core.worker import PS_PEER, Setup, Worker, WorkerCache, WorkerPhase
 
 __all__ = [
     "AUTH_DEADLINE_S",
     "FATAL_CODES",
     "PS_PEER",
+    "AnalyseRound",
     "ChunkComputed",
     "CodedSent",
     "ComputeChunks",
     "ConnectionFailed",
+    "DecodeRound",
+    "Decoded",
     "DuplicateWorker",
     "Event",
     "Finished",

@@ -26,6 +26,7 @@ from aiogc.core import (
     ShutdownRequested,
 )
 from aiogc.protocol.status import describe_end
+from aiogc.training.aggregator import Aggregator
 from aiogc.training.delays import DelaySchedule, materialise
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
@@ -144,9 +145,12 @@ class Progress:
 
 
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
+            keep_gradients: bool = False, guard: bool = True,
             **kwargs: Any) -> tuple[ParameterServer, Any]:
-    """A ParameterServer for ``config`` with its task (initial model, learning rate, loss and,
-    if ``verify``, the uncoded chunk gradients as oracle). ``kwargs`` go to the PS.
+    """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
+    runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
+    ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
+    the aggregator's). ``kwargs`` go to the PS.
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
@@ -159,16 +163,15 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         kwargs.setdefault("auth_deadline_s", AUTH_DEADLINE_S * k)
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
-    ps = ParameterServer(
-        config,
-        scheme=scheme,
-        model=task.initial_model(),
+    model = task.initial_model()
+    aggregator = Aggregator(
+        config, scheme, model=model,
         learning_rate=config.learning_rate or task.learning_rate,
         loss_fn=task.loss,
         verify_fn=chunk_grads_fn(task) if verify else None,
-        schedule=schedule,
-        **kwargs,
-    )
+        keep_gradients=keep_gradients, guard=guard)
+    ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
+                         schedule=schedule, **kwargs)
     return ps, task
 
 

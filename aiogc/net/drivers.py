@@ -5,7 +5,8 @@ A driver only (1) feeds ``receive`` / ``connection_made`` / ``connection_lost`` 
 right connection (a message sent to many peers is encoded once; everything for one peer leaves
 in one write; an outbox larger than :data:`OUTBOX_SLICE` frames leaves one slice per loop
 iteration, so that reads are served during a broadcast to a thousand workers), (3) runs the
-application work the cores queue (the PS's ``run_pending``: decode and analytics; the worker's
+application work the cores queue (the PS's ``next_work``: decode and analytics, run by its
+``aggregator`` and answered with ``work_done``; the worker's
 ``next_work``: chunk gradients; ``SetupNeeded``: scheme and task, built once per configuration
 in an executor thread), (4) switches a connection to tagged frames once the core derived its
 session keys, and (5) keeps one timer at ``next_deadline()`` (re-armed only when the deadline
@@ -227,7 +228,10 @@ class PSServer:
     ) -> None:
         if not is_loopback(host) and ps.secret is None:
             raise ConfigError("secret", None, f"a shared secret when binding non-loopback {host}")
+        if ps.aggregator is None:
+            raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
         self.ps = ps
+        self._aggregator = ps.aggregator
         self.host = host
         self.port = port
         self._frame_log = frame_log
@@ -436,7 +440,9 @@ class PSServer:
                     # keeps its deadline meanwhile
                     self._run_after_outq = True
                     return
-                ps.run_pending(_clock)
+                item = ps.next_work()
+                assert item is not None and self._aggregator is not None
+                ps.work_done(item, self._aggregator.run(item), now=_clock())
                 continue
             break
         if events:

@@ -34,6 +34,7 @@ from aiogc.core import (
     Worker,
 )
 from aiogc.core.worker import Polled
+from aiogc.errors import ConfigError
 from aiogc.protocol.messages import Message
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
@@ -82,7 +83,11 @@ class Simulation:
         setups: SetupCache | None = None,
         progress_events: bool = False,
     ) -> None:
+        if ps.aggregator is None:
+            raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
         self.ps = ps
+        #: runs the PS's work items (``ps.aggregator``)
+        self.aggregator = ps.aggregator
         self.workers = workers
         # the simulated workers run the PS's own configuration: its task is theirs to build
         self._setups = setups or SetupCache(TaskPolicy(task=ps.config.task))
@@ -208,7 +213,10 @@ class Simulation:
                 self._route_down(o, now)
                 closed = closed or o.close
             if events is None:
-                ps.run_pending(lambda: now)
+                # the PS's application work, answered at the same virtual instant
+                item = ps.next_work()
+                assert item is not None
+                ps.work_done(item, self.aggregator.run(item), now=now)
                 continue
             if closed:
                 # routing a close told the PS the connection is lost (its events count in

@@ -31,6 +31,7 @@ from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.engine import Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
+from aiogc.training.aggregator import Aggregator
 from aiogc.training.schedule import DelaySchedule
 
 __all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
@@ -79,10 +80,11 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         model = np.zeros(dim)
         lr = 0.0
         loss_fn = None
-        ps_box: list[ParameterServer] = []
+        agg_box: list[Aggregator] = []
 
         def verify(w: np.ndarray) -> np.ndarray:
-            return np.asarray(gg.of_round(ps_box[0].round))
+            # the round of the work item the aggregator runs (decode or analysis)
+            return np.asarray(gg.of_round(agg_box[0].round))
 
         def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
@@ -103,10 +105,12 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             return lambda c: Setup(c, scheme, task.chunk_gradient, digest)
 
-        ps_box = []
-    ps = ParameterServer(cfg, scheme=scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
-                         verify_fn=verify_fn, schedule=schedule, nonce_fn=_nonces(1000))
-    ps_box.append(ps)
+        agg_box = []
+    agg = Aggregator(cfg, scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
+                     verify_fn=verify_fn)
+    ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
+                         nonce_fn=_nonces(1000))
+    agg_box.append(agg)
     cache = WorkerCache()  # what the m workers of this simulation share
     workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
                    for j in range(m))

@@ -1,0 +1,261 @@
+"""The parameter server's application work: decode, guard, SGD step, verify, loss, oracle.
+
+The PS core (:class:`aiogc.core.ParameterServer`) does no numerical work of its own. When a
+round ends it queues a :class:`~aiogc.core.ps_work.DecodeRound` item; after the next
+round_start left, an :class:`~aiogc.core.ps_work.AnalyseRound` item. Its driver takes each
+item (``ps.next_work()``), runs it here (``aggregator.run(item)``) and feeds the answer back
+(``ps.work_done(item, answer, now=...)``), exactly as a worker's driver runs the
+:class:`~aiogc.core.ComputeChunks` items of its core. This mirrors the worker: the core decides
+*when* (and on which rows, which state), the aggregator *what* the numbers are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any, Literal
+
+import numpy as np
+
+from aiogc.coding.base import Scheme
+from aiogc.coding.consistency import RoundGuard
+from aiogc.config import RunConfig
+from aiogc.core.common import RoundRecord
+from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
+from aiogc.errors import CodingError, ConfigError
+from aiogc.protocol.status import EndReason, RoundStatus
+
+
+class Aggregator:
+    """Decode and apply each round's gradient, and analyse the round afterwards.
+
+    Parameters
+    ----------
+    config : RunConfig
+    scheme : Scheme
+        The run's scheme (the PS core's).
+    model : ndarray, shape (d,)
+        Initial model (the guard's reference for its model bound).
+    learning_rate : float
+    loss_fn, verify_fn : callable, optional
+        ``loss_fn(w) -> float`` logged per round; ``verify_fn(w) -> (N, d)`` the uncoded chunk
+        gradients, used to record each round's decode error (see ``_verify``).
+    keep_gradients : bool
+        Keep each round's decoded gradient in its record.
+    guard : bool
+        Check every decoded gradient before applying it (norm guard, two-way redundancy
+        decode, the oracle when ``verify_fn`` is set, model bound; see
+        :class:`aiogc.coding.consistency.RoundGuard`). A rejected round is recorded as failed
+        with the reason and counted as ``rejected_<check>``; the model is left unchanged.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        scheme: Scheme,
+        *,
+        model: np.ndarray,
+        learning_rate: float,
+        loss_fn: Callable[[np.ndarray], float] | None = None,
+        verify_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+        keep_gradients: bool = False,
+        guard: bool = True,
+    ) -> None:
+        self.config = config
+        self.scheme = scheme
+        self.m: int = scheme.m
+        self.learning_rate = float(learning_rate)
+        self.loss_fn = loss_fn
+        self.verify_fn = verify_fn
+        self.keep_gradients = keep_gradients
+        self._loads = np.asarray(scheme.loads, dtype=np.int64)
+        self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
+        self._sends_when_done = bool(scheme.sends_when_done)
+        #: the round whose item runs now (a ``verify_fn`` may read it), -1 before the first
+        self.round = -1
+        #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
+        self.predicted_error = self._check_conditioning()
+        # verify_fn is not called here (it may read state that does not exist yet): with it,
+        # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
+        w0 = np.array(model, dtype=np.float64, copy=True)
+        self.guard: RoundGuard | None = (
+            RoundGuard(w0, predicted_error=self.predicted_error) if guard else None)
+
+    def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None:
+        """Run one work item of the PS core; the answer goes to ``ps.work_done``."""
+        self.round = item.record.round
+        if type(item) is DecodeRound:
+            return self.decode_round(item)
+        assert isinstance(item, AnalyseRound)
+        self.analyse_round(item)
+        return None
+
+    # ------------------------------------------------------------------ stage 1: decode, step
+
+    def decode_round(self, item: DecodeRound) -> Decoded:
+        """Decode the round's gradient from the PS's payload rows and take the step.
+
+        Fills the record's decode fields (status, end reason, residual, amplification, the
+        gradient if kept). Returns the model to broadcast next (unchanged if the round failed)
+        and the counters to bump.
+        """
+        rec, w_prev = item.record, item.model
+        if not item.decode:
+            return Decoded(w_prev, None, ())
+        rec.attempts = item.attempt + 1
+        result = self._decode(item.rows, item.state, item.dim)
+        grad = np.asarray(result.gradient, dtype=np.float64)
+        if not np.isfinite(grad).all():
+            rec.status = RoundStatus.FAILED
+            rec.end_reason = EndReason.NONFINITE
+            rec.end_detail = "decoded gradient is not finite"
+            return Decoded(w_prev, None, ("nonfinite_decode", "failed_rounds"))
+        rec.residual = float(result.residual)
+        rec.amplification = float(result.amplification)
+        rec.status = (RoundStatus.EXACT if (result.exact and item.exact)
+                      else RoundStatus.APPROXIMATE)
+        rec.end_reason = EndReason(item.reason)
+        if self.keep_gradients:
+            rec.gradient = grad.copy()
+        if self.guard is None:
+            return Decoded(w_prev - self.learning_rate * grad, grad, ())
+        return self._guarded_step(item, grad)
+
+    def _guarded_step(self, item: DecodeRound, grad: np.ndarray) -> Decoded:
+        """Apply ``grad`` only if the round guard vouches for it; else fail the round."""
+        assert self.guard is not None
+        rec, w_prev = item.record, item.model
+        if self.verify_fn is not None:
+            # a PS that verifies never applies an unverified step: the oracle runs here,
+            # before the update, rather than with the analytics
+            rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev)
+        bad, new = self.guard.check(
+            scheme=self.scheme, coded=item.rows, received=np.flatnonzero(item.state > 0),
+            dim=item.dim, gradient=grad, model=w_prev, learning_rate=self.learning_rate,
+            exact=rec.status == "exact", rel_error=rec.rel_error)
+        if bad is not None:
+            rec.status = RoundStatus.FAILED
+            rec.end_reason = EndReason.REJECTED
+            rec.end_detail = f"rejected by {bad.check} check: {bad.reason}"
+            return Decoded(w_prev, None, (f"rejected_{bad.check}", "failed_rounds"))
+        assert new is not None
+        self.guard.accept()
+        return Decoded(new, grad, ())
+
+    def _decode(self, rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
+        fast = self.scheme.trusted_decoder()
+        if fast is not None:
+            return fast(rows, state, dim)
+        return self.scheme.decode_result(rows, state, dim)
+
+    # ------------------------------------------------------------------ stage 2: analytics
+
+    def analyse_round(self, item: AnalyseRound) -> None:
+        """Decode error, loss, oracle and coverage of an ended round, into its record."""
+        rec = item.record
+        if item.gradient is not None:
+            if self.verify_fn is not None and math.isnan(rec.rel_error):
+                rec.rel_error, rec.rel_error_plain = self._verify(item.gradient, item.w_prev)
+            rec.oracle_elapsed_s = item.oracle_hint if item.oracle_live else self._oracle(rec)
+        if self.loss_fn is not None:
+            rec.loss = float(self.loss_fn(item.w_new))
+        rec.coverage_min = self._coverage_min(rec.state)
+
+    def _coverage_min(self, state: tuple[int, ...]) -> int:
+        if not self.m:
+            return 0
+        cov = [0] * self.scheme.n_chunks
+        for j, c in enumerate(state):
+            for i in self._orders[j][:c]:
+                cov[i] += 1
+        return min(cov) if cov else 0
+
+    def _verify(self, grad: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+        """Decode error against the uncoded sum g = Σ_i g_i of this round's chunk gradients
+        (at ``w``, the model the round computed on).
+
+        Returns ``(scaled, plain)``: ``plain = ||ĝ - g|| / ||g||`` and
+        ``scaled = ||ĝ - g|| / ||Σ_i |g_i| ||``. The second divides by the magnitude the
+        floating-point sums work at (the classic summation-error scale): near an optimum the
+        chunk gradients cancel, ``||g|| -> 0``, and ``plain`` then measures the problem's
+        cancellation rather than the decoder. Both are recorded; summaries use ``scaled``.
+        ``grad`` and ``w`` have shape (d,).
+        """
+        assert self.verify_fn is not None
+        G = np.asarray(self.verify_fn(w), dtype=np.float64)
+        true = G.sum(axis=0)
+        diff = grad - true
+        absum = np.abs(G).sum(axis=0)
+        # sqrt(x . x): what np.linalg.norm computes for a real vector, bit for bit, without
+        # its ~2 us of argument handling (three norms per round)
+        err = math.sqrt(diff.dot(diff))
+        plain_den = math.sqrt(true.dot(true))
+        scale_den = math.sqrt(absum.dot(absum))
+        plain = err / plain_den if plain_den > 0 else err
+        scaled = err / scale_den if scale_den > 0 else err
+        return scaled, plain
+
+    def _finished_state(self, workers: list[int]) -> np.ndarray:
+        """State vector in which exactly ``workers`` finished all their chunks; shape (m,)."""
+        st = np.zeros(self.m, dtype=np.int64)
+        st[workers] = self._loads[workers]
+        return st
+
+    def _oracle(self, rec: RoundRecord) -> float | None:
+        """Earliest elapsed time (workers' own stamps) at which reported counts were decodable.
+
+        Only reported counts are known, so this is exact when every chunk is reported
+        (report_every = 1) and an upper bound otherwise. For the send-when-done schemes a
+        worker's finish time is the ``compute_s`` its coded vector carries (the elapsed time of
+        its last chunk on its own schedule). Computed post hoc, once per round, from the same
+        coverage counters the trigger uses. (When the reports arrived in order of their stamps
+        and no coverage was removed, the PS core's live counters already met this answer: it
+        passes it along and this is not called; ``tests/test_core.py`` checks the two agree.)
+        """
+        if self._sends_when_done:
+            # decodability only grows with the finished set: binary search over the workers
+            # in order of their finish times
+            fin = sorted((e, w) for w, e in rec.compute_s.items())
+            order = [w for _, w in fin]
+            if not fin or not self.scheme.is_decodable(self._finished_state(order)):
+                return None
+            lo, hi = 1, len(order)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.scheme.is_decodable(self._finished_state(order[:mid])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return float(fin[lo - 1][0])
+        cover = self.scheme.progress_tracker()
+        st = [0] * self.m
+        for _, w, c, elapsed in sorted(rec.reports, key=itemgetter(3)):
+            if c > st[w]:
+                cover.add(w, st[w], c)
+                st[w] = c
+                if cover.deficit == 0:
+                    return float(elapsed)
+        return None
+
+    # ------------------------------------------------------------------ construction
+
+    def _check_conditioning(self) -> float:
+        """Refuse (or warn about) a decoding matrix B whose worst ℓ-subset condition number
+        predicts more relative error than ``config.max_predicted_error`` for the payload dtype.
+        """
+        B = self.scheme.conditioning_matrix()
+        if B is None or self.scheme.n_parts == 1:
+            return float(np.finfo(self.config.payload_dtype).eps)  # B = 1ᵀ, condition 1
+        from aiogc.coding import check_conditioning
+
+        mode: Literal["raise", "warn"] = (
+            "raise" if self.config.on_ill_conditioned == "raise" else "warn"
+        )
+        try:
+            return check_conditioning(self.scheme.A, B, self.scheme.n_parts,
+                                      self.config.payload_dtype,
+                                      tol=self.config.max_predicted_error, on_fail=mode)
+        except CodingError as exc:
+            raise ConfigError("max_predicted_error", self.config.max_predicted_error,
+                              f"a bound the decoding matrix meets ({exc})") from exc
