@@ -26,9 +26,6 @@ MUTABLE_NODES = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.Se
 ALLOWED: dict[tuple[str, str], str] = {
     # the export list is a list by convention; nothing appends to it at run time
     **{(f.name, "__all__"): "export list" for f in CORE.glob("*.py")},
-    # ps.py belongs to the PS half of the renovation (#17), not edited here: its phase table
-    # is read-only by convention and should become a MappingProxyType there
-    ("ps.py", "_ACCEPTS"): "read-only by convention (to be a MappingProxyType)",
 }
 
 

@@ -14,6 +14,8 @@ whatever the phase). ``tests/test_ps_rules.py`` walks these tables.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from types import MappingProxyType as _ro
 from typing import Final
 
 
@@ -33,7 +35,7 @@ J, P, C, D, F = (PSPhase.JOINING, PSPhase.COMPUTING, PSPhase.COLLECTING, PSPhase
                  PSPhase.FINISHED)
 
 #: phase -> {next phase: when}. Every entry is reached by a test (tests/test_ps_rules.py).
-TRANSITIONS: Final[dict[PSPhase, dict[PSPhase, str]]] = {
+TRANSITIONS: Final[Mapping[PSPhase, Mapping[PSPhase, str]]] = _ro({
     J: {P: "enough workers ready (round 0: all m, or the join deadline with a decodable set)",
         F: "join deadline with too few workers, or stop()"},
     P: {C: "the reported state is decodable (or the approx deadline): encode_and_transmit",
@@ -47,9 +49,9 @@ TRANSITIONS: Final[dict[PSPhase, dict[PSPhase, str]]] = {
         J: "the next round waits for enough ready workers",
         F: "all rounds done, or stop() while the decode was out"},
     F: {},
-}
+})
 
-_IN_ROUND: Final = {
+_IN_ROUND: Final[Mapping[str, str]] = _ro({
     "hello": "second_hello",
     "ready": "ready",
     "chunk_report": "report",
@@ -58,24 +60,25 @@ _IN_ROUND: Final = {
     "pong": "ignore",
     "bye": "bye",
     "error": "bye",
-}
-_BETWEEN_ROUNDS: Final = {**_IN_ROUND, "chunk_report": "stale", "coded_gradient": "stale"}
+})
+_BETWEEN_ROUNDS: Final[Mapping[str, str]] = _ro(
+    {**_IN_ROUND, "chunk_report": "stale", "coded_gradient": "stale"})
 
 #: phase -> kind -> handler name (``ParameterServer._on_<name>``)
-RULES: Final[dict[PSPhase, dict[str, str]]] = {
-    J: {**_BETWEEN_ROUNDS, "ready": "ready_and_start"},  # ready may start a round
+RULES: Final[Mapping[PSPhase, Mapping[str, str]]] = _ro({
+    J: _ro({**_BETWEEN_ROUNDS, "ready": "ready_and_start"}),  # ready may start a round
     P: _IN_ROUND,
     C: _IN_ROUND,
     D: _BETWEEN_ROUNDS,  # ready counts for the next round, which starts after the decode
     F: _BETWEEN_ROUNDS,
-}
+})
 
 #: handlers that refuse the frame: dropped and counted, or the connection closed
 REFUSING: Final = frozenset({"stale", "second_hello"})
 
 #: kind -> phases in which an authenticated worker's frame of that kind is acted on
-_ACCEPTS: Final[dict[str, frozenset[PSPhase]]] = {
+_ACCEPTS: Final[Mapping[str, frozenset[PSPhase]]] = _ro({
     kind: frozenset(ph for ph in PSPhase if RULES[ph][kind] not in REFUSING)
     for kind in RULES[J]
     if any(RULES[ph][kind] not in REFUSING for ph in PSPhase)
-}
+})
