@@ -137,8 +137,8 @@ def _div(a: float, b: float) -> float:
 def emulated(rec: RoundRecord, k: float) -> RoundRecord:
     """``rec`` in emulated seconds (every time and duration divided by the time scale
     ``k``; times on the PS's clock map as ``t / k``, which keeps their order and makes every
-    difference emulated). ``k = 1``: ``rec`` itself. The oracle's elapsed time is CPU time,
-    not schedule time, and stays as measured."""
+    difference emulated; the oracle time, the earliest decodable instant on the workers' own
+    stamps, is a duration too). ``k = 1``: ``rec`` itself."""
     if k == 1.0:
         return rec
 
@@ -146,6 +146,7 @@ def emulated(rec: RoundRecord, k: float) -> RoundRecord:
         return None if t is None else t / k
 
     return replace(rec, t_start=rec.t_start / k, t_trigger=s(rec.t_trigger), t_end=s(rec.t_end),
+                   oracle_elapsed_s=s(rec.oracle_elapsed_s),
                    reports=[(t / k, w, c, e / k) for (t, w, c, e) in rec.reports],
                    arrivals={w: t / k for w, t in rec.arrivals.items()},
                    compute_s={w: t / k for w, t in rec.compute_s.items()})
