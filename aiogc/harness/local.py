@@ -613,7 +613,8 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
     """``--time-scale auto``: run the first scheme for a few rounds at K = 1 with the run's
     own mode, m and schedule, no records; its mean live-minus-simulated round time is this
     machine's overhead per round now; then K is the smallest that keeps that overhead under
-    half the fidelity threshold of the shortest simulated round. Without ``auto``: the
+    a quarter of the fidelity threshold of the shortest simulated round
+    (:data:`~aiogc.harness.fidelity.AUTO_TARGET_FRACTION`). Without ``auto``: the
     configuration as it is, and no choice to record."""
     if not options.auto_time_scale:
         return config, None
