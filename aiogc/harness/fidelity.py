@@ -444,7 +444,8 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
     (what this machine adds, now, at this m and mode); ``T`` the shortest simulated scheme
     mean over the whole schedule; K the smallest integer with ``c / (K T)`` under
     :data:`AUTO_TARGET_FRACTION` of the threshold. Without a completed calibration round,
-    ``c`` comes from the model (:func:`calibrate`). Returns ``(K, why)``; ``why["explanation"]`` is one line.
+    ``c`` comes from the model (:func:`calibrate`). Returns ``(K, why)``;
+    ``why["explanation"]`` is one line.
     """
     from aiogc.sim.fast import build_schemes, simulate_fast
 
