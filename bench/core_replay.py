@@ -20,12 +20,7 @@ from typing import Any
 import numpy as np
 
 from aiogc.config import RunConfig
-from aiogc.core import Setup, Worker
-
-try:  # the per-process cache the workers share (absent on older trees: each had globals)
-    from aiogc.core import WorkerCache
-except ImportError:
-    WorkerCache = None
+from aiogc.core import Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
@@ -52,7 +47,7 @@ def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
 
     ps.nonce_fn = nonce
     # progress_events=False: what Simulation sets on its workers (the recorded run's)
-    kw: dict[str, Any] = {} if WorkerCache is None else {"cache": WorkerCache()}
+    kw: dict[str, Any] = {"cache": WorkerCache()}
     return cfg, ps, [Worker(j, setup=lambda c: setup, nonce_fn=nonce, progress_events=False,
                             **kw) for j in range(m)]
 

@@ -1,0 +1,88 @@
+"""Live fidelity records of bench/run.py (issue 22), each measured in the same run as its
+baseline:
+
+* ``floor_round_vs_sim_m64`` / ``_m256``: the protocol-free floor (bench/floor.py) against the
+  simulator on its own schedule: the honest lower bound of a single Python loop here, now;
+* ``loop_cpu_vs_floor_m64``: CPU per round of an aiogc coroutine run / the floor's, both as the
+  difference of a long and a short run (setup cancels), same m, schedule law and rounds;
+* ``round_vs_sim_m256_auto``, ``round_vs_sim_m1024_auto`` (``--worker-hosts 2``),
+  ``speedup_vs_sim_m256_auto``: ``aiogc run --time-scale auto`` against the simulator replaying
+  the run's delays.csv (the bench's own replay, independent of the run's fidelity section);
+* ``fidelity_flag_agrees``: over every live run of this stage (the K=1 m=256 runs, made
+  unfaithful on purpose, and the auto runs), the fraction whose verdict agrees with the bench's
+  independent replay ratio against the threshold, *and* whose own ratio is within 5 % of it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+#: the fidelity section's default threshold (the verdict's tolerance)
+THRESHOLD = 0.10
+#: the fidelity section and the bench's own replay must agree this closely
+AGREE = 0.05
+
+
+def floor_ratio(m: int, rounds: int, trials: int, seed0: int = 1) -> dict[str, Any]:
+    """Median floor live/sim over ``trials`` seeds."""
+    from floor import floor_round_vs_sim
+
+    runs = [floor_round_vs_sim(m, rounds=rounds, seed=seed0 + i) for i in range(trials)]
+    return {"ratio": statistics.median(r["ratio"] for r in runs), "runs": runs}
+
+
+def _cpu_per_round(fn: Any, short: int, long: int) -> float:
+    """CPU seconds per round: (cpu(long) - cpu(short)) / (long - short)."""
+    cpu = []
+    for n in (short, long):
+        t0 = time.process_time()
+        fn(n)
+        cpu.append(time.process_time() - t0)
+    return (cpu[1] - cpu[0]) / (long - short)
+
+
+def loop_cpu_ratio(m: int, rounds: int) -> dict[str, Any]:
+    """aiogc's CPU per partial round (coroutines on one loop, verify on, no records) over the
+    floor's, same m, delta 4, exp:0.01, seed."""
+    from floor import floor_round_vs_sim
+
+    from aiogc.config import RunConfig
+    from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
+
+    def aiogc_run(n: int) -> None:
+        cfg = RunConfig(workers=m, delta=4, n_parts=1, delay="exp:0.01", rounds=n, seed=1)
+        run_live(cfg, ["partial"], RunOptions(mode="coroutines", plots=False))
+
+    def floor_run(n: int) -> None:
+        floor_round_vs_sim(m, rounds=n, seed=1)
+
+    short = max(2, rounds // 5)
+    a = _cpu_per_round(aiogc_run, short, rounds)
+    f = _cpu_per_round(floor_run, short, rounds)
+    return {"aiogc_cpu_s_per_round": a, "floor_cpu_s_per_round": f,
+            "ratio": a / f if f > 0 else math.nan, "rounds": (short, rounds)}
+
+
+def agreement(trial: dict[str, Any], *, expect: str) -> dict[str, Any]:
+    """Whether a live trial's fidelity verdict agrees with the bench's own replay ratio
+    (``trial["round_ratio"]`` etc., from bench/run.py live_vs_sim) and with ``expect``."""
+    fid = trial.get("fidelity") or {}
+    own = (fid.get("schemes") or {}).get("partial", {}).get("ratio", math.nan)
+    indep = trial.get("round_ratio", math.nan)
+    speed = trial.get("live_speedup", math.nan) / trial.get("sim_speedup", math.nan) \
+        if trial.get("sim_speedup") else math.nan
+    ratios = [indep, trial.get("original", {}).get("live_mean_s", math.nan)
+              / trial.get("original", {}).get("sim_mean_s", math.nan)
+              if trial.get("original", {}).get("sim_mean_s") else math.nan, speed]
+    faithful_by_bench = all(math.isfinite(r) and abs(r - 1.0) <= THRESHOLD for r in ratios)
+    verdict = fid.get("verdict")
+    close = math.isfinite(own) and math.isfinite(indep) and abs(own / indep - 1.0) <= AGREE
+    ok = (verdict == ("faithful" if faithful_by_bench else "unfaithful") and close
+          and verdict == expect)
+    return {"verdict": verdict, "expected": expect, "bench_says_faithful": faithful_by_bench,
+            "own_ratio": own, "bench_ratio": indep, "speedup_ratio": speed, "agrees": ok,
+            "time_scale": fid.get("time_scale")}
