@@ -47,6 +47,7 @@ from aiogc.training.schedule import DelaySchedule
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "LAG_INTERVAL_S",
     "Calibration",
     "CpuSnapshot",
     "LoopLagMonitor",
@@ -59,6 +60,8 @@ __all__ = [
     "replay_ratios",
 ]
 
+#: Period of the PS loop's lag monitor (wall seconds): 100 samples a second.
+LAG_INTERVAL_S: Final = 0.01
 #: Default tolerance of the verdict: every live / simulated ratio within 10 % of 1.
 DEFAULT_THRESHOLD: Final = 0.10
 #: The share of runnable time the PS must get (run / (run + run-queue wait)) not to be flagged

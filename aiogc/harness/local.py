@@ -36,6 +36,7 @@ from aiogc.core import (
     WorkerCache,
 )
 from aiogc.harness.fidelity import (
+    LAG_INTERVAL_S,
     CpuSnapshot,
     LoopLagMonitor,
     auto_time_scale,
@@ -592,8 +593,6 @@ def run_live(
 
 
 
-#: Period of the PS loop's lag monitor (wall seconds): 100 samples a second.
-LAG_INTERVAL_S = 0.01
 #: Rounds of the K = 1 calibration run behind ``--time-scale auto``.
 CALIBRATION_ROUNDS = 5
 

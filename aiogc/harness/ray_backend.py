@@ -59,6 +59,13 @@ from typing import Any, Final
 from aiogc.config import RunConfig
 from aiogc.core import Event, Finished, RoundCompleted, RoundRecord, Worker
 from aiogc.errors import AiogcError
+from aiogc.harness.fidelity import (
+    LAG_INTERVAL_S,
+    CpuSnapshot,
+    LoopLagMonitor,
+    emulated,
+    live_fidelity,
+)
 from aiogc.harness.kit import (
     PROCESS_GRACE_S,
     Progress,
@@ -164,6 +171,8 @@ class _PSActor:
         self._serving: asyncio.Task[None] | None = None
         self._end_reason = "PS ended without a reason"
         self._end_t_ns = 0
+        self._lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
+        self._cpu0: CpuSnapshot | None = None
 
     async def start(self) -> dict[str, Any]:
         ps, _ = make_ps(self._config, schedule=self._schedule, verify=self._verify,
@@ -171,19 +180,20 @@ class _PSActor:
         host = self._bind or _where()["node_ip"]
         frames = self._frames
         rounds = self._rounds
+        k = self._config.time_scale  # every time recorded is emulated: the PS clock / K
 
         def frame_log(direction: str, peer: Any, msg: Message, nbytes: int) -> None:
             # the same clock as the PS's `now` (time.monotonic), as RunRecorder.frame requires
-            frames.append({"t_ns": time.monotonic_ns(), "direction": direction, "kind": msg.kind,
-                           "round": getattr(msg, "round", None), "worker": ps.worker_of(peer),
-                           "nbytes": nbytes})
+            frames.append({"t_ns": int(time.monotonic_ns() / k), "direction": direction,
+                           "kind": msg.kind, "round": getattr(msg, "round", None),
+                           "worker": ps.worker_of(peer), "nbytes": nbytes})
 
         def on_event(ev: Event) -> None:
             if isinstance(ev, RoundCompleted):
-                rounds.append(ev.record)
+                rounds.append(emulated(ev.record, k))
             elif isinstance(ev, Finished):
                 # the PS's clock, like every frame time it records
-                self._end_reason, self._end_t_ns = ev.reason, time.monotonic_ns()
+                self._end_reason, self._end_t_ns = ev.reason, int(time.monotonic_ns() / k)
 
         # the join deadline starts once every worker actor exists (register), not at listen:
         # placing and starting m actors on a loaded cluster can take longer than the whole
@@ -198,6 +208,8 @@ class _PSActor:
             serving.result()  # the bind error, with the address in it
             raise ClusterError(f"PS on {host} stopped before listening")
         self._server, self._serving = server, serving
+        self._lag.start()
+        self._cpu0 = CpuSnapshot.take()
         info = {**_where(), "role": "ps", "worker": None, "incarnation": 1,
                 "address": f"{host}:{server.port}", "ps_time": time.monotonic()}
         self._placements.append(info)
@@ -224,8 +236,13 @@ class _PSActor:
         """Return when the PS finished, with every round record."""
         assert self._serving is not None and self._server is not None
         await self._serving
-        return {"records": self._server.ps.records, "end_reason": self._end_reason,
-                "end_t_ns": self._end_t_ns}
+        self._lag.stop()
+        cpu1 = CpuSnapshot.take()
+        k = self._config.time_scale
+        return {"records": [emulated(r, k) for r in self._server.ps.records],
+                "end_reason": self._end_reason, "end_t_ns": self._end_t_ns,
+                "loop_lag_s": self._lag.lags,
+                "cpu": cpu1.since(self._cpu0) if cpu1 is not None and self._cpu0 else None}
 
     async def workers_launched(self) -> None:
         """Start the join deadline now (the driver's fallback when some actor never
@@ -427,6 +444,12 @@ class _Driver:
         self.placements: list[dict[str, Any]] = []
         self.ps_cls = ray.remote(_PSActor)
         self.worker_cls = ray.remote(_WorkerActor)
+        # for the fidelity section: the run's base configuration (set by run_ray), the
+        # verdict's threshold, and what each scheme's PS actor measured of itself
+        self.config: RunConfig | None = None
+        self.threshold = options.fidelity_threshold
+        self.loop_lag_s: list[float] = []
+        self.cpu: list[dict[str, Any]] = []
 
     def run_scheme(self, cfg: RunConfig) -> list[RoundRecord]:
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -479,6 +502,9 @@ class _Driver:
             result = self._follow(cfg, scheme, ps, done, ctx, bar)
             self._join_workers(runs)
             records = list(result["records"])
+            self.loop_lag_s += result.get("loop_lag_s") or []
+            if result.get("cpu"):
+                self.cpu.append(result["cpu"])
             self.end_reasons[cfg.scheme] = reason = str(result["end_reason"])
             if self.recorder is not None:
                 self.recorder.run_event(t_ns=int(result["end_t_ns"]), kind="run_end",
@@ -609,6 +635,12 @@ def run_ray(
 
         raise ConfigError("max_restarts", max_restarts, "an integer >= 0")
     loop_kind, _ = loop_factory(options.loop)  # validates the name
+    if options.auto_time_scale:
+        from aiogc.errors import ConfigError
+
+        raise ConfigError("time-scale", "auto", "a number with --backend ray (the calibration "
+                                                "run of auto is local; run it locally at the "
+                                                "same m and pass the K it chose)")
     ray = _import_ray()
     for name in schemes:
         scheme_config(config, name)  # validate every scheme's config before starting anything
@@ -637,6 +669,7 @@ def run_ray(
                 result.out_dir = Path(out_dir)
             driver = _Driver(ray, options, ray_options, schedule=schedule, recorder=recorder,
                              cpus=cpus, interrupted=interrupted, on_round=on_round)
+            driver.config = config
             for name in schemes:
                 cfg = scheme_config(config, name)
                 t0 = time.monotonic()
@@ -659,8 +692,14 @@ def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Seque
                    recorder: Any, out_dir: str | Path | None) -> None:
     """Fill ``result.summary`` and write it, and ``nodes.csv``: the same summary keys as a
     local run, even when the run stopped early."""
-    if driver is not None:
+    if driver is not None and driver.config is not None:
         result.end_reasons = dict(driver.end_reasons)
+        # the PS actor's own loop lag and CPU (the driver process only polls); the worst
+        # scheme's CPU share stands for the run
+        cpu = min(driver.cpu, key=lambda c: c.get("share_when_runnable", 1.0), default=None)
+        result.extra_summary["fidelity"] = live_fidelity(
+            driver.config, driver.schedule, result.records, loop_lag_s=driver.loop_lag_s,
+            cpu=cpu, threshold=driver.threshold)
     close_run(result, interrupted, recorder)
     if driver is not None and out_dir is not None:
         _write_nodes(Path(out_dir) / "nodes.csv", driver.placements)
