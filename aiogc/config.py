@@ -261,6 +261,31 @@ class RunConfig:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+#: The timeouts whose default follows the workload (:func:`workload_timeouts`), by flag.
+WORKLOAD_TIMEOUTS = ("round_timeout_s", "collect_timeout_s", "join_timeout_s")
+
+
+def workload_timeouts(config: RunConfig, slowest_round_s: float) -> dict[str, float]:
+    """Defaults of the timeouts that guard waits on the workload, in emulated seconds (the
+    time scale multiplies them later, :meth:`RunConfig.dilated`). One documented hierarchy
+    (README, "Timeouts"):
+
+    * ``join_timeout_s = max(30, 0.05 m)``: m workers connect and handshake (about 1 s per
+      1024 on one host, measured; 50 ms each leaves a CPU-starved machine 20x headroom);
+    * ``round_timeout_s = max(60, 10 S)`` and ``collect_timeout_s = max(5, 2 S)``, where ``S``
+      is the slowest worker's whole round in the run's schedule (its 99th percentile over the
+      rounds, every chunk of its load): a round that cannot decode is given ten times what the
+      slowest honest round takes, a broadcast twice its whole round.
+
+    Heartbeat (1 s), dead-after (5 s), the PS's authentication deadline (1.9 s) and the
+    worker's handshake timeout (10 s) guard liveness, not the workload: fixed, times K.
+    """
+    s = slowest_round_s if math.isfinite(slowest_round_s) and slowest_round_s > 0 else 0.0
+    return {"join_timeout_s": max(30.0, 0.05 * config.workers),
+            "round_timeout_s": max(60.0, 10.0 * s),
+            "collect_timeout_s": max(5.0, 2.0 * s)}
+
+
 def scheme_digest(scheme: Scheme) -> str:
     """Hex digest of what every side must agree on: the name, A, the orders and every array
     the scheme draws from the seed (:meth:`~aiogc.coding.base.Scheme.digest_arrays`: B of the

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiogc.config import RunConfig
+from aiogc.config import RunConfig, workload_timeouts
 from aiogc.core import AUTH_DEADLINE_S, Finished, WorkerDropped
 from aiogc.errors import ConfigError
 from aiogc.harness.fidelity import emulated
@@ -137,3 +137,28 @@ def test_live_run_at_scale_k_records_emulated_seconds(tmp_path: Path) -> None:
     rows = load_run(tmp_path)["rounds"]
     assert [r["duration_s"] for r in rows] == pytest.approx(
         [r.duration_s for r in res.records["partial"]])
+
+
+def test_workload_timeouts_follow_m_and_the_schedule() -> None:
+    """The documented hierarchy: join max(30, 0.05 m); round max(60, 10 S); collect
+    max(5, 2 S), S the slowest worker's round (99th percentile over the schedule)."""
+    small = workload_timeouts(_cfg(), 0.1)
+    assert small == {"join_timeout_s": 30.0, "round_timeout_s": 60.0, "collect_timeout_s": 5.0}
+    big = workload_timeouts(_cfg(workers=2048, delta=3), 12.0)
+    assert big == {"join_timeout_s": 0.05 * 2048, "round_timeout_s": 120.0,
+                   "collect_timeout_s": 24.0}
+    cfg = _cfg(delay="const:0.5", rounds=3)
+    sched = materialise_for(cfg, ["partial"])
+    assert sched.slowest_round_s() == pytest.approx(0.5 * 3)  # delta=3 chunks of 0.5 s
+
+
+def test_cli_fills_only_the_timeouts_not_given() -> None:
+    from aiogc.cli import build_parser, config_from_args
+
+    p = build_parser()
+    a = p.parse_args(["run", "--workers", "6", "--delta", "3", "--delay", "const:4",
+                      "--join-timeout", "7"])
+    cfg = config_from_args(a, "partial")
+    assert cfg.join_timeout_s == 7.0  # given: kept
+    assert cfg.round_timeout_s == pytest.approx(10 * 12.0)  # 3 chunks of 4 s
+    assert cfg.collect_timeout_s == pytest.approx(2 * 12.0)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.coding.registry import scheme_names
-from aiogc.config import MAX_WORKERS, RunConfig
+from aiogc.config import MAX_WORKERS, WORKLOAD_TIMEOUTS, RunConfig, workload_timeouts
 from aiogc.errors import AiogcError, ConfigError
 
 DEFAULT_OUT = "runs/latest"
@@ -122,16 +122,19 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--on-ill-conditioned", default=d.on_ill_conditioned,
                    help="raise | warn, when --max-predicted-error is exceeded")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    g.add_argument("--round-timeout", type=float, default=d.round_timeout_s,
-                   help="seconds before a round that cannot decode is declared failed")
-    g.add_argument("--collect-timeout", type=float, default=d.collect_timeout_s,
-                   help="seconds the PS waits for coded vectors after a broadcast")
+    g.add_argument("--round-timeout", type=float, default=None,
+                   help="seconds before a round that cannot decode is declared failed "
+                        "(default: max(60, 10 x the slowest worker's round in the schedule))")
+    g.add_argument("--collect-timeout", type=float, default=None,
+                   help="seconds the PS waits for coded vectors after a broadcast "
+                        "(default: max(5, 2 x the slowest worker's round in the schedule))")
     g.add_argument("--heartbeat", type=float, default=d.heartbeat_s,
                    help="seconds of silence after which a worker pings")
     g.add_argument("--dead-after", type=float, default=d.dead_after_s,
                    help="seconds of silence after which a peer is declared dead")
-    g.add_argument("--join-timeout", type=float, default=d.join_timeout_s,
-                   help="seconds the PS waits for all m workers to join")
+    g.add_argument("--join-timeout", type=float, default=None,
+                   help="seconds the PS waits for all m workers to join "
+                        "(default: max(30, 0.05 x m))")
     g.add_argument("--time-scale", type=_time_scale, default=d.time_scale, metavar="K|auto",
                    help="time dilation: every delay and every timeout above times K, records "
                         "in emulated seconds (emulates a machine K times faster); auto "
@@ -154,14 +157,38 @@ def _time_scale(s: str) -> float | str:
 
 
 def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
+    """The run's configuration; a timeout flag not given takes its workload default
+    (:func:`aiogc.config.workload_timeouts`, from the schedule the run draws: same delay law,
+    seed and m; as wide as ``scheme``'s largest load)."""
+    config = _config_from_flags(a, scheme)
+    unset = [f for f in WORKLOAD_TIMEOUTS if getattr(a, _TIMEOUT_FLAGS[f]) is None]
+    if not unset:
+        return config
+    from aiogc.harness.kit import materialise_for
+
+    schedule = materialise_for(config, [scheme])
+    derived = workload_timeouts(config, schedule.slowest_round_s())
+    return config.replace(**{f: derived[f] for f in unset})
+
+
+#: RunConfig field -> argparse dest of its flag
+_TIMEOUT_FLAGS = {"round_timeout_s": "round_timeout", "collect_timeout_s": "collect_timeout",
+                  "join_timeout_s": "join_timeout"}
+
+
+def _config_from_flags(a: argparse.Namespace, scheme: str) -> RunConfig:
+    d = RunConfig()
     return RunConfig(
         scheme=scheme, workers=a.workers, delta=a.delta, n_parts=a.ell,
         assignment=a.assignment, ordering=a.ordering, decoding=a.decoding, k=a.k,
         mode=a.mode, deadline_s=a.deadline, rounds=a.rounds, seed=a.seed, task=a.task,
         delay=a.delay, latency=a.latency, dtype=a.dtype, report_every=a.report_every,
         max_predicted_error=a.max_predicted_error, on_ill_conditioned=a.on_ill_conditioned,
-        learning_rate=a.lr, round_timeout_s=a.round_timeout, collect_timeout_s=a.collect_timeout,
-        heartbeat_s=a.heartbeat, dead_after_s=a.dead_after, join_timeout_s=a.join_timeout,
+        learning_rate=a.lr,
+        round_timeout_s=d.round_timeout_s if a.round_timeout is None else a.round_timeout,
+        collect_timeout_s=d.collect_timeout_s if a.collect_timeout is None else a.collect_timeout,
+        heartbeat_s=a.heartbeat, dead_after_s=a.dead_after,
+        join_timeout_s=d.join_timeout_s if a.join_timeout is None else a.join_timeout,
         time_scale=1.0 if a.time_scale == "auto" else float(a.time_scale),
     )
 

@@ -106,6 +106,17 @@ class DelaySchedule:
         """
         return np.asarray(np.isinf(self.compute_s[:, :, 0]) | np.isinf(self.network_s))
 
+    def slowest_round_s(self, loads: np.ndarray | None = None, q: float = 99.0) -> float:
+        """The ``q``-th percentile over rounds of the slowest worker's whole round (the sum of
+        its ``loads[j]`` chunk delays, every position by default); dead positions ignored.
+        Seconds; 0 for an empty or all-dead schedule."""
+        c = np.where(np.isfinite(self.compute_s), self.compute_s, 0.0)
+        if loads is not None:
+            keep = np.arange(c.shape[2])[None, :] < np.asarray(loads)[:, None]
+            c = c * keep[None, :, :]
+        per_round = c.sum(axis=2).max(axis=1) + self.network_s.max(axis=1)
+        return float(np.percentile(per_round, q)) if per_round.size else 0.0
+
     def scaled(self, k: float) -> DelaySchedule:
         """Every delay times ``k`` (time dilation: what the PS sends a run at time scale k;
         ``delays.csv`` keeps the emulated, unscaled schedule). ``k = 1``: self."""
