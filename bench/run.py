@@ -165,6 +165,8 @@ class Sizes:
     rss_m: int = 64
     rss_d: int = 1_000_000
     rss_rounds: int = 5  # several rounds: a PS whose memory grows per round must show it
+    m_huge: int = 1024  # round_vs_sim_m1024_auto (coroutines in 2 worker hosts)
+    huge_rounds: int = 10
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -181,7 +183,7 @@ SMOKE = Sizes("smoke", m_live=4, m_big=6, live_rounds=3, live_trials=1, big_roun
               bulk_rounds=2, bulk_trials=1, bulk_raw_mb=1.0, bulk_schemes=("partial",),
               decode_m=8, decode_d=10_000,
               decode_trials=1, sim_m=10, sim_delta=2, sim_trials=20, sim_repeats=1, rss_m=3,
-              rss_d=10_000, rss_rounds=2)
+              rss_d=10_000, rss_rounds=2, m_huge=8, huge_rounds=2)
 
 
 def _log(text: str) -> None:
@@ -1196,7 +1198,7 @@ def fidelity_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str,
     for m, mode, rounds, names in (
             (sz.m_big, "coroutines", sz.big_rounds,
              ("round_vs_sim_m256_auto", "speedup_vs_sim_m256_auto")),
-            (sz.extra.get("m_huge", 1024), "hosts2", sz.extra.get("huge_rounds", 5),
+            (sz.m_huge, "hosts2", sz.huge_rounds,
              ("round_vs_sim_m1024_auto",))):
         if not (only & {*names, "fidelity_flag_agrees"}):
             continue

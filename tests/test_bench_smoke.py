@@ -26,6 +26,9 @@ NAMES = {
     "decode_vs_gemv", "simulate_m100_seconds", "ps_peak_rss_mb_m64_d1e6",
     "wire_payload_vs_raw_socket_auth", "frames_per_worker_round", "wire_auth_vs_gmac_bound",
     "round_vs_sim_m64_worker_hosts", "report_p99_ms_1024_worker_hosts",
+    "floor_round_vs_sim_m64", "floor_round_vs_sim_m256", "loop_cpu_vs_floor_m64",
+    "round_vs_sim_m256_auto", "speedup_vs_sim_m256_auto", "round_vs_sim_m1024_auto",
+    "fidelity_flag_agrees",
 }
 KEYS = {"name", "value", "unit", "baseline", "baseline_value", "ratio", "goal", "holds",
         "trials", "note", "detail"}
@@ -63,7 +66,13 @@ def test_record_schema(smoke: dict[str, Any]) -> None:
             assert _number_or_null(r[k]), (r["name"], k, r[k])
         on, op, target = r["goal"].split()
         assert on in ("value", "ratio") and op in ("<=", "<", ">=", ">")
-        float(target)
+        # a number, or relative to a floor record of the same run ("floor64+0.08")
+        if target.startswith("floor"):
+            base, _, extra = target.partition("+")
+            assert base in ("floor64", "floor256"), target
+            float(extra or 0)
+        else:
+            float(target)
         assert isinstance(r["holds"], bool)
         assert isinstance(r["trials"], int) and r["trials"] >= 0
         assert isinstance(r["note"], str) and isinstance(r["detail"], dict)
