@@ -275,15 +275,17 @@ def workload_timeouts(config: RunConfig, slowest_round_s: float) -> dict[str, fl
     * ``round_timeout_s = max(60, 10 S)`` and ``collect_timeout_s = max(5, 2 S)``, where ``S``
       is the slowest worker's whole round in the run's schedule (its 99th percentile over the
       rounds, every chunk of its load): a round that cannot decode is given ten times what the
-      slowest honest round takes, a broadcast twice its whole round.
+      slowest honest round takes, a broadcast twice its whole round (each capped at its
+      field's maximum: 1e6 s, collect 3600 s).
 
     Heartbeat (1 s), dead-after (5 s), the PS's authentication deadline (1.9 s) and the
     worker's handshake timeout (10 s) guard liveness, not the workload: fixed, times K.
     """
     s = slowest_round_s if math.isfinite(slowest_round_s) and slowest_round_s > 0 else 0.0
-    return {"join_timeout_s": max(30.0, 0.05 * config.workers),
-            "round_timeout_s": max(60.0, 10.0 * s),
-            "collect_timeout_s": max(5.0, 2.0 * s)}
+    # each within its field's range (a schedule may hold chunks that never finish in time)
+    return {"join_timeout_s": min(1e6, max(30.0, 0.05 * config.workers)),
+            "round_timeout_s": min(1e6, max(60.0, 10.0 * s)),
+            "collect_timeout_s": min(3600.0, max(5.0, 2.0 * s))}
 
 
 def scheme_digest(scheme: Scheme) -> str:

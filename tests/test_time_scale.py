@@ -162,3 +162,9 @@ def test_cli_fills_only_the_timeouts_not_given() -> None:
     assert cfg.join_timeout_s == 7.0  # given: kept
     assert cfg.round_timeout_s == pytest.approx(10 * 12.0)  # 3 chunks of 4 s
     assert cfg.collect_timeout_s == pytest.approx(2 * 12.0)
+
+
+def test_workload_timeouts_stay_in_range_for_chunks_that_never_finish() -> None:
+    t = workload_timeouts(_cfg(), 7200.0)  # a schedule with hour-long "never" chunks
+    assert t["collect_timeout_s"] == 3600.0 and t["round_timeout_s"] == 72000.0
+    _cfg(**t)  # valid
