@@ -31,7 +31,8 @@ else:
                                             "(pip install -e '.[ray]')")
 
 from aiogc.harness.options import RayOptions, RunOptions
-from aiogc.harness.ray_backend import NODE_COLUMNS, ClusterError, RaySchemeRun, run_ray
+from aiogc.harness.ray_actors import ClusterError
+from aiogc.harness.ray_backend import NODE_COLUMNS, RaySchemeRun, run_ray
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
