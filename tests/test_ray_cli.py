@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_cpus_per_actor() -> None:
 
 def test_unreachable_cluster_is_a_clear_error() -> None:
     """ray.init's failure becomes a ClusterError naming the address (the real one takes ~20 s
-    of retries, so Ray is stood in for here)."""
+    of retries, so Ray is stood in for here); an explicit HOST:PORT that accepts no TCP
+    connection fails before ray.init, at once, in one line."""
     class Unreachable:
         @staticmethod
         def is_initialized() -> bool:
@@ -129,8 +131,31 @@ def test_unreachable_cluster_is_a_clear_error() -> None:
         def init(**kwargs: object) -> None:
             raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
 
-    with pytest.raises(ray_backend.ClusterError, match=r"address='10\.0\.0\.9:6379'"):
-        ray_backend._connect(Unreachable(), "10.0.0.9:6379")
+    with pytest.raises(ray_backend.ClusterError, match=r"address='auto'"):
+        ray_backend._connect(Unreachable(), "auto")
+    with socket.socket() as s:  # a loopback port nobody listens on (bound, not listening)
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+        with pytest.raises(ray_backend.ClusterError, match=r"no TCP connection") as ei:
+            ray_backend._connect(Unreachable(), addr)
+    assert addr in str(ei.value) and "\n" not in str(ei.value)
+    with pytest.raises(ray_backend.ClusterError, match="HOST:PORT"):
+        ray_backend._connect(Unreachable(), "nonsense")
+
+
+def test_token_error_gets_a_hint() -> None:
+    class TokenRefused:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kwargs: object) -> None:
+            raise RuntimeError("Unauthenticated: invalid auth token\nmore detail")
+
+    with pytest.raises(ray_backend.ClusterError, match="RAY_AUTH_TOKEN") as ei:
+        ray_backend._connect(TokenRefused(), "auto")
+    assert "more detail" not in str(ei.value)
 
 
 def test_unknown_backend_names_field(capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,6 +44,7 @@ import csv
 import math
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -187,13 +188,39 @@ def _connect(ray: Any, address: str | None) -> bool:
     kwargs: dict[str, Any] = {"log_to_driver": True}
     if address in (None, "local"):
         kwargs["include_dashboard"] = False
+    elif address != "auto":
+        _check_reachable(address)
     try:
         ray.init(address=address or "local", **kwargs)
     except Exception as exc:
+        hint = ""
+        if "token" in str(exc).lower() or "auth" in str(exc).lower():
+            hint = (" -- the cluster uses Ray's token authentication: set RAY_AUTH_TOKEN (or "
+                    "RAY_AUTH_MODE=disabled on every node), see docs/cluster.md")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterError(f"cannot reach the Ray cluster at address={address!r} "
                            f"(expected auto, HOST:PORT of its GCS, or none for a local "
-                           f"instance): {exc}") from exc
+                           f"instance): {first}{hint}") from exc
     return True
+
+
+#: Seconds to wait for a TCP connection to an explicit GCS address before ray.init (which
+#: otherwise retries an unreachable address for minutes).
+REACH_TIMEOUT_S: Final = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, in one line, when ``HOST:PORT`` accepts no TCP connection."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"address={address!r} is not auto or HOST:PORT of the cluster's GCS")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at address={address!r}: no TCP "
+                           f"connection within {REACH_TIMEOUT_S:g} s "
+                           f"({exc.strerror or type(exc).__name__})") from None
 
 
 def _await(ray: Any, ref: Any, *, timeout_s: float, interrupted: list[str], what: str) -> Any:
@@ -308,7 +335,10 @@ class _Driver:
                 o: dict[str, Any] = {
                     "num_cpus": self.cpus,
                     "max_restarts": restarts,
-                    "max_task_retries": restarts,
+                    # a restarted actor's ``run`` is resubmitted for as long as Ray restarts
+                    # the actor (max_restarts bounds it): with a finite count, a node loss
+                    # spent the retries and the restarted actors sat idle (issue 16)
+                    "max_task_retries": -1 if restarts else 0,
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=bundle),
                 }
