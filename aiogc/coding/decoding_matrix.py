@@ -65,8 +65,8 @@ def _conflict_lists(A: np.ndarray) -> list[np.ndarray]:
     product gives. numpy's integer matmul has no BLAS path and took ~4 s at m = 1024, which
     made ``aiogc ps -m 1024 --delta 64 --ell 8`` spend ~12 s of its set-up here.
     """
-    Af = A.astype(np.float32 if A.shape[0] < 2**24 else np.float64)
-    C = (Af.T @ Af) > 0
+    Af: np.ndarray = A.astype(np.float32 if A.shape[0] < 2**24 else np.float64)
+    C: np.ndarray = (Af.T @ Af) > 0
     np.fill_diagonal(C, False)
     return [np.flatnonzero(C[j]) for j in range(A.shape[1])]
 

@@ -76,9 +76,9 @@ __all__ = [
     "LinearRegression",
     "LogisticRegression",
     "Task",
+    "check_task_memory",
     "chunk_gradients",
     "chunk_grads_fn",
-    "check_task_memory",
     "make_task",
     "memory_budget",
     "task_memory_bytes",
@@ -260,10 +260,20 @@ def chunk_gradients(task: Task, chunks: Sequence[int] | np.ndarray, w: np.ndarra
 # --------------------------------------------------------------------------- data tasks
 
 
-def chunk_grads_fn(task: Task) -> Callable[[np.ndarray], np.ndarray]:
-    """``w -> (n_chunks, dim)`` all chunk gradients: the PS's verification oracle."""
+def chunk_grads_fn(task: Task, dtype: object = None) -> Callable[[np.ndarray], np.ndarray]:
+    """``w -> (n_chunks, dim)`` all chunk gradients: the PS's verification oracle.
+
+    With ``dtype`` (the payload dtype), the gradients are taken at ``w`` rounded to it: the
+    model the workers were sent, so the oracle's difference to an honest decode is the decode's
+    rounding alone (:func:`aiogc.coding.consistency.oracle_tolerance`). Without, at ``w``
+    itself; in float32 that adds ``H (w - fl32(w))``, measured up to ~50x the decode error.
+    """
     chunks = np.arange(task.n_chunks)
-    return lambda w: chunk_gradients(task, chunks, w)
+    if dtype is None or np.dtype(dtype) == np.float64:  # type: ignore[call-overload]
+        return lambda w: chunk_gradients(task, chunks, w)
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    return lambda w: chunk_gradients(
+        task, chunks, np.asarray(w, dtype=np.float64).astype(dt).astype(np.float64))
 
 
 def _chunk_bounds(n: int, n_chunks: int) -> np.ndarray:
@@ -453,7 +463,6 @@ class LogisticRegression(_DataTask):
         super().__init__(X, y, n_chunks, shuffle_seed)
         self.spec = spec
         self.reg = float(reg)
-        n = self.n_samples
         lip = _top_gram_eigenvalue(self.X) / 4 + self.reg
         self.lipschitz = lip
         self.learning_rate = 1.0 / lip if lip > 0 else 1.0
