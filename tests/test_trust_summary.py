@@ -43,7 +43,10 @@ def test_nan_loss_after_a_step_fails_but_unrecorded_losses_do_not() -> None:
     # a failed round's NaN loss (nothing applied) is not a failure either
     s3 = summarize({"partial": [rec(0), rec(1, loss=NAN, status="failed",
                                             reason=EndReason.TIMEOUT)]})
-    assert s3["ok"]
+    assert s3["schemes"]["partial"]["failure"] is None and s3["failures"] == {}
+    # ... but the run is not ok: a round failed (issue 18 item 6 made `ok` say so; this line
+    # asserted `s3["ok"]` before)
+    assert s3["ok"] is False
 
 
 def test_infinite_decode_error_fails() -> None:
@@ -99,3 +102,50 @@ def test_run_end_reason() -> None:
         "original: only 2 of 8 workers"
     assert run_end_reason({"partial": "signal SIGTERM"}, ["SIGTERM"]) == "stopped by SIGTERM"
     assert run_end_reason({}) == "no scheme ran"
+
+
+# ------------------------------------------------------------------ issue 18, item 6
+
+
+def test_rejected_rounds_make_the_run_not_ok() -> None:
+    # the issue's run: 27 of 30 rounds rejected by the guard and `"ok": true`
+    recs = [rec(r) if r < 3 else
+            rec(r, status="failed", reason=EndReason.REJECTED,
+                detail="rejected by norm check: gradient norm 9.5e+05 exceeds 12")
+            for r in range(30)]
+    s = summarize({"partial": recs}, end_reasons={"partial": "all rounds done"})
+    p = s["schemes"]["partial"]
+    assert s["ok"] is False
+    assert p["rounds_failed"] == 27 and p["rounds_rejected"] == 27 and p["rounds"] == 3
+    assert p["failure"] is None  # no non-finite value: the failure is the skipped steps
+    json.dumps(s, allow_nan=False)
+    # one failed round of one scheme is enough; a clean scheme beside it does not hide it
+    s2 = summarize({"original": [rec(0), rec(1)],
+                    "partial": [rec(0), rec(1, status="failed", reason=EndReason.TIMEOUT)]})
+    assert s2["ok"] is False and s2["schemes"]["partial"]["rounds_rejected"] == 0
+    assert summarize({"partial": [rec(0), rec(1)]})["ok"] is True
+
+
+def test_no_verify_rounds_are_reported_unverified() -> None:
+    # --no-verify: the PS has no oracle, every decode error is NaN
+    s = summarize({"original": [rec(r, rel=NAN) for r in range(5)]})
+    o = s["schemes"]["original"]
+    assert o["verification"] == "unverified"
+    assert o["rounds_verified"] == 0 and o["rounds_unverified"] == 5
+    assert s["unverified"] == ["original"] and s["ok"] is True
+    json.dumps(s, allow_nan=False)
+
+
+def test_verified_and_partly_verified() -> None:
+    s = summarize({"partial": [rec(r) for r in range(4)]})
+    assert s["schemes"]["partial"]["verification"] == "verified" and s["unverified"] == []
+    # approximate rounds are not held to the oracle's tolerance: not verified by it
+    mixed = [rec(0), rec(1, status="approximate", reason=EndReason.DEADLINE, rel=0.3),
+             rec(2, status="failed", reason=EndReason.TIMEOUT, rel=NAN)]
+    p = summarize({"partial": mixed})["schemes"]["partial"]
+    assert p["verification"] == "partly verified"
+    # the failed round applied nothing: neither verified nor unverified
+    assert p["rounds_verified"] == 1 and p["rounds_unverified"] == 1
+    # nothing applied: no verdict at all
+    none = summarize({"partial": [rec(0, status="failed", reason=EndReason.TIMEOUT)]})
+    assert none["schemes"]["partial"]["verification"] is None

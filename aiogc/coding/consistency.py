@@ -47,8 +47,10 @@ __all__ = [
     "model_bound",
     "model_check",
     "oracle_check",
+    "oracle_tolerance",
     "redundancy_check",
     "redundancy_tolerance",
+    "scheme_oracle_tolerance",
 ]
 
 #: Safety factor of :func:`redundancy_tolerance`. Honest payloads (m 8..32, ell 1..2, float32 and
@@ -60,6 +62,9 @@ ORACLE_SAFETY = 1000.0
 #: Smallest oracle tolerance (a predicted error of eps would otherwise leave no room for the
 #: encode-side rounding of a float32 payload).
 ORACLE_MIN_TOL = 1e-6
+#: Safety factor of :func:`oracle_tolerance` over its worst-case rounding bound (the bound is
+#: already a worst case; the factor covers the few terms of order eps64 it rounds up).
+ORACLE_FP_SAFETY = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,22 +330,94 @@ class NormGuard:
 
 
 def oracle_check(rel_error: float, predicted_error: float, *, exact: bool,
-                 safety: float = ORACLE_SAFETY) -> Verdict | None:
+                 safety: float = ORACLE_SAFETY, tol: float | None = None) -> Verdict | None:
     """A round decoded as exact must match the PS's own uncoded gradient.
 
     ``rel_error`` is the PS's ``||g_hat - g|| / ||sum_i |g_i| ||`` (see the PS's verify);
-    the tolerance is ``max(ORACLE_MIN_TOL, safety * predicted_error)``. Approximate rounds
-    differ from the oracle by design: None (not applicable); so is a NaN ``rel_error`` (no
-    oracle this round).
+    the tolerance is ``tol`` when given (:func:`scheme_oracle_tolerance`), else
+    ``max(ORACLE_MIN_TOL, safety * predicted_error)``. Approximate rounds differ from the
+    oracle by design: None (not applicable); so is a NaN ``rel_error`` (no oracle this round).
     """
     if not exact or math.isnan(rel_error):
         return None
-    tol = max(ORACLE_MIN_TOL, safety * predicted_error)
+    if tol is None:
+        tol = max(ORACLE_MIN_TOL, safety * predicted_error)
     if not rel_error <= tol:  # also catches inf
         return Verdict(False, "oracle",
                        f"decoded gradient differs from the PS's own by {rel_error:.3g} "
                        f"(tolerance {tol:.3g})", rel_error, tol)
     return Verdict.passed("oracle", rel_error, tol)
+
+
+def oracle_tolerance(dtype: object, *, kappa: float, n_parts: int, max_load: int,
+                     n_chunks: int, solve_condition: float = 1.0,
+                     safety: float = ORACLE_FP_SAFETY) -> float:
+    """Largest ``rel_error`` an honest exact round can show, from floating-point error alone.
+
+    ``rel_error = ||g_hat - g|| / || sum_i |g_i| ||`` with the oracle's chunk gradients ``g_i``
+    evaluated **at the model the workers were sent** (the model rounded to the payload dtype;
+    against the float64 model the difference of the two gradients adds a term no rounding
+    bound covers). Derivation (docs/security.md, "The oracle's tolerance"): each payload entry
+    is rounded once to the payload dtype, ``|delta| <= u |p|`` with ``u = eps(dtype) / 2``;
+    each of the ``ceil(d / ell)`` positions is decoded from an ``ell x ell`` system of
+    condition ``kappa``, so its error is at most ``u * sqrt(ell) * kappa`` times the magnitude of
+    the ``ell`` parts, i.e. of ``sum_i |g_i|`` there; the float64 sums of at most ``max_load``
+    terms in the encoder add ``max_load * eps64`` to ``u``, decoding coefficients solved in
+    float64 from a system of condition ``solve_condition`` add ``solve_condition * eps64``,
+    and the oracle's own sum over ``n_chunks`` chunks ``n_chunks * eps64``. Summed over
+    positions (a norm of per-position bounds), ``dim`` does not enter.
+
+    Parameters
+    ----------
+    dtype : numpy dtype or str
+        The payload dtype.
+    kappa : float
+        Error amplification of the decode: the partial scheme's worst ``B_U`` condition
+        number (the PS's ``predicted_error / eps(dtype)``); 1 for uncoded and
+        ignore-stragglers; for a fixed code ``sqrt(ell) * max_u sum_j |D_uj| max|E_j|``.
+    n_parts, max_load, n_chunks : int
+        ``ell``, the largest number of chunks a worker sums, ``N``.
+    solve_condition : float
+        Condition number of the system the decoding coefficients are solved from (1 when
+        they are exact constants; the fixed codes' encoding rows, ``_system_condition``).
+    safety : float
+
+    Returns
+    -------
+    float
+        ``safety * (kappa * sqrt(ell) * (u + (max_load + solve_condition) * eps64)
+        + n_chunks * eps64)``.
+    """
+    u = float(np.finfo(np.dtype(dtype)).eps) / 2  # type: ignore[call-overload]
+    e64 = float(np.finfo(np.float64).eps)
+    k = kappa if math.isfinite(kappa) else math.inf
+    sc = solve_condition if math.isfinite(solve_condition) else math.inf
+    return safety * (k * math.sqrt(max(1, int(n_parts)))
+                     * (u + (max(1, int(max_load)) + max(1.0, sc)) * e64)
+                     + max(1, int(n_chunks)) * e64)
+
+
+def scheme_oracle_tolerance(scheme: Scheme, dtype: object, predicted_error: float) -> float | None:
+    """:func:`oracle_tolerance` for ``scheme``, or None where it is not the better bound.
+
+    ``kappa = predicted_error / eps(dtype)`` (the PS's worst condition number of the partial
+    scheme's ``B``). Fixed codes (a scheme with an
+    :meth:`~aiogc.coding.base.Scheme.encoding_tensor`: original, uncoded, ignore-stragglers)
+    return None and keep the default tolerance: their ``kappa`` is the decoder's coefficient
+    amplification, not the PS's ``predicted_error`` (10^3..10^4 for the original scheme's
+    decoders measured, which makes the worst-case bound looser than the default; for uncoded
+    and ignore-stragglers it is 1, but the PS does not say so yet).
+
+    Valid only when the oracle evaluates the chunk gradients at the model the workers were sent
+    (``chunk_grads_fn(task, payload_dtype)``); in float64 that is the PS's own model.
+    """
+    if scheme.encoding_tensor() is not None:
+        return None
+    eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
+    return oracle_tolerance(dtype, kappa=max(1.0, predicted_error / eps),
+                            n_parts=int(scheme.n_parts),
+                            max_load=int(np.max(np.asarray(scheme.loads))),
+                            n_chunks=int(scheme.n_chunks))
 
 
 def model_bound(initial_model: np.ndarray, *, factor: float = 1e6, floor: float = 1e6) -> float:

@@ -48,6 +48,24 @@ def _nonfinite_failure(recs: Sequence[RoundRecord]) -> tuple[int, str] | None:
     return None
 
 
+def _verification(applied: Sequence[RoundRecord]) -> tuple[int, str | None]:
+    """``(verified, word)`` over the rounds that applied a step.
+
+    A round is verified when the PS's oracle vouched for it: it decoded as exact and has a
+    finite decode error against the PS's own uncoded gradient (the oracle check holds only exact
+    rounds to a tolerance; without ``--verify`` there is no decode error at all). ``word`` is
+    ``"verified"`` (every applied round), ``"unverified"`` (none), ``"partly verified"`` or
+    None (no round applied a step).
+    """
+    verified = sum(r.status == "exact" and r.rel_error is not None
+                   and math.isfinite(float(r.rel_error)) for r in applied)
+    if not applied:
+        return 0, None
+    if verified == len(applied):
+        return verified, "verified"
+    return verified, "unverified" if verified == 0 else "partly verified"
+
+
 def summarize(
     records_by_scheme: Mapping[str, Sequence[RoundRecord]],
     *,
@@ -86,11 +104,18 @@ def summarize(
         ``failed_rounds`` (``[{"round", "reason", "detail"}]``: the round's
         :class:`~aiogc.protocol.status.EndReason` value and its ``end_detail``; at most
         :data:`MAX_LISTED_FAILED_ROUNDS`), ``failure`` (None, or ``"round R: loss is inf"``
-        and the like), ``failed_round`` (R or None) and ``end_reason`` (None if not given).
+        and the like), ``failed_round`` (R or None), ``end_reason`` (None if not given),
+        ``rounds_rejected`` (failed rounds the round guard refused), ``rounds_verified`` /
+        ``rounds_unverified`` (applied rounds the PS's oracle did / did not vouch for: exact with
+        a finite decode error; approximate rounds and every round without ``--verify`` are
+        unverified) and ``verification`` (``"verified"``, ``"unverified"``, ``"partly
+        verified"``, or None when no round applied a step).
         ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
         when both are present; ``speedup_vs_original`` gives the same ratio for every scheme.
-        ``failures`` maps every failing scheme to its ``failure``; ``ok`` is True when there is
-        none.
+        ``failures`` maps every failing scheme to its ``failure``; ``ok`` is True only when
+        there is none *and* no round of any scheme failed (rejected, timed out, workers gone:
+        a run that skipped steps is not ok, even if its losses look fine); ``unverified`` lists
+        the schemes with applied rounds nobody verified.
     """
     schemes: dict[str, dict[str, Any]] = {}
     for name, recs in records_by_scheme.items():
@@ -107,6 +132,7 @@ def summarize(
             default=None,
         )
         nonfinite = _nonfinite_failure(recs)
+        n_verified, verification = _verification(stepped)
         resid = _finite(r.residual for r in ok)
         amp = _finite(r.amplification for r in ok)
 
@@ -138,6 +164,11 @@ def summarize(
             "failure": None if nonfinite is None else nonfinite[1],
             "failed_round": None if nonfinite is None else nonfinite[0],
             "end_reason": (end_reasons or {}).get(name),
+            "rounds_rejected": sum(r.status == "failed" and r.end_reason == "rejected"
+                                   for r in recs),
+            "rounds_verified": n_verified,
+            "rounds_unverified": len(stepped) - n_verified,
+            "verification": verification,
         }
     orig = schemes.get("original", {}).get("round_time_mean_s")
     part = schemes.get("partial", {}).get("round_time_mean_s")
@@ -152,7 +183,8 @@ def summarize(
             "speedup_vs_original": vs_orig if orig else {},
             "initial_loss": _opt(initial_loss),
             "failures": {n: s["failure"] for n, s in schemes.items() if s["failure"]},
-            "ok": not any(s["failure"] for s in schemes.values()),
+            "ok": not any(s["failure"] or s["rounds_failed"] for s in schemes.values()),
+            "unverified": [n for n, s in schemes.items() if s["rounds_unverified"]],
         }
     )
     return summary
