@@ -168,7 +168,7 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         config, scheme, model=model,
         learning_rate=config.learning_rate or task.learning_rate,
         loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task) if verify else None,
+        verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
         keep_gradients=keep_gradients, guard=guard)
     ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
                          schedule=schedule, **kwargs)

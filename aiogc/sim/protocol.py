@@ -100,7 +100,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         model = task.initial_model()
         lr = cfg.learning_rate or task.learning_rate
         loss_fn = task.loss
-        verify_fn = chunk_grads_fn(task)
+        verify_fn = chunk_grads_fn(task, cfg.payload_dtype)
 
         def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             return lambda c: Setup(c, scheme, task.chunk_gradient, digest)
