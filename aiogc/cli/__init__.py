@@ -292,6 +292,9 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
         end_reason = run_end_reason({scheme_name: ps_reason}, (), summary)
     summary["end_reason"] = end_reason
     summary["interrupted_by"] = stopped[0] if stopped else None
+    if stopped:
+        summary["ok"] = False  # ok only when every round completed as configured
+    summary["in_progress"] = False
     return summary
 
 
@@ -307,7 +310,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         run_complete,
     )
     from aiogc.harness.local import _started
-    from aiogc.harness.records import RunRecorder
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
     from aiogc.net.drivers import PSServer, run_on
 
     config = config_from_args(a, a.scheme)
@@ -322,7 +325,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     if a.out:
         recorder = RunRecorder(a.out, build_manifest(config, [a.scheme], schedule,
                                                      mode="remote", loop=a.loop,
-                                                     verify=a.verify, argv=argv))
+                                                     verify=a.verify, argv=argv),
+                               flush_every_s=FLUSH_EVERY_S)
         recorder.write_schedule(schedule)
     ended: list[str] = []
     stopped: list[str] = []

@@ -9,6 +9,7 @@ describes the files.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -218,9 +219,12 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     types = COLUMN_TYPES.get(path.name, {})
-    with path.open(newline="", encoding="utf-8") as f:
-        return [{k: parse_cell(types.get(k, str), v) for k, v in row.items()}
-                for row in csv.DictReader(f)]
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        # a run killed mid-write: its last row is incomplete, drop it
+        text = text[: text.rfind("\n") + 1]
+    return [{k: parse_cell(types.get(k, str), v) for k, v in row.items()}
+            for row in csv.DictReader(io.StringIO(text, newline=""))]
 
 
 # ------------------------------------------------------------------------------ per-worker rows

@@ -190,12 +190,12 @@ def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConf
     delay schedule written; sets ``result.out_dir``."""
     if out_dir is None:
         return None
-    from aiogc.harness.records import RunRecorder
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
 
     out = Path(out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
                               verify=verify, argv=argv)
-    recorder = RunRecorder(out, manifest)
+    recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out
     return recorder
@@ -212,6 +212,11 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["wall_s"] = result.wall_s
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
+    # ok only when every round of every scheme completed: never for a stopped run (nor one
+    # that ended on an error before its summary); the records are final now
+    if interrupted or result.end_reason.startswith("runner error"):
+        result.summary["ok"] = False
+    result.summary["in_progress"] = False
     if recorder is not None:
         recorder.close(result.summary)
 

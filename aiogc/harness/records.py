@@ -51,8 +51,18 @@ Invariants
   are buffered and formatted in batches, when the buffer passes :attr:`RunRecorder.flush_rows`
   rows (so memory stays bounded on long runs), on :meth:`RunRecorder.flush` and on
   :meth:`RunRecorder.close` -- which the runner calls on every way a run ends (normal end,
-  error, SIGINT, SIGTERM), so nothing recorded is lost unless the process itself is killed.
-  ``summary.json`` and ``trace.json`` appear only on :meth:`RunRecorder.close`.
+  error, SIGINT, SIGTERM).
+* Crash safety: a recorder made with ``flush_every_s`` (the runners pass
+  :data:`FLUSH_EVERY_S`, 1 s) also writes the batch at a round's end once that long has passed
+  since the last write, and, on a running event loop, at most that long after a round ended
+  (a timer), so a SIGKILL or OOM kill loses at most the last second of rounds. Each file gets
+  its batch in one ``write`` (workers, reports and events before rounds, so a round in
+  ``rounds.csv`` has its other rows on disk) and ``summary.json`` is replaced atomically
+  (temp file + ``os.replace``) by a progress summary with ``"in_progress": true``; the final
+  summary written by :meth:`RunRecorder.close` has ``"in_progress": false``. A directory whose
+  summary still says in progress was cut short (or is still running): :func:`run_state` says
+  which rounds it holds, and readers skip a truncated last line.
+* ``trace.json`` appears only on :meth:`RunRecorder.close`.
 * :func:`load_run` reads a directory back with typed values; :func:`records_from_run` rebuilds
   :class:`~aiogc.core.common.RoundRecord` objects (without gradients) from it, so plots and
   inspection need nothing but the files.
@@ -60,7 +70,9 @@ Invariants
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import io
 import json
 import os
 import time
@@ -92,12 +104,18 @@ from aiogc.training.schedule import DelaySchedule
 
 # summarize (summary.py) is re-exported: harness/kit.py imports it from here.
 __all__ = [
+    "FLUSH_EVERY_S",
     "RunRecorder",
     "load_events",
     "load_run",
     "records_from_run",
+    "run_state",
     "summarize",
+    "write_json_atomic",
 ]
+
+#: How often (seconds) the runners' recorders write their batch and the progress summary.
+FLUSH_EVERY_S: Final = 1.0
 
 # ------------------------------------------------------------------------------ batch formatting
 
@@ -157,6 +175,13 @@ class RunRecorder:
     trace : bool, default True
         Write ``trace.json`` on :meth:`close`. Keeping the trace needs the round records
         (gradient-free copies) and re-reads at most :data:`MAX_TRACE_FRAMES` frames.
+    flush_every_s : float, optional
+        Crash safety (see the module docstring): write the batch and a progress
+        ``summary.json`` at a round's end once this many seconds passed since the last write,
+        and at most this long after a round ended when an event loop is running. Default
+        None: only on the row bound, :meth:`flush` and :meth:`close`.
+    clock : callable, default time.monotonic
+        Seconds, for ``flush_every_s``.
 
     Examples
     --------
@@ -171,7 +196,8 @@ class RunRecorder:
     FLUSH_ROWS: Final = 50_000
 
     def __init__(
-        self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True
+        self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True,
+        flush_every_s: float | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,13 +219,21 @@ class RunRecorder:
         self._room = self._flush_rows
         self._mids: dict[tuple[str, str, str], str] = {}
         self._frames_written = 0
+        # crash safety: timed writes of the batch and of a progress summary.json
+        self._every = flush_every_s
+        self._clock = clock
+        self._last_write = clock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._rounds_written: dict[str, int] = {}
+        if flush_every_s is not None:
+            self._write_progress()
 
-    def _open_csv(self, name: str, columns: Sequence[str]) -> Any:
+    def _open_csv(self, name: str, columns: Sequence[str]) -> IO[str]:
         f = (self.out_dir / name).open("w", newline="", encoding="utf-8")
         self._files.append(f)
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        return writer
+        csv.writer(f).writerow(columns)
+        return f
 
     # context manager ------------------------------------------------------------------
 
@@ -251,22 +285,25 @@ class RunRecorder:
         self._write_buffers()
 
     def _write_buffers(self) -> None:
+        # events, workers and reports first, rounds.csv last: a round row on disk has its
+        # other rows there too; each file gets its batch in one write
         if self._event_buf:
             rows, self._event_buf[:] = list(self._event_buf), []
             self._events.write(_event_lines(rows, self._mids))
             self._frames_written += sum(type(r) is tuple for r in rows)
+            self._events.flush()
         if self._round_buf:
             pending, self._round_buf[:] = list(self._round_buf), []
             self._write_rounds(pending)
         self._round_rows = 0
         self._update_room()
-        for f in self._files:
-            f.flush()
+        self._last_write = self._clock()
 
     def _write_rounds(self, pending: Sequence[_PendingRound]) -> None:
         rounds: list[list[str]] = []
         workers: list[list[str]] = []
         reports: list[list[str]] = []
+        written = self._rounds_written
         for scheme, rec, m, loads, partial in pending:
             row = rec.as_row()
             row["scheme"] = scheme
@@ -276,9 +313,58 @@ class RunRecorder:
             r = format_cell(rec.round)
             reports.extend([scheme, r, format_cell(t), format_cell(w), format_cell(count),
                             format_cell(elapsed)] for t, w, count, elapsed in rec.reports)
-        self._rounds.writerows(rounds)
-        self._workers.writerows(workers)
-        self._reports.writerows(reports)
+            written[scheme] = written.get(scheme, 0) + 1
+        for f, rows_ in ((self._workers, workers), (self._reports, reports),
+                         (self._rounds, rounds)):
+            if rows_:
+                f.write(_csv_text(rows_))
+                f.flush()
+
+    # crash safety -------------------------------------------------------------------------
+
+    def _write_progress(self) -> None:
+        """Replace ``summary.json`` (atomically) by the progress summary: the run is in
+        progress, with the rounds written per scheme; :meth:`close` writes the final one."""
+        write_json_atomic(self.out_dir / "summary.json", {
+            "in_progress": True,
+            "ok": False,
+            "end_reason": None,
+            "rounds_written": dict(self._rounds_written),
+            "pid": os.getpid(),
+            "note": "written while the run went on: if the run is gone, it was cut short "
+                    "(rounds.csv holds every round written so far)",
+        })
+
+    def _timed_write(self) -> None:
+        """Write the batch and the progress summary (the round-end check or the timer)."""
+        self._cancel_timer()
+        if self._closed:
+            return
+        self._write_buffers()
+        self._write_progress()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_loop = None
+
+    def _after_round(self) -> None:
+        """A round ended: write now if ``flush_every_s`` passed since the last write, else
+        make sure a timer on the running loop (if any) writes it that long after the last."""
+        every = self._every
+        if every is None:
+            return
+        wait = self._last_write + every - self._clock()
+        if wait <= 0:
+            self._timed_write()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the next round's end (or close) writes it
+        if self._timer is None or self._timer_loop is not loop:
+            self._timer = loop.call_later(wait, self._timed_write)
+            self._timer_loop = loop
 
     # writers ----------------------------------------------------------------------------
 
@@ -371,6 +457,7 @@ class RunRecorder:
         self._update_room()
         if len(self._event_buf) > self._room:
             self.flush()
+        self._after_round()
 
     def close(self, summary: Mapping[str, Any] | None = None) -> None:
         """Write what is buffered, close the files; write ``summary.json`` (if given) and
@@ -379,6 +466,7 @@ class RunRecorder:
         Idempotent: a second call only writes ``summary`` if one is given.
         """
         if not self._closed:
+            self._cancel_timer()
             try:
                 self._write_buffers()
             finally:
@@ -393,7 +481,7 @@ class RunRecorder:
                 write_json_compact(self.out_dir / "trace.json",
                                     chrome_trace(self._records, frames))
         if summary is not None:
-            write_json(self.out_dir / "summary.json", dict(summary))
+            write_json_atomic(self.out_dir / "summary.json", dict(summary))
 
     @property
     def records(self) -> dict[str, list[RoundRecord]]:
@@ -406,6 +494,21 @@ class RunRecorder:
 
 
 _COPIED_FIELDS: Final = tuple(f for f in RoundRecord.__dataclass_fields__ if f != "gradient")
+
+
+def _csv_text(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` as the csv module writes them (``\\r\\n`` line ends), as one string."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """:func:`write_json` to a temporary file beside ``path``, then ``os.replace``: a reader
+    (or a crash) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_json(tmp, obj)
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------ reading back
@@ -474,6 +577,26 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "reports": read_csv(d / "reports.csv"),
         "summary": json.loads(summary_path.read_text("utf-8")) if summary_path.exists() else None,
     }
+
+
+def run_state(run: Mapping[str, Any]) -> str | None:
+    """None for a run that finished writing its records; else one line saying it was cut
+    short (no final ``summary.json``: killed, out of memory, or still running) and which
+    rounds ``rounds.csv`` holds per scheme."""
+    summary = run.get("summary")
+    if isinstance(summary, Mapping) and not summary.get("in_progress", False):
+        return None
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for r in run.get("rounds", []):
+        s = r.get("scheme")
+        count[s] = count.get(s, 0) + 1
+        last[s] = max(last.get(s, -1), r.get("round") if r.get("round") is not None else -1)
+    held = ", ".join(f"{s}: {count[s]} rounds (last {last[s]})" for s in count) or "no rounds"
+    why = ("summary.json says the run was still in progress" if summary is not None
+           else "no summary.json")
+    return (f"this run was cut short (or is still running): {why}; "
+            f"the files hold {held}")
 
 
 def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:
