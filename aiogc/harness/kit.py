@@ -266,17 +266,32 @@ def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = 
     """Whether every scheme completed every requested round as configured.
 
     True only if no round failed, each scheme ran ``requested_rounds`` rounds, no loss or
-    decode error was non-finite, and, in exact mode, every round decoded exactly.
+    decode error was non-finite, and, in exact mode, every round decoded exactly -- except for
+    a scheme that decodes approximately by design (ignore-stragglers: it waits for k of the m
+    workers and scales their sum), whose approximate rounds are rounds completed as configured.
     """
     schemes = summary.get("schemes", {})
     if not schemes or summary.get("ok") is False:
         return False
-    for s in schemes.values():
+    for name, s in schemes.items():
         if s.get("rounds_failed") or s.get("rounds") != requested_rounds or s.get("failure"):
             return False
-        if mode == "exact" and s.get("rounds_exact") != requested_rounds:
+        if (mode == "exact" and s.get("rounds_exact") != requested_rounds
+                and not _approximate_by_design(name)):
             return False
     return True
+
+
+def _approximate_by_design(label: str) -> bool:
+    """Whether scheme ``label``'s waiting rule decodes approximately (its exact mode is
+    approximate rounds): the schemes that wait for ``k`` finished workers (``uses_k``)."""
+    from aiogc.coding.registry import spec_of_label
+    from aiogc.errors import ConfigError
+
+    try:
+        return spec_of_label(label).uses_k
+    except ConfigError:
+        return False
 
 
 def format_summary(summary: dict[str, Any]) -> str:

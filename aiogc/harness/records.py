@@ -117,6 +117,10 @@ __all__ = [
 #: How often (seconds) the runners' recorders write their batch and the progress summary.
 FLUSH_EVERY_S: Final = 1.0
 
+#: A worker dropped for one of these reasons has left the run (its connection is gone): later
+#: rounds without anything from it mark it absent (:meth:`RunRecorder.round`).
+LEFT_REASONS: Final = frozenset({"disconnected", "heartbeat_timeout"})
+
 # ------------------------------------------------------------------------------ batch formatting
 
 #: One buffered frame: ``(t_ns, direction, kind, scheme, round, worker, nbytes)``; a buffered
@@ -226,6 +230,8 @@ class RunRecorder:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._rounds_written: dict[str, int] = {}
+        # per scheme: workers whose connection was lost -> the round they left in
+        self._gone: dict[str, dict[int, int]] = {}
         if flush_every_s is not None:
             self._write_progress()
 
@@ -450,6 +456,8 @@ class RunRecorder:
             raise ValueError(f"len(loads)={len(loads)} != m={m}")
         partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
         keep = _detached(record)
+        if keep.dropped or self._gone.get(scheme):
+            self._membership(scheme, keep)
         if self._trace:
             self._records.setdefault(scheme, []).append(keep)
         self._round_buf.append((scheme, keep, m, tuple(loads), partial))
@@ -458,6 +466,38 @@ class RunRecorder:
         if len(self._event_buf) > self._room:
             self.flush()
         self._after_round()
+
+    def _membership(self, scheme: str, keep: RoundRecord) -> None:
+        """Workers that left (their connection was lost) and came back, from the rounds.
+
+        A worker dropped for :data:`LEFT_REASONS` has left; in every later round in which
+        nothing of it arrived (no report, no vector) its ``workers.csv`` row says
+        ``absent: left in round R (reason)`` -- not a bare straggler -- until it takes part
+        again. ``worker_left`` / ``worker_rejoined`` events go to ``events.jsonl`` (``round``
+        and ``worker`` set, PS time of the round's end).
+        """
+        gone = self._gone.setdefault(scheme, {})
+        reported = {w for _, w, _, _ in keep.reports}
+        t_ns = round((keep.t_end if keep.t_end is not None else keep.t_start) * 1e9)
+        for w, since in sorted(gone.items()):
+            if w in keep.dropped:
+                continue
+            if w in keep.arrivals or w in reported:
+                del gone[w]
+                self._member_event(t_ns, "worker_rejoined", scheme, keep.round, w,
+                                   f"left in round {since}")
+            else:
+                keep.dropped[w] = f"absent: left in round {since}"
+        for w, why in sorted(keep.dropped.items()):
+            if why in LEFT_REASONS and w not in gone:
+                gone[w] = keep.round
+                self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
+
+    def _member_event(self, t_ns: int, kind: str, scheme: str, round_: int, worker: int,
+                      reason: str) -> None:
+        line = {"t_ns": t_ns, "direction": "event", "kind": kind, "scheme": scheme,
+                "round": int(round_), "worker": int(worker), "nbytes": 0, "reason": reason}
+        self._event_buf.append(json.dumps(line, separators=(",", ":")) + "\n")
 
     def close(self, summary: Mapping[str, Any] | None = None) -> None:
         """Write what is buffered, close the files; write ``summary.json`` (if given) and
