@@ -128,24 +128,30 @@ def _nested(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for e in sorted(slices, key=lambda x: (_ns(x["ts"]), -_ns(x["dur"]))):
             t0 = _ns(e["ts"])
             t1 = t0 + _ns(e["dur"])
-            for k, stack in enumerate(lanes):
-                while stack and stack[-1] <= t0:
-                    stack.pop()
-                if not stack or t1 <= stack[-1]:
-                    break
-            else:
-                k, stack = len(lanes), []
-                lanes.append(stack)
+            k = _lane(lanes, t0, t1)
+            if k == len(lanes):
+                lanes.append([])
                 if k:
                     name = names.get((pid, tid), f"thread {tid}")
                     extra.append(_meta(pid, tid + k * LANE_STRIDE, "thread_name",
                                        name=f"{name} (overlap {k})"))
                     extra.append(_meta(pid, tid + k * LANE_STRIDE, "thread_sort_index",
                                        sort_index=tid))
-            stack.append(t1)
+            lanes[k].append(t1)
             if k:
                 e["tid"] = tid + k * LANE_STRIDE
     return events + extra
+
+
+def _lane(lanes: list[list[int]], t0: int, t1: int) -> int:
+    """The first lane where a slice ``[t0, t1]`` nests (every open slice there ended by
+    ``t0``, or the innermost contains it); ``len(lanes)`` if none. Closes ended slices."""
+    for k, stack in enumerate(lanes):
+        while stack and stack[-1] <= t0:
+            stack.pop()
+        if not stack or t1 <= stack[-1]:
+            return k
+    return len(lanes)
 
 
 def nesting_violations(trace: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
