@@ -34,9 +34,16 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     text = _help(argv, capsys)
     assert "exit codes:" in text
-    from aiogc.cli import EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_OK, EXIT_STOPPED, EXIT_UNREACHABLE
+    from aiogc.cli import (
+        EXIT_CONFIG,
+        EXIT_INCOMPLETE,
+        EXIT_OK,
+        EXIT_SHRUNK,
+        EXIT_STOPPED,
+        EXIT_UNREACHABLE,
+    )
 
-    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_STOPPED}
+    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_SHRUNK, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:

@@ -14,6 +14,9 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
   file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
 * 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
   (wrong secret, config mismatch, task not allowed); the message says which.
+* 5 -- ``run``: every round completed, but some ran with fewer than m workers (a worker left
+  or never joined; ``summary.json`` ``shrunk`` / ``membership`` and a stderr line say which);
+  ``--allow-shrink`` accepts that (exit 0).
 * 130 -- stopped by SIGINT or SIGTERM (``aiogc: interrupted by ...`` on stderr); ``run`` /
   ``ps`` still write ``summary.json`` with the ``end_reason``.
 """
@@ -41,6 +44,7 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+EXIT_SHRUNK = 5
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
@@ -57,6 +61,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_CONFIG, "bad configuration or usage (the message names the flag, value and range)"),
     (EXIT_UNREACHABLE, "worker: the PS was unreachable for --give-up-after seconds or refused "
                        "it for good"),
+    (EXIT_SHRUNK, "run: every round completed, but some with fewer than m workers "
+                  "(--allow-shrink accepts that)"),
     (EXIT_STOPPED, "stopped by SIGINT or SIGTERM (run / ps still write summary.json)"),
 )
 
@@ -257,10 +263,19 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="--backend ray: auto | HOST:PORT of the cluster's GCS "
                         "(default: start a local Ray instance for this run)")
+    p.add_argument("--allow-shrink", action="store_true",
+                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
+                        "and stderr still say so; default: exit 5)")
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from aiogc.harness.kit import RunInterrupted, dump_json, format_summary, run_complete
+    from aiogc.harness.kit import (
+        RunInterrupted,
+        dump_json,
+        format_summary,
+        run_complete,
+        shrink_line,
+    )
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
 
@@ -288,6 +303,13 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
+    shrunk = shrink_line(result.summary)
+    if shrunk:
+        allowed = " (allowed by --allow-shrink)" if a.allow_shrink else \
+            " (--allow-shrink accepts this)"
+        print(f"aiogc run: {shrunk}{allowed}", file=sys.stderr)
+        if not a.allow_shrink:
+            return EXIT_SHRUNK
     return EXIT_OK
 
 

@@ -207,6 +207,8 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     from aiogc.harness.records import summarize
 
     result.summary = summarize(result.records, end_reasons=result.end_reasons)
+    if recorder is not None:
+        add_membership(result.summary, recorder.membership())
     if not result.end_reason:
         result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
     result.summary["wall_s"] = result.wall_s
@@ -239,6 +241,26 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+def add_membership(summary: dict[str, Any], membership: dict[str, dict[str, Any]]) -> None:
+    """Put the recorder's membership (:meth:`~aiogc.harness.records.RunRecorder.membership`)
+    into ``summary``: ``membership`` per scheme, and ``shrunk`` -- the schemes that ran a round
+    with fewer than m workers, with how many such rounds (empty when none did)."""
+    summary["membership"] = membership
+    summary["shrunk"] = {name: s["rounds_short"] for name, s in membership.items()
+                         if s.get("rounds_short")}
+
+
+def shrink_line(summary: dict[str, Any]) -> str | None:
+    """One line saying which schemes ran rounds with fewer than m workers (None if none)."""
+    parts = []
+    for name, n in (summary.get("shrunk") or {}).items():
+        mem = (summary.get("membership") or {}).get(name, {})
+        parts.append(f"{name}: {n} round(s) with fewer than m={mem.get('m')} workers "
+                     f"(fewest {mem.get('fewest_workers_present')}, first round "
+                     f"{mem.get('first_short_round')})")
+    return "; ".join(parts) or None
+
+
 def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
                    summary: dict[str, Any] | None = None) -> str:
     """One line saying why a run ended: the signal, the first scheme that ended early, the
@@ -259,6 +281,9 @@ def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
             return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
                     f"{name} rounds failed (first: round {first.get('round')}: "
                     f"{describe_end(first.get('reason'), first.get('detail'))})")
+    shrunk = shrink_line(summary or {})
+    if shrunk:
+        return f"all rounds ran, but {shrunk}"
     return ALL_ROUNDS_DONE
 
 

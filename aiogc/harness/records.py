@@ -121,13 +121,17 @@ FLUSH_EVERY_S: Final = 1.0
 #: rounds without anything from it mark it absent (:meth:`RunRecorder.round`).
 LEFT_REASONS: Final = frozenset({"disconnected", "heartbeat_timeout"})
 
+#: Leaving / rejoining workers listed per scheme in :meth:`RunRecorder.membership` at most.
+MAX_MEMBER_EVENTS: Final = 100
+
 # ------------------------------------------------------------------------------ batch formatting
 
 #: One buffered frame: ``(t_ns, direction, kind, scheme, round, worker, nbytes)``; a buffered
 #: run event is its finished ``events.jsonl`` line (a str).
 _Frame = tuple[int, str, str, str, int | None, int | None, int]
-#: One buffered round: ``(scheme, gradient-free copy of the record, m, loads, trigger)``.
-_PendingRound = tuple[str, RoundRecord, int, tuple[int, ...], bool]
+#: One buffered round: ``(scheme, gradient-free copy of the record, m, loads, trigger,
+#: workers present or None)``.
+_PendingRound = tuple[str, RoundRecord, int, tuple[int, ...], bool, int | None]
 
 
 def _event_lines(rows: Sequence[_Frame | str], mids: dict[tuple[str, str, str], str]) -> str:
@@ -232,6 +236,12 @@ class RunRecorder:
         self._rounds_written: dict[str, int] = {}
         # per scheme: workers whose connection was lost -> the round they left in
         self._gone: dict[str, dict[int, int]] = {}
+        # workers sent each (scheme, round)'s round_start (the PS's members at its start)
+        self._starts: dict[tuple[str, int], set[int]] = {}
+        # per scheme: m, rounds short of m, fewest present, who left / rejoined (round, worker)
+        self._members: dict[str, dict[str, Any]] = {}
+        self._left: dict[str, list[list[int]]] = {}
+        self._rejoined: dict[str, list[list[int]]] = {}
         if flush_every_s is not None:
             self._write_progress()
 
@@ -310,9 +320,10 @@ class RunRecorder:
         workers: list[list[str]] = []
         reports: list[list[str]] = []
         written = self._rounds_written
-        for scheme, rec, m, loads, partial in pending:
+        for scheme, rec, m, loads, partial, present in pending:
             row = rec.as_row()
             row["scheme"] = scheme
+            row["workers_present"] = present
             rounds.append([format_cell(row.get(c)) for c in ROUND_COLUMNS])
             workers.extend([format_cell(v) for v in t]
                            for t in worker_tuples(scheme, rec, m, loads, partial))
@@ -399,6 +410,8 @@ class RunRecorder:
         self._event_buf.append((int(t_ns), direction, kind, scheme,
                                 None if round is None else int(round),
                                 None if worker is None else int(worker), int(nbytes)))
+        if kind == "round_start" and round is not None and worker is not None:
+            self._starts.setdefault((scheme, int(round)), set()).add(int(worker))
         if len(self._event_buf) > self._room:
             self._spill()
 
@@ -416,10 +429,16 @@ class RunRecorder:
         """
         buf = self._event_buf
         append = buf.append
+        starts = self._starts
 
         def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
-            append((clock(), direction, msg.kind, scheme, getattr(msg, "round", None),
-                    worker_of(peer), nbytes))
+            kind = msg.kind
+            r = getattr(msg, "round", None)
+            w = worker_of(peer)
+            append((clock(), direction, kind, scheme, r, w, nbytes))
+            if kind == "round_start" and w is not None and r is not None:
+                # membership: the PS starts a round with the workers it sends it to
+                starts.setdefault((scheme, r), set()).add(w)
             if len(buf) > self._room:
                 self._spill()
 
@@ -456,25 +475,30 @@ class RunRecorder:
             raise ValueError(f"len(loads)={len(loads)} != m={m}")
         partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
         keep = _detached(record)
+        present = self._starts.pop((scheme, keep.round), None)
         if keep.dropped or self._gone.get(scheme):
-            self._membership(scheme, keep)
+            self._membership(scheme, keep, present)
+        self._count_members(scheme, keep.round, m, present)
         if self._trace:
             self._records.setdefault(scheme, []).append(keep)
-        self._round_buf.append((scheme, keep, m, tuple(loads), partial))
+        self._round_buf.append((scheme, keep, m, tuple(loads), partial,
+                                None if present is None else len(present)))
         self._round_rows += 1 + m + len(keep.reports)
         self._update_room()
         if len(self._event_buf) > self._room:
             self.flush()
         self._after_round()
 
-    def _membership(self, scheme: str, keep: RoundRecord) -> None:
-        """Workers that left (their connection was lost) and came back, from the rounds.
+    def _membership(self, scheme: str, keep: RoundRecord, present: set[int] | None) -> None:
+        """Workers that left (their connection was lost) and came back.
 
-        A worker dropped for :data:`LEFT_REASONS` has left; in every later round in which
-        nothing of it arrived (no report, no vector) its ``workers.csv`` row says
-        ``absent: left in round R (reason)`` -- not a bare straggler -- until it takes part
-        again. ``worker_left`` / ``worker_rejoined`` events go to ``events.jsonl`` (``round``
-        and ``worker`` set, PS time of the round's end).
+        ``present`` is who the PS started the round with (its ``round_start`` frames), None
+        when the recorder saw no frames. A worker dropped for :data:`LEFT_REASONS` has left;
+        in every later round it is not present in (without frames: in which nothing of it
+        arrived) its ``workers.csv`` row says ``absent: left in round R`` -- not a bare
+        straggler -- until it takes part again (the round's ``workers_present`` in
+        ``rounds.csv`` counts every worker). ``worker_left`` / ``worker_rejoined`` events go to
+        ``events.jsonl`` (``round`` and ``worker`` set, PS time of the round's end).
         """
         gone = self._gone.setdefault(scheme, {})
         reported = {w for _, w, _, _ in keep.reports}
@@ -482,7 +506,9 @@ class RunRecorder:
         for w, since in sorted(gone.items()):
             if w in keep.dropped:
                 continue
-            if w in keep.arrivals or w in reported:
+            back = (w in present) if present is not None else (w in keep.arrivals
+                                                                 or w in reported)
+            if back:
                 del gone[w]
                 self._member_event(t_ns, "worker_rejoined", scheme, keep.round, w,
                                    f"left in round {since}")
@@ -493,8 +519,36 @@ class RunRecorder:
                 gone[w] = keep.round
                 self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
 
+    def _count_members(self, scheme: str, round_: int, m: int, present: set[int] | None) -> None:
+        s = self._members.setdefault(scheme, {"m": m, "rounds_known": 0, "rounds_short": 0,
+                                              "fewest_workers_present": None,
+                                              "first_short_round": None})
+        if present is None:
+            return
+        n = len(present)
+        s["rounds_known"] += 1
+        if n < m:
+            s["rounds_short"] += 1
+            if s["first_short_round"] is None:
+                s["first_short_round"] = round_
+        fewest = s["fewest_workers_present"]
+        s["fewest_workers_present"] = n if fewest is None else min(fewest, n)
+
+    def membership(self) -> dict[str, dict[str, Any]]:
+        """Per scheme: ``m``, ``rounds_known`` (rounds whose members the frames told),
+        ``rounds_short`` (rounds the PS started with fewer than m workers),
+        ``fewest_workers_present``, ``first_short_round``, ``left`` and ``rejoined``
+        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each)."""
+        return {s: {**v, "left": list(self._left.get(s, [])),
+                    "rejoined": list(self._rejoined.get(s, []))}
+                for s, v in self._members.items()}
+
     def _member_event(self, t_ns: int, kind: str, scheme: str, round_: int, worker: int,
                       reason: str) -> None:
+        into = self._left if kind == "worker_left" else self._rejoined
+        listed = into.setdefault(scheme, [])
+        if len(listed) < MAX_MEMBER_EVENTS:
+            listed.append([int(round_), int(worker)])
         line = {"t_ns": t_ns, "direction": "event", "kind": kind, "scheme": scheme,
                 "round": int(round_), "worker": int(worker), "nbytes": 0, "reason": reason}
         self._event_buf.append(json.dumps(line, separators=(",", ":")) + "\n")
