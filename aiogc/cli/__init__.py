@@ -14,6 +14,9 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
   file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
 * 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
   (wrong secret, config mismatch, task not allowed); the message says which.
+* 5 -- ``run``: every round completed, but some ran with fewer than m workers (a worker left
+  or never joined; ``summary.json`` ``shrunk`` / ``membership`` and a stderr line say which);
+  ``--allow-shrink`` accepts that (exit 0).
 * 130 -- stopped by SIGINT or SIGTERM (``aiogc: interrupted by ...`` on stderr); ``run`` /
   ``ps`` still write ``summary.json`` with the ``end_reason``.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -40,14 +44,86 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+EXIT_SHRUNK = 5
 #: --fidelity strict: the run completed but its fidelity verdict is "unfaithful" (its round
 #: times or speedups differ from the simulator's replay of its own schedule by more than the
 #: threshold): its timings are not a result
-EXIT_UNFAITHFUL = 5
+EXIT_UNFAITHFUL = 6
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
 EXIT_STOPPED = 130
+
+#: ``aiogc --help`` / ``aiogc run --help`` (and every command's help) list these: what each
+#: exit status means (the module docstring says it at length).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done: run / ps: every requested round of every scheme completed as "
+              "configured; worker: the PS ended the run after all its rounds"),
+    (EXIT_INCOMPLETE, "the run ended early or incompletely (join timeout, failed or non-exact "
+                      "rounds, a non-finite loss), a worker whose PS ended early, or an "
+                      "internal error"),
+    (EXIT_CONFIG, "bad configuration or usage (the message names the flag, value and range)"),
+    (EXIT_UNREACHABLE, "worker: the PS was unreachable for --give-up-after seconds or refused "
+                       "it for good"),
+    (EXIT_SHRUNK, "run: every round completed, but some with fewer than m workers "
+                  "(--allow-shrink accepts that)"),
+    (EXIT_UNFAITHFUL, "run --fidelity strict: every round completed, but the fidelity verdict "
+                      "is unfaithful (live round times or speedups off the simulator's replay "
+                      "of the run's own schedule by more than --fidelity-threshold)"),
+    (EXIT_STOPPED, "stopped by SIGINT or SIGTERM (run / ps still write summary.json)"),
+)
+
+#: The diagnostics logger of the command line (``-v`` / ``-q`` set its level).
+log = logging.getLogger("aiogc")
+
+
+def exit_codes_epilog() -> str:
+    """The ``exit codes:`` section of the help texts, from :data:`EXIT_CODES`."""
+    import textwrap
+
+    lines = ["exit codes:"]
+    lines += [textwrap.fill(text, 79, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7)
+              for code, text in EXIT_CODES]
+    return "\n".join(lines)
+
+
+def _help_with_exit_codes(p: argparse.ArgumentParser) -> None:
+    """Make ``p --help`` end with the exit codes (kept as written: one per line)."""
+    p.epilog = exit_codes_epilog()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def add_log_args(p: argparse.ArgumentParser) -> None:
+    """``-v`` / ``-q``: more or fewer diagnostics on stderr (stdlib logging)."""
+    g = p.add_argument_group("diagnostics")
+    g.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more diagnostics on stderr (-v: per round, -vv: debug)")
+    g.add_argument("-q", "--quiet", action="count", default=0,
+                   help="only errors on stderr (no warnings, no progress line)")
+
+
+def setup_logging(verbose: int = 0, quiet: int = 0) -> None:
+    """Route the ``aiogc`` logger to stderr at WARNING, -v INFO, -vv DEBUG, -q ERROR."""
+    level = (logging.ERROR if quiet else logging.WARNING if not verbose
+             else logging.INFO if verbose == 1 else logging.DEBUG)
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        log.addHandler(handler)
+    log.propagate = False
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record is emitted."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def _signal_exit(name: str) -> int:
@@ -241,6 +317,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="--backend ray: auto | HOST:PORT of the cluster's GCS "
                         "(default: start a local Ray instance for this run)")
+    p.add_argument("--allow-shrink", action="store_true",
+                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
+                        "and stderr still say so; default: exit 5)")
     p.add_argument("--fidelity", choices=("report", "strict"), default="report",
                    help="report: summary.json's fidelity section and a line on stdout; "
                         f"strict: also exit {EXIT_UNFAITHFUL} when the verdict is unfaithful")
@@ -250,7 +329,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from aiogc.harness.kit import RunInterrupted, dump_json, format_summary, run_complete
+    from aiogc.harness.kit import (
+        RunInterrupted,
+        dump_json,
+        format_summary,
+        run_complete,
+        shrink_line,
+    )
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
 
@@ -259,7 +344,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
     base = config_from_args(a, schemes[0])
     _writable_dir("out", a.out)
-    progress = sys.stderr.isatty() if a.progress is None else a.progress
+    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
     options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
                          progress=progress, argv=argv, plots=a.plots, backend=a.backend,
                          address=a.address, worker_hosts=a.worker_hosts,
@@ -280,6 +365,13 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
+    shrunk = shrink_line(result.summary)
+    if shrunk:
+        allowed = " (allowed by --allow-shrink)" if a.allow_shrink else \
+            " (--allow-shrink accepts this)"
+        print(f"aiogc run: {shrunk}{allowed}", file=sys.stderr)
+        if not a.allow_shrink:
+            return EXIT_SHRUNK
     fid = result.summary.get("fidelity") or {}
     if a.fidelity == "strict" and fid.get("verdict") != "faithful":
         why = "; ".join(fid.get("reasons") or ["no fidelity measured"])
@@ -309,13 +401,17 @@ def add_ps_parser(sub: Any) -> None:
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
     p.add_argument("--epoch", type=int, default=None,
                    help="PS epoch (default: derived from the clock, so a restart is new)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="one progress line on stderr (default: when stderr is a terminal; "
+                        "-v logs every round instead)")
     p.set_defaults(func=cmd_ps)
 
 
 def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
-                      ended: list[str]) -> Callable[[Any], None]:
-    """``aiogc ps``'s event callback: prints each round, records it (if ``recorder``), and
-    appends the PS's end reason to ``ended``."""
+                      ended: list[str], progress: Any = None) -> Callable[[Any], None]:
+    """``aiogc ps``'s event callback: advances the progress line (if ``progress``), logs
+    each round (INFO: ``-v``), records it (if ``recorder``), and appends the PS's end reason
+    to ``ended``."""
     import time
 
     from aiogc.core import Finished, RoundCompleted
@@ -327,9 +423,12 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = ev.record
-            why = (f" ({describe_end(r.end_reason, r.end_detail)})"
-                   if r.status == "failed" and r.end_reason else "")
-            print(f"round {r.round}: {r.status}{why} in {r.duration_s:.4f} s", file=sys.stderr)
+            if log.isEnabledFor(logging.INFO):
+                why = (f" ({describe_end(r.end_reason, r.end_detail)})"
+                       if r.status == "failed" and r.end_reason else "")
+                log.info("round %d: %s%s in %.4f s", r.round, r.status, why, r.duration_s)
+            if progress is not None:
+                progress.update()
             if recorder is not None:
                 recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
         elif isinstance(ev, Finished):
@@ -356,6 +455,9 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
         end_reason = run_end_reason({scheme_name: ps_reason}, (), summary)
     summary["end_reason"] = end_reason
     summary["interrupted_by"] = stopped[0] if stopped else None
+    if stopped:
+        summary["ok"] = False  # ok only when every round completed as configured
+    summary["in_progress"] = False
     return summary
 
 
@@ -363,6 +465,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
     from aiogc.harness.kit import (
+        Progress,
         build_manifest,
         dump_json,
         format_summary,
@@ -371,7 +474,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         run_complete,
     )
     from aiogc.harness.local import _started
-    from aiogc.harness.records import RunRecorder
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
     from aiogc.net.drivers import PSServer, run_on
 
     config = config_from_args(a, a.scheme)
@@ -386,11 +489,15 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     if a.out:
         recorder = RunRecorder(a.out, build_manifest(config, [a.scheme], schedule,
                                                      mode="remote", loop=a.loop,
-                                                     verify=a.verify, argv=argv))
+                                                     verify=a.verify, argv=argv),
+                               flush_every_s=FLUSH_EVERY_S)
         recorder.write_schedule(schedule)
     ended: list[str] = []
     stopped: list[str] = []
-    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended)
+    show = sys.stderr.isatty() if a.progress is None else a.progress
+    bar = Progress(config.rounds, a.scheme,
+                   enabled=show and not a.quiet and not log.isEnabledFor(logging.INFO))
+    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended, bar)
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
 
     async def main() -> None:
@@ -419,6 +526,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             run_on(a.loop, main())
     finally:
+        bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
         end_reason = summary["end_reason"]
         if recorder is not None:
@@ -664,8 +772,12 @@ def cmd_keys_derive(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aiogc import __version__
+
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
+    parser.add_argument("--version", action="version", version=f"aiogc {__version__}")
+    _help_with_exit_codes(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_parser(sub)
     add_ps_parser(sub)
@@ -679,6 +791,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     add_plot_parsers(sub)
     add_report_parser(sub)
+    for cmd in sub.choices.values():
+        _help_with_exit_codes(cmd)
+        add_log_args(cmd)
     return parser
 
 
@@ -686,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    setup_logging(getattr(args, "verbose", 0), getattr(args, "quiet", 0))
     try:
         rc = args.func(args, args_list) if _takes_argv(args.func) else args.func(args)
         return int(rc)

@@ -50,6 +50,7 @@ img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
 nav{margin:14px 0 0}nav a{margin-right:10px}
 footer{max-width:1100px;margin:0 auto;padding:0 24px 30px;color:#667085;font-size:12px}
 #aiogc-check.ok{color:#137333}#aiogc-check.bad{color:#b3261e;font-weight:bold}
+.cut{color:#b3261e}
 """
 
 # Runs in the page: records script errors and, on load, whether every image decoded.
@@ -178,6 +179,23 @@ _SUMMARY_COLS = (("rounds", "rounds"), ("rounds_failed", "failed"),
                  ("max_rel_decode_error", "max rel err"), ("final_loss", "final loss"))
 
 
+def _cut_short(d: Path) -> str | None:
+    """The cut-short line of :func:`~aiogc.harness.records.run_state` (None if finished)."""
+    from aiogc.harness.records import load_run, run_state
+
+    return run_state(load_run(d))
+
+
+def _summary_of_files(d: Path) -> dict[str, Any]:
+    """The summary of a cut-short run, computed from the rounds its files hold."""
+    from aiogc.harness.records import load_run, records_from_run, summarize
+
+    summary = summarize(records_from_run(load_run(d)))
+    summary["ok"] = False
+    summary["end_reason"] = "cut short (no final summary.json)"
+    return summary
+
+
 def _run_sections(d: Path) -> list[str]:
     man_path = d / "manifest.json"
     if not man_path.is_file():
@@ -192,8 +210,13 @@ def _run_sections(d: Path) -> list[str]:
                      f"{_e(man.get('git_sha'))}, seed {_e(man.get('seed'))}, "
                      f"mode {_e(man.get('mode'))}, loop {_e(man.get('loop'))}</p>")
     sum_path = d / "summary.json"
-    if sum_path.is_file():
-        summary = _load_json(sum_path)
+    summary = _load_json(sum_path) if sum_path.is_file() else None
+    cut = _cut_short(d)
+    if cut is not None:
+        # killed (or still running): say so, and summarise the rounds on disk instead
+        parts.append(f'<p class="cut"><strong>{_e(cut)}</strong></p>')
+        summary = _summary_of_files(d)
+    if summary is not None:
         schemes = summary.get("schemes", {}) if isinstance(summary, dict) else {}
         speed = summary.get("speedup_vs_original", {}) if isinstance(summary, dict) else {}
         # a run that ended early says why (summary field written by newer runners)

@@ -342,7 +342,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     for name in names:
         t0 = time.monotonic()
         try:
-            summary = run_experiment(name, args.out, quick=args.quick, seed=args.seed)
+            summary = run_experiment(name, args.out, quick=args.quick, seed=args.seed,
+                                     progress=not getattr(args, "quiet", 0))
         except ConfigError as exc:
             print(f"aiogc experiment: error: {exc}", file=sys.stderr)
             return 2

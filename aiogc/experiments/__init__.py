@@ -35,7 +35,7 @@ from typing import Any
 
 from aiogc.errors import ConfigError
 from aiogc.experiments import approx, live, ordering, speedup, stability
-from aiogc.experiments._common import Experiment, read_csv, write_csv
+from aiogc.experiments._common import PROGRESS_LISTENERS, Experiment, read_csv, write_csv
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
 
@@ -77,9 +77,37 @@ def _check(name: str, seed: int) -> Experiment:
     return EXPERIMENTS[name]
 
 
+class CellProgress:
+    """Progress of one experiment's grid on stderr: cells done, elapsed time and an ETA
+    (elapsed / done x cells left). On a terminal one line rewritten in place, otherwise one
+    line per cell."""
+
+    def __init__(self, name: str, *, stream: Any = None, clock: Any = time.monotonic) -> None:
+        self.name = name
+        self.stream = stream
+        self.clock = clock
+        self.t0 = clock()
+        self.lines: list[str] = []
+
+    def __call__(self, done: int, total: int) -> None:
+        out = self.stream if self.stream is not None else sys.stderr
+        elapsed = self.clock() - self.t0
+        eta = (f"ETA {elapsed / done * (total - done):.0f} s" if done
+               else "ETA after the first cell")
+        line = f"aiogc experiment {self.name}: {done}/{total} cells, {elapsed:.0f} s, {eta}"
+        self.lines.append(line)
+        tty = getattr(out, "isatty", lambda: False)()
+        if tty:
+            out.write("\r" + line + ("\n" if done == total else ""))
+        else:
+            out.write(line + "\n")
+        out.flush()
+
+
 def run_experiment(name: str, out: str | Path, *, quick: bool = False,
-                   seed: int = 1) -> dict[str, Any]:
-    """Run experiment ``name``: ``NAME.csv``, ``NAME.png``, ``NAME.json`` in ``out``.
+                   seed: int = 1, progress: bool = False) -> dict[str, Any]:
+    """Run experiment ``name``: ``NAME.csv``, ``NAME.png``, ``NAME.json`` in ``out``;
+    with ``progress``, its cells done and an ETA on stderr (:class:`CellProgress`).
 
     Returns
     -------
@@ -90,7 +118,14 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    rows = exp.compute(quick, seed)
+    listener = CellProgress(name) if progress else None
+    if listener is not None:
+        PROGRESS_LISTENERS.append(listener)
+    try:
+        rows = exp.compute(quick, seed)
+    finally:
+        if listener is not None:
+            PROGRESS_LISTENERS.remove(listener)
     if not rows:
         raise RuntimeError(f"experiment {name} produced no rows")
     write_csv(path / f"{name}.csv", rows)

@@ -56,6 +56,30 @@ class Experiment:
     grid: str
 
 
+# ------------------------------------------------------------------------------ progress
+
+#: Who hears of an experiment's progress: ``(cells done, cells in the grid)``, at the start
+#: (0 done) and after each cell (:func:`aiogc.experiments.run_experiment` installs one).
+PROGRESS_LISTENERS: list[Callable[[int, int], None]] = []
+
+
+def cells(total: int) -> Callable[[], None]:
+    """Announce that the running experiment's grid has ``total`` cells; returns ``tick``, to
+    call after each cell (progress with an ETA on stderr)."""
+    done = 0
+    listeners = list(PROGRESS_LISTENERS)
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        for f in listeners:
+            f(done, total)
+
+    for f in listeners:
+        f(0, total)
+    return tick
+
+
 # ------------------------------------------------------------------------------ CSV
 
 

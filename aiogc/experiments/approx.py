@@ -20,6 +20,7 @@ from aiogc.experiments._common import (
     Row,
     band,
     boot_rng,
+    cells,
     code_rng,
     delay_seed,
     mean_ci,
@@ -147,8 +148,10 @@ def mse_compute(quick: bool, seed: int) -> list[Row]:
     grid = _MseGrid(m=g["m"], delta=g["delta"], deadlines=g["deadlines"],
                     schemes=("partial", "original"), instances=g["instances"],
                     trials=g["trials"], seed=seed)
+    tick = cells(3)
     for ell in (1, 2, 3):
         rows += _mse_cell(grid, ell=ell, delay="exp:1.0", key=(ell,))
+        tick()
     return rows
 
 
@@ -194,8 +197,10 @@ def tails_compute(quick: bool, seed: int) -> list[Row]:
     grid = _MseGrid(m=g["m"], delta=g["delta"], deadlines=g["deadlines"],
                     schemes=TAIL_SCHEMES, instances=g["instances"], trials=g["trials"],
                     seed=seed)
+    tick = cells(len(g["delays"]))
     for d_i, delay in enumerate(g["delays"]):
         rows += _mse_cell(grid, ell=g["ell"], delay=delay, key=(100 + d_i,))
+        tick()
     return rows
 
 

@@ -16,6 +16,7 @@ from aiogc.experiments._common import (
     Row,
     band,
     boot_rng,
+    cells,
     code_rng,
     delay_seed,
     plt,
@@ -43,11 +44,14 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
                     task="linreg")
     built = build_schemes(cfg, schemes)
     schedule = schedule_for(cfg, built)
+    tick = cells(3)  # the simulation, then each loop live
     sim = simulate_protocol(cfg, schemes, schedule=schedule, gradients="task", built=built)
+    tick()
     rows: list[Row] = []
     for loop in ("asyncio", "uvloop"):
         live = run_live(cfg, schemes, RunOptions(mode="coroutines", out_dir=None, verify=False,
                         loop=loop), schedule=schedule)
+        tick()
         for name in schemes:
             lrec, srec = live.records[name], sim[name]
             n = min(len(lrec), len(srec))
@@ -235,7 +239,12 @@ def _live_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
 
 def lat_compute(quick: bool, seed: int) -> list[Row]:
     g = lat_grid(quick)
-    return _sim_latency_rows(g, seed) + _live_latency_rows(g, seed)
+    tick = cells(2)  # the simulated sweep, then the live points
+    rows = _sim_latency_rows(g, seed)
+    tick()
+    rows += _live_latency_rows(g, seed)
+    tick()
+    return rows
 
 
 def lat_plot(rows: list[Row], path: Path) -> None:
@@ -347,6 +356,7 @@ def train_compute(quick: bool, seed: int) -> list[Row]:
 
     g = train_grid(quick)
     rows: list[Row] = []
+    tick = cells(g["seeds"])
     for k in range(g["seeds"]):
         cfg = RunConfig(workers=g["m"], delta=g["delta"], n_parts=g["ell"], rounds=g["rounds"],
                         delay=g["delay"], seed=seed + k, task=TRAIN_TASK)
@@ -366,6 +376,7 @@ def train_compute(quick: bool, seed: int) -> list[Row]:
                 rows.append({**base, "round": rec.round, "status": rec.status,
                              "wall_s": end - t0, "loss": loss, "loss_logged": rec.loss,
                              "accuracy": acc})
+        tick()
     return rows
 
 

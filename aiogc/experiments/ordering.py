@@ -20,6 +20,7 @@ from aiogc.experiments._common import (
     Row,
     band,
     boot_rng,
+    cells,
     code_rng,
     delay_seed,
     mean_ci,
@@ -128,9 +129,11 @@ def _cell(family: str, m: int, delta: int, g: dict[str, Any], seed: int, key: in
 def compute(quick: bool, seed: int) -> list[Row]:
     g = grid(quick)
     rows: list[Row] = []
+    tick = cells(len(g["sizes"]) * len(FAMILIES))
     for s_i, (m, delta) in enumerate(g["sizes"]):
         for f_i, family in enumerate(FAMILIES):
             rows += _cell(family, m, delta, g, seed, 10 * s_i + f_i)
+            tick()
     return rows
 
 

@@ -13,6 +13,7 @@ from aiogc.experiments._common import (
     Row,
     band,
     boot_rng,
+    cells,
     code_rng,
     delay_seed,
     mean_ci,
@@ -39,6 +40,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
     g = grid(quick)
     m, delta, C, R = g["m"], g["delta"], g["instances"], g["trials"]
     rows: list[Row] = []
+    tick = cells(len(ASSIGNMENTS) * len(SPEEDUP_DELAYS) * (delta - 1))
     for a_i, assignment in enumerate(ASSIGNMENTS):
         for d_i, delay in enumerate(SPEEDUP_DELAYS):
             for ell in range(1, delta):
@@ -73,6 +75,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
                                  "speedup": sp, "speedup_lo": sp_lo, "speedup_hi": sp_hi,
                                  "partial_faster_frac": float(np.mean(
                                      ends["original"] >= ends["partial"]))})
+                tick()
     return rows
 
 

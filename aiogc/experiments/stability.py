@@ -26,7 +26,16 @@ import numpy as np
 
 from aiogc.coding import cyclic_assignment, decoding_matrix, make_scheme, worst_condition_number
 from aiogc.coding.decoding_matrix import subset_conditions
-from aiogc.experiments._common import Experiment, Row, code_rng, delay_seed, plt, save, select
+from aiogc.experiments._common import (
+    Experiment,
+    Row,
+    cells,
+    code_rng,
+    delay_seed,
+    plt,
+    save,
+    select,
+)
 from aiogc.training.delays import materialise
 
 # ------------------------------------------------------------------------------ stability
@@ -126,9 +135,13 @@ def _cond_rows(g: dict[str, Any], seed: int) -> list[Row]:
 def compute(quick: bool, seed: int) -> list[Row]:
     g = grid(quick)
     rows: list[Row] = []
+    tick = cells(len(g["ms"]) + 1)  # + the condition numbers
     for m in g["ms"]:
         rows += _error_rows(m, g, seed)
-    return rows + _cond_rows(g, seed)
+        tick()
+    rows += _cond_rows(g, seed)
+    tick()
+    return rows
 
 
 COLORS = {"original-polynomial": "C3", "partial-frame": "C0", "partial-gaussian": "C1"}
@@ -309,6 +322,7 @@ def digits_compute(quick: bool, seed: int) -> list[Row]:
     g = digits_grid(quick)
     s, ell, R = g["s"], g["ell"], g["trials"]
     rows: list[Row] = []
+    tick = cells(len(g["degrees"]))
     for deg in g["degrees"]:
         m = deg + 1 + s
         Bu = partial_worst_solve(m, s + ell, ell, seed)
@@ -323,6 +337,7 @@ def digits_compute(quick: bool, seed: int) -> list[Row]:
                              "rel_error_median": float(np.median(e)),
                              "rel_error_max": float(e.max()),
                              "cond": kappa if name == "partial-frame" else None})
+        tick()
     return rows
 
 

@@ -9,6 +9,7 @@ describes the files.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -53,10 +54,17 @@ COLUMN_OF_FIELD: Final[dict[str, str]] = {
 #: RoundRecord fields written to other files (or not at all: the gradient).
 NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient"})
 
-#: rounds.csv columns: ``scheme`` then :meth:`RoundRecord.as_row` in its own order.
+#: rounds.csv columns written by the recorder after the record's own (appended at the end, so
+#: readers of older files still work): ``workers_present``, the workers the PS started the
+#: round with (empty when the recorder saw no frames).
+RECORDER_ROUND_COLUMNS: Final[tuple[str, ...]] = ("workers_present",)
+
+#: rounds.csv columns: ``scheme``, then :meth:`RoundRecord.as_row` in its own order, then
+#: :data:`RECORDER_ROUND_COLUMNS`.
 ROUND_COLUMNS: Final[tuple[str, ...]] = (
     "scheme",
     *(k for k in RoundRecord(round=0, scheme="", t_start=0.0).as_row() if k != "scheme"),
+    *RECORDER_ROUND_COLUMNS,
 )
 
 
@@ -110,7 +118,7 @@ def _kind(tp: Any) -> type:
 def _column_types() -> dict[str, dict[str, type]]:
     """Cell type of every column of every CSV file, derived from the dataclasses."""
     hints = get_type_hints(RoundRecord)
-    rounds: dict[str, type] = {"duration_s": float}
+    rounds: dict[str, type] = {"duration_s": float, "workers_present": int}
     for f in fields(RoundRecord):
         if f.name not in NOT_IN_ROUNDS:
             rounds[COLUMN_OF_FIELD.get(f.name, f.name)] = _kind(hints[f.name])
@@ -218,9 +226,12 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     types = COLUMN_TYPES.get(path.name, {})
-    with path.open(newline="", encoding="utf-8") as f:
-        return [{k: parse_cell(types.get(k, str), v) for k, v in row.items()}
-                for row in csv.DictReader(f)]
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        # a run killed mid-write: its last row is incomplete, drop it
+        text = text[: text.rfind("\n") + 1]
+    return [{k: parse_cell(types.get(k, str), v) for k, v in row.items()}
+            for row in csv.DictReader(io.StringIO(text, newline=""))]
 
 
 # ------------------------------------------------------------------------------ per-worker rows

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiogc.errors import AiogcError
 from aiogc.harness.columns import is_trigger_scheme
-from aiogc.harness.records import load_events, load_run
+from aiogc.harness.records import load_events, load_run, run_state
 from aiogc.protocol.status import describe_end
 
 __all__ = ["NoSuchRound", "inspect_round"]
@@ -69,7 +69,8 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
     Returns
     -------
     str
-        Multi-line text, one section per scheme.
+        Multi-line text, one section per scheme; first a ``note: this run was cut short ...``
+        line when the run did not write its final summary (:func:`~.records.run_state`).
 
     Raises
     ------
@@ -105,6 +106,9 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
         workers = [w for w in run["workers"] if w["scheme"] == s and w["round"] == round]
         frames = load_events(run_dir, scheme=s, round=round)
         sections.append(_section(row, reports, workers, frames))
+    cut = run_state(run)
+    if cut is not None:
+        sections.insert(0, f"note: {cut}")
     return "\n\n".join(sections) + "\n"
 
 

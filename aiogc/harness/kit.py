@@ -206,12 +206,12 @@ def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConf
     delay schedule written; sets ``result.out_dir``."""
     if out_dir is None:
         return None
-    from aiogc.harness.records import RunRecorder
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
 
     out = Path(out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
                               verify=verify, argv=argv)
-    recorder = RunRecorder(out, manifest)
+    recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out
     return recorder
@@ -223,12 +223,19 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     from aiogc.harness.records import summarize
 
     result.summary = summarize(result.records, end_reasons=result.end_reasons)
+    if recorder is not None:
+        add_membership(result.summary, recorder.membership())
     if not result.end_reason:
         result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
     result.summary["wall_s"] = result.wall_s
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
     result.summary.update(result.extra_summary)
+    # ok only when every round of every scheme completed: never for a stopped run (nor one
+    # that ended on an error before its summary); the records are final now
+    if interrupted or result.end_reason.startswith("runner error"):
+        result.summary["ok"] = False
+    result.summary["in_progress"] = False
     if recorder is not None:
         recorder.close(result.summary)
 
@@ -251,6 +258,26 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+def add_membership(summary: dict[str, Any], membership: dict[str, dict[str, Any]]) -> None:
+    """Put the recorder's membership (:meth:`~aiogc.harness.records.RunRecorder.membership`)
+    into ``summary``: ``membership`` per scheme, and ``shrunk`` -- the schemes that ran a round
+    with fewer than m workers, with how many such rounds (empty when none did)."""
+    summary["membership"] = membership
+    summary["shrunk"] = {name: s["rounds_short"] for name, s in membership.items()
+                         if s.get("rounds_short")}
+
+
+def shrink_line(summary: dict[str, Any]) -> str | None:
+    """One line saying which schemes ran rounds with fewer than m workers (None if none)."""
+    parts = []
+    for name, n in (summary.get("shrunk") or {}).items():
+        mem = (summary.get("membership") or {}).get(name, {})
+        parts.append(f"{name}: {n} round(s) with fewer than m={mem.get('m')} workers "
+                     f"(fewest {mem.get('fewest_workers_present')}, first round "
+                     f"{mem.get('first_short_round')})")
+    return "; ".join(parts) or None
+
+
 def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
                    summary: dict[str, Any] | None = None) -> str:
     """One line saying why a run ended: the signal, the first scheme that ended early, the
@@ -271,6 +298,9 @@ def run_end_reason(end_reasons: dict[str, str], interrupted: Sequence[str] = (),
             return (f"all rounds ran, but {n_failed} of {n_failed + (s.get('rounds') or 0)} "
                     f"{name} rounds failed (first: round {first.get('round')}: "
                     f"{describe_end(first.get('reason'), first.get('detail'))})")
+    shrunk = shrink_line(summary or {})
+    if shrunk:
+        return f"all rounds ran, but {shrunk}"
     return ALL_ROUNDS_DONE
 
 
@@ -278,17 +308,32 @@ def run_complete(summary: dict[str, Any], requested_rounds: int, *, mode: str = 
     """Whether every scheme completed every requested round as configured.
 
     True only if no round failed, each scheme ran ``requested_rounds`` rounds, no loss or
-    decode error was non-finite, and, in exact mode, every round decoded exactly.
+    decode error was non-finite, and, in exact mode, every round decoded exactly -- except for
+    a scheme that decodes approximately by design (ignore-stragglers: it waits for k of the m
+    workers and scales their sum), whose approximate rounds are rounds completed as configured.
     """
     schemes = summary.get("schemes", {})
     if not schemes or summary.get("ok") is False:
         return False
-    for s in schemes.values():
+    for name, s in schemes.items():
         if s.get("rounds_failed") or s.get("rounds") != requested_rounds or s.get("failure"):
             return False
-        if mode == "exact" and s.get("rounds_exact") != requested_rounds:
+        if (mode == "exact" and s.get("rounds_exact") != requested_rounds
+                and not _approximate_by_design(name)):
             return False
     return True
+
+
+def _approximate_by_design(label: str) -> bool:
+    """Whether scheme ``label``'s waiting rule decodes approximately (its exact mode is
+    approximate rounds): the schemes that wait for ``k`` finished workers (``uses_k``)."""
+    from aiogc.coding.registry import spec_of_label
+    from aiogc.errors import ConfigError
+
+    try:
+        return spec_of_label(label).uses_k
+    except ConfigError:
+        return False
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -488,7 +488,7 @@ def run_ray(
     KeyboardInterrupt
         SIGINT or SIGTERM stopped the run; what was recorded is written (no plots).
     """
-    from aiogc.harness.records import RunRecorder
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
 
     options = options if options is not None else RunOptions()
     ray_options = ray_options if ray_options is not None else RayOptions()
@@ -527,7 +527,7 @@ def run_ray(
                                           loop=loop_kind, verify=options.verify,
                                           argv=options.argv)
                 manifest["cluster"] = _cluster_manifest(ray, address, cpus, max_restarts)
-                recorder = RunRecorder(Path(out_dir), manifest)
+                recorder = RunRecorder(Path(out_dir), manifest, flush_every_s=FLUSH_EVERY_S)
                 recorder.write_schedule(schedule)
                 result.out_dir = Path(out_dir)
             driver = _Driver(ray, options, ray_options, schedule=schedule, recorder=recorder,

@@ -51,8 +51,18 @@ Invariants
   are buffered and formatted in batches, when the buffer passes :attr:`RunRecorder.flush_rows`
   rows (so memory stays bounded on long runs), on :meth:`RunRecorder.flush` and on
   :meth:`RunRecorder.close` -- which the runner calls on every way a run ends (normal end,
-  error, SIGINT, SIGTERM), so nothing recorded is lost unless the process itself is killed.
-  ``summary.json`` and ``trace.json`` appear only on :meth:`RunRecorder.close`.
+  error, SIGINT, SIGTERM).
+* Crash safety: a recorder made with ``flush_every_s`` (the runners pass
+  :data:`FLUSH_EVERY_S`, 1 s) also writes the batch at a round's end once that long has passed
+  since the last write, and, on a running event loop, at most that long after a round ended
+  (a timer), so a SIGKILL or OOM kill loses at most the last second of rounds. Each file gets
+  its batch in one ``write`` (workers, reports and events before rounds, so a round in
+  ``rounds.csv`` has its other rows on disk) and ``summary.json`` is replaced atomically
+  (temp file + ``os.replace``) by a progress summary with ``"in_progress": true``; the final
+  summary written by :meth:`RunRecorder.close` has ``"in_progress": false``. A directory whose
+  summary still says in progress was cut short (or is still running): :func:`run_state` says
+  which rounds it holds, and readers skip a truncated last line.
+* ``trace.json`` appears only on :meth:`RunRecorder.close`.
 * :func:`load_run` reads a directory back with typed values; :func:`records_from_run` rebuilds
   :class:`~aiogc.core.common.RoundRecord` objects (without gradients) from it, so plots and
   inspection need nothing but the files.
@@ -60,7 +70,9 @@ Invariants
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import io
 import json
 import os
 import time
@@ -92,20 +104,34 @@ from aiogc.training.schedule import DelaySchedule
 
 # summarize (summary.py) is re-exported: harness/kit.py imports it from here.
 __all__ = [
+    "FLUSH_EVERY_S",
     "RunRecorder",
     "load_events",
     "load_run",
     "records_from_run",
+    "run_state",
     "summarize",
+    "write_json_atomic",
 ]
+
+#: How often (seconds) the runners' recorders write their batch and the progress summary.
+FLUSH_EVERY_S: Final = 1.0
+
+#: A worker dropped for one of these reasons has left the run (its connection is gone): later
+#: rounds without anything from it mark it absent (:meth:`RunRecorder.round`).
+LEFT_REASONS: Final = frozenset({"disconnected", "heartbeat_timeout"})
+
+#: Leaving / rejoining workers listed per scheme in :meth:`RunRecorder.membership` at most.
+MAX_MEMBER_EVENTS: Final = 100
 
 # ------------------------------------------------------------------------------ batch formatting
 
 #: One buffered frame: ``(t_ns, direction, kind, scheme, round, worker, nbytes)``; a buffered
 #: run event is its finished ``events.jsonl`` line (a str).
 _Frame = tuple[int, str, str, str, int | None, int | None, int]
-#: One buffered round: ``(scheme, gradient-free copy of the record, m, loads, trigger)``.
-_PendingRound = tuple[str, RoundRecord, int, tuple[int, ...], bool]
+#: One buffered round: ``(scheme, gradient-free copy of the record, m, loads, trigger,
+#: workers present or None)``.
+_PendingRound = tuple[str, RoundRecord, int, tuple[int, ...], bool, int | None]
 
 
 def _event_lines(rows: Sequence[_Frame | str], mids: dict[tuple[str, str, str], str]) -> str:
@@ -157,6 +183,13 @@ class RunRecorder:
     trace : bool, default True
         Write ``trace.json`` on :meth:`close`. Keeping the trace needs the round records
         (gradient-free copies) and re-reads at most :data:`MAX_TRACE_FRAMES` frames.
+    flush_every_s : float, optional
+        Crash safety (see the module docstring): write the batch and a progress
+        ``summary.json`` at a round's end once this many seconds passed since the last write,
+        and at most this long after a round ended when an event loop is running. Default
+        None: only on the row bound, :meth:`flush` and :meth:`close`.
+    clock : callable, default time.monotonic
+        Seconds, for ``flush_every_s``.
 
     Examples
     --------
@@ -171,7 +204,8 @@ class RunRecorder:
     FLUSH_ROWS: Final = 50_000
 
     def __init__(
-        self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True
+        self, out_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, trace: bool = True,
+        flush_every_s: float | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,13 +227,29 @@ class RunRecorder:
         self._room = self._flush_rows
         self._mids: dict[tuple[str, str, str], str] = {}
         self._frames_written = 0
+        # crash safety: timed writes of the batch and of a progress summary.json
+        self._every = flush_every_s
+        self._clock = clock
+        self._last_write = clock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._rounds_written: dict[str, int] = {}
+        # per scheme: workers whose connection was lost -> the round they left in
+        self._gone: dict[str, dict[int, int]] = {}
+        # workers sent each (scheme, round)'s round_start (the PS's members at its start)
+        self._starts: dict[tuple[str, int], set[int]] = {}
+        # per scheme: m, rounds short of m, fewest present, who left / rejoined (round, worker)
+        self._members: dict[str, dict[str, Any]] = {}
+        self._left: dict[str, list[list[int]]] = {}
+        self._rejoined: dict[str, list[list[int]]] = {}
+        if flush_every_s is not None:
+            self._write_progress()
 
-    def _open_csv(self, name: str, columns: Sequence[str]) -> Any:
+    def _open_csv(self, name: str, columns: Sequence[str]) -> IO[str]:
         f = (self.out_dir / name).open("w", newline="", encoding="utf-8")
         self._files.append(f)
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        return writer
+        csv.writer(f).writerow(columns)
+        return f
 
     # context manager ------------------------------------------------------------------
 
@@ -251,34 +301,87 @@ class RunRecorder:
         self._write_buffers()
 
     def _write_buffers(self) -> None:
+        # events, workers and reports first, rounds.csv last: a round row on disk has its
+        # other rows there too; each file gets its batch in one write
         if self._event_buf:
             rows, self._event_buf[:] = list(self._event_buf), []
             self._events.write(_event_lines(rows, self._mids))
             self._frames_written += sum(type(r) is tuple for r in rows)
+            self._events.flush()
         if self._round_buf:
             pending, self._round_buf[:] = list(self._round_buf), []
             self._write_rounds(pending)
         self._round_rows = 0
         self._update_room()
-        for f in self._files:
-            f.flush()
+        self._last_write = self._clock()
 
     def _write_rounds(self, pending: Sequence[_PendingRound]) -> None:
         rounds: list[list[str]] = []
         workers: list[list[str]] = []
         reports: list[list[str]] = []
-        for scheme, rec, m, loads, partial in pending:
+        written = self._rounds_written
+        for scheme, rec, m, loads, partial, present in pending:
             row = rec.as_row()
             row["scheme"] = scheme
+            row["workers_present"] = present
             rounds.append([format_cell(row.get(c)) for c in ROUND_COLUMNS])
             workers.extend([format_cell(v) for v in t]
                            for t in worker_tuples(scheme, rec, m, loads, partial))
             r = format_cell(rec.round)
             reports.extend([scheme, r, format_cell(t), format_cell(w), format_cell(count),
                             format_cell(elapsed)] for t, w, count, elapsed in rec.reports)
-        self._rounds.writerows(rounds)
-        self._workers.writerows(workers)
-        self._reports.writerows(reports)
+            written[scheme] = written.get(scheme, 0) + 1
+        for f, rows_ in ((self._workers, workers), (self._reports, reports),
+                         (self._rounds, rounds)):
+            if rows_:
+                f.write(_csv_text(rows_))
+                f.flush()
+
+    # crash safety -------------------------------------------------------------------------
+
+    def _write_progress(self) -> None:
+        """Replace ``summary.json`` (atomically) by the progress summary: the run is in
+        progress, with the rounds written per scheme; :meth:`close` writes the final one."""
+        write_json_atomic(self.out_dir / "summary.json", {
+            "in_progress": True,
+            "ok": False,
+            "end_reason": None,
+            "rounds_written": dict(self._rounds_written),
+            "pid": os.getpid(),
+            "note": "written while the run went on: if the run is gone, it was cut short "
+                    "(rounds.csv holds every round written so far)",
+        })
+
+    def _timed_write(self) -> None:
+        """Write the batch and the progress summary (the round-end check or the timer)."""
+        self._cancel_timer()
+        if self._closed:
+            return
+        self._write_buffers()
+        self._write_progress()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_loop = None
+
+    def _after_round(self) -> None:
+        """A round ended: write now if ``flush_every_s`` passed since the last write, else
+        make sure a timer on the running loop (if any) writes it that long after the last."""
+        every = self._every
+        if every is None:
+            return
+        wait = self._last_write + every - self._clock()
+        if wait <= 0:
+            self._timed_write()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the next round's end (or close) writes it
+        if self._timer is None or self._timer_loop is not loop:
+            self._timer = loop.call_later(wait, self._timed_write)
+            self._timer_loop = loop
 
     # writers ----------------------------------------------------------------------------
 
@@ -307,6 +410,8 @@ class RunRecorder:
         self._event_buf.append((int(t_ns), direction, kind, scheme,
                                 None if round is None else int(round),
                                 None if worker is None else int(worker), int(nbytes)))
+        if kind == "round_start" and round is not None and worker is not None:
+            self._starts.setdefault((scheme, int(round)), set()).add(int(worker))
         if len(self._event_buf) > self._room:
             self._spill()
 
@@ -324,10 +429,16 @@ class RunRecorder:
         """
         buf = self._event_buf
         append = buf.append
+        starts = self._starts
 
         def frame_log(direction: str, peer: Any, msg: Any, nbytes: int) -> None:
-            append((clock(), direction, msg.kind, scheme, getattr(msg, "round", None),
-                    worker_of(peer), nbytes))
+            kind = msg.kind
+            r = getattr(msg, "round", None)
+            w = worker_of(peer)
+            append((clock(), direction, kind, scheme, r, w, nbytes))
+            if kind == "round_start" and w is not None and r is not None:
+                # membership: the PS starts a round with the workers it sends it to
+                starts.setdefault((scheme, r), set()).add(w)
             if len(buf) > self._room:
                 self._spill()
 
@@ -364,13 +475,83 @@ class RunRecorder:
             raise ValueError(f"len(loads)={len(loads)} != m={m}")
         partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
         keep = _detached(record)
+        present = self._starts.pop((scheme, keep.round), None)
+        if keep.dropped or self._gone.get(scheme):
+            self._membership(scheme, keep, present)
+        self._count_members(scheme, keep.round, m, present)
         if self._trace:
             self._records.setdefault(scheme, []).append(keep)
-        self._round_buf.append((scheme, keep, m, tuple(loads), partial))
+        self._round_buf.append((scheme, keep, m, tuple(loads), partial,
+                                None if present is None else len(present)))
         self._round_rows += 1 + m + len(keep.reports)
         self._update_room()
         if len(self._event_buf) > self._room:
             self.flush()
+        self._after_round()
+
+    def _membership(self, scheme: str, keep: RoundRecord, present: set[int] | None) -> None:
+        """Workers that left (their connection was lost) and came back.
+
+        ``present`` is who the PS started the round with (its ``round_start`` frames), None
+        when the recorder saw no frames. A worker dropped for :data:`LEFT_REASONS` has left;
+        in every later round it is not present in (without frames: in which nothing of it
+        arrived) its ``workers.csv`` row says ``absent: left in round R`` -- not a bare
+        straggler -- until it takes part again (the round's ``workers_present`` in
+        ``rounds.csv`` counts every worker). ``worker_left`` / ``worker_rejoined`` events go to
+        ``events.jsonl`` (``round`` and ``worker`` set, PS time of the round's end).
+        """
+        gone = self._gone.setdefault(scheme, {})
+        reported = {w for _, w, _, _ in keep.reports}
+        t_ns = round((keep.t_end if keep.t_end is not None else keep.t_start) * 1e9)
+        for w, since in sorted(gone.items()):
+            if w in keep.dropped:
+                continue
+            back = (w in present) if present is not None else (w in keep.arrivals
+                                                                 or w in reported)
+            if back:
+                del gone[w]
+                self._member_event(t_ns, "worker_rejoined", scheme, keep.round, w,
+                                   f"left in round {since}")
+            else:
+                keep.dropped[w] = f"absent: left in round {since}"
+        for w, why in sorted(keep.dropped.items()):
+            if why in LEFT_REASONS and w not in gone:
+                gone[w] = keep.round
+                self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
+
+    def _count_members(self, scheme: str, round_: int, m: int, present: set[int] | None) -> None:
+        s = self._members.setdefault(scheme, {"m": m, "rounds_known": 0, "rounds_short": 0,
+                                              "fewest_workers_present": None,
+                                              "first_short_round": None})
+        if present is None:
+            return
+        n = len(present)
+        s["rounds_known"] += 1
+        if n < m:
+            s["rounds_short"] += 1
+            if s["first_short_round"] is None:
+                s["first_short_round"] = round_
+        fewest = s["fewest_workers_present"]
+        s["fewest_workers_present"] = n if fewest is None else min(fewest, n)
+
+    def membership(self) -> dict[str, dict[str, Any]]:
+        """Per scheme: ``m``, ``rounds_known`` (rounds whose members the frames told),
+        ``rounds_short`` (rounds the PS started with fewer than m workers),
+        ``fewest_workers_present``, ``first_short_round``, ``left`` and ``rejoined``
+        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each)."""
+        return {s: {**v, "left": list(self._left.get(s, [])),
+                    "rejoined": list(self._rejoined.get(s, []))}
+                for s, v in self._members.items()}
+
+    def _member_event(self, t_ns: int, kind: str, scheme: str, round_: int, worker: int,
+                      reason: str) -> None:
+        into = self._left if kind == "worker_left" else self._rejoined
+        listed = into.setdefault(scheme, [])
+        if len(listed) < MAX_MEMBER_EVENTS:
+            listed.append([int(round_), int(worker)])
+        line = {"t_ns": t_ns, "direction": "event", "kind": kind, "scheme": scheme,
+                "round": int(round_), "worker": int(worker), "nbytes": 0, "reason": reason}
+        self._event_buf.append(json.dumps(line, separators=(",", ":")) + "\n")
 
     def close(self, summary: Mapping[str, Any] | None = None) -> None:
         """Write what is buffered, close the files; write ``summary.json`` (if given) and
@@ -379,6 +560,7 @@ class RunRecorder:
         Idempotent: a second call only writes ``summary`` if one is given.
         """
         if not self._closed:
+            self._cancel_timer()
             try:
                 self._write_buffers()
             finally:
@@ -393,7 +575,7 @@ class RunRecorder:
                 write_json_compact(self.out_dir / "trace.json",
                                     chrome_trace(self._records, frames))
         if summary is not None:
-            write_json(self.out_dir / "summary.json", dict(summary))
+            write_json_atomic(self.out_dir / "summary.json", dict(summary))
 
     @property
     def records(self) -> dict[str, list[RoundRecord]]:
@@ -406,6 +588,21 @@ class RunRecorder:
 
 
 _COPIED_FIELDS: Final = tuple(f for f in RoundRecord.__dataclass_fields__ if f != "gradient")
+
+
+def _csv_text(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` as the csv module writes them (``\\r\\n`` line ends), as one string."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """:func:`write_json` to a temporary file beside ``path``, then ``os.replace``: a reader
+    (or a crash) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_json(tmp, obj)
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------ reading back
@@ -474,6 +671,26 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "reports": read_csv(d / "reports.csv"),
         "summary": json.loads(summary_path.read_text("utf-8")) if summary_path.exists() else None,
     }
+
+
+def run_state(run: Mapping[str, Any]) -> str | None:
+    """None for a run that finished writing its records; else one line saying it was cut
+    short (no final ``summary.json``: killed, out of memory, or still running) and which
+    rounds ``rounds.csv`` holds per scheme."""
+    summary = run.get("summary")
+    if isinstance(summary, Mapping) and not summary.get("in_progress", False):
+        return None
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for r in run.get("rounds", []):
+        s = r.get("scheme")
+        count[s] = count.get(s, 0) + 1
+        last[s] = max(last.get(s, -1), r.get("round") if r.get("round") is not None else -1)
+    held = ", ".join(f"{s}: {count[s]} rounds (last {last[s]})" for s in count) or "no rounds"
+    why = ("summary.json says the run was still in progress" if summary is not None
+           else "no summary.json")
+    return (f"this run was cut short (or is still running): {why}; "
+            f"the files hold {held}")
 
 
 def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:

@@ -16,6 +16,13 @@ PS clock):
 * frames, when given, become instant events (``cat "frame"``) on their worker's thread (the PS
   thread when they name no worker), named ``"<direction> <kind>"`` with the byte count.
 
+Slices on one track always nest (Perfetto draws a track's slices as a stack and misdraws
+slices that overlap without one containing the other): a slice that would cross another on its
+track -- e.g. a report that arrived after the trigger, so its chunk slice overlaps the
+``encode+upload`` slice -- moves to an overflow track beside it (``tid + k * LANE_STRIDE``,
+named ``"worker j (overlap k)"``). Times are rounded to whole nanoseconds so that what nests
+here nests in the viewer too. :func:`nesting_violations` checks a trace.
+
 Known imperfection: the chunk slices are drawn in PS time, so they include the report's
 network delay; the worker's own clock (``elapsed_s``) is in each slice's args.
 """
@@ -28,7 +35,10 @@ from typing import Any, Final
 from aiogc.coding.registry import spec_of_label
 from aiogc.core.common import RoundRecord
 
-__all__ = ["chrome_trace"]
+__all__ = ["LANE_STRIDE", "chrome_trace", "nesting_violations"]
+
+#: Overflow track ``k`` of thread ``tid`` is ``tid + k * LANE_STRIDE`` (above any worker id).
+LANE_STRIDE: Final = 1 << 20
 
 #: ``resume`` frames closer than this to the previous one in the same round belong to the same
 #: broadcast (the PS sends one frame per worker within microseconds).
@@ -38,7 +48,12 @@ _PS_TID: Final = 0
 
 
 def _us(t: float) -> float:
-    return t * 1e6
+    """Seconds -> microseconds, rounded to whole nanoseconds (the viewer's resolution)."""
+    return round(t * 1e6, 3)
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
 
 
 def _n_workers(recs: Sequence[RoundRecord]) -> int:
@@ -94,7 +109,70 @@ def chrome_trace(
             events.extend(_round_events(pid, rec, partial))
     if frames:
         events.extend(_frame_events(frames, pids))
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {"traceEvents": _nested(events), "displayTimeUnit": "ms"}
+
+
+def _nested(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Move every ``X`` slice that would cross another on its track to an overflow track
+    (the first lane where it starts after the open slices end or fits inside the innermost);
+    adds the overflow tracks' names."""
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    extra: list[dict[str, Any]] = []
+    for (pid, tid), slices in by_track.items():
+        lanes: list[list[int]] = []  # per lane: the end times (ns) of its open slices
+        for e in sorted(slices, key=lambda x: (_ns(x["ts"]), -_ns(x["dur"]))):
+            t0 = _ns(e["ts"])
+            t1 = t0 + _ns(e["dur"])
+            k = _lane(lanes, t0, t1)
+            if k == len(lanes):
+                lanes.append([])
+                if k:
+                    name = names.get((pid, tid), f"thread {tid}")
+                    extra.append(_meta(pid, tid + k * LANE_STRIDE, "thread_name",
+                                       name=f"{name} (overlap {k})"))
+                    extra.append(_meta(pid, tid + k * LANE_STRIDE, "thread_sort_index",
+                                       sort_index=tid))
+            lanes[k].append(t1)
+            if k:
+                e["tid"] = tid + k * LANE_STRIDE
+    return events + extra
+
+
+def _lane(lanes: list[list[int]], t0: int, t1: int) -> int:
+    """The first lane where a slice ``[t0, t1]`` nests (every open slice there ended by
+    ``t0``, or the innermost contains it); ``len(lanes)`` if none. Closes ended slices."""
+    for k, stack in enumerate(lanes):
+        while stack and stack[-1] <= t0:
+            stack.pop()
+        if not stack or t1 <= stack[-1]:
+            return k
+    return len(lanes)
+
+
+def nesting_violations(trace: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of ``X`` slices on one track (pid, tid) that overlap without one containing the
+    other (in whole nanoseconds, as the viewer reads them); empty for a well-formed trace."""
+    by_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    bad = []
+    for slices in by_track.values():
+        open_: list[tuple[int, dict[str, Any]]] = []
+        for e in sorted(slices, key=lambda x: (_ns(x["ts"]), -_ns(x["dur"]))):
+            t0 = _ns(e["ts"])
+            t1 = t0 + _ns(e["dur"])
+            while open_ and open_[-1][0] <= t0:
+                open_.pop()
+            if open_ and t1 > open_[-1][0]:
+                bad.append((open_[-1][1], e))
+            open_.append((t1, e))
+    return bad
 
 
 def _meta(pid: int, tid: int | None, meta: str, **args: Any) -> dict[str, Any]:
@@ -114,7 +192,7 @@ def _slice(
         "name": name,
         "cat": cat,
         "ts": _us(t0),
-        "dur": max(0.0, _us(t1 - t0)),
+        "dur": max(0.0, round(_us(t1) - _us(t0), 3)),
         "args": args,
     }
 
