@@ -40,10 +40,12 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
         EXIT_OK,
         EXIT_SHRUNK,
         EXIT_STOPPED,
+        EXIT_UNFAITHFUL,
         EXIT_UNREACHABLE,
     )
 
-    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_SHRUNK, EXIT_STOPPED}
+    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_SHRUNK,
+             EXIT_UNFAITHFUL, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:
