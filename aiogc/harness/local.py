@@ -610,7 +610,7 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
                        options: RunOptions, loop_kind: str
                        ) -> tuple[RunConfig, dict[str, Any] | None]:
     """``--time-scale auto``: run the first scheme for a few rounds at K = 1 with the run's
-    own mode, m and schedule, no records; its mean live-minus-simulated round time is this
+    own mode, m and schedule, no records; its largest live-minus-simulated round time is this
     machine's overhead per round now; then K is the smallest that keeps that overhead under
     a quarter of the fidelity threshold of the shortest simulated round
     (:data:`~aiogc.harness.fidelity.AUTO_TARGET_FRACTION`). Without ``auto``: the
