@@ -443,9 +443,10 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
                     threshold: float = DEFAULT_THRESHOLD) -> tuple[float, dict[str, Any]]:
     """``--time-scale auto`` from a calibration run at K = 1 (records in seconds).
 
-    The overhead per round ``c`` is the calibration's largest live-minus-simulated round time
-    (what this machine adds, now, at this m and mode; the largest, because the load moves); ``T`` the shortest simulated scheme
-    mean over the whole schedule; K the smallest integer with ``c / (K T)`` under
+    The overhead per round ``c`` is the calibration's largest live-minus-simulated round
+    time (what this machine adds, now, at this m and mode; the largest, because the load
+    moves); ``T`` the shortest simulated scheme mean over the whole schedule; K the smallest
+    integer with ``c / (K T)`` under
     :data:`AUTO_TARGET_FRACTION` of the threshold. Without a completed calibration round,
     ``c`` comes from the model (:func:`calibrate`). Returns ``(K, why)``;
     ``why["explanation"]`` is one line.
