@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Rate units of a bandwidth spec (decimal multiples of bytes per second).
-UNITS: dict[str, float] = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+UNITS: dict[str, float] = {"B/s": 1.0, "KB/s": 1e3, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
 _KEYS = ("worker", "worker_up", "worker_down", "ps")
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]+/s)\s*$")
 #: Smallest / largest rate accepted (bytes per second).
@@ -92,19 +92,26 @@ class CommModel:
 
     def spec(self) -> str:
         """The canonical spec string (``""`` when unlimited)."""
-        parts = [f"{k}={v:g}B/s" for k, v in (("worker_up", self.up_Bps),
+        parts = [f"{k}={_fmt_rate(v)}" for k, v in (("worker_up", self.up_Bps),
                                                ("worker_down", self.down_Bps),
                                                ("ps", self.ps_Bps)) if v is not None]
         return ",".join(parts)
 
 
+def _fmt_rate(v: float) -> str:
+    for unit, mult in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if v >= mult:
+            return f"{v / mult:g}{unit}"
+    return f"{v:g}B/s"
+
+
 def _rate(key: str, text: str) -> float:
     m = _VALUE.match(text)
     allowed = (f"a rate like 100MB/s: a number in [{MIN_RATE:g}, {MAX_RATE:g}] B/s with unit "
-               "B/s, KB/s, MB/s or GB/s (decimal)")
-    if m is None or m.group(2).lower() not in UNITS:
+               "B/s, KB/s, MB/s or GB/s (bytes, decimal; Mb/s bits are not accepted)")
+    if m is None or m.group(2) not in UNITS:  # case matters: Mb/s would be bits
         raise ConfigError(f"bandwidth.{key}", text, allowed)
-    v = float(m.group(1)) * UNITS[m.group(2).lower()]
+    v = float(m.group(1)) * UNITS[m.group(2)]
     if not (math.isfinite(v) and MIN_RATE <= v <= MAX_RATE):
         raise ConfigError(f"bandwidth.{key}", text, allowed)
     return v

@@ -71,6 +71,7 @@ __all__ = [
     "simulate_fast",
     "states_at",
     "tie_fraction",
+    "upload_counts",
 ]
 
 #: Salt of the gradient stream, so it never coincides with the delay or scheme streams.
@@ -265,6 +266,10 @@ class FastResult:
         The state the PS decoded with (send-when-done: finished workers' loads).
     mse : ndarray (R,) or None
         Relative squared error under i.i.d. Gaussian chunk gradients (approx mode only).
+    uploads : ndarray of int64 (R,) or None
+        Vector-carrying frames handed to the uplinks by the round's end (:func:`upload_counts`).
+    upload_bytes : ndarray of int64 (R,) or None
+        Their bytes on the wire (reports, a few dozen bytes each, not counted).
     """
 
     scheme: str
@@ -275,6 +280,8 @@ class FastResult:
     status: np.ndarray
     states: np.ndarray
     mse: np.ndarray | None = None
+    uploads: np.ndarray | None = None
+    upload_bytes: np.ndarray | None = None
 
 
 def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
@@ -311,6 +318,34 @@ def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
     status = np.where(exact, RoundStatus.EXACT.value,
                       np.where(failed, RoundStatus.FAILED.value, RoundStatus.APPROXIMATE.value))
     return trig, end, status, states
+
+
+def upload_counts(scheme: Scheme, schedule: DelaySchedule, end: np.ndarray,
+                  states: np.ndarray, frames: FrameBytes, *, latency: float = 0.0,
+                  comm: CommModel | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Vector frames each round puts on the uplinks by its end, and their bytes.
+
+    Trigger schemes: one per contributor. Send-when-done schemes: one per worker whose vector
+    was handed to its uplink by ``end``. Streaming schemes: every chunk vector handed over by
+    ``end`` (a worker learns of the round's end only later, so this is a lower bound).
+
+    Returns
+    -------
+    count, nbytes : ndarray of int64, shape (R,) each
+    """
+    R = states.shape[0]
+    e = np.asarray(end, dtype=np.float64)[:R]
+    if not scheme.sends_when_done and not scheme.uploads_per_chunk:
+        n = np.asarray(scheme.contributors(states).sum(axis=1), dtype=np.int64)
+        return n, n * frames.vector
+    S = _send_times(scheme, schedule, latency, comm or CommModel(), frames)[:R]
+    if scheme.uploads_per_chunk:
+        n = (e[:, None, None] >= S).sum(axis=(1, 2)).astype(np.int64)
+        return n, n * frames.chunk_vector
+    loads = np.asarray(scheme.loads, dtype=np.int64)
+    last = S[:, np.arange(scheme.m), np.maximum(loads - 1, 0)]
+    n = ((last <= e[:, None]) & (loads[None, :] > 0)).sum(axis=1).astype(np.int64)
+    return n, n * frames.vector
 
 
 def mse_of_states(scheme: Scheme, states: np.ndarray, *, seed: int, dim: int = 120,
@@ -390,14 +425,15 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     out: dict[str, FastResult] = {}
     for name in schemes:
         s = sch[name]
-        frames = (FrameBytes.of(s, dim, config.dtype) if comm is not None and comm.limited
-                  else None)
+        frames = FrameBytes.of(s, dim, config.dtype)
         trig, end, status, states = outcomes(s, schedule, mode=config.mode,
                                              deadline_s=config.deadline_s, latency=latency,
                                              comm=comm, frames=frames)
         err = (mse_of_states(s, states, seed=config.seed, dim=dim, dtype=config.dtype)
                if want_mse else None)
+        ups, nbytes = upload_counts(s, schedule, end, states, frames, latency=latency,
+                                    comm=comm)
         out[name] = FastResult(name, config.mode,
                                config.deadline_s if config.mode == "approx" else None,
-                               trig, end, status, states, err)
+                               trig, end, status, states, err, ups, nbytes)
     return out
