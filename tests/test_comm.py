@@ -54,6 +54,15 @@ def test_frame_bytes_are_the_wire_sizes() -> None:
     fb = FrameBytes.of(sc, 1000, "float32")
     assert (fb.report, fb.vector, fb.chunk_vector) == (42, 56 + 4 * 500, 56 + 4 * 1000)
     assert fb.round_start.tolist() == [43 + 8 * 2 + 8 * 1000] * 4
+    # the extrapolation from one value equals the whole frames
+    from aiogc.protocol.messages import RoundStart
+
+    whole = frame_bytes(RoundStart(epoch=1, round=3, delays_s=(0.1, 0.2), net_delay_s=0.0,
+                                   model=np.zeros(1000)))
+    assert whole == fb.round_start[0]
+    v32 = CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\1" * 8, compute_s=2.0,
+                        payload=np.zeros(500, dtype=np.float32))
+    assert frame_bytes(v32) == fb.vector
 
 
 def test_fifo_links_by_hand() -> None:

@@ -170,23 +170,29 @@ class FrameBytes:
 
     @classmethod
     def of(cls, scheme: Any, dim: int, dtype: Any = "float64") -> FrameBytes:
-        """Measure every frame kind on representative messages of ``scheme`` at ``dim``."""
+        """Measure every frame kind on representative messages of ``scheme`` at ``dim``.
+
+        The compact headers have a fixed size whatever the array length, so each kind is
+        encoded once with a one-value array and the other ``n - 1`` values are added
+        (``tests/test_comm.py`` checks this against whole frames).
+        """
         dt = np.dtype(dtype)
-        m = int(scheme.m)
+        m, d = int(scheme.m), int(dim)
         loads = np.asarray(scheme.loads, dtype=np.int64)
-        model = np.zeros(int(dim))
-        rs = np.array([frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
-                                              net_delay_s=0.0, model=model))
-                       for n in loads], dtype=np.int64)
+        one = np.zeros(1)
+        by_load = {int(n): frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
+                                                  net_delay_s=0.0, model=one)) + 8 * (d - 1)
+                   for n in np.unique(loads)}
+        rs = np.array([by_load[int(n)] for n in loads], dtype=np.int64)
         rep = frame_bytes(ChunkReport(epoch=1, round=1, count=1, t_worker=1.0, elapsed_s=1.0))
         enc = frame_bytes(EncodeAndTransmit(epoch=1, round=1, attempt=0, state=(1,) * m))
+        head = frame_bytes(CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8,
+                                         compute_s=1.0, payload=np.zeros(1, dtype=dt)))
 
         def coded(n: int) -> int:
-            return frame_bytes(CodedGradient(epoch=1, round=1, attempt=0,
-                                             state_digest=b"\0" * 8, compute_s=1.0,
-                                             payload=np.zeros(n, dtype=dt)))
+            return head + dt.itemsize * (n - 1)
 
-        return cls(rs, rep, enc, coded(int(scheme.payload_len(int(dim)))), coded(int(dim)))
+        return cls(rs, rep, enc, coded(int(scheme.payload_len(d))), coded(d))
 
 
 def link_exits(send: np.ndarray, nbytes: np.ndarray | float, rate: float | None) -> np.ndarray:
