@@ -190,7 +190,7 @@ class FrameBytes:
                                          compute_s=1.0, payload=np.zeros(1, dtype=dt)))
 
         def coded(n: int) -> int:
-            return head + dt.itemsize * (n - 1)
+            return int(head + dt.itemsize * (n - 1))
 
         return cls(rs, rep, enc, coded(int(scheme.payload_len(d))), coded(d))
 
