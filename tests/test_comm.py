@@ -202,3 +202,11 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     assert out2["results"][0]["completion_mean"] == pytest.approx(4.000049, rel=1e-12)
     assert main([*base, "--bandwidth", "worker=10Mb/s"]) == 2
     assert "--bandwidth: '10Mb/s' is invalid" in capsys.readouterr().err
+
+
+def test_live_commands_refuse_stream_chunks(capsys: pytest.CaptureFixture[str]) -> None:
+    from aiogc.cli import main
+
+    assert main(["run", "--schemes", "partial,stream-chunks", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "stream-chunks" in err and "aiogc simulate --engine fast" in err

@@ -157,4 +157,4 @@ register_scheme(SchemeSpec(
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    orderings=ORDERINGS))
+    orderings=ORDERINGS, live=False))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from aiogc.coding.base import Scheme
+from aiogc.coding.registry import scheme_spec
 from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, RoundRecord, Setup, Worker
 from aiogc.errors import ConfigError
@@ -168,7 +169,7 @@ def simulate_protocol(
         raise ConfigError("dim", dim, "an integer >= 1")
     sch = built if built is not None else build_schemes(config, schemes)
     for name in schemes:
-        if sch[name].uploads_per_chunk:
+        if sch[name].uploads_per_chunk or not scheme_spec(name).live:
             raise ConfigError("schemes", name, "schemes the protocol core can run: "
                               f"{name} streams one frame per chunk, which the core has no "
                               "message for (use the fast engine)")
