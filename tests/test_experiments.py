@@ -88,9 +88,15 @@ def test_exact_speedup_partial_faster_in_every_cell(tmp_path: Path) -> None:
         cells.setdefault(key, {})[r["scheme"]] = float(r["completion_mean"])
         assert float(r["speedup_lo"]) <= float(r["speedup"]) <= float(r["speedup_hi"])
         assert int(r["instances"]) == 2
-    assert len(cells) == 2 * 3 * 3
+    assert len(cells) == 3 * 3 * 3  # cyclic, regular, fr x three laws x ℓ = 1..3
     for key, c in cells.items():
         assert c["partial"] < c["original"], key
+        # every baseline on every row; at ℓ = 1 with free communication streaming every chunk
+        # finishes exactly when partial's trigger fires (the same orders)
+        assert set(c) == {"partial", "original", "uncoded", "stream-chunks",
+                          "ignore-stragglers"}, key
+        if key[2] == "1":
+            assert c["stream-chunks"] == c["partial"], key
     assert head["lowest_ci_bound"] > 1.0  # even the interval's low end: partial is faster
     meta = _meta(tmp_path, "exact-speedup")
     assert meta["command"].startswith("aiogc experiment exact-speedup --out ")
@@ -104,6 +110,34 @@ def test_approx_mse_partial_lower_everywhere(tmp_path: Path) -> None:
         lo, hi = cell["ratio_ci"]
         assert lo <= cell["ratio"] <= hi
     assert (tmp_path / "approx-mse.png").exists()
+
+
+def test_approx_mse_has_every_baseline(tmp_path: Path) -> None:
+    head = run_experiment("approx-mse", tmp_path, quick=True, seed=2)
+    for label, cell in head["baselines"].items():
+        assert set(cell) == {"partial", "original", "uncoded", "stream-chunks",
+                             "ignore-stragglers", "lowest"}, label
+        assert cell["partial"][1] == 1.0 and cell["lowest"], label
+    # with free communication streaming matches partial at ℓ = 1 (same states at T) and beats
+    # partial at ℓ = 3, which needs every chunk three times
+    assert head["baselines"]["ell=1,T=1"]["stream-chunks"][0] == pytest.approx(
+        head["baselines"]["ell=1,T=1"]["partial"][0], rel=1e-9)
+    assert head["baselines"]["ell=3,T=2"]["stream-chunks"][1] < 1.0
+
+
+def test_bandwidth_sweep_direction(tmp_path: Path) -> None:
+    """Compute-bound: partial ties stream-chunks at ℓ = 1; upload-bound (1 MB/s per worker):
+    partial's best ℓ grows; a congested shared ingress: stream-chunks's extra uploads cost it."""
+    head = run_experiment("bandwidth", tmp_path, quick=True, seed=1)
+    w, ps = head["worker"], head["ps"]
+    assert w["1GB/s"]["partial_ell"] == 1
+    assert w["1MB/s"]["partial_ell"] > 1
+    assert ps["30MB/s"]["stream-chunks"][1] > 1.0  # even its interval's low end: slower
+    assert w["1MB/s"]["partial"][0] > w["1GB/s"]["partial"][0]
+    rows = _rows(tmp_path / "bandwidth.csv")
+    assert {r["scheme"] for r in rows} == {"partial", "original", "uncoded", "stream-chunks",
+                                           "ignore-stragglers"}
+    assert (tmp_path / "bandwidth.png").stat().st_size > 0
 
 
 def test_approx_tails_covers_every_delay_law(tmp_path: Path) -> None:

@@ -328,6 +328,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
 
 
+def _live_only(schemes: Sequence[str]) -> None:
+    """Refuse schemes the protocol core cannot run (``SchemeSpec.live`` false)."""
+    from aiogc.coding.registry import scheme_spec
+
+    for name in schemes:
+        if name in scheme_names() and not scheme_spec(name).live:
+            raise ConfigError("schemes", name, "a scheme the protocol can run live: " + ", ".join(
+                n for n in scheme_names() if scheme_spec(n).live) + f" ({name} runs in "
+                "`aiogc simulate --engine fast` only; docs/protocol.md §1.5)")
+
+
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import (
         RunInterrupted,
@@ -342,6 +353,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
         raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
+    _live_only(schemes)
     base = config_from_args(a, schemes[0])
     _writable_dir("out", a.out)
     progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
@@ -477,6 +489,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
     from aiogc.net.drivers import PSServer, run_on
 
+    _live_only([a.scheme])
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
     if a.out:

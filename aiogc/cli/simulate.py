@@ -29,6 +29,9 @@ _FLAGS = {
     "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
     "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
     "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
+    "bandwidth": "--bandwidth", "bandwidth.worker": "--bandwidth",
+    "bandwidth.worker_up": "--bandwidth", "bandwidth.worker_down": "--bandwidth",
+    "bandwidth.ps": "--bandwidth",
 }
 
 #: Largest trial count accepted (the schedule holds trials * m * delta floats).
@@ -57,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--latency", default="0",
                    help="seconds of one-way latency per frame, or a delays.py spec for the "
                    "per-(round, worker) network hold (default 0)")
+    p.add_argument("--bandwidth", default=None,
+                   help="link rates, e.g. worker=100MB/s,ps=1GB/s (keys worker, worker_up, "
+                   "worker_down, ps; units B/s KB/s MB/s GB/s, decimal; default unlimited). "
+                   "Frames are counted at their wire size with --dim values; ps= (shared PS "
+                   "ingress) needs --engine fast")
     p.add_argument("--trials", type=int, default=500, help="rounds simulated (default 500)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mode", default="exact", help="exact or approx")
@@ -139,6 +147,9 @@ def _parse_deadlines(mode: str, text: str | None) -> list[float]:
 
 
 def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
+    from aiogc.sim.comm import parse_bandwidth
+
+    args.comm = parse_bandwidth(getattr(args, "bandwidth", None))
     schemes = _parse_schemes(args.schemes)
     if args.engine not in ("fast", "protocol"):
         raise ConfigError("engine", args.engine, "fast or protocol")
@@ -176,7 +187,8 @@ def _stats(x: np.ndarray) -> tuple[float | None, float | None, int]:
 
 
 def _row(name: str, mode: str, deadline: float | None, comp: np.ndarray, status: np.ndarray,
-         mse: np.ndarray | None) -> dict[str, Any]:
+         mse: np.ndarray | None, uploads: tuple[np.ndarray, np.ndarray] | None = None,
+         ) -> dict[str, Any]:
     mean, std, unfinished = _stats(comp)
     row: dict[str, Any] = {"scheme": name, "mode": mode, "completion_mean": mean,
                            "completion_std": std, "trials": int(comp.size)}
@@ -189,13 +201,19 @@ def _row(name: str, mode: str, deadline: float | None, comp: np.ndarray, status:
         row["mse_mean"] = float(mse.mean())
         row["mse_std"] = float(mse.std(ddof=1)) if mse.size > 1 else 0.0
         row["mse_median"] = float(np.median(mse))
+    if uploads is not None:
+        row["uploads_mean"] = float(uploads[0].mean())
+        row["upload_MB_mean"] = float(uploads[1].mean()) / 1e6
     return row
 
 
 def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  deadlines: list[float] | None = None, engine: str = "fast",
-                 dim: int = 120) -> list[dict[str, Any]]:
-    """Result rows (one per scheme, or per scheme and deadline in approx mode)."""
+                 dim: int = 120, comm: Any = None) -> list[dict[str, Any]]:
+    """Result rows (one per scheme, or per scheme and deadline in approx mode).
+
+    ``comm``: a :class:`~aiogc.sim.comm.CommModel` (link rates; frames sized at ``dim``).
+    """
     from aiogc.sim.fast import (
         arrival_times,
         build_schemes,
@@ -223,13 +241,15 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
     for c, t in runs:
         if engine == "fast":
             res = simulate_fast(c, schemes, schedule=schedule, latency=latency, dim=dim,
-                                built=built)
+                                built=built, comm=comm)
             for name in schemes:
                 r = res[name]
-                rows.append(_row(name, c.mode, t, r.completion_s, r.status, r.mse))
+                ups = None if r.uploads is None or r.upload_bytes is None else (
+                    r.uploads, r.upload_bytes)
+                rows.append(_row(name, c.mode, t, r.completion_s, r.status, r.mse, ups))
         else:
             recs = simulate_protocol(c, schemes, schedule=schedule, latency=latency,
-                                     gradients="gaussian", dim=dim, built=built)
+                                     gradients="gaussian", dim=dim, built=built, comm=comm)
             for name in schemes:
                 a = record_arrays(recs[name], mode=c.mode)
                 rows.append(_row(name, c.mode, t, a["completion_s"], a["status"],
@@ -239,7 +259,7 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
 
 def simulate_summary(cfg: RunConfig, schemes: list[str], rows: list[dict[str, Any]], *,
                      latency: float, engine: str, dim: int,
-                     deadlines: list[float]) -> dict[str, Any]:
+                     deadlines: list[float], bandwidth: str = "") -> dict[str, Any]:
     """The JSON object ``aiogc simulate`` prints."""
     config = {
         "assignment": cfg.assignment, "workers": cfg.workers, "delta": cfg.delta,
@@ -247,6 +267,7 @@ def simulate_summary(cfg: RunConfig, schemes: list[str], rows: list[dict[str, An
         "latency_s": latency, "network": cfg.latency, "trials": cfg.rounds, "seed": cfg.seed,
         "mode": cfg.mode, "deadlines": deadlines or None, "dim": dim, "engine": engine,
         "ordering": cfg.ordering, "decoding": cfg.decoding, "dtype": cfg.dtype,
+        "bandwidth": bandwidth or None,
     }
     speedup = None
     means = {r["scheme"]: r["completion_mean"] for r in rows if r["mode"] == "exact"}
@@ -277,11 +298,14 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"m={c['workers']} δ={c['delta']} ℓ={c['ell']} assignment={c['assignment']} "
         f"ordering={c['ordering']} delay={c['delay']} latency={c['latency_s']}s "
-        f"network={c['network']} trials={c['trials']} seed={c['seed']} engine={c['engine']}",
+        f"network={c['network']} trials={c['trials']} seed={c['seed']} engine={c['engine']}"
+        + (f" bandwidth={c['bandwidth']} dim={c['dim']}" if c.get("bandwidth") else ""),
     ]
     approx = c["mode"] == "approx"
     head = ["scheme", "mode"] + (["deadline"] if approx else []) + [
         "completion mean", "± std", "exact %"] + (["mse mean", "± std", "median"] if approx else [])
+    ups = any("uploads_mean" in r for r in summary["results"])
+    head += ["uploads", "MB up"] if ups else []
     body = []
     for r in summary["results"]:
         row = [r["scheme"], r["mode"]] + ([_fmt(r.get("deadline"))] if approx else []) + [
@@ -290,6 +314,8 @@ def format_table(summary: dict[str, Any]) -> str:
         if approx:
             row += [_fmt(r["mse_mean"], ".3e"), _fmt(r["mse_std"], ".3e"),
                     _fmt(r["mse_median"], ".3e")]
+        if ups:
+            row += [_fmt(r.get("uploads_mean"), ".3g"), _fmt(r.get("upload_MB_mean"), ".3g")]
         body.append(row)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
@@ -317,13 +343,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         cfg, schemes, latency, deadlines = _parse_args(args)
         rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
-                            engine=args.engine, dim=args.dim)
+                            engine=args.engine, dim=args.dim, comm=args.comm)
     except ConfigError as exc:
         print(_flag_error(exc), file=sys.stderr)
         return 2
     summary = _json_safe(simulate_summary(cfg, schemes, rows, latency=latency,
                                           engine=args.engine, dim=args.dim,
-                                          deadlines=deadlines))
+                                          deadlines=deadlines, bandwidth=args.comm.spec()))
     if args.format == "table":
         print(format_table(summary))
     else:

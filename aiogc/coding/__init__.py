@@ -32,6 +32,9 @@ from aiogc.coding.baselines import (
 )
 
 # isort: split
+from aiogc.coding.stream import StreamChunksScheme
+
+# isort: split
 from aiogc.coding.decoding_matrix import (
     check_conditioning,
     colour_workers,
@@ -75,6 +78,7 @@ __all__ = [
     "SchemeBase",
     "SchemeParams",
     "SchemeSpec",
+    "StreamChunksScheme",
     "TrustedDecoder",
     "TrustedEncoder",
     "UncodedScheme",

@@ -124,6 +124,7 @@ class Scheme(Protocol):
     orders: list[np.ndarray]
     loads: np.ndarray
     sends_when_done: bool
+    uploads_per_chunk: bool
 
     def coverage(self, state: object) -> np.ndarray: ...
     def is_decodable(self, state: object) -> bool: ...
@@ -317,6 +318,10 @@ class SchemeBase:
 
     name: str = ""
     sends_when_done: bool = True
+    #: Workers upload every finished chunk's gradient as its own frame (streaming schemes):
+    #: ``arrivals[r, j, k]`` is then that vector's arrival and the round ends at the trigger.
+    #: The fast path models it; the protocol core has no multi-message upload yet.
+    uploads_per_chunk: bool = False
 
     # ---- capabilities (defaults) ---------------------------------------------------------
     def digest_arrays(self) -> Sequence[tuple[str, np.ndarray]]:

@@ -126,6 +126,9 @@ class SchemeSpec:
         The setup memory model (usually the scheme class's static ``setup_bytes``), checked
         against :data:`SETUP_MEMORY_BUDGET` before anything is built; default
         :meth:`SchemeBase.setup_bytes` (the assignment only).
+    live : bool
+        Whether the protocol core can run it (live runs, the protocol engine); False for a
+        scheme only the fast path models (``stream-chunks``: no multi-message upload yet).
     """
 
     name: str
@@ -142,6 +145,7 @@ class SchemeSpec:
     min_redundancy: int = 0
     min_finished: Callable[[SchemeParams], int] = lambda p: p.m - (p.delta - p.n_parts)
     setup_bytes: Callable[[int, int, int], int] = SchemeBase.setup_bytes
+    live: bool = True
 
     def check(self, p: SchemeParams) -> None:
         """Raise :class:`ConfigError` (naming the field) if ``p`` is not valid for this scheme."""

@@ -12,7 +12,8 @@ platform's rounding. Everything except the live halves (``live-vs-sim``, ``laten
 points, ``training``) is a deterministic function of the grid and the seed.
 
 =============== =================================================================================
-exact-speedup   exact round time vs ℓ, partial vs original, cyclic and regular, three delay laws
+exact-speedup   exact round time vs ℓ, partial vs every baseline, cyclic / regular / fr, three laws
+bandwidth       the same with a cost per byte: per-worker rate and shared PS ingress sweeps
 approx-mse      MSE vs deadline T, partial vs original, ℓ ∈ {1, 2, 3}
 approx-tails    MSE vs T under pareto (α ≤ 2), persistent stragglers, failures, and a mix
 ordering        optimal vs random vs natural order, three assignment families, ℓ = 1..δ
@@ -34,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.errors import ConfigError
-from aiogc.experiments import approx, live, ordering, speedup, stability
+from aiogc.experiments import approx, bandwidth, live, ordering, speedup, stability
 from aiogc.experiments._common import PROGRESS_LISTENERS, Experiment, read_csv, write_csv
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
 
 _ALL: tuple[Experiment, ...] = (
     speedup.EXPERIMENT,
+    bandwidth.BANDWIDTH,
     approx.APPROX_MSE,
     approx.APPROX_TAILS,
     ordering.EXPERIMENT,

@@ -315,7 +315,7 @@ def digits_grid(quick: bool) -> dict[str, Any]:
     if quick:
         return {"degrees": [20], "digits": [8, 16, 32], "trials": 2, "s": 2, "ell": 2}
     return {"degrees": [20, 25, 30], "digits": [8, 12, 16, 20, 24, 28, 32, 40, 48, 64],
-            "trials": 8, "s": 2, "ell": 2}
+            "trials": 100, "s": 2, "ell": 2}
 
 
 def digits_compute(quick: bool, seed: int) -> list[Row]:
@@ -384,5 +384,5 @@ def digits_summarise(rows: list[Row]) -> dict[str, Any]:
 POLY_DIGITS = Experiment(
     "poly-digits", digits_compute, digits_plot, digits_summarise,
     "polynomial degree 20/25/30 (m = 23/28/33, s=2, ℓ=2), 8-64 significant decimal digits "
-    "(decimal module; exact rationals as reference), 8 trials; partial's worst B_U at the same "
+    "(decimal module; exact rationals as reference), 100 trials; partial's worst B_U at the same "
     "m (quick: degree 20, 8/16/32 digits, 2 trials)")

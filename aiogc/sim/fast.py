@@ -55,6 +55,7 @@ from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
+from aiogc.sim.comm import CommModel, FrameBytes, link_exits, ps_ingress
 from aiogc.training.delays import materialise
 from aiogc.training.schedule import DelaySchedule
 
@@ -70,6 +71,7 @@ __all__ = [
     "simulate_fast",
     "states_at",
     "tie_fraction",
+    "upload_counts",
 ]
 
 #: Salt of the gradient stream, so it never coincides with the delay or scheme streams.
@@ -103,9 +105,40 @@ def schedule_for(config: RunConfig, schemes: dict[str, Scheme]) -> DelaySchedule
                        max_chunks=max(1, max_load), seed=config.seed)
 
 
+def _send_times(scheme: Scheme, schedule: DelaySchedule, latency: float,
+                comm: CommModel, frames: FrameBytes) -> np.ndarray:
+    """When worker ``j`` hands its ``k``-th chunk's frame to its uplink: (R, m, K).
+
+    ``L + round_start bytes / worker_down + F[j, k] + net_j``; ``inf`` beyond the load.
+    """
+    loads = np.asarray(scheme.loads, dtype=np.int64)
+    K = max(1, int(loads.max()))
+    t_rs = latency + (frames.round_start / comm.down_Bps if comm.down_Bps is not None
+                      else np.zeros(scheme.m))
+    S = np.cumsum(schedule.compute_s[:, :, :K], axis=2)
+    S += t_rs[None, :, None] + schedule.network_s[:, :, None]
+    S[:, np.arange(K)[None, :] >= loads[:, None]] = np.inf
+    return S
+
+
+def _uploads(send: np.ndarray, nbytes: np.ndarray | int, comm: CommModel,
+             latency: float) -> np.ndarray:
+    """PS arrival of frames handed to the uplinks at ``send`` (R, m, n): FIFO uplinks, then
+    the shared ingress (see :mod:`aiogc.sim.comm`)."""
+    nb = np.asarray(nbytes, dtype=np.float64)
+    exits = link_exits(send, nb, comm.up_Bps)
+    return ps_ingress(exits, nb, comm.ps_Bps) + latency
+
+
 def arrival_times(scheme: Scheme, schedule: DelaySchedule, *,
-                  latency: float = 0.0) -> np.ndarray:
+                  latency: float = 0.0, comm: CommModel | None = None,
+                  frames: FrameBytes | None = None) -> np.ndarray:
     """PS arrival time of worker ``j``'s report of its ``k``-th chunk, per round.
+
+    With a limited ``comm`` (``frames`` then required): the report frames (trigger schemes),
+    the coded vector in slot ``loads[j] - 1`` (send-when-done schemes; earlier slots carry no
+    frame and keep the latency-only time) or every chunk's vector (streaming schemes) cross
+    the links of :mod:`aiogc.sim.comm`, after the round start's download.
 
     Returns
     -------
@@ -117,10 +150,30 @@ def arrival_times(scheme: Scheme, schedule: DelaySchedule, *,
     if schedule.m != scheme.m or schedule.max_chunks < K:
         raise ConfigError("schedule", (schedule.m, schedule.max_chunks),
                           f"m={scheme.m} workers and >= {K} chunk positions")
+    if comm is not None and comm.limited:
+        if frames is None:
+            raise ConfigError("frames", None, "the frame sizes (FrameBytes) with a comm model")
+        return _limited_arrivals(scheme, schedule, latency, comm, frames)
     F = np.cumsum(schedule.compute_s[:, :, :K], axis=2)
     F += (2.0 * latency) + schedule.network_s[:, :, None]
     F[:, np.arange(K)[None, :] >= loads[:, None]] = np.inf
     return F
+
+
+def _limited_arrivals(scheme: Scheme, schedule: DelaySchedule, latency: float,
+                      comm: CommModel, frames: FrameBytes) -> np.ndarray:
+    S = _send_times(scheme, schedule, latency, comm, frames)
+    if scheme.uploads_per_chunk:
+        return _uploads(S, frames.chunk_vector, comm, latency)
+    if not scheme.sends_when_done:
+        return _uploads(S, frames.report, comm, latency)
+    loads = np.asarray(scheme.loads, dtype=np.int64)
+    a = S + latency
+    last = np.maximum(loads - 1, 0)
+    js = np.arange(scheme.m)
+    vec = _uploads(S[:, js, last][:, :, None], frames.vector, comm, latency)[:, :, 0]
+    a[:, js, last] = np.where(loads[None, :] > 0, vec, np.inf)
+    return a
 
 
 def states_at(a: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -147,8 +200,11 @@ def tie_fraction(a: np.ndarray) -> float:
 
 
 def _trigger_end(scheme: Scheme, trigger: np.ndarray, states: np.ndarray,
-                 schedule: DelaySchedule, latency: float) -> np.ndarray:
+                 schedule: DelaySchedule, latency: float, comm: CommModel | None = None,
+                 frames: FrameBytes | None = None) -> np.ndarray:
     """End of a triggered round: the last contributor's vector arrives (shape (R,))."""
+    if comm is not None and comm.limited and frames is not None:
+        return _limited_trigger_end(scheme, trigger, states, schedule, latency, comm, frames)
     if latency == 0.0 and not schedule.network_s.any():
         return trigger.copy()
     contrib = scheme.contributors(states)
@@ -157,10 +213,40 @@ def _trigger_end(scheme: Scheme, trigger: np.ndarray, states: np.ndarray,
     return np.where(np.isfinite(trigger), trigger + back, trigger)
 
 
-def exact_times(scheme: Scheme, schedule: DelaySchedule, *,
-                latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def _limited_trigger_end(scheme: Scheme, trigger: np.ndarray, states: np.ndarray,
+                         schedule: DelaySchedule, latency: float, comm: CommModel,
+                         frames: FrameBytes) -> np.ndarray:
+    """:func:`_trigger_end` under a limited comm model.
+
+    Worker ``j`` receives encode_and_transmit at ``T + L + encode bytes / worker_down``; the
+    reports it emitted before that instant (it reports no more once told to encode) and then
+    its coded vector (contributors only, after its hold ``net_j``) cross its uplink in that
+    order and the shared ingress with every other worker's frames.
+    """
+    R = states.shape[0]
+    sched = schedule
+    S = _send_times(scheme, sched, latency, comm, frames)[:R]
+    net = sched.network_s[:R]
+    down = frames.encode / comm.down_Bps if comm.down_Bps is not None else 0.0
+    receipt = np.asarray(trigger, dtype=np.float64)[:, None] + latency + down  # (R, 1)
+    emitted = (S - net[:, :, None]) < receipt[:, :, None]
+    rep = np.where(emitted, S, np.inf)
+    contrib = scheme.contributors(states)
+    vec = np.where(contrib, receipt + net, np.inf)
+    send = np.concatenate([rep, vec[:, :, None]], axis=2)
+    K = rep.shape[2]
+    nb = np.array([frames.report] * K + [frames.vector], dtype=np.float64)
+    arr = _uploads(send, nb, comm, latency)[:, :, K]
+    end = np.where(contrib, arr, -np.inf).max(axis=1)
+    return np.where(np.isfinite(trigger), end, trigger)
+
+
+def exact_times(scheme: Scheme, schedule: DelaySchedule, *, latency: float = 0.0,
+                comm: CommModel | None = None, frames: FrameBytes | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Exact-mode (trigger, end) times relative to round start, each of shape (R,)."""
-    trig, end, _, _ = outcomes(scheme, schedule, mode="exact", latency=latency)
+    trig, end, _, _ = outcomes(scheme, schedule, mode="exact", latency=latency, comm=comm,
+                               frames=frames)
     return trig, end
 
 
@@ -180,6 +266,10 @@ class FastResult:
         The state the PS decoded with (send-when-done: finished workers' loads).
     mse : ndarray (R,) or None
         Relative squared error under i.i.d. Gaussian chunk gradients (approx mode only).
+    uploads : ndarray of int64 (R,) or None
+        Vector-carrying frames handed to the uplinks by the round's end (:func:`upload_counts`).
+    upload_bytes : ndarray of int64 (R,) or None
+        Their bytes on the wire (reports, a few dozen bytes each, not counted).
     """
 
     scheme: str
@@ -190,19 +280,24 @@ class FastResult:
     status: np.ndarray
     states: np.ndarray
     mse: np.ndarray | None = None
+    uploads: np.ndarray | None = None
+    upload_bytes: np.ndarray | None = None
 
 
 def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
-             deadline_s: float | None = None,
-             latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+             deadline_s: float | None = None, latency: float = 0.0,
+             comm: CommModel | None = None, frames: FrameBytes | None = None,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(trigger, end, status, states) per round in exact or approximate mode.
 
     Every scheme-specific fact comes from the scheme: ``decode_times`` (its waiting rule),
     ``states_at`` (what the PS holds at an instant), ``contributors`` and ``exact_states``.
+    ``comm`` / ``frames``: the communication model (:mod:`aiogc.sim.comm`; ``frames`` from
+    :meth:`FrameBytes.of <aiogc.sim.comm.FrameBytes.of>` for this scheme).
     """
     if mode not in ("exact", "approx"):
         raise ConfigError("mode", mode, "exact or approx")
-    a = arrival_times(scheme, schedule, latency=latency)
+    a = arrival_times(scheme, schedule, latency=latency, comm=comm, frames=frames)
     t_ex = np.asarray(scheme.decode_times(a), dtype=np.float64)
     if mode == "exact":
         hit = np.isfinite(t_ex)
@@ -214,14 +309,43 @@ def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
         trig = np.where(hit, t_ex, float(deadline_s))
     states = scheme.states_at(a, trig)
     failed = ~hit if mode == "exact" else ~hit & ~states.any(axis=1)
-    if scheme.sends_when_done:
-        end = trig.copy()
+    if scheme.sends_when_done or scheme.uploads_per_chunk:
+        end = trig.copy()  # the vectors themselves made the state decodable
     else:
-        end = np.where(failed, trig, _trigger_end(scheme, trig, states, schedule, latency))
+        end = np.where(failed, trig, _trigger_end(scheme, trig, states, schedule, latency,
+                                                  comm, frames))
     exact = hit & np.asarray(scheme.exact_states(states), dtype=bool)
     status = np.where(exact, RoundStatus.EXACT.value,
                       np.where(failed, RoundStatus.FAILED.value, RoundStatus.APPROXIMATE.value))
     return trig, end, status, states
+
+
+def upload_counts(scheme: Scheme, schedule: DelaySchedule, end: np.ndarray,
+                  states: np.ndarray, frames: FrameBytes, *, latency: float = 0.0,
+                  comm: CommModel | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Vector frames each round puts on the uplinks by its end, and their bytes.
+
+    Trigger schemes: one per contributor. Send-when-done schemes: one per worker whose vector
+    was handed to its uplink by ``end``. Streaming schemes: every chunk vector handed over by
+    ``end`` (a worker learns of the round's end only later, so this is a lower bound).
+
+    Returns
+    -------
+    count, nbytes : ndarray of int64, shape (R,) each
+    """
+    R = states.shape[0]
+    e = np.asarray(end, dtype=np.float64)[:R]
+    if not scheme.sends_when_done and not scheme.uploads_per_chunk:
+        n = np.asarray(scheme.contributors(states).sum(axis=1), dtype=np.int64)
+        return n, n * frames.vector
+    S = _send_times(scheme, schedule, latency, comm or CommModel(), frames)[:R]
+    if scheme.uploads_per_chunk:
+        n = (e[:, None, None] >= S).sum(axis=(1, 2)).astype(np.int64)
+        return n, n * frames.chunk_vector
+    loads = np.asarray(scheme.loads, dtype=np.int64)
+    last = S[:, np.arange(scheme.m), np.maximum(loads - 1, 0)]
+    n = ((last <= e[:, None]) & (loads[None, :] > 0)).sum(axis=1).astype(np.int64)
+    return n, n * frames.vector
 
 
 def mse_of_states(scheme: Scheme, states: np.ndarray, *, seed: int, dim: int = 120,
@@ -268,7 +392,8 @@ def mse_of_states(scheme: Scheme, states: np.ndarray, *, seed: int, dim: int = 1
 def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
                   schedule: DelaySchedule | None = None, latency: float = 0.0,
                   dim: int = 120, mse: bool | None = None,
-                  built: dict[str, Scheme] | None = None) -> dict[str, FastResult]:
+                  built: dict[str, Scheme] | None = None,
+                  comm: CommModel | None = None) -> dict[str, FastResult]:
     """Fast-path counterpart of :func:`aiogc.sim.protocol.simulate_protocol`.
 
     Parameters
@@ -286,6 +411,8 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
         Compute the MSE (default: in approx mode only).
     built : dict, optional
         Pre-built ``{name: scheme}`` (must match ``config``).
+    comm : CommModel, optional
+        Link rates (:mod:`aiogc.sim.comm`); frames are sized at ``dim`` and ``config.dtype``.
 
     Returns
     -------
@@ -298,11 +425,15 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     out: dict[str, FastResult] = {}
     for name in schemes:
         s = sch[name]
+        frames = FrameBytes.of(s, dim, config.dtype)
         trig, end, status, states = outcomes(s, schedule, mode=config.mode,
-                                             deadline_s=config.deadline_s, latency=latency)
+                                             deadline_s=config.deadline_s, latency=latency,
+                                             comm=comm, frames=frames)
         err = (mse_of_states(s, states, seed=config.seed, dim=dim, dtype=config.dtype)
                if want_mse else None)
+        ups, nbytes = upload_counts(s, schedule, end, states, frames, latency=latency,
+                                    comm=comm)
         out[name] = FastResult(name, config.mode,
                                config.deadline_s if config.mode == "approx" else None,
-                               trig, end, status, states, err)
+                               trig, end, status, states, err, ups, nbytes)
     return out

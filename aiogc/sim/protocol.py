@@ -25,10 +25,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from aiogc.coding.base import Scheme
+from aiogc.coding.registry import scheme_spec
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import ParameterServer, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
+from aiogc.sim.comm import CommModel, engine_latency
 from aiogc.sim.engine import Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
@@ -70,7 +72,8 @@ class _GaussianGradients:
 
 
 def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency: float,
-             bandwidth_Bps: float | None, gradients: str, dim: int) -> list[RoundRecord]:
+             bandwidth_Bps: float | None, gradients: str, dim: int,
+             comm: CommModel | None = None) -> list[RoundRecord]:
     m = scheme.m
     workers: list[Worker] = []
     # one Setup per worker (its own gradient function) of one scheme: its digest once
@@ -114,7 +117,13 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
     cache = WorkerCache()  # what the m workers of this simulation share
     workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
                    for j in range(m))
-    sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
+    if comm is not None and comm.limited:
+        box: list[Simulation] = []
+        lat = engine_latency(comm, latency, lambda: box[0].now)
+        sim = Simulation(ps, workers, latency=lat, bandwidth_Bps=bandwidth_Bps)
+        box.append(sim)
+    else:
+        sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
     sim.run()
     return list(ps.records)
 
@@ -129,6 +138,7 @@ def simulate_protocol(
     gradients: str = "task",
     dim: int = 120,
     built: dict[str, Scheme] | None = None,
+    comm: CommModel | None = None,
 ) -> dict[str, list[RoundRecord]]:
     """Simulate ``config.rounds`` rounds of each scheme with the real PS and worker cores.
 
@@ -150,6 +160,12 @@ def simulate_protocol(
         Gradient length for ``gradients="gaussian"``.
     built : dict, optional
         Pre-built ``{name: scheme}`` matching ``config``.
+    comm : CommModel, optional
+        Per-worker upload / download rates (:func:`aiogc.sim.comm.engine_latency`: the same
+        FIFO links as the fast path, frames sized by the wire codec); a shared PS ingress is
+        refused (the engine would have to hold frames until they left their uplinks).
+        Streaming schemes (``uploads_per_chunk``) are refused: the core has no multi-message
+        upload.
 
     Returns
     -------
@@ -160,6 +176,14 @@ def simulate_protocol(
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ConfigError("dim", dim, "an integer >= 1")
     sch = built if built is not None else build_schemes(config, schemes)
+    for name in schemes:
+        if sch[name].uploads_per_chunk or not scheme_spec(name).live:
+            raise ConfigError("schemes", name, "schemes the protocol core can run: "
+                              f"{name} streams one frame per chunk, which the core has no "
+                              "message for (use the fast engine)")
+    if comm is not None and comm.ps_Bps is not None:
+        raise ConfigError("bandwidth.ps", comm.ps_Bps,
+                          "no shared PS ingress with the protocol engine (fast engine only)")
     if schedule is None:
         schedule = schedule_for(config, sch)
     if schedule.rounds < config.rounds:
@@ -168,7 +192,8 @@ def simulate_protocol(
     for name in schemes:
         cfg = simulation_config(config.for_scheme(name))
         out[name] = _run_one(cfg, sch[name], schedule, latency=float(latency),
-                             bandwidth_Bps=bandwidth_Bps, gradients=gradients, dim=dim)
+                             bandwidth_Bps=bandwidth_Bps, gradients=gradients, dim=dim,
+                             comm=comm)
     return out
 
 

@@ -1,0 +1,285 @@
+"""Communication model of the simulators: per-worker link rates, a shared PS ingress, frame bytes.
+
+A :class:`CommModel` is parsed once from a spec string (:func:`parse_bandwidth`), e.g.
+``worker=100MB/s,ps=1GB/s``. Keys: ``worker`` (upload and download), ``worker_up``,
+``worker_down``, ``ps`` (the PS's shared ingress). Units ``B/s``, ``KB/s``, ``MB/s``,
+``GB/s`` (decimal: 1 MB = 10**6 bytes); a key left out is an unlimited link.
+
+Timing model (the same in the fast path and, for the per-worker links, the protocol engine;
+``L`` is the engine's one-way per-frame latency, ``b`` a frame's bytes on the wire):
+
+* **per-worker links** (upload and download, independent): each is a FIFO serialiser, one
+  frame at a time at its rate. A frame handed to worker ``j``'s uplink at ``s`` leaves it at
+  ``e = max(s, e_prev) + b / worker_up`` (``e_prev``: when the previous frame on that link
+  left); with no PS ingress it arrives at ``e + L``. Downloads likewise (the PS has one
+  download link per worker and no egress limit).
+* **shared PS ingress** (``ps=``, optional): a FIFO serialiser at rate ``ps`` fed by every
+  worker's uplink, store-and-forward at frame granularity: a frame enters the ingress queue
+  when it has left its worker's uplink (``e``), frames are served in the order of ``e``, and
+  it arrives at ``max(e, f_prev) + b / ps + L`` (``f_prev``: when the ingress finished the
+  frame before). FIFO and not processor sharing because it is *exact and causal*: a frame's
+  arrival is fixed by the frames that entered the queue before it, so the fast path computes
+  it in one sweep per trial, vectorised over trials, with no re-scheduling; uploads that
+  overlap do share the ingress (its total work is conserved, so the last of a burst arrives
+  exactly when a fluid fair share would deliver it; only the order within a burst differs).
+  Store-and-forward per frame over-counts a lone frame by ``b / max(worker_up, ps)`` against
+  a packetised pipeline (1 % at ``worker=10MB/s,ps=1GB/s``).
+* frames are counted with their real size on the wire (:class:`FrameBytes`, measured with the
+  wire codec :func:`~aiogc.protocol.wire.encode_frame` on representative messages: the compact
+  headers have fixed sizes); without frame authentication (the simulators run none; a live
+  authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
+
+Rounds are independent in the fast path: every link is idle when a round starts. That holds
+in the protocol engine for partial and uncoded (nothing is in flight when the PS starts the
+next round); for original and ignore-stragglers a straggler's late vector may still occupy its
+uplink into the next round, which the fast path does not charge (optimistic for those
+baselines).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aiogc.errors import ConfigError
+from aiogc.protocol.messages import ChunkReport, CodedGradient, EncodeAndTransmit, RoundStart
+from aiogc.protocol.wire import encode_frame
+
+__all__ = [
+    "UNITS",
+    "CommModel",
+    "FrameBytes",
+    "engine_latency",
+    "frame_bytes",
+    "link_exits",
+    "parse_bandwidth",
+    "ps_ingress",
+]
+
+#: Rate units of a bandwidth spec (decimal multiples of bytes per second).
+UNITS: dict[str, float] = {"B/s": 1.0, "KB/s": 1e3, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
+_KEYS = ("worker", "worker_up", "worker_down", "ps")
+_VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]+/s)\s*$")
+#: Smallest / largest rate accepted (bytes per second).
+MIN_RATE, MAX_RATE = 1.0, 1e15
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """Link rates in bytes per second; ``None`` is an unlimited link.
+
+    Attributes
+    ----------
+    up_Bps, down_Bps : float or None
+        Every worker's upload / download rate.
+    ps_Bps : float or None
+        The PS's shared ingress (all uploads cross it).
+    """
+
+    up_Bps: float | None = None
+    down_Bps: float | None = None
+    ps_Bps: float | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any link has a finite rate."""
+        return any(x is not None for x in (self.up_Bps, self.down_Bps, self.ps_Bps))
+
+    def spec(self) -> str:
+        """The canonical spec string (``""`` when unlimited)."""
+        parts = [f"{k}={_fmt_rate(v)}" for k, v in (("worker_up", self.up_Bps),
+                                               ("worker_down", self.down_Bps),
+                                               ("ps", self.ps_Bps)) if v is not None]
+        return ",".join(parts)
+
+
+def _fmt_rate(v: float) -> str:
+    for unit, mult in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if v >= mult:
+            return f"{v / mult:g}{unit}"
+    return f"{v:g}B/s"
+
+
+def _rate(key: str, text: str) -> float:
+    m = _VALUE.match(text)
+    allowed = (f"a rate like 100MB/s: a number in [{MIN_RATE:g}, {MAX_RATE:g}] B/s with unit "
+               "B/s, KB/s, MB/s or GB/s (bytes, decimal; Mb/s bits are not accepted)")
+    if m is None or m.group(2) not in UNITS:  # case matters: Mb/s would be bits
+        raise ConfigError(f"bandwidth.{key}", text, allowed)
+    v = float(m.group(1)) * UNITS[m.group(2)]
+    if not (math.isfinite(v) and MIN_RATE <= v <= MAX_RATE):
+        raise ConfigError(f"bandwidth.{key}", text, allowed)
+    return v
+
+
+def parse_bandwidth(spec: str | None) -> CommModel:
+    """Parse ``worker=100MB/s,ps=1GB/s`` into a :class:`CommModel` (ConfigError naming the
+    field, its value and the allowed range on bad input). ``None``, ``""`` or ``"none"``:
+    unlimited."""
+    if spec is None or not str(spec).strip() or str(spec).strip().lower() == "none":
+        return CommModel()
+    vals: dict[str, float] = {}
+    for part in str(spec).split(","):
+        key, eq, text = part.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in _KEYS:
+            raise ConfigError("bandwidth", part.strip(),
+                              "key=rate pairs with keys " + ", ".join(_KEYS))
+        if key in vals:
+            raise ConfigError("bandwidth", spec, f"each key once ({key} repeated)")
+        vals[key] = _rate(key, text)
+    if "worker" in vals and ("worker_up" in vals or "worker_down" in vals):
+        raise ConfigError("bandwidth", spec, "worker= or worker_up= / worker_down=, not both")
+    return CommModel(up_Bps=vals.get("worker_up", vals.get("worker")),
+                     down_Bps=vals.get("worker_down", vals.get("worker")),
+                     ps_Bps=vals.get("ps"))
+
+
+def frame_bytes(msg: Any) -> int:
+    """Bytes of ``msg`` on the wire (header + array), from the wire codec, untagged."""
+    return int(sum(memoryview(p).nbytes for p in encode_frame(msg)))
+
+
+@dataclass(frozen=True)
+class FrameBytes:
+    """Wire sizes of the frames one round moves (bytes).
+
+    Attributes
+    ----------
+    round_start : ndarray of int64, shape (m,)
+        The round-start broadcast (model of ``dim`` float64, the worker's ``load`` scheduled
+        delays).
+    report, encode : int
+        A chunk report; an encode_and_transmit (state of length m).
+    vector : int
+        A coded vector (``payload_len(dim)`` values of the payload dtype).
+    chunk_vector : int
+        One chunk's gradient (``dim`` values) in a coded-vector frame (streaming schemes).
+    """
+
+    round_start: np.ndarray
+    report: int
+    encode: int
+    vector: int
+    chunk_vector: int
+
+    @classmethod
+    def of(cls, scheme: Any, dim: int, dtype: Any = "float64") -> FrameBytes:
+        """Measure every frame kind on representative messages of ``scheme`` at ``dim``.
+
+        The compact headers have a fixed size whatever the array length, so each kind is
+        encoded once with a one-value array and the other ``n - 1`` values are added
+        (``tests/test_comm.py`` checks this against whole frames).
+        """
+        dt = np.dtype(dtype)
+        m, d = int(scheme.m), int(dim)
+        loads = np.asarray(scheme.loads, dtype=np.int64)
+        one = np.zeros(1)
+        by_load = {int(n): frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
+                                                  net_delay_s=0.0, model=one)) + 8 * (d - 1)
+                   for n in np.unique(loads)}
+        rs = np.array([by_load[int(n)] for n in loads], dtype=np.int64)
+        rep = frame_bytes(ChunkReport(epoch=1, round=1, count=1, t_worker=1.0, elapsed_s=1.0))
+        enc = frame_bytes(EncodeAndTransmit(epoch=1, round=1, attempt=0, state=(1,) * m))
+        head = frame_bytes(CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8,
+                                         compute_s=1.0, payload=np.zeros(1, dtype=dt)))
+
+        def coded(n: int) -> int:
+            return int(head + dt.itemsize * (n - 1))
+
+        return cls(rs, rep, enc, coded(int(scheme.payload_len(d))), coded(d))
+
+
+def link_exits(send: np.ndarray, nbytes: np.ndarray | float, rate: float | None) -> np.ndarray:
+    """When each frame leaves a FIFO link of ``rate`` (one link per row ``(r, j)``).
+
+    Parameters
+    ----------
+    send : ndarray of float64, shape (R, m, n)
+        When each frame is handed to the link, in link order along the last axis; ``inf``:
+        never sent (takes no link time).
+    nbytes : ndarray, broadcastable to (R, m, n)
+    rate : float or None
+        Bytes per second; ``None``: no serialisation (exit = send).
+
+    Returns
+    -------
+    exit : ndarray of float64, shape (R, m, n)
+    """
+    if rate is None:
+        return np.array(send, dtype=np.float64)
+    dur = np.broadcast_to(np.asarray(nbytes, dtype=np.float64) / rate, send.shape)
+    out = np.empty_like(send, dtype=np.float64)
+    free = np.zeros(send.shape[:2])
+    for k in range(send.shape[2]):
+        e = np.maximum(send[:, :, k], free) + dur[:, :, k]
+        out[:, :, k] = e
+        free = np.where(np.isfinite(e), e, free)
+    return out
+
+
+def ps_ingress(exits: np.ndarray, nbytes: np.ndarray | float, rate: float | None) -> np.ndarray:
+    """When each frame has crossed the shared FIFO ingress (served in order of ``exits``).
+
+    Parameters
+    ----------
+    exits : ndarray of float64, shape (R, m, n)
+        When each frame left its worker's uplink (``inf``: never sent).
+    nbytes : ndarray, broadcastable to (R, m, n)
+    rate : float or None
+        ``None``: no shared ingress (returns ``exits``).
+
+    Returns
+    -------
+    done : ndarray of float64, shape (R, m, n)
+    """
+    if rate is None:
+        return np.array(exits, dtype=np.float64)
+    R = exits.shape[0]
+    flat = exits.reshape(R, -1)
+    dur = np.broadcast_to(np.asarray(nbytes, dtype=np.float64) / rate, exits.shape).reshape(R, -1)
+    order = np.argsort(flat, axis=1, kind="stable")
+    rows = np.arange(R)
+    done = np.full_like(flat, np.inf)
+    free = np.zeros(R)
+    for i in range(flat.shape[1]):
+        idx = order[:, i]
+        e = flat[rows, idx]
+        f = np.maximum(e, free) + dur[rows, idx]
+        done[rows, idx] = f
+        free = np.where(np.isfinite(f), f, free)
+    return done.reshape(exits.shape)
+
+
+def engine_latency(comm: CommModel, latency: float,
+                   clock: Callable[[], float]) -> Callable[[int, str, Any], float]:
+    """A latency function for :class:`~aiogc.sim.engine.Simulation` with the per-worker links.
+
+    ``clock()`` must return the engine's current time (``sim.now``): the function is called
+    when a frame is sent, and returns ``exit - now + latency`` with ``exit`` from the FIFO rule
+    of the module docstring (the engine's own FIFO-per-link rule then changes nothing, since
+    these arrivals are already in order). A shared PS ingress needs the engine to hold a
+    frame until it left its uplink (frames are served in that order, which a later send can
+    precede): not supported here (ConfigError).
+    """
+    if comm.ps_Bps is not None:
+        raise ConfigError("bandwidth.ps", comm.ps_Bps,
+                          "no shared PS ingress with the protocol engine yet (fast engine only)")
+    free: dict[tuple[int, str], float] = {}
+
+    def fn(worker: int, direction: str, msg: Any) -> float:
+        rate = comm.up_Bps if direction == "up" else comm.down_Bps
+        if rate is None:
+            return latency
+        now = clock()
+        key = (worker, direction)
+        e = max(now, free.get(key, 0.0)) + frame_bytes(msg) / rate
+        free[key] = e
+        return (e - now) + latency
+
+    return fn
