@@ -54,6 +54,7 @@ __all__ = [
     "UNITS",
     "CommModel",
     "FrameBytes",
+    "engine_ingress",
     "engine_latency",
     "frame_bytes",
     "link_exits",
@@ -256,30 +257,40 @@ def ps_ingress(exits: np.ndarray, nbytes: np.ndarray | float, rate: float | None
     return done.reshape(exits.shape)
 
 
-def engine_latency(comm: CommModel, latency: float,
-                   clock: Callable[[], float]) -> Callable[[int, str, Any], float]:
+def engine_latency(comm: CommModel, latency: float, clock: Callable[[], float], *,
+                   ingress: bool = False) -> Callable[[int, str, Any], float]:
     """A latency function for :class:`~aiogc.sim.engine.Simulation` with the per-worker links.
 
     ``clock()`` must return the engine's current time (``sim.now``): the function is called
     when a frame is sent, and returns ``exit - now + latency`` with ``exit`` from the FIFO rule
     of the module docstring (the engine's own FIFO-per-link rule then changes nothing, since
-    these arrivals are already in order). A shared PS ingress needs the engine to hold a
-    frame until it left its uplink (frames are served in that order, which a later send can
-    precede): not supported here (ConfigError).
+    these arrivals are already in order). ``ingress``: the engine runs the shared PS ingress
+    (:func:`engine_ingress`), so an upload's delay ends when it left its uplink (the latency
+    follows the ingress).
     """
-    if comm.ps_Bps is not None:
+    if comm.ps_Bps is not None and not ingress:
         raise ConfigError("bandwidth.ps", comm.ps_Bps,
                           "no shared PS ingress with the protocol engine yet (fast engine only)")
     free: dict[tuple[int, str], float] = {}
 
     def fn(worker: int, direction: str, msg: Any) -> float:
         rate = comm.up_Bps if direction == "up" else comm.down_Bps
+        after = 0.0 if ingress and direction == "up" else latency
         if rate is None:
-            return latency
+            return after
         now = clock()
         key = (worker, direction)
         e = max(now, free.get(key, 0.0)) + frame_bytes(msg) / rate
         free[key] = e
-        return (e - now) + latency
+        return (e - now) + after
 
     return fn
+
+
+def engine_ingress(comm: CommModel, latency: float) -> tuple[Callable[[Any], float], float]:
+    """The ``ingress`` argument of :class:`~aiogc.sim.engine.Simulation` for ``comm.ps_Bps``:
+    ``(bytes / ps rate, latency)``."""
+    if comm.ps_Bps is None:
+        raise ConfigError("bandwidth.ps", None, "a shared ingress rate")
+    rate = comm.ps_Bps
+    return (lambda msg: frame_bytes(msg) / rate), latency

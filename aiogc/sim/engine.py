@@ -39,6 +39,9 @@ from aiogc.protocol.messages import Message
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 LatencyFn = Callable[[int, str, Message], float]
+#: ``(service_s(msg), latency_s)`` of a shared PS ingress: seconds a worker->PS frame occupies it,
+#: and the one-way latency after it.
+Ingress = tuple[Callable[[Message], float], float]
 
 #: Seconds a worker waits before reconnecting after its connection closed (simulated backoff).
 RECONNECT_DELAY_S = 0.5
@@ -65,6 +68,12 @@ class Simulation:
         direction ``"up"`` (worker -> PS) or ``"down"``.
     bandwidth_Bps : float, optional
         Adds ``array bytes / bandwidth`` to frames that carry an array.
+    ingress : (service_s, latency_s), optional
+        A shared FIFO PS ingress: the up-direction delay then means "until the frame reaches
+        the ingress"; frames are served in the order they reach it (ties: in send order), each
+        for ``service_s(msg)`` seconds, and arrive ``latency_s`` after their service ends.
+        Frames that overlap share it; a frame's arrival is known only once it reached the
+        ingress (a later send may reach it first), hence the extra action.
     progress_events : bool
         Keep the workers' telemetry events (``ChunkComputed``, ``CodedSent``, ``RoundEnded``) in
         :attr:`worker_events`. Off by default: nothing in a simulation reads them, and they
@@ -82,6 +91,7 @@ class Simulation:
         reconnect: bool = True,
         setups: SetupCache | None = None,
         progress_events: bool = False,
+        ingress: Ingress | None = None,
     ) -> None:
         if ps.aggregator is None:
             raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
@@ -100,6 +110,8 @@ class Simulation:
         self.now = start_time
         self._latency = latency
         self._bandwidth = bandwidth_Bps
+        self._ingress = ingress
+        self._ingress_free = start_time
         self._reconnect = reconnect
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
@@ -378,7 +390,8 @@ class Simulation:
                         return
                     self._pump_ps(at, self.ps.receive_and_poll((worker, gen), msg, now=at))
 
-                self._schedule(t, deliver)
+                self._schedule(t, deliver if self._ingress is None
+                               else self._through_ingress(msg, deliver))
             if out.close:
                 closing = True
 
@@ -387,8 +400,23 @@ class Simulation:
                         self.ps.connection_lost((worker, gen), now=at)
                         self._pump_ps(at)
 
-                self._schedule(t, eof)
+                self._schedule(t, eof if self._ingress is None
+                               else self._through_ingress(None, eof))
         return closing
+
+    def _through_ingress(self, msg: Message | None, then: Callable[[float], None]
+                         ) -> Callable[[float], None]:
+        """The action of a frame reaching the shared ingress: queue, serve, then ``then``
+        (an EOF, ``msg`` None, takes no service but keeps its place behind the frames)."""
+        assert self._ingress is not None
+        service, lat = self._ingress
+
+        def enter(at: float) -> None:
+            start = max(at, self._ingress_free)
+            self._ingress_free = start + (service(msg) if msg is not None else 0.0)
+            self._schedule(self._ingress_free + lat, then)
+
+        return enter
 
     def _w_timer_fired(self, worker: int, armed: float, gen: int) -> Callable[[float], None]:
         def act(now: float) -> None:

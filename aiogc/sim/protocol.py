@@ -30,7 +30,7 @@ from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import ParameterServer, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
-from aiogc.sim.comm import CommModel, engine_latency
+from aiogc.sim.comm import CommModel, engine_ingress, engine_latency
 from aiogc.sim.engine import Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
@@ -119,8 +119,10 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
                    for j in range(m))
     if comm is not None and comm.limited:
         box: list[Simulation] = []
-        lat = engine_latency(comm, latency, lambda: box[0].now)
-        sim = Simulation(ps, workers, latency=lat, bandwidth_Bps=bandwidth_Bps)
+        shared = comm.ps_Bps is not None
+        lat = engine_latency(comm, latency, lambda: box[0].now, ingress=shared)
+        sim = Simulation(ps, workers, latency=lat, bandwidth_Bps=bandwidth_Bps,
+                         ingress=engine_ingress(comm, latency) if shared else None)
         box.append(sim)
     else:
         sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
@@ -162,8 +164,8 @@ def simulate_protocol(
         Pre-built ``{name: scheme}`` matching ``config``.
     comm : CommModel, optional
         Per-worker upload / download rates (:func:`aiogc.sim.comm.engine_latency`: the same
-        FIFO links as the fast path, frames sized by the wire codec); a shared PS ingress is
-        refused (the engine would have to hold frames until they left their uplinks).
+        FIFO links as the fast path, frames sized by the wire codec) and the shared PS
+        ingress (:func:`aiogc.sim.comm.engine_ingress`, the engine's ``ingress``).
         Streaming schemes (``uploads_per_chunk``) are refused: the core has no multi-message
         upload.
 
@@ -181,9 +183,6 @@ def simulate_protocol(
             raise ConfigError("schemes", name, "schemes the protocol core can run: "
                               f"{name} streams one frame per chunk, which the core has no "
                               "message for (use the fast engine)")
-    if comm is not None and comm.ps_Bps is not None:
-        raise ConfigError("bandwidth.ps", comm.ps_Bps,
-                          "no shared PS ingress with the protocol engine (fast engine only)")
     if schedule is None:
         schedule = schedule_for(config, sch)
     if schedule.rounds < config.rounds:
