@@ -28,6 +28,41 @@ FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_wo
 AUTH_DEADLINE_S = 1.9
 
 
+class Backoff:
+    """Reconnect delays: exponential growth with full jitter, capped, reset after progress.
+
+    The n-th delay since the last :meth:`reset` is ``uniform(0, 1) * min(cap, base * 2**n)``
+    ("full jitter": many workers that lost the same PS do not come back in lock step). The
+    randomness is injected (``rng``: anything with ``random() -> float`` in [0, 1), e.g. a
+    seeded ``random.Random``), so a test replays the exact delays; the core takes no global
+    randomness. A floor of ``base / 2`` keeps a retry from ever being immediate.
+
+    Parameters
+    ----------
+    base, cap : float
+        First (un-jittered) delay and the largest, in seconds.
+    rng : object with ``random()``
+    """
+
+    def __init__(self, base: float, cap: float, rng: Any) -> None:
+        if not (0 < base <= cap):
+            raise ValueError(f"backoff needs 0 < base <= cap, got {base}, {cap}")
+        self.base = float(base)
+        self.cap = float(cap)
+        self.rng = rng
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next reconnect (and count the attempt)."""
+        ceiling = min(self.cap, self.base * 2.0 ** min(self.attempt, 60))
+        self.attempt += 1
+        return max(self.base / 2, float(self.rng.random()) * ceiling)
+
+    def reset(self) -> None:
+        """A round completed on the last connection: start over from ``base``."""
+        self.attempt = 0
+
+
 class Endpoint:
     """Outbox, event queue and counters shared by the two state machines."""
 
