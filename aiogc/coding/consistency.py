@@ -46,6 +46,7 @@ __all__ = [
     "Verdict",
     "model_bound",
     "model_check",
+    "norm_floor",
     "oracle_check",
     "redundancy_check",
     "redundancy_tolerance",
@@ -240,6 +241,11 @@ class NormGuard:
         first round is bounded by ``absolute_max`` only).
     absolute_max : float
         Norms above this are always rejected (and non-finite ones).
+    floor : float
+        Norms at or below this carry no scale (issue 18): a round decoded from round-off
+        (one finished worker, an estimate ~1e-16) is applied but never becomes the reference
+        that later honest rounds are measured against. :func:`norm_floor` derives it from the
+        payload dtype, ``d`` and a data scale; 0 keeps only exact zeros out.
     """
 
     def __init__(
@@ -251,6 +257,7 @@ class NormGuard:
         warmup_factor: float = 100.0,
         initial_scale: float | None = None,
         absolute_max: float = 1e100,
+        floor: float = 0.0,
     ) -> None:
         if type(window) is not int or window < 1:
             raise ConfigError("window", window, "an integer >= 1")
@@ -270,6 +277,9 @@ class NormGuard:
         self.warmup_factor = warmup_factor
         self.initial_scale = initial_scale
         self.absolute_max = absolute_max
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ConfigError("floor", floor, "a finite number >= 0")
+        self.floor = float(floor)
         self._accepted: deque[float] = deque(maxlen=window)
 
     @property
@@ -280,7 +290,9 @@ class NormGuard:
     def _scale_history(self) -> list[float]:
         # a zero gradient carries no scale: a converged (or idle) stretch must not make the
         # next nonzero gradient look infinitely large
-        return [x for x in self._accepted if x > 0]
+        # (and neither does a round-off-sized one, below the dtype-relative floor)
+        fl = self.floor
+        return [x for x in self._accepted if x > fl]
 
     def bound(self) -> float:
         """The largest norm the next round may have."""
@@ -302,6 +314,8 @@ class NormGuard:
         b = self.bound()
         if not math.isfinite(norm):
             return Verdict(False, "norm", f"gradient norm {norm} is not finite", norm, b)
+        if norm <= self.floor:
+            return Verdict.passed("norm", norm, b)  # round-off sized: harmless, no scale
         if norm > b:
             return Verdict(False, "norm",
                            f"gradient norm {norm:.3g} exceeds {b:.3g} "
@@ -319,6 +333,19 @@ class NormGuard:
         if (self.initial_scale is not None and self.initial_scale > 0) or hist:
             return f"{self.warmup_factor:g} x the initial gradient scale"
         return "absolute maximum"
+
+
+def norm_floor(dtype: object, dim: int, scale: float = 1.0, safety: float = 64.0) -> float:
+    """``safety * eps(dtype) * sqrt(dim) * scale``: gradient norms at or below this are
+    round-off of a sum whose terms are of size ``scale`` (per entry), not a gradient.
+
+    ``scale`` is a data scale (per-entry magnitude of the chunk gradients; 1 when unknown).
+    In float64 with ``dim`` 12 and scale 1 this is ~5e-14: the ~1e-16 estimate of a round
+    decoded from one finished worker falls below it, any honest gradient of a learning run
+    far above it.
+    """
+    eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
+    return float(safety * eps * math.sqrt(max(1, int(dim))) * max(0.0, float(scale)))
 
 
 # ------------------------------------------------------------------------------ oracle, model

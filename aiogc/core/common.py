@@ -31,11 +31,11 @@ AUTH_DEADLINE_S = 1.9
 class Backoff:
     """Reconnect delays: exponential growth with full jitter, capped, reset after progress.
 
-    The n-th delay since the last :meth:`reset` is ``uniform(0, 1) * min(cap, base * 2**n)``
-    ("full jitter": many workers that lost the same PS do not come back in lock step). The
+    The n-th delay since the last :meth:`reset` is uniform in ``[base / 2, min(cap, base *
+    2**n)]`` ("full jitter" above a floor of half the base, so a retry is never immediate:
+    many workers that lost the same PS do not come back in lock step). The
     randomness is injected (``rng``: anything with ``random() -> float`` in [0, 1), e.g. a
     seeded ``random.Random``), so a test replays the exact delays; the core takes no global
-    randomness. A floor of ``base / 2`` keeps a retry from ever being immediate.
 
     Parameters
     ----------
@@ -56,7 +56,8 @@ class Backoff:
         """The delay before the next reconnect (and count the attempt)."""
         ceiling = min(self.cap, self.base * 2.0 ** min(self.attempt, 60))
         self.attempt += 1
-        return max(self.base / 2, float(self.rng.random()) * ceiling)
+        low = self.base / 2
+        return low + float(self.rng.random()) * (ceiling - low)
 
     def reset(self) -> None:
         """A round completed on the last connection: start over from ``base``."""

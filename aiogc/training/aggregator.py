@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from aiogc.coding.base import Scheme
-from aiogc.coding.consistency import RoundGuard
+from aiogc.coding.consistency import NormGuard, RoundGuard, norm_floor
 from aiogc.config import RunConfig
 from aiogc.core.common import RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
@@ -80,7 +80,9 @@ class Aggregator:
         # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
         w0 = np.array(model, dtype=np.float64, copy=True)
         self.guard: RoundGuard | None = (
-            RoundGuard(w0, predicted_error=self.predicted_error) if guard else None)
+            RoundGuard(w0, predicted_error=self.predicted_error,
+                       norm_guard=NormGuard(floor=norm_floor(config.payload_dtype, w0.size)))
+            if guard else None)
 
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None:
         """Run one work item of the PS core; the answer goes to ``ps.work_done``."""

@@ -1,0 +1,257 @@
+"""Issue 18 (trust, round three): nothing unauthenticated ends a worker; reconnects back off
+exponentially with seeded jitter; the norm guard's round-off floor.
+
+No sleeps for synchronisation: the socket scenarios wait on event logs and counters; the
+backoff is observed through the delays the client asks its (injected) sleep for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiogc.coding.consistency import NormGuard
+from aiogc.core import ConnectionFailed, ShutdownRequested, Worker
+from aiogc.core.common import Backoff
+from aiogc.net.drivers import WorkerClient
+from aiogc.protocol.messages import Challenge, Error, Shutdown
+from aiogc.protocol.wire import encode_frame_bytes
+from tests.test_net import (
+    FAST_BACKOFF,
+    HOST,
+    STEP_S,
+    EventLog,
+    Runner,
+    assert_exact_rounds,
+    cfg,
+    make_ps,
+    make_runner,
+    start_cluster,
+)
+
+SECRET = b"round-three-secret-0123456789abc"
+
+
+@pytest.fixture
+def run() -> Runner:
+    return make_runner(asyncio.new_event_loop)
+
+
+# ------------------------------------------------------------------ the core alone
+
+
+def _worker() -> Worker:
+    w = Worker(2, secret=SECRET, nonce_fn=lambda: b"w" * 16)
+    w.connection_made(now=0.0)
+    return w
+
+
+@pytest.mark.parametrize("phase", ["connecting", "authenticating"])
+@pytest.mark.parametrize("frame", [Error(code="auth_failed", reason="forged"),
+                                   Error(code="config_mismatch", reason="forged"),
+                                   Shutdown(reason="all rounds done")])
+def test_preauth_error_or_shutdown_only_closes(phase: str, frame: Any) -> None:
+    w = _worker()
+    if phase == "authenticating":
+        w.receive("ps", Challenge(epoch=0, nonce=b"p" * 16), now=0.1)
+        w.messages_to_send()
+        assert w.phase.value == "authenticating"
+    w.receive("ps", frame, now=0.2)
+    events = w.drain_events()
+    assert not any(isinstance(e, ShutdownRequested) for e in events)
+    failed = [e for e in events if isinstance(e, ConnectionFailed)]
+    assert len(failed) == 1 and not failed[0].fatal
+    assert failed[0].code.startswith("preauth_")
+    assert w.phase.value == "closed"
+    assert w.stats["preauth_close"] == 1
+    assert w.last_preauth.startswith(frame.code if isinstance(frame, Error) else "shutdown")
+    out = w.messages_to_send()
+    assert out and out[-1].close and out[-1].message is None  # nothing sent back
+
+
+# ------------------------------------------------------------------ backoff
+
+
+def test_backoff_grows_jitters_deterministically_and_resets() -> None:
+    a = Backoff(0.05, 2.0, random.Random(7))
+    b = Backoff(0.05, 2.0, random.Random(7))
+    da = [a.next_delay() for _ in range(12)]
+    db = [b.next_delay() for _ in range(12)]
+    assert da == db  # the seed decides everything
+    ceilings = [min(2.0, 0.05 * 2 ** k) for k in range(12)]
+    assert all(0.025 <= d <= c for d, c in zip(da, ceilings, strict=True))
+    assert len(set(da)) == len(da)  # jittered: no two equal
+    # growth: the mean of the later delays is far above the first ones
+    assert np.mean(da[6:]) > 4 * np.mean(da[:3])
+    other = [Backoff(0.05, 2.0, random.Random(8)).next_delay() for _ in range(1)]
+    assert other[0] != da[0]
+    a.reset()
+    assert a.next_delay() <= 0.05
+
+
+def test_client_reconnects_with_backoff_to_a_squatter(run: Runner) -> None:
+    """A PS port answering every connection with a forged error: the client's delays follow
+    the seeded backoff exactly (observed through the injected sleep, no wall time)."""
+
+    async def scenario() -> tuple[list[float], BaseException | None, int]:
+        conns = 0
+
+        async def squat(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal conns
+            conns += 1
+            writer.write(encode_frame_bytes(Error(code="auth_failed", reason="squatter")))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(squat, HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        asked: list[float] = []
+        ten = asyncio.Event()
+
+        async def sleep(d: float) -> None:
+            asked.append(d)
+            if len(asked) >= 10:
+                ten.set()
+            await asyncio.sleep(0)
+
+        client = WorkerClient(Worker(0, secret=SECRET), HOST, port, backoff_s=(0.05, 2.0),
+                              give_up_after_s=1e9, rng=random.Random(3), sleep=sleep)
+        task = asyncio.create_task(client.run())
+        async with asyncio.timeout(STEP_S):
+            await ten.wait()
+        task.cancel()
+        outcome: BaseException | None = None
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # pragma: no cover - reported below
+            outcome = exc
+        server.close()
+        await server.wait_closed()
+        return asked, outcome, client.worker.stats["preauth_auth_failed"]
+
+    asked, outcome, preauth = run(scenario)
+    assert outcome is None  # never fatal
+    ref = Backoff(0.05, 2.0, random.Random(3))
+    assert asked[:10] == [ref.next_delay() for _ in range(10)]
+    assert preauth >= 9
+
+
+# ------------------------------------------------------------------ squatter, then the real PS
+
+
+class _SquatThenRelay:
+    """Listens on one port: answers each connection with a forged frame (``error(auth_failed)``
+    and ``shutdown`` in turn) while ``squatting``; afterwards relays bytes to the real PS."""
+
+    def __init__(self) -> None:
+        self.squatting = True
+        self.target: int | None = None
+        self.squatted = 0
+        self.changed = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.squatting:
+            self.squatted += 1
+            frame = (Error(code="auth_failed", reason="squatter") if self.squatted % 2
+                     else Shutdown(reason="all rounds done"))
+            writer.write(encode_frame_bytes(frame))
+            await writer.drain()
+            writer.close()
+            self.changed.set()
+            return
+        assert self.target is not None
+        up_r, up_w = await asyncio.open_connection(HOST, self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while chunk := await r.read(65536):
+                    w.write(chunk)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                w.close()
+
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+
+
+def test_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
+    config = cfg(workers=4, delta=2, rounds=4)
+
+    async def scenario() -> tuple[Any, list[Any], list[int]]:
+        relay = _SquatThenRelay()
+        front = await asyncio.start_server(relay.handle, HOST, 0)
+        port = front.sockets[0].getsockname()[1]
+        logs = [EventLog() for _ in range(config.workers)]
+        clients = [WorkerClient(Worker(j, secret=SECRET), HOST, port, on_event=logs[j],
+                                backoff_s=FAST_BACKOFF, give_up_after_s=60.0)
+                   for j in range(config.workers)]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        # every worker gets both forged frames at least once (two retries each)
+        async with asyncio.timeout(STEP_S):
+            for c, log in zip(clients, logs, strict=True):
+                await log.wait_for(lambda c=c: c.worker.stats["preauth_auth_failed"] >= 1
+                                   and c.worker.stats["preauth_shutdown"] >= 1)
+        assert not any(t.done() for t in tasks)
+        cl = await start_cluster(make_ps(config, secret=SECRET), workers=0, secret=SECRET)
+        relay.target = cl.server.port
+        relay.squatting = False
+        async with asyncio.timeout(STEP_S):
+            await cl.serve_task  # type: ignore[misc]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        front.close()
+        await front.wait_closed()
+        return cl.ps.records, results, [c.worker.stats["preauth_close"] for c in clients]
+
+    records, results, preauth = run(scenario)
+    assert all(r is None for r in results), results
+    assert all(p >= 2 for p in preauth)
+    assert_exact_rounds(records, config.rounds, tol=1e-9)
+
+
+def test_wrong_key_gives_up_naming_the_preauth_reason(run: Runner) -> None:
+    """A real PS refusing a wrong key: the worker retries until its own give-up limit, then
+    ends with ConnectionError naming the last unauthenticated answer (exit code 3 in the CLI)."""
+    config = cfg(workers=4, delta=2, rounds=2)
+
+    async def scenario() -> tuple[BaseException | None, int]:
+        cl = await start_cluster(make_ps(config, secret=SECRET), secret=SECRET)
+        bad = WorkerClient(Worker(1, secret=b"x" * 32), HOST, cl.server.port,
+                           backoff_s=FAST_BACKOFF, give_up_after_s=0.2)
+        outcome: BaseException | None = None
+        try:
+            async with asyncio.timeout(STEP_S):
+                await bad.run()
+        except ConnectionError as exc:
+            outcome = exc
+        async with asyncio.timeout(STEP_S):
+            await cl.finish()
+        return outcome, bad.worker.stats["preauth_auth_failed"]
+
+    outcome, n = run(scenario)
+    assert outcome is not None
+    assert "last unauthenticated answer: auth_failed" in str(outcome)
+    assert n >= 1
+
+
+# ------------------------------------------------------------------ norm guard floor
+
+
+def test_norm_guard_ignores_round_off_sized_norms() -> None:
+    """One finished worker in round 0 decodes ~1e-16: that carries no scale; the honest
+    rounds after it (norm ~1) must not be rejected."""
+    g = NormGuard(floor=1e-10)
+    assert g.check(1e-16).ok
+    g.accept(1e-16)
+    for _ in range(5):
+        v = g.check(1.0)
+        assert v.ok, v
+        g.accept(1.0)
+    assert g.history[0] == 1e-16
+    assert not g.check(100.0).ok  # the real scale still bounds
