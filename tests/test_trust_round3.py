@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -181,6 +182,11 @@ class _SquatThenRelay:
         await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
 
 
+def _both_forgeries_seen(client: WorkerClient) -> Callable[[], bool]:
+    stats = client.worker.stats
+    return lambda: stats["preauth_auth_failed"] >= 1 and stats["preauth_shutdown"] >= 1
+
+
 def test_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
     config = cfg(workers=4, delta=2, rounds=4)
 
@@ -196,8 +202,7 @@ def test_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
         # every worker gets both forged frames at least once (two retries each)
         async with asyncio.timeout(STEP_S):
             for c, log in zip(clients, logs, strict=True):
-                await log.wait_for(lambda c=c: c.worker.stats["preauth_auth_failed"] >= 1
-                                   and c.worker.stats["preauth_shutdown"] >= 1)
+                await log.wait_for(_both_forgeries_seen(c))
         assert not any(t.done() for t in tasks)
         cl = await start_cluster(make_ps(config, secret=SECRET), workers=0, secret=SECRET)
         relay.target = cl.server.port

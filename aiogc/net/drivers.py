@@ -536,6 +536,7 @@ class WorkerClient:
         self._shutdown = False
         self._fatal: ConnectionFailed | None = None
         self._welcomed = False
+        self._preauth_said = False
         self.connections = 0
 
     def _now(self) -> float:
@@ -703,8 +704,16 @@ class WorkerClient:
                 self._shutdown = True
             elif isinstance(ev, Welcomed):
                 self._welcomed = True
-            elif isinstance(ev, ConnectionFailed) and ev.fatal:
-                self._fatal = ev
+            elif isinstance(ev, ConnectionFailed):
+                if ev.fatal:
+                    self._fatal = ev
+                elif ev.code.startswith("preauth_") and not self._preauth_said:
+                    # once per client: a squatter (or a PS refusing our key) answers every
+                    # retry the same way; the count is in worker.stats["preauth_close"]
+                    self._preauth_said = True
+                    log.warning("worker %d: %s; retrying with backoff (give up after %g s "
+                                "without an authenticated session)", self.worker.worker_id,
+                                ev.reason, self._give_up)
             elif isinstance(ev, SetupNeeded):
                 self._setup(ev)
                 progressed = True
