@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from aiogc.coding.consistency import NormGuard
-from aiogc.core import ConnectionFailed, ShutdownRequested, Worker
+from aiogc.core import ConnectionFailed, ShutdownRequested, Welcomed, Worker
 from aiogc.core.common import Backoff
 from aiogc.net.drivers import WorkerClient
 from aiogc.protocol.messages import Challenge, Error, Shutdown
@@ -155,6 +155,9 @@ class _SquatThenRelay:
         self.target: int | None = None
         self.squatted = 0
         self.changed = asyncio.Event()
+        #: the writer towards the worker of the latest relayed connection, once connected up
+        self.down: asyncio.StreamWriter | None = None
+        self.ready = asyncio.Event()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.squatting:
@@ -168,6 +171,8 @@ class _SquatThenRelay:
             return
         assert self.target is not None
         up_r, up_w = await asyncio.open_connection(HOST, self.target)
+        self.down = writer
+        self.ready.set()
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             try:
@@ -260,3 +265,43 @@ def test_norm_guard_ignores_round_off_sized_norms() -> None:
         g.accept(1.0)
     assert g.history[0] == 1e-16
     assert not g.check(100.0).ok  # the real scale still bounds
+
+
+def test_error_injected_after_the_handshake_fails_the_tag(run: Runner) -> None:
+    """A man in the middle injects an untagged ``error(auth_failed)`` after worker 0's verified
+    welcome (the PS is then silent: it waits for the other workers to join). The worker's
+    framing refuses it (bad tag), the worker reconnects, and the run completes normally."""
+    config = cfg(workers=4, delta=2, rounds=3)
+
+    async def scenario() -> tuple[Any, BaseException | None, int, list[Any]]:
+        relay = _SquatThenRelay()
+        relay.squatting = False
+        front = await asyncio.start_server(relay.handle, HOST, 0)
+        port = front.sockets[0].getsockname()[1]
+        cl = await start_cluster(make_ps(config, secret=SECRET), workers=0, secret=SECRET)
+        relay.target = cl.server.port
+        log = EventLog()
+        victim = WorkerClient(Worker(0, secret=SECRET), HOST, port, on_event=log,
+                              backoff_s=FAST_BACKOFF, give_up_after_s=60.0)
+        task = asyncio.create_task(victim.run())
+        async with asyncio.timeout(STEP_S):
+            await log.wait_for(lambda: bool(log.of(Welcomed)))
+            await relay.ready.wait()
+        assert relay.down is not None
+        relay.down.write(encode_frame_bytes(Error(code="auth_failed", reason="mitm")))
+        async with asyncio.timeout(STEP_S):
+            await log.wait_for(lambda: len(log.of(Welcomed)) >= 2)  # reconnected
+        for j in range(1, config.workers):
+            cl.add_worker(j, secret=SECRET)
+        async with asyncio.timeout(STEP_S):
+            await cl.finish()
+            outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+        front.close()
+        await front.wait_closed()
+        return cl.ps.records, outcome, victim.connections, log.events
+
+    records, outcome, connections, events = run(scenario)
+    assert outcome is None
+    assert connections >= 2
+    assert not any(isinstance(e, ConnectionFailed) and e.code == "auth_failed" for e in events)
+    assert_exact_rounds(records, config.rounds, tol=1e-9)
