@@ -8,6 +8,7 @@ backoff is observed through the delays the client asks its (injected) sleep for.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +18,13 @@ import pytest
 
 from aiogc.coding.consistency import NormGuard
 from aiogc.core import ConnectionFailed, ShutdownRequested, Welcomed, Worker
+from aiogc.config import RunConfig
 from aiogc.core.common import Backoff
 from aiogc.net.drivers import WorkerClient
-from aiogc.protocol.messages import Challenge, Error, Shutdown
+from aiogc.protocol.messages import Challenge, CodedGradient, Error, Shutdown
 from aiogc.protocol.wire import encode_frame_bytes
+from aiogc.training.schedule import DelaySchedule
+from tests.helpers import build_rig
 from tests.test_net import (
     FAST_BACKOFF,
     HOST,
@@ -305,3 +309,103 @@ def test_error_injected_after_the_handshake_fails_the_tag(run: Runner) -> None:
     assert connections >= 2
     assert not any(isinstance(e, ConnectionFailed) and e.code == "auth_failed" for e in events)
     assert_exact_rounds(records, config.rounds, tol=1e-9)
+
+
+# ------------------------------------------------------------------ approximate mode, a liar
+
+
+class _Tamper:
+    """Replaces the payload of every CodedGradient worker ``w`` hands its driver."""
+
+    def __init__(self, attack: str) -> None:
+        self.attack = attack
+        self.sent = 0
+
+    def payload(self, v: np.ndarray) -> np.ndarray:
+        self.sent += 1
+        if self.attack == "scale3":
+            out = 3 * v
+        elif self.attack == "signflip":
+            out = -v
+        elif self.attack == "huge":
+            out = np.full_like(v, 1e300)
+        else:  # "bias": 1 % of its norm in one coordinate
+            out = np.array(v, copy=True)
+            out[0] += 0.01 * float(np.linalg.norm(v))
+        return np.ascontiguousarray(out, dtype=v.dtype)
+
+    def install(self, worker: Worker) -> None:
+        polled = worker.poll
+
+        def poll() -> Any:
+            events, work, out, when = polled()
+            fixed = []
+            for o in out:
+                if isinstance(o.message, CodedGradient):
+                    o = o._replace(message=dataclasses.replace(
+                        o.message, payload=self.payload(o.message.payload)))
+                fixed.append(o)
+            return events, work, fixed, when
+
+        worker.poll = poll  # type: ignore[method-assign]
+
+
+def _approx_schedule(config: RunConfig, seed: int = 5) -> DelaySchedule:
+    """Per round a random half of the workers is fast (all chunks well before the
+    deadline), the rest never finish in time: every round ends at the deadline, approximate."""
+    m, delta = config.workers, config.delta
+    rng = np.random.default_rng(seed)
+    comp = np.full((config.rounds, m, delta), 10.0)
+    for r in range(config.rounds):
+        fast = rng.permutation(m)[: max(1, m // 2 - 1)]
+        comp[r, fast, :] = 0.002
+        comp[r, 1, :] = 0.002  # the liar always finishes: it gets its say every round
+    return DelaySchedule(compute_s=comp, network_s=np.zeros((config.rounds, m)), seed=seed,
+                         compute_spec="approx-test", network_spec="none")
+
+
+#: the stated bound (docs: SECURITY_ADDENDUM.md): with verify, an applied approximate step is
+#: within ``tol * ||sum_i |g_i| ||`` of the honest approximate step, tol = max(1e-6,
+#: 1000 * cond(B) * eps(payload dtype) * amplification)
+@pytest.mark.parametrize("scheme", ["partial", "original"])
+@pytest.mark.parametrize("attack", ["scale3", "signflip", "huge", "bias"])
+def test_authenticated_liar_in_approximate_mode_is_bounded(scheme: str, attack: str) -> None:
+    config = RunConfig(scheme=scheme, workers=8, delta=3, rounds=8, seed=4, mode="approx",
+                       deadline_s=0.05, task="linreg:samples=240,dim=12", heartbeat_s=None,
+                       dead_after_s=None, round_timeout_s=20.0)
+    rig = build_rig(config, schedule=_approx_schedule(config), secret=SECRET)
+    tamper = _Tamper(attack)
+    tamper.install(rig.workers[1])
+    rig.sim.run()
+    assert tamper.sent > 0
+    recs = rig.ps.records
+    assert len(recs) == config.rounds
+    assert any("estimate" in r.end_detail for r in recs)  # approximate rounds were checked
+    agg = rig.aggregator
+    w = rig.task.initial_model().astype(np.float64)
+    for rec in recs:
+        if rec.status == "failed":
+            assert any(c in rec.end_detail for c in ("estimate", "oracle", "norm")), rec.end_detail
+            continue
+        assert rec.gradient is not None
+        G = np.stack([rig.task.chunk_gradient(i, w) for i in range(rig.scheme.n_chunks)])
+        honest = agg.honest_estimate(np.asarray(rec.state, dtype=np.int64), G, w.size)
+        scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
+        rel = float(np.linalg.norm(rec.gradient - honest)) / scale
+        assert rel <= 1e-6, (rec.round, rel)
+        w = w - agg.learning_rate * rec.gradient
+    # every round the liar sent in was rejected (its vector was read in each)
+    assert sum(r.status == "failed" for r in recs) == len(recs)
+
+
+@pytest.mark.parametrize("scheme", ["partial", "original"])
+def test_honest_approximate_rounds_pass_the_estimate_check(scheme: str) -> None:
+    config = RunConfig(scheme=scheme, workers=8, delta=3, rounds=8, seed=4, mode="approx",
+                       deadline_s=0.05, task="linreg:samples=240,dim=12", heartbeat_s=None,
+                       dead_after_s=None, round_timeout_s=20.0)
+    rig = build_rig(config, schedule=_approx_schedule(config), secret=SECRET)
+    rig.sim.run()
+    recs = rig.ps.records
+    assert all(r.status in ("approximate", "exact") for r in recs), [
+        r.end_detail for r in recs]
+    assert sum(r.status == "approximate" for r in recs) >= 3

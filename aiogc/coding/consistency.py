@@ -44,6 +44,7 @@ __all__ = [
     "NormGuard",
     "RoundGuard",
     "Verdict",
+    "estimate_check",
     "model_bound",
     "model_check",
     "norm_floor",
@@ -368,6 +369,41 @@ def oracle_check(rel_error: float, predicted_error: float, *, exact: bool,
                        f"decoded gradient differs from the PS's own by {rel_error:.3g} "
                        f"(tolerance {tol:.3g})", rel_error, tol)
     return Verdict.passed("oracle", rel_error, tol)
+
+
+def estimate_check(gradient: np.ndarray, honest: np.ndarray, scale: float,
+                   predicted_error: float, amplification: float = 1.0, *,
+                   safety: float = ORACLE_SAFETY) -> Verdict:
+    """An approximate round against the estimate honest workers would have produced.
+
+    ``honest`` is the decoder's output on payloads the PS re-encoded from its own uncoded
+    chunk gradients for the same state (the oracle projected onto what finished): an honest
+    round differs from it only by rounding, so the tolerance is the oracle's,
+    ``max(ORACLE_MIN_TOL, safety * predicted_error * max(1, amplification))``, relative to
+    ``scale = ||sum_i |g_i| ||``. Any lie that moves the decode by more is rejected, whatever
+    its form (scale, sign, blow-up, bias), so an applied approximate step is within
+    ``tol * scale`` of the honest approximate step.
+
+    Parameters
+    ----------
+    gradient, honest : ndarray, shape (d,)
+    scale : float
+    predicted_error : float
+        ``cond(B) * eps(payload dtype)``.
+    amplification : float
+        The decode's error amplification (condition of the system it solved; NaN -> 1).
+    """
+    amp = amplification if math.isfinite(amplification) and amplification > 1 else 1.0
+    tol = max(ORACLE_MIN_TOL, safety * predicted_error * amp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.asarray(gradient, dtype=np.float64) - np.asarray(honest, dtype=np.float64)
+        err = float(math.sqrt(d.dot(d)))
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
+    if not rel <= tol:
+        return Verdict(False, "estimate",
+                       f"approximate decode differs from the honest estimate of the same "
+                       f"finished chunks by {rel:.3g} (tolerance {tol:.3g})", rel, tol)
+    return Verdict.passed("estimate", rel, tol)
 
 
 def model_bound(initial_model: np.ndarray, *, factor: float = 1e6, floor: float = 1e6) -> float:
