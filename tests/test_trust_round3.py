@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from aiogc.coding.consistency import NormGuard
-from aiogc.core import ConnectionFailed, ShutdownRequested, Welcomed, Worker
 from aiogc.config import RunConfig
+from aiogc.core import ConnectionFailed, ShutdownRequested, Welcomed, Worker
 from aiogc.core.common import Backoff
 from aiogc.net.drivers import WorkerClient
 from aiogc.protocol.messages import Challenge, CodedGradient, Error, Shutdown
