@@ -18,13 +18,16 @@ import pytest
 
 from aiogc.coding.consistency import NormGuard
 from aiogc.config import RunConfig
-from aiogc.core import ConnectionFailed, ShutdownRequested, Welcomed, Worker
-from aiogc.core.common import Backoff
+from aiogc.core import ConnectionFailed, Setup, ShutdownRequested, Welcomed, Worker, WorkerCache
+from aiogc.core.common import UNVERIFIED, Backoff
+from aiogc.harness.kit import make_ps as kit_make_ps
+from aiogc.harness.kit import materialise_for
 from aiogc.net.drivers import WorkerClient
 from aiogc.protocol.messages import Challenge, CodedGradient, Error, Shutdown
 from aiogc.protocol.wire import encode_frame_bytes
+from aiogc.sim.engine import Simulation
 from aiogc.training.schedule import DelaySchedule
-from tests.helpers import build_rig
+from tests.helpers import _counter_nonces, build_rig
 from tests.test_net import (
     FAST_BACKOFF,
     HOST,
@@ -409,3 +412,83 @@ def test_honest_approximate_rounds_pass_the_estimate_check(scheme: str) -> None:
     assert all(r.status in ("approximate", "exact") for r in recs), [
         r.end_detail for r in recs]
     assert sum(r.status == "approximate" for r in recs) >= 3
+
+
+# ------------------------------------------------------------------ original: a spare vector
+
+
+def _swd_rig(config: RunConfig, *, spare_wait: float, verify: bool,
+             liar: int | None = None, attack: str = "scale3") -> tuple[Any, _Tamper | None]:
+    """PS and workers on the virtual clock (as tests/helpers.build_rig, with the PS's
+    ``spare_wait`` and ``verify`` chosen here)."""
+    schedule = materialise_for(config, [config.scheme])
+    ps, task = kit_make_ps(config, schedule=schedule, verify=verify, keep_gradients=True,
+                           secret=SECRET, nonce_fn=_counter_nonces(), spare_wait=spare_wait)
+    built: dict[RunConfig, Setup] = {}
+
+    def setup(cfg: RunConfig) -> Setup:
+        if cfg not in built:
+            built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
+        return built[cfg]
+
+    cache = WorkerCache()
+    workers = [Worker(j, secret=SECRET, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
+               for j in range(ps.m)]
+    tamper = None
+    if liar is not None:
+        tamper = _Tamper(attack)
+        tamper.install(workers[liar])
+    sim = Simulation(ps, workers)
+    sim.run()
+    return ps, tamper
+
+
+ORIGINAL_CFG: dict[str, Any] = dict(scheme="original", workers=8, delta=3, rounds=24, seed=2,
+                                    task="linreg:samples=240,dim=12", delay="exp:0.05",
+                                    heartbeat_s=None, dead_after_s=None)
+
+
+@pytest.mark.parametrize("attack", ["scale3", "signflip", "bias"])
+def test_original_with_a_spare_detects_a_single_liar(attack: str) -> None:
+    config = RunConfig(**ORIGINAL_CFG)
+    need = config.workers - config.delta + 1  # m - s finished workers decode
+    ps, tamper = _swd_rig(config, spare_wait=1.0, verify=False, liar=1, attack=attack)
+    assert tamper is not None and tamper.sent > 0
+    recs = ps.records
+    assert len(recs) == config.rounds
+    with_spare = [r for r in recs if 1 in r.arrivals and len(r.arrivals) > need]
+    assert len(with_spare) >= 5  # the wait produced spares
+    for r in with_spare:  # detected in every round where a spare vector exists
+        assert r.status == "failed" and "redundancy" in r.end_detail, (r.round, r.end_detail)
+    for r in recs:
+        if r.status != "failed" and len(r.arrivals) <= need:
+            assert r.end_detail.startswith(UNVERIFIED), r.end_detail
+
+
+def test_original_without_a_spare_wait_is_unverified_under_no_verify() -> None:
+    config = RunConfig(**ORIGINAL_CFG)
+    ps, _ = _swd_rig(config, spare_wait=0.0, verify=False)
+    recs = ps.records
+    assert all(r.status == "exact" for r in recs)
+    assert all(r.end_detail.startswith(UNVERIFIED) for r in recs)  # never a spare
+    ps2, _ = _swd_rig(config, spare_wait=1.0, verify=False)
+    assert all(r.status == "exact" for r in ps2.records)  # honest: no false rejection
+    verified = [r for r in ps2.records if not r.end_detail.startswith(UNVERIFIED)]
+    assert verified and all(len(r.arrivals) > 6 for r in verified)
+
+
+def spare_wait_cost(spare_wait: float, rounds: int = 200) -> tuple[float, float]:
+    """Mean round duration (virtual seconds) and share of rounds with a spare, honest run."""
+    config = RunConfig(**{**ORIGINAL_CFG, "rounds": rounds})
+    ps, _ = _swd_rig(config, spare_wait=spare_wait, verify=False)
+    recs = ps.records
+    mean = float(np.mean([r.duration_s for r in recs]))
+    spare = float(np.mean([len(r.arrivals) > config.workers - config.delta + 1 for r in recs]))
+    return mean, spare
+
+
+def test_spare_wait_cost_is_bounded_by_its_factor() -> None:
+    base, s0 = spare_wait_cost(0.0, rounds=40)
+    waited, s1 = spare_wait_cost(1.0, rounds=40)
+    assert s0 == 0.0 and s1 > 0.3
+    assert base < waited <= 2.0 * base + 1e-9  # at most (1 + spare_wait) x each round

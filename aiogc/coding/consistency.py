@@ -472,6 +472,8 @@ class RoundGuard:
         self.rejected: dict[str, int] = {}
         self.checked = 0
         self.last_norm = float("nan")
+        #: the checks that passed (not "not applicable") in the last :meth:`check`
+        self.last_passed: tuple[str, ...] = ()
 
     def check(
         self,
@@ -512,10 +514,12 @@ class RoundGuard:
         if verdicts[0] is not None and verdicts[0].ok:
             verdicts.append(redundancy_check(scheme, coded, received, dim))
             verdicts.append(oracle_check(rel_error, self.predicted_error, exact=exact))
+        self.last_passed = ()
         for v in verdicts:
             if v is not None and not v.ok:
                 self.rejected[v.check] = self.rejected.get(v.check, 0) + 1
                 return v, None
+        self.last_passed = tuple(v.check for v in verdicts if v is not None)
         with np.errstate(over="ignore", invalid="ignore"):
             new = np.asarray(model, dtype=np.float64) - learning_rate * g
         mv = model_check(new, self.bound)

@@ -64,6 +64,11 @@ class Backoff:
         self.attempt = 0
 
 
+#: How an applied round's ``end_detail`` starts when no content check (oracle, approximate
+#: estimate, redundancy) vouched for its gradient; the norm and model bounds still applied.
+UNVERIFIED = "unverified"
+
+
 class Endpoint:
     """Outbox, event queue and counters shared by the two state machines."""
 
@@ -212,7 +217,9 @@ class RoundRecord:
     for every accepted report; ``arrivals`` the PS time each coded vector arrived.
     ``end_reason`` is why the round ended (an :class:`EndReason`, None while it
     runs); ``end_detail`` the particulars in words (which workers went away, which check
-    rejected the step), empty when the code says it all.
+    rejected the step), empty when the code says it all. An applied round that no content
+    check vouched for (no oracle, no spare vector to cross-check: ``--no-verify``) says so
+    there: its ``end_detail`` starts with :data:`UNVERIFIED`.
     """
 
     round: int

@@ -27,10 +27,14 @@ from aiogc.coding.consistency import (
     norm_floor,
 )
 from aiogc.config import RunConfig
-from aiogc.core.common import RoundRecord
+from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
+
+
+#: checks that vouch for a gradient's content (the norm and model checks only bound its size)
+_CONTENT_CHECKS = frozenset({"oracle", "redundancy", "estimate"})
 
 
 class Aggregator:
@@ -155,6 +159,10 @@ class Aggregator:
             return self._reject(item, bad)
         assert new is not None
         self.guard.accept()
+        if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
+            # issue 18: say so per round (only norm and model bounds held this step)
+            rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "
+                              "only the norm and model bounds applied")
         return Decoded(new, grad, ())
 
     @staticmethod
