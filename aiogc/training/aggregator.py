@@ -32,7 +32,6 @@ from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
 
-
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
 _CONTENT_CHECKS = frozenset({"oracle", "redundancy", "estimate"})
 
