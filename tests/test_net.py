@@ -330,13 +330,15 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
         async with asyncio.timeout(STEP_S):
             await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         # an impostor claiming an honest worker's id, with the wrong secret
+        # issue 18: a pre-auth error(auth_failed) is unauthenticated (a squatter can send it),
+        # so the impostor retries until its own give-up limit, then names the reason
         impostor = WorkerClient(Worker(1, secret=b"wrong-secret-0123456789abcdef-xx"), HOST,
-                                cl.server.port, backoff_s=FAST_BACKOFF)
+                                cl.server.port, backoff_s=FAST_BACKOFF, give_up_after_s=0.3)
         outcome: BaseException | None = None
         try:
             async with asyncio.timeout(STEP_S):
                 await impostor.run()
-        except ConnectionError as exc:  # fatal: auth_failed is not retried
+        except ConnectionError as exc:  # gave up after retrying; auth_failed is named
             outcome = exc
         async with asyncio.timeout(GUARD_S):
             await cl.finish()
@@ -344,9 +346,9 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
 
     cl, outcome = run(scenario)
     assert outcome is not None and "auth_failed" in str(outcome)
-    assert cl.ps.statistics().get("closed_auth_failed") == 1
+    assert cl.ps.statistics().get("closed_auth_failed", 0) >= 1
     closed = cl.log.of(PeerClosed)
-    assert [e.code for e in closed] == ["auth_failed"]
+    assert {e.code for e in closed} == {"auth_failed"}
     # ... while the run was going on: rounds completed after the rejection
     at = cl.log.events.index(closed[0])
     assert any(isinstance(e, RoundCompleted) for e in cl.log.events[at:])

@@ -44,8 +44,10 @@ __all__ = [
     "NormGuard",
     "RoundGuard",
     "Verdict",
+    "estimate_check",
     "model_bound",
     "model_check",
+    "norm_floor",
     "oracle_check",
     "oracle_tolerance",
     "redundancy_check",
@@ -245,6 +247,11 @@ class NormGuard:
         first round is bounded by ``absolute_max`` only).
     absolute_max : float
         Norms above this are always rejected (and non-finite ones).
+    floor : float
+        Norms at or below this carry no scale (issue 18): a round decoded from round-off
+        (one finished worker, an estimate ~1e-16) is applied but never becomes the reference
+        that later honest rounds are measured against. :func:`norm_floor` derives it from the
+        payload dtype, ``d`` and a data scale; 0 keeps only exact zeros out.
     """
 
     def __init__(
@@ -256,6 +263,7 @@ class NormGuard:
         warmup_factor: float = 100.0,
         initial_scale: float | None = None,
         absolute_max: float = 1e100,
+        floor: float = 0.0,
     ) -> None:
         if type(window) is not int or window < 1:
             raise ConfigError("window", window, "an integer >= 1")
@@ -275,6 +283,9 @@ class NormGuard:
         self.warmup_factor = warmup_factor
         self.initial_scale = initial_scale
         self.absolute_max = absolute_max
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ConfigError("floor", floor, "a finite number >= 0")
+        self.floor = float(floor)
         self._accepted: deque[float] = deque(maxlen=window)
 
     @property
@@ -285,7 +296,9 @@ class NormGuard:
     def _scale_history(self) -> list[float]:
         # a zero gradient carries no scale: a converged (or idle) stretch must not make the
         # next nonzero gradient look infinitely large
-        return [x for x in self._accepted if x > 0]
+        # (and neither does a round-off-sized one, below the dtype-relative floor)
+        fl = self.floor
+        return [x for x in self._accepted if x > fl]
 
     def bound(self) -> float:
         """The largest norm the next round may have."""
@@ -307,6 +320,8 @@ class NormGuard:
         b = self.bound()
         if not math.isfinite(norm):
             return Verdict(False, "norm", f"gradient norm {norm} is not finite", norm, b)
+        if norm <= self.floor:
+            return Verdict.passed("norm", norm, b)  # round-off sized: harmless, no scale
         if norm > b:
             return Verdict(False, "norm",
                            f"gradient norm {norm:.3g} exceeds {b:.3g} "
@@ -324,6 +339,19 @@ class NormGuard:
         if (self.initial_scale is not None and self.initial_scale > 0) or hist:
             return f"{self.warmup_factor:g} x the initial gradient scale"
         return "absolute maximum"
+
+
+def norm_floor(dtype: object, dim: int, scale: float = 1.0, safety: float = 64.0) -> float:
+    """``safety * eps(dtype) * sqrt(dim) * scale``: gradient norms at or below this are
+    round-off of a sum whose terms are of size ``scale`` (per entry), not a gradient.
+
+    ``scale`` is a data scale (per-entry magnitude of the chunk gradients; 1 when unknown).
+    In float64 with ``dim`` 12 and scale 1 this is ~5e-14: the ~1e-16 estimate of a round
+    decoded from one finished worker falls below it, any honest gradient of a learning run
+    far above it.
+    """
+    eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
+    return float(safety * eps * math.sqrt(max(1, int(dim))) * max(0.0, float(scale)))
 
 
 # ------------------------------------------------------------------------------ oracle, model
@@ -420,6 +448,41 @@ def scheme_oracle_tolerance(scheme: Scheme, dtype: object, predicted_error: floa
                             n_chunks=int(scheme.n_chunks))
 
 
+def estimate_check(gradient: np.ndarray, honest: np.ndarray, scale: float,
+                   predicted_error: float, amplification: float = 1.0, *,
+                   safety: float = ORACLE_SAFETY) -> Verdict:
+    """An approximate round against the estimate honest workers would have produced.
+
+    ``honest`` is the decoder's output on payloads the PS re-encoded from its own uncoded
+    chunk gradients for the same state (the oracle projected onto what finished): an honest
+    round differs from it only by rounding, so the tolerance is the oracle's,
+    ``max(ORACLE_MIN_TOL, safety * predicted_error * max(1, amplification))``, relative to
+    ``scale = ||sum_i |g_i| ||``. Any lie that moves the decode by more is rejected, whatever
+    its form (scale, sign, blow-up, bias), so an applied approximate step is within
+    ``tol * scale`` of the honest approximate step.
+
+    Parameters
+    ----------
+    gradient, honest : ndarray, shape (d,)
+    scale : float
+    predicted_error : float
+        ``cond(B) * eps(payload dtype)``.
+    amplification : float
+        The decode's error amplification (condition of the system it solved; NaN -> 1).
+    """
+    amp = amplification if math.isfinite(amplification) and amplification > 1 else 1.0
+    tol = max(ORACLE_MIN_TOL, safety * predicted_error * amp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.asarray(gradient, dtype=np.float64) - np.asarray(honest, dtype=np.float64)
+        err = float(math.sqrt(d.dot(d)))
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
+    if not rel <= tol:
+        return Verdict(False, "estimate",
+                       f"approximate decode differs from the honest estimate of the same "
+                       f"finished chunks by {rel:.3g} (tolerance {tol:.3g})", rel, tol)
+    return Verdict.passed("estimate", rel, tol)
+
+
 def model_bound(initial_model: np.ndarray, *, factor: float = 1e6, floor: float = 1e6) -> float:
     """``max(floor, factor * ||w0||_inf)``: the largest entry a model may reach.
 
@@ -486,6 +549,8 @@ class RoundGuard:
         self.rejected: dict[str, int] = {}
         self.checked = 0
         self.last_norm = float("nan")
+        #: the checks that passed (not "not applicable") in the last :meth:`check`
+        self.last_passed: tuple[str, ...] = ()
 
     def check(
         self,
@@ -525,11 +590,17 @@ class RoundGuard:
         verdicts: list[Verdict | None] = [self.norms.check(norm)]
         if verdicts[0] is not None and verdicts[0].ok:
             verdicts.append(redundancy_check(scheme, coded, received, dim))
-            verdicts.append(oracle_check(rel_error, self.predicted_error, exact=exact))
+            # the tolerance derived from the payload dtype's own error where it is the better
+            # bound (valid because the oracle's gradients are taken at the model the workers
+            # were sent: training.tasks.chunk_grads_fn(task, payload_dtype))
+            tol = scheme_oracle_tolerance(scheme, _payload_dtype(coded), self.predicted_error)
+            verdicts.append(oracle_check(rel_error, self.predicted_error, exact=exact, tol=tol))
+        self.last_passed = ()
         for v in verdicts:
             if v is not None and not v.ok:
                 self.rejected[v.check] = self.rejected.get(v.check, 0) + 1
                 return v, None
+        self.last_passed = tuple(v.check for v in verdicts if v is not None)
         with np.errstate(over="ignore", invalid="ignore"):
             new = np.asarray(model, dtype=np.float64) - learning_rate * g
         mv = model_check(new, self.bound)
@@ -541,3 +612,12 @@ class RoundGuard:
     def accept(self, gradient_norm: float | None = None) -> None:
         """The step was applied: its norm (default: the last checked) joins the history."""
         self.norms.accept(self.last_norm if gradient_norm is None else gradient_norm)
+
+
+def _payload_dtype(coded: Mapping[int, np.ndarray] | np.ndarray) -> np.dtype:
+    """The dtype the coded vectors arrived in (float64 when there are none)."""
+    if isinstance(coded, np.ndarray):
+        return coded.dtype
+    for v in coded.values():
+        return np.asarray(v).dtype
+    return np.dtype(np.float64)

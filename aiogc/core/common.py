@@ -28,6 +28,47 @@ FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_wo
 AUTH_DEADLINE_S = 1.9
 
 
+class Backoff:
+    """Reconnect delays: exponential growth with full jitter, capped, reset after progress.
+
+    The n-th delay since the last :meth:`reset` is uniform in ``[base / 2, min(cap, base *
+    2**n)]`` ("full jitter" above a floor of half the base, so a retry is never immediate:
+    many workers that lost the same PS do not come back in lock step). The
+    randomness is injected (``rng``: anything with ``random() -> float`` in [0, 1), e.g. a
+    seeded ``random.Random``), so a test replays the exact delays; the core takes no global
+
+    Parameters
+    ----------
+    base, cap : float
+        First (un-jittered) delay and the largest, in seconds.
+    rng : object with ``random()``
+    """
+
+    def __init__(self, base: float, cap: float, rng: Any) -> None:
+        if not (0 < base <= cap):
+            raise ValueError(f"backoff needs 0 < base <= cap, got {base}, {cap}")
+        self.base = float(base)
+        self.cap = float(cap)
+        self.rng = rng
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next reconnect (and count the attempt)."""
+        ceiling = min(self.cap, self.base * 2.0 ** min(self.attempt, 60))
+        self.attempt += 1
+        low = self.base / 2
+        return low + float(self.rng.random()) * (ceiling - low)
+
+    def reset(self) -> None:
+        """A round completed on the last connection: start over from ``base``."""
+        self.attempt = 0
+
+
+#: How an applied round's ``end_detail`` starts when no content check (oracle, approximate
+#: estimate, redundancy) vouched for its gradient; the norm and model bounds still applied.
+UNVERIFIED = "unverified"
+
+
 class Endpoint:
     """Outbox, event queue and counters shared by the two state machines."""
 
@@ -176,7 +217,9 @@ class RoundRecord:
     for every accepted report; ``arrivals`` the PS time each coded vector arrived.
     ``end_reason`` is why the round ended (an :class:`EndReason`, None while it
     runs); ``end_detail`` the particulars in words (which workers went away, which check
-    rejected the step), empty when the code says it all.
+    rejected the step), empty when the code says it all. An applied round that no content
+    check vouched for (no oracle, no spare vector to cross-check: ``--no-verify``) says so
+    there: its ``end_detail`` starts with :data:`UNVERIFIED`.
     """
 
     round: int

@@ -117,6 +117,11 @@ class ParameterServer(RoundMachine):
         Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
     auth_deadline_s : float
         Seconds a new connection has to complete the handshake.
+    spare_wait : float
+        Send-when-done schemes (original): once the received vectors decode, wait up to
+        ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
+        the approximate deadline) for one more vector, so that the redundancy check has a
+        spare to cross-check with (issue 18). 0 (default): decode at once, as before.
     """
 
     def __init__(
@@ -131,9 +136,13 @@ class ParameterServer(RoundMachine):
         epoch: int = 0,
         nonce_fn: Any | None = None,
         auth_deadline_s: float = AUTH_DEADLINE_S,
+        spare_wait: float = 0.0,
     ) -> None:
         scheme = scheme if scheme is not None else config.build_scheme()
         super().__init__(RoundSetup(config, scheme, model, schedule, epoch))
+        if not 0 <= spare_wait <= 100:
+            raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
+        self.spare_wait = float(spare_wait)
         self.aggregator = aggregator
         self.secret = secret
         self.nonce_fn = nonce_fn
@@ -321,8 +330,11 @@ class ParameterServer(RoundMachine):
             if self.phase is PSPhase.COLLECTING:
                 if rs.collect_deadline is not None and rs.collect_deadline < best:
                     best = rs.collect_deadline
-            elif rs.approx_at < best:
-                best = rs.approx_at
+            else:
+                if rs.approx_at < best:
+                    best = rs.approx_at
+                if rs.spare_at < best:
+                    best = rs.spare_at
         elif (self.phase is PSPhase.JOINING and self._join_deadline is not None
               and self._join_deadline < best):
             best = self._join_deadline

@@ -59,6 +59,8 @@ _new_round_start = fast_new(RoundStart)
 _new_encode = fast_new(EncodeAndTransmit)
 
 
+_INF_T = float("inf")
+
 @dataclass
 class _Peer:
     nonce: bytes
@@ -90,6 +92,9 @@ class _RoundState:
     #: next_deadline reads them after every pump
     timeout_at: float = float("inf")
     approx_at: float = float("inf")
+    #: send-when-done with a spare wait: when the round decodes without a spare (inf: not
+    #: waiting; see ParameterServer's ``spare_wait``)
+    spare_at: float = float("inf")
     #: the oracle from the live counters: the elapsed stamp of the report at which the
     #: coverage deficit first reached 0; valid while the accepted reports arrived in order of
     #: their stamps and no worker's coverage was removed (else the aggregator recomputes it)
@@ -113,6 +118,8 @@ class RoundMachine(Endpoint):
     """Rounds of the parameter server (see the module docstring)."""
 
     phase: PSPhase = PSPhase.JOINING  # class default: only _set_phase assigns the attribute
+    #: see ParameterServer's ``spare_wait`` (0: decode the moment the vectors decode)
+    spare_wait: float = 0.0
 
     def __init__(self, setup: RoundSetup) -> None:
         super().__init__()
@@ -385,11 +392,34 @@ class RoundMachine(Endpoint):
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
         if self._sends_when_done:
-            if self._decodable_received(rs):
+            if rs.spare_at != _INF_T:
+                self._end_round(now, exact=True, reason="decodable")  # the spare arrived
+            elif self._decodable_received(rs):
                 rs.record.t_trigger = now
-                self._end_round(now, exact=True, reason="decodable")
+                if not self._wait_for_spare(rs, now):
+                    self._end_round(now, exact=True, reason="decodable")
         elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
             self._end_round(now, exact=not rs.approx, reason="all_expected")
+
+    def _wait_for_spare(self, rs: _RoundState, now: float) -> bool:
+        """Decodable now: wait for one spare vector (the redundancy check's cross-check)?
+
+        Only with ``spare_wait`` > 0 and a worker still in the round that has not sent. The
+        wait is ``spare_wait`` times the round's own elapsed time (a round that took 40 ms to
+        decode waits at most 40 ms * spare_wait more), capped by the round timeout and the
+        approximate deadline. Returns True when waiting (``rs.spare_at`` set).
+        """
+        factor = self.spare_wait
+        if factor <= 0:
+            return False
+        if not set(range(self.m)) - rs.excluded - set(rs.received):
+            return False  # nobody left to send a spare
+        until = now + factor * max(0.0, now - rs.record.t_start)
+        rs.spare_at = min(until, rs.timeout_at, rs.approx_at)
+        if rs.spare_at <= now:
+            rs.spare_at = _INF_T
+            return False
+        return True
 
     # ------------------------------------------------------------------ trigger and drops
 
@@ -494,6 +524,9 @@ class RoundMachine(Endpoint):
     def _round_deadlines(self, rs: _RoundState, now: float) -> None:
         """The running round's timers: round timeout, collect timeout, approx deadline."""
         rec = rs.record
+        if now >= rs.spare_at:
+            self._end_round(now, exact=True, reason="decodable")  # no spare in time
+            return
         if now >= rec.t_start + self.config.round_timeout_s:
             self._on_round_timeout(now)
             return

@@ -179,6 +179,8 @@ class Worker(WorkerRounds):
         # liveness, from the config (set in _on_welcome / _setup_ready)
         self._dead_after: float | None = None
         self._heartbeat: float | None = None
+        #: the last unauthenticated close reason (``"code: reason"``), "" if none yet
+        self.last_preauth = ""
 
     # ================================================================== driver contract
 
@@ -342,11 +344,16 @@ class Worker(WorkerRounds):
 
     # ================================================================== helpers
 
-    def _fail(self, code: str, reason: str, now: float, *, send_error: bool) -> None:
+    def _fail(self, code: str, reason: str, now: float, *, send_error: bool,
+              fatal: bool | None = None) -> None:
         self.stats[f"failed_{code}"] += 1
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
-        self._events.append(ConnectionFailed(code, reason, now, fatal=code in FATAL_CODES))
+        if fatal is None:
+            # a welcome whose MAC fails stays fatal (tests/test_core.py pins it: a relay that
+            # rewrites the config); unauthenticated error/shutdown frames pass fatal=False
+            fatal = code in FATAL_CODES
+        self._events.append(ConnectionFailed(code, reason, now, fatal=fatal))
         self._set_phase(_W_CLOSED)
         self._delayed.clear()
         self._work.clear()
@@ -400,12 +407,33 @@ class Worker(WorkerRounds):
         self._emit(Pong.trusted(msg.seq), now, delay=False)
 
     def _on_shutdown(self, msg: Shutdown, now: float) -> None:
+        if self.phase in HANDSHAKING:
+            # before a verified welcome nothing is authenticated: anyone on the PS's port can
+            # send this frame. At most a reason to close and retry (with backoff)
+            self._preauth_close("shutdown", msg.reason, now)
+            return
         self._events.append(ShutdownRequested(msg.reason, now))
         self._set_phase(_W_CLOSED)
         self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
 
     def _on_error(self, msg: Error, now: float) -> None:
+        if self.phase in HANDSHAKING:
+            self._preauth_close(msg.code, msg.reason, now)
+            return
         self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
+
+    def _preauth_close(self, code: str, reason: str, now: float) -> None:
+        """An unauthenticated ``error``/``shutdown`` (before the handshake completed): close
+        this connection and let the driver retry; never fatal, never an end of the run. Only
+        authenticated frames, or the driver's own limits (``give_up_after_s``), end a worker.
+        A real PS refusing a wrong key looks exactly like this too: the worker then retries
+        until it gives up, naming the last pre-auth reason (``last_preauth``)."""
+        self.stats["preauth_close"] += 1
+        self.stats[f"preauth_{code}"] += 1
+        self.last_preauth = f"{code}: {reason[:200]}"
+        self._fail("preauth_" + code, f"unauthenticated {code} before the handshake "
+                   f"completed (retrying): {reason[:200]}", now, send_error=False,
+                   fatal=False)
 
     def _on_pong(self, msg: Pong, now: float) -> None:
         pass  # hearing it refreshed _last_heard

@@ -82,6 +82,9 @@ class WorkerRounds(Endpoint):
         self._last_sent = 0.0
         # round state
         self._round = -1
+        #: rounds this worker saw end (round_end, or one folded into round_start): a driver
+        #: resets its reconnect backoff when a connection got one further
+        self.rounds_ended = 0
         self._model: np.ndarray | None = None
         self._grads: np.ndarray | None = None  # (load, d) stored chunk gradients
         self._count = 0
@@ -149,9 +152,11 @@ class WorkerRounds(Endpoint):
         if msg.round <= self._round:
             raise RemoteProtocolError(f"round_start {msg.round} not after {self._round}",
                                       code="bad_round")
-        if self._round >= 0 and self.phase is not _W_IDLE and self.progress_events:
+        if self._round >= 0 and self.phase is not _W_IDLE:
             # round_end is folded into the next round_start: the previous round is over
-            self._events.append(RoundEnded(self._round, "", now))
+            self.rounds_ended += 1
+            if self.progress_events:
+                self._events.append(RoundEnded(self._round, "", now))
         load = self._loads[self.worker_id]
         dim = int(msg.model.shape[0])
         if msg.delays_s and len(msg.delays_s) < load:
@@ -359,5 +364,6 @@ class WorkerRounds(Endpoint):
         self._deadline_list = []
         self._work.clear()
         self._set_phase(_W_IDLE)
+        self.rounds_ended += 1
         if self.progress_events:
             self._events.append(RoundEnded(msg.round, msg.status, now))

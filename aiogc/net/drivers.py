@@ -41,6 +41,7 @@ from aiogc.core import (
     Welcomed,
     Worker,
 )
+from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
@@ -473,6 +474,19 @@ class WorkerClient:
     progress_events : bool, optional
         Sets ``worker.progress_events`` (per-chunk telemetry events); default: on iff
         ``on_event`` is given.
+    rng : object with ``random()``, optional
+        Jitter of the reconnect backoff (:class:`~aiogc.core.common.Backoff`); default a
+        ``random.Random`` seeded from the OS. Tests pass a seeded one.
+    sleep : coroutine function, optional
+        ``await sleep(seconds)`` between reconnects (default ``asyncio.sleep``); tests record
+        the delays through it.
+
+    Reconnects back off exponentially with full jitter from ``backoff_s[0]`` up to
+    ``backoff_s[1]``; the backoff resets only after a connection on which a round ended (a PS
+    that welcomes and then keeps failing the worker no longer gets ~13 reconnects a second).
+    ``give_up_after_s`` counts from the last *authenticated* connection: a port squatter that
+    accepts and answers with forged frames cannot keep the worker alive forever, nor end it
+    early (pre-handshake ``error``/``shutdown`` frames only close the connection).
     """
 
     def __init__(
@@ -488,6 +502,8 @@ class WorkerClient:
         setups: SetupCache | None = None,
         policy: TaskPolicy | None = None,
         progress_events: bool | None = None,
+        rng: Any = None,
+        sleep: Callable[[float], Any] | None = None,
     ) -> None:
         if not is_loopback(host) and worker.key is None:
             raise ConfigError("secret", None,
@@ -497,6 +513,14 @@ class WorkerClient:
         self.port = port
         self._on_event = on_event
         self._backoff = backoff_s
+        if rng is None:
+            import random
+
+            rng = random.Random(secrets.randbits(64))
+        self.backoff = Backoff(backoff_s[0], backoff_s[1], rng)
+        self._sleep = sleep if sleep is not None else asyncio.sleep
+        #: every reconnect delay taken, in order (seconds)
+        self.delays: list[float] = []
         self._give_up = give_up_after_s
         self._connect_timeout = connect_timeout_s
         self.setups = setups if setups is not None else SetupCache(policy)
@@ -512,6 +536,7 @@ class WorkerClient:
         self._shutdown = False
         self._fatal: ConnectionFailed | None = None
         self._welcomed = False
+        self._preauth_said = False
         self.connections = 0
 
     def _now(self) -> float:
@@ -521,7 +546,6 @@ class WorkerClient:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._timer = _Timer(loop, self._on_timer)
-        delay = self._backoff[0]
         last_ok = time.monotonic()
         try:
             while not self._shutdown:
@@ -529,32 +553,47 @@ class WorkerClient:
                     async with asyncio.timeout(self._connect_timeout):
                         await loop.create_connection(self._protocol, self.host, self.port)
                 except (OSError, TimeoutError) as exc:
-                    if time.monotonic() - last_ok > self._give_up:
-                        raise ConnectionError(
-                            f"worker {self.worker.worker_id}: PS {self.host}:{self.port} "
-                            f"unreachable for {self._give_up} s ({exc})"
-                        ) from exc
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._backoff[1])
+                    self._check_give_up(last_ok, str(exc), exc)
+                    await self._backoff_sleep()
                     continue
                 self.connections += 1
+                rounds_before = self.worker.rounds_ended
                 assert self._closed is not None
                 await self._closed
-                last_ok = time.monotonic()
                 if self._welcomed:
-                    delay = self._backoff[0]  # a working session resets the backoff
+                    last_ok = time.monotonic()  # an authenticated session
                     self._welcomed = False
+                if self.worker.rounds_ended > rounds_before:
+                    self.backoff.reset()  # a round completed: start over from the base
                 if self._fatal is not None:
                     raise ConnectionError(
                         f"worker {self.worker.worker_id}: {self._fatal.code}: {self._fatal.reason}"
                     )
                 if not self._shutdown:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._backoff[1])
+                    self._check_give_up(last_ok, "connections closed before authentication",
+                                        None)
+                    await self._backoff_sleep()
         finally:
             self._timer.cancel()
             if self._conn is not None:
                 self._conn.abort()
+
+    async def _backoff_sleep(self) -> None:
+        delay = self.backoff.next_delay()
+        self.delays.append(delay)
+        await self._sleep(delay)
+
+    def _check_give_up(self, last_ok: float, why: str, exc: BaseException | None) -> None:
+        """Raise ``ConnectionError`` when no authenticated session for ``give_up_after_s``,
+        naming the last unauthenticated close reason if there was one."""
+        if time.monotonic() - last_ok <= self._give_up:
+            return
+        pre = self.worker.last_preauth
+        detail = f"; last unauthenticated answer: {pre}" if pre else ""
+        raise ConnectionError(
+            f"worker {self.worker.worker_id}: PS {self.host}:{self.port} unreachable or "
+            f"refusing authentication for {self._give_up} s ({why}{detail})"
+        ) from exc
 
     def _protocol(self) -> FramedConnection:
         # frames from the PS: arrays are models of bounded size; the PS is who we chose to
@@ -665,8 +704,16 @@ class WorkerClient:
                 self._shutdown = True
             elif isinstance(ev, Welcomed):
                 self._welcomed = True
-            elif isinstance(ev, ConnectionFailed) and ev.fatal:
-                self._fatal = ev
+            elif isinstance(ev, ConnectionFailed):
+                if ev.fatal:
+                    self._fatal = ev
+                elif ev.code.startswith("preauth_") and not self._preauth_said:
+                    # once per client: a squatter (or a PS refusing our key) answers every
+                    # retry the same way; the count is in worker.stats["preauth_close"]
+                    self._preauth_said = True
+                    log.warning("worker %d: %s; retrying with backoff (give up after %g s "
+                                "without an authenticated session)", self.worker.worker_id,
+                                ev.reason, self._give_up)
             elif isinstance(ev, SetupNeeded):
                 self._setup(ev)
                 progressed = True
