@@ -220,6 +220,9 @@ def add_run_parser(sub: Any) -> None:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
+    p.add_argument("--config", default=None, metavar="FILE.toml",
+                   help="read these flags from a TOML file (keys: the long flag names without "
+                        "dashes); flags given here override it (aiogc.cli.sweep)")
     p.add_argument("--schemes", default="partial,original",
                    help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
@@ -254,6 +257,10 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
 
+    if getattr(a, "config", None):
+        from aiogc.cli.sweep import with_config
+
+        a = with_config(a, argv)
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
         raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
@@ -679,6 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     add_plot_parsers(sub)
     add_report_parser(sub)
+    from aiogc.cli import sweep as sweep_cli
+
+    sweep_cli.register(sub)
     return parser
 
 
