@@ -687,8 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_plot_parsers(sub)
     add_report_parser(sub)
     from aiogc.cli import sweep as sweep_cli
+    from aiogc.cli import whatif as whatif_cli
 
     sweep_cli.register(sub)
+    whatif_cli.register(sub)
     return parser
 
 
