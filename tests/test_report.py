@@ -3,6 +3,7 @@ render in headless Chromium (every figure decodes, no console output)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -127,3 +128,66 @@ def test_chromium_check_catches_a_broken_figure(exp_dir: Path, tmp_path: Path) -
     page.write_text(re.sub(r'base64,[A-Za-z0-9+/=]{64}', "base64,AAAA", text, count=1))
     result, _ = _render(page, tmp_path / "profile")
     assert result["images_ok"] < result["images"]
+
+
+# ------------------------------------------------------------------------------ content
+
+
+def _text(page: str) -> str:
+    """The page's visible text, roughly (tags and the head's style/script removed)."""
+    body = page.split("<body>", 1)[1]
+    body = re.sub(r"<svg.*?</svg>", " ", body, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+def test_run_report_is_shareable(run_dir: Path) -> None:
+    page = build_report(run_dir)
+    text = _text(page)
+    # no machine paths: neither the run directory nor the home directory nor any /tmp path
+    assert str(run_dir) not in page and str(run_dir.resolve()) not in page
+    assert str(Path.home()) + "/" not in page
+    assert "/tmp/" not in page
+    # labelled tables with units and an interval; the run's end in words, no raw JSON
+    assert "Per-scheme results (times in seconds" in text
+    for head in ("mean round time (s)", "95% CI of the mean (s)", "median (s)",
+                 "95th pct (s)", "speedup vs original (×)", "max rel. decode error"):
+        assert f"<th class=\"\">{html.escape(head)}</th>" in page, head
+    assert "Run ended: all rounds done" in " ".join(text.split())
+    assert '{"end_reason"' not in page and "{&quot;end_reason" not in page
+    # the fidelity verdict of summary.json
+    summary = json.loads((run_dir / "summary.json").read_text())
+    verdict = summary["fidelity"]["verdict"]
+    assert f'id="fidelity-verdict">{verdict}</span>' in page
+    assert "live / simulated" in text
+    # a glossary; figures as inline SVG (PNG copies folded below them)
+    assert "Glossary" in text and "oracle" in text and "time scale K" in text
+    assert page.count("<svg") >= 2 and "Figure 1." in text
+    # no test artefact in what a reader sees
+    assert "Self-check" not in text and "figures loaded" not in text
+
+
+def test_experiment_headline_is_a_labelled_table(exp_dir: Path) -> None:
+    page = build_report(exp_dir)
+    head = json.loads((exp_dir / "poly-digits.json").read_text())["headline"]
+    assert "<caption>digits for 1e-6 (digits_for_1e-6)</caption>" in page
+    # the "case|param=value" keys became columns, not a flattened dict
+    assert "<th class=\"\">degree</th>" in page
+    assert "digits_for_1e-6." not in page
+    assert len(head["digits_for_1e-6"]) >= 2
+    assert "/tmp/" not in page and str(exp_dir) not in page
+
+
+def test_shared_report_renders_its_verdict_in_chromium(run_dir: Path, tmp_path: Path) -> None:
+    """What a reader's browser shows: the verdict, the labelled summary, no failure notice."""
+    page = write_report(run_dir, tmp_path / "shared.html")
+    proc = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    verdict = json.loads((run_dir / "summary.json").read_text())["fidelity"]["verdict"]
+    assert f'id="fidelity-verdict">{verdict}</span>' in dom
+    assert re.search(r'id="aiogc-check"[^>]* class="ok"', dom)  # passed: it stays hidden
+    assert "mean round time (s)" in dom and "Glossary" in dom
+    assert "/tmp/" not in dom

@@ -296,6 +296,9 @@ def add_run_parser(sub: Any) -> None:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
+    p.add_argument("--config", default=None, metavar="FILE.toml",
+                   help="read these flags from a TOML file (keys: the long flag names without "
+                        "dashes); flags given here override it (aiogc.cli.sweep)")
     p.add_argument("--schemes", default="partial,original",
                    help="comma list of " + ", ".join(scheme_names()))
     p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
@@ -350,6 +353,10 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
 
+    if getattr(a, "config", None):
+        from aiogc.cli.sweep import with_config
+
+        a = with_config(a, argv)
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if not schemes:
         raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
@@ -785,7 +792,7 @@ def cmd_keys_derive(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aiogc import __version__
+    from aiogc._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
@@ -804,6 +811,11 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     add_plot_parsers(sub)
     add_report_parser(sub)
+    from aiogc.cli import sweep as sweep_cli
+    from aiogc.cli import whatif as whatif_cli
+
+    sweep_cli.register(sub)
+    whatif_cli.register(sub)
     for cmd in sub.choices.values():
         _help_with_exit_codes(cmd)
         add_log_args(cmd)

@@ -1,15 +1,19 @@
 """``aiogc report DIR``: one self-contained HTML page for a run or experiment directory.
 
-The page embeds every figure as a ``data:`` URI, so it can be mailed or archived as one file
-and opens with no network. It shows, for a **run directory** (``aiogc run --out DIR``): the
-command line, the per-scheme summary table, the figures, the first rows of ``rounds.csv`` and the
-full ``manifest.json``; for an **experiment directory** (``aiogc experiment NAME --out DIR``):
-per experiment its command, grid, wall time, headline figures, figure and CSV. A directory can
-be both. Every value from the directory is HTML-escaped.
+The page is a report a researcher can send: one file, no network, no machine paths (every
+absolute path from the directory is shortened to ``…/NAME``). For a **run directory**
+(``aiogc run --out DIR``) it shows the command line, the per-scheme summary as a labelled table
+(units in the headers, a 95% confidence interval of the mean round time), why the run ended,
+the fidelity verdict (``summary.json``'s ``fidelity`` section: live against simulated round
+times), the figures as inline SVG (redrawn from the records when matplotlib is installed; the
+PNGs follow, folded, for slides), a short glossary, the first rows of ``rounds.csv`` and the
+manifest. For an **experiment directory** (``aiogc experiment NAME --out DIR``): per experiment
+its command, grid, wall time, headline figures (one labelled table per quantity), figure and
+CSV. A directory can be both. Every value from the directory is HTML-escaped.
 
 A small inline script checks on load that every ``<img>`` decoded and that no script error
-occurred, and writes the verdict into the page footer (``#aiogc-check``), so a person sees it
-and a headless browser can read it back from the DOM.
+occurred and writes the result into a hidden element (``#aiogc-check``, shown only when
+something failed), which a headless browser reads back from the DOM.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import base64
 import csv
 import html
 import json
+import math
 import re
+import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from aiogc import __version__
+from aiogc._version import __version__
 from aiogc.errors import ConfigError
 
 __all__ = ["build_report", "write_report"]
@@ -49,8 +56,14 @@ img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
 .muted{color:#667085;font-size:12px}details{margin:6px 0}
 nav{margin:14px 0 0}nav a{margin-right:10px}
 footer{max-width:1100px;margin:0 auto;padding:0 24px 30px;color:#667085;font-size:12px}
-#aiogc-check.ok{color:#137333}#aiogc-check.bad{color:#b3261e;font-weight:bold}
+#aiogc-check{display:none}#aiogc-check.bad{display:block;color:#b3261e;font-weight:bold}
 .cut{color:#b3261e}
+caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
+figure{margin:10px 0}figcaption{font-size:13px;color:#344054}
+figure svg{max-width:100%;height:auto}
+.verdict{font-weight:bold;padding:1px 6px;border-radius:4px}
+.faithful{background:#e6f4ea;color:#137333}.unfaithful{background:#fce8e6;color:#b3261e}
+dl.glossary dt{font-weight:600;margin-top:6px}dl.glossary dd{margin:0 0 0 18px}
 """
 
 # Runs in the page: records script errors and, on load, whether every image decoded.
@@ -73,8 +86,18 @@ _CHECK_JS = """
 """
 
 
+#: An absolute path (two or more components): ``/home/me/runs/x`` -> ``…/x``.
+_ABS_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/\"'<>,;]+/)+([^\s/\"'<>,;]*)")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every absolute path shortened to ``…/LAST`` (no machine paths in a page
+    meant to be shared)."""
+    return _ABS_PATH.sub(lambda m: "…/" + m.group(1), text)
+
+
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    return html.escape(scrub(str(x)), quote=True)
 
 
 def _fmt(v: Any) -> str:
@@ -90,13 +113,15 @@ def _img(path: Path, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header: list[str], rows: list[list[Any]], *, first_left: bool = True) -> str:
+def _table(header: list[str], rows: list[list[Any]], *, first_left: bool = True,
+           caption: str = "") -> str:
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
     th = "".join(f'<th class="{"k" if first_left and i == 0 else ""}">{_e(h)}</th>'
                  for i, h in enumerate(header))
     body = "".join(
         "<tr>" + "".join(f'<td class="{"k" if first_left and i == 0 else ""}">{_e(_fmt(v))}</td>'
                          for i, v in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table>{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _csv_table(path: Path, limit: int = MAX_ROWS) -> str:
@@ -128,6 +153,30 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+def _headline(head: Any, source: str) -> str:
+    """The headline as labelled tables: one per quantity whose value is a dict keyed
+    ``case|param=value|...`` (columns: case, each param, value), one quantity/value table for
+    the rest."""
+    out: list[str] = []
+    plain: list[list[Any]] = []
+    for name, val in (head.items() if isinstance(head, dict) else [("headline", head)]):
+        if not isinstance(val, dict) or any(isinstance(v, dict) for v in val.values()):
+            plain += [[k, v] for k, v in _flatten(val, str(name))]
+            continue
+        keys = [str(k).split("|") for k in val]
+        params = list(dict.fromkeys(p.partition("=")[0] for k in keys for p in k[1:] if "=" in p))
+        rows = []
+        for k, v in zip(keys, val.values(), strict=True):
+            kv = dict(p.partition("=")[::2] for p in k[1:] if "=" in p)
+            rows.append([k[0], *[kv.get(p, "") for p in params], v])
+        out.append(_table(["case", *params, name], rows[:MAX_ROWS],
+                          caption=f"{name.replace('_', ' ')} ({name})"))
+    if plain:
+        out.append(_table(["quantity", "value"], plain[:MAX_ROWS], caption="Other quantities"))
+    out.append(f'<p class="muted">from <code>{_e(source)}</code></p>')
+    return "".join(out)
+
+
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -157,13 +206,8 @@ def _experiment_sections(d: Path) -> list[str]:
         png = d / f"{name}.png"
         if png.is_file():
             parts.append(_img(png, f"{name} figure"))
-        flat = _flatten(meta["headline"])
         parts.append("<h3>Headline figures</h3>")
-        shown = flat[:80]
-        parts.append(_table(["quantity", "value"], [[k, v] for k, v in shown]))
-        if len(flat) > len(shown):
-            parts.append(f'<p class="muted">{len(flat) - len(shown)} more in '
-                         f"<code>{_e(meta_path.name)}</code></p>")
+        parts.append(_headline(meta["headline"], meta_path.name))
         csv_path = d / f"{name}.csv"
         if csv_path.is_file():
             parts.append(f"<details><summary>{_e(csv_path.name)}</summary>"
@@ -173,10 +217,175 @@ def _experiment_sections(d: Path) -> list[str]:
     return out
 
 
-_SUMMARY_COLS = (("rounds", "rounds"), ("rounds_failed", "failed"),
-                 ("round_time_mean_s", "mean s"), ("round_time_p50_s", "p50 s"),
-                 ("round_time_p95_s", "p95 s"), ("oracle_time_mean_s", "oracle s"),
-                 ("max_rel_decode_error", "max rel err"), ("final_loss", "final loss"))
+#: (summary key, column header with unit) of the per-scheme summary table.
+_SUMMARY_COLS = (("rounds", "rounds"), ("rounds_failed", "failed rounds"),
+                 ("round_time_mean_s", "mean round time (s)"),
+                 (None, "95% CI of the mean (s)"),
+                 ("round_time_p50_s", "median (s)"), ("round_time_p95_s", "95th pct (s)"),
+                 ("oracle_time_mean_s", "oracle mean (s)"),
+                 (None, "speedup vs original (×)"),
+                 ("max_rel_decode_error", "max rel. decode error"),
+                 ("final_loss", "final loss"), ("end_reason", "end reason"))
+
+_GLOSSARY = (
+    ("round time", "seconds from the PS's round start to the decoded gradient (emulated "
+                   "seconds at time scale K > 1)."),
+    ("oracle", "the round time an ideal scheme would need given the same per-chunk delays: "
+               "the lower bound the protocol is measured against."),
+    ("speedup vs original", "the original gradient coding scheme's mean round time divided by "
+                            "this scheme's (above 1: faster)."),
+    ("95% CI of the mean", "mean ± 1.96·s/√n over the scheme's completed rounds (normal "
+                           "approximation, lower end clipped at 0; rounds share one delay "
+                           "schedule, so compare schemes round by round for paired "
+                           "differences)."),
+    ("max rel. decode error", "largest ‖decoded − true gradient‖ / ‖true gradient‖ over the "
+                              "rounds (exact decoding: ~1e-16)."),
+    ("straggler", "a worker whose coded vector did not arrive in time (or was dropped) in a "
+                  "round; a partial straggler is one that finished only some of its chunks."),
+    ("m, δ, ℓ", "workers, chunks per worker, and communication split (vectors per worker per "
+                "round)."),
+    ("fidelity verdict", "faithful when every scheme's live mean round time (and every "
+                         "speedup) is within the threshold of the simulator's replay of the "
+                         "same delay schedule; unfaithful timings measure this machine, not "
+                         "the scheme."),
+    ("time scale K", "time dilation: delays and timeouts times K, results in emulated seconds "
+                     "(a K times faster machine)."),
+)
+
+
+def _ci_by_scheme(d: Path) -> dict[str, tuple[float, float]]:
+    """Per scheme: the 95% normal-approximation CI of the mean round time (completed rounds)."""
+    path = d / "rounds.csv"
+    if not path.is_file():
+        return {}
+    times: dict[str, list[float]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                t = float(row.get("duration_s") or "nan")
+            except ValueError:
+                continue
+            if math.isfinite(t) and row.get("status") != "failed":
+                times.setdefault(row.get("scheme", ""), []).append(t)
+    out = {}
+    for name, ts in times.items():
+        if len(ts) >= 2:
+            mean = statistics.fmean(ts)
+            half = 1.96 * statistics.stdev(ts) / math.sqrt(len(ts))
+            out[name] = (max(0.0, mean - half), mean + half)  # a time is never negative
+    return out
+
+
+def _summary_section(d: Path, summary: dict[str, Any]) -> str:
+    schemes = summary.get("schemes") or {}
+    speed = summary.get("speedup_vs_original") or {}
+    ci = _ci_by_scheme(d)
+    rows = []
+    for name, s in schemes.items():
+        row: list[Any] = [name]
+        for key, head in _SUMMARY_COLS:
+            if head.startswith("95% CI"):
+                lo_hi = ci.get(name)
+                row.append(f"{lo_hi[0]:.4g} – {lo_hi[1]:.4g}" if lo_hi else "–")
+            elif head.startswith("speedup"):
+                row.append(speed.get(name, "–"))
+            else:
+                v = s.get(key) if key else None
+                row.append("–" if v is None else v)
+        rows.append(row)
+    parts = [_table(["scheme", *[h for _, h in _SUMMARY_COLS]], rows,
+                    caption="Per-scheme results (times in seconds, emulated at time scale K)")]
+    end = summary.get("end_reason")
+    if end:
+        stop = summary.get("interrupted_by")
+        parts.append(f"<p><b>Run ended:</b> {_e(end)}"
+                     + (f" (stopped by {_e(stop)})" if stop else "") + "</p>")
+    return "".join(parts)
+
+
+def _fidelity_section(fid: Any) -> str:
+    if not isinstance(fid, dict) or not fid.get("verdict"):
+        return ('<section id="fidelity"><h2>Fidelity</h2><p>No fidelity section in '
+                "summary.json (a run recorded before it existed, or a remote PS).</p></section>")
+    verdict = str(fid["verdict"])
+    parts = ['<section id="fidelity"><h2>Fidelity</h2>',
+             f'<p>Verdict: <span class="verdict {_e(verdict)}" id="fidelity-verdict">'
+             f"{_e(verdict)}</span> — threshold ±{_e(_fmt(fid.get('threshold')))} on every "
+             f"live/simulated ratio; time scale K = {_e(_fmt(fid.get('time_scale')))}.</p>"]
+    rows = [[name, v.get("live_mean_s"), v.get("sim_mean_s"), v.get("ratio"),
+             v.get("rounds_compared")] for name, v in (fid.get("schemes") or {}).items()]
+    if rows:
+        parts.append(_table(["scheme", "live mean round (s)", "simulated mean round (s)",
+                             "live / simulated", "rounds compared"], rows,
+                            caption="Live round times against the simulator's replay of the "
+                                    "same schedule"))
+    rows = [[name, v.get("live"), v.get("sim"), v.get("ratio")]
+            for name, v in (fid.get("speedups") or {}).items()]
+    if rows:
+        parts.append(_table(["relative to", "live speedup (×)", "simulated speedup (×)",
+                             "live / simulated"], rows, caption="Speedups of the first scheme"))
+    for title, key in (("Why", "reasons"), ("Warnings", "warnings")):
+        items = fid.get(key) or []
+        if items:
+            parts.append(f"<p><b>{title}:</b></p><ul>"
+                         + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+_FIGURE_CAPTIONS = {
+    "round_time_cdf": "Distribution of round times (empirical CDF, seconds)",
+    "loss_vs_time": "Training loss against time (seconds)",
+    "timeline_round": "Timeline of a representative round: per-worker compute and upload",
+}
+
+
+def _caption(stem: str) -> str:
+    for key, text in _FIGURE_CAPTIONS.items():
+        if stem.startswith(key):
+            rnd = stem.removeprefix(key)
+            return f"{text} (round {rnd})" if rnd else text
+    return stem
+
+
+def _svg_figures(d: Path) -> list[tuple[str, str]]:
+    """(stem, inline <svg>) of the run's figures, redrawn from its records; [] without
+    matplotlib."""
+    try:
+        from aiogc.harness.plots import plot_run, plots_available
+    except ImportError:  # pragma: no cover - harness always present
+        return []
+    if not plots_available():
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = []
+        for path in plot_run(d, tmp, fmt="svg"):
+            text = path.read_text(encoding="utf-8")
+            out.append((path.stem, text[text.index("<svg"):]))
+        return out
+
+
+def _figures(d: Path) -> str:
+    pngs = [p for p in sorted(d.glob("*.png")) if not (d / f"{p.stem}.json").is_file()]
+    svgs = _svg_figures(d) if (d / "rounds.csv").is_file() else []
+    parts = ['<section id="figures"><h2>Figures</h2>']
+    for i, (stem, svg) in enumerate(svgs, start=1):
+        parts.append(f"<figure>{svg}<figcaption>Figure {i}. {_e(_caption(stem))}"
+                     "</figcaption></figure>")
+    imgs = "".join(f"<figure>{_img(p, _caption(p.stem))}<figcaption>{_e(_caption(p.stem))} "
+                   f"(<code>{_e(p.name)}</code>)</figcaption></figure>" for p in pngs)
+    if svgs and imgs:
+        parts.append(f"<details><summary>PNG copies (for slides)</summary>{imgs}</details>")
+    elif imgs:
+        parts.append(imgs)
+    if len(parts) == 1:
+        return ""
+    return "".join(parts) + "</section>"
+
+
+def _glossary() -> str:
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _GLOSSARY)
+    return f'<section id="glossary"><h2>Glossary</h2><dl class="glossary">{items}</dl></section>'
 
 
 def _cut_short(d: Path) -> str | None:
@@ -204,10 +413,13 @@ def _run_sections(d: Path) -> list[str]:
     parts = ['<section id="run"><h2>Run</h2>']
     argv = man.get("argv") if isinstance(man, dict) else None
     if argv:
-        parts.append(f"<p><code>{_e(' '.join(map(str, argv)))}</code></p>")
+        parts.append(f"<p>Command: <code>{_e(' '.join(map(str, argv)))}</code></p>")
     if isinstance(man, dict):
+        cfg: dict[str, Any] = man["config"] if isinstance(man.get("config"), dict) else {}
         parts.append(f'<p class="muted">aiogc {_e(man.get("aiogc_version"))}, git '
                      f"{_e(man.get('git_sha'))}, seed {_e(man.get('seed'))}, "
+                     f"m = {_e(cfg.get('workers'))}, δ = {_e(cfg.get('delta'))}, "
+                     f"ℓ = {_e(cfg.get('n_parts'))}, delay {_e(cfg.get('delay'))}, "
                      f"mode {_e(man.get('mode'))}, loop {_e(man.get('loop'))}</p>")
     sum_path = d / "summary.json"
     summary = _load_json(sum_path) if sum_path.is_file() else None
@@ -216,30 +428,22 @@ def _run_sections(d: Path) -> list[str]:
         # killed (or still running): say so, and summarise the rounds on disk instead
         parts.append(f'<p class="cut"><strong>{_e(cut)}</strong></p>')
         summary = _summary_of_files(d)
-    if summary is not None:
-        schemes = summary.get("schemes", {}) if isinstance(summary, dict) else {}
-        speed = summary.get("speedup_vs_original", {}) if isinstance(summary, dict) else {}
-        # a run that ended early says why (summary field written by newer runners)
-        extra = [k for k in ("end_reason",) if any(k in s for s in schemes.values())]
-        rows = [[name, *[s.get(k) for k, _ in _SUMMARY_COLS], speed.get(name),
-                 *[s.get(k, "") for k in extra]] for name, s in schemes.items()]
-        parts.append("<h3>Summary</h3>")
-        parts.append(_table(["scheme", *[h for _, h in _SUMMARY_COLS], "speedup", *extra],
-                            rows))
-        reasons = {k: v for k, v in summary.items() if "reason" in k} \
-            if isinstance(summary, dict) else {}
-        if reasons:
-            parts.append(f"<p>{_e(json.dumps(reasons))}</p>")
-    for png in sorted(d.glob("*.png")):
-        if (d / f"{png.stem}.json").is_file():
-            continue  # an experiment's figure, shown in its own section
-        parts.append(f"<h3>{_e(png.name)}</h3>{_img(png, png.stem)}")
+    if isinstance(summary, dict):
+        parts.append(_summary_section(d, summary))
     rounds = d / "rounds.csv"
     if rounds.is_file():
-        parts.append(f"<details><summary>rounds.csv</summary>{_csv_table(rounds)}</details>")
+        parts.append(f"<details><summary>rounds.csv (first rows)</summary>{_csv_table(rounds)}"
+                     "</details>")
     parts.append("<details><summary>manifest.json</summary><pre>"
                  f"{_e(json.dumps(man, indent=2))}</pre></details></section>")
-    return ["".join(parts)]
+    out = ["".join(parts)]
+    if isinstance(summary, dict):
+        out.append(_fidelity_section(summary.get("fidelity")))
+    figs = _figures(d)
+    if figs:
+        out.append(figs)
+    out.append(_glossary())
+    return out
 
 
 def build_report(directory: str | Path) -> str:
@@ -271,9 +475,9 @@ def build_report(directory: str | Path) -> str:
         "img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
         f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_e(title)}</title>"
         f"<style>{_CSS}</style><script>{_CHECK_JS}</script></head><body>"
-        f"<header><h1>{_e(title)}</h1><p>{_e(str(d.resolve()))} · made {made} by aiogc "
-        f"{_e(__version__)}</p></header><main>{''.join(sections)}</main>"
-        '<footer>Self-check: <span id="aiogc-check">(script did not run)</span></footer>'
+        f"<header><h1>{_e(title)}</h1><p>made {made} by aiogc {_e(__version__)}</p></header>"
+        f"<main>{''.join(sections)}</main>"
+        '<footer><span id="aiogc-check">(the page check did not run)</span></footer>'
         "</body></html>\n")
 
 

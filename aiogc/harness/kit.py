@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiogc import __version__
+from aiogc._version import __version__
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import (
     AUTH_DEADLINE_S,

@@ -82,7 +82,8 @@ def representative_round(records: Sequence[RoundRecord]) -> int | None:
 
 
 def plot_run(
-    run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None
+    run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
+    *, fmt: str = "png",
 ) -> list[Path]:
     """Write the run's PNGs (see the module docstring) and return their paths.
 
@@ -92,6 +93,8 @@ def plot_run(
         A run directory written by :class:`aiogc.harness.records.RunRecorder`.
     out_dir : str or Path, optional
         Where to write the PNGs (created if missing); default ``run_dir``.
+    fmt : str
+        ``png`` (default), or ``svg`` / ``pdf``: the same figures, same names, that suffix.
 
     Raises
     ------
@@ -106,12 +109,12 @@ def plot_run(
     recs = records_from_run(run)
     loads = _loads_by_scheme(run["workers"])
     summary = run.get("summary") or {}
-    paths = [_plot_cdf(recs, out / "round_time_cdf.png")]
+    paths = [_plot_cdf(recs, out / f"round_time_cdf.{fmt}")]
     first = next(iter(recs.values()), [])
     r = representative_round(first)
     if r is not None:
-        paths.append(_plot_timeline(recs, loads, r, out / f"timeline_round{r}.png"))
-    paths.append(_plot_loss(recs, summary.get("initial_loss"), out / "loss_vs_time.png"))
+        paths.append(_plot_timeline(recs, loads, r, out / f"timeline_round{r}.{fmt}"))
+    paths.append(_plot_loss(recs, summary.get("initial_loss"), out / f"loss_vs_time.{fmt}"))
     return paths
 
 

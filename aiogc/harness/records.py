@@ -8,7 +8,8 @@ plotted and replayed from the files alone:
     at once when the recorder is created. numpy arrays / scalars become lists / numbers.
 ``delays.csv``
     The materialised delay schedule (:meth:`RunRecorder.write_schedule`, via
-    ``schedule.to_csv``); replayable.
+    ``schedule.to_csv``); replayable. A plain CSV; its seed and specs are in the sidecar
+    ``delays.json``.
 ``events.jsonl``
     One JSON object per frame: ``t_ns, direction, kind, scheme, round, worker, nbytes``; and
     run-level events (:meth:`RunRecorder.run_event`, ``direction == "event"``), such as
@@ -77,7 +78,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final
@@ -106,8 +107,10 @@ from aiogc.training.schedule import DelaySchedule
 __all__ = [
     "FLUSH_EVERY_S",
     "RunRecorder",
+    "RunTables",
     "load_events",
     "load_run",
+    "load_run_tables",
     "records_from_run",
     "run_state",
     "summarize",
@@ -691,6 +694,99 @@ def run_state(run: Mapping[str, Any]) -> str | None:
            else "no summary.json")
     return (f"this run was cut short (or is still running): {why}; "
             f"the files hold {held}")
+
+
+#: The tables of :class:`RunTables`, in order.
+TABLES: Final = ("rounds", "workers", "reports", "frames", "delays")
+
+
+@dataclass
+class RunTables:
+    """A run directory as tables (:func:`load_run_tables`, ``aiogc.load_run``).
+
+    Attributes
+    ----------
+    rounds, workers, reports : DataFrame or list of dict
+        ``rounds.csv``, ``workers.csv``, ``reports.csv`` (columns in
+        :mod:`aiogc.harness.columns`): one row per round and scheme; per round, scheme and
+        worker; per accepted chunk-count report.
+    frames : DataFrame or list of dict
+        ``events.jsonl``: one row per frame or run event (``t_ns, direction, kind, scheme,
+        round, worker, nbytes``; run events add ``reason`` ...).
+    delays : DataFrame or list of dict
+        ``delays.csv``: one row per (round, worker, chunk position): ``compute_s``,
+        ``network_s`` (seconds, ``inf`` = never).
+    manifest, summary : dict
+        ``manifest.json`` and ``summary.json`` (``{}`` / ``None`` when missing).
+    dir : pathlib.Path
+        The run directory.
+
+    The tables are pandas DataFrames when pandas is importable (and ``pandas`` was not
+    False), else lists of dicts with typed values (``None`` for an empty cell); both forms load
+    into pandas with ``pandas.DataFrame(table)``.
+    """
+
+    dir: Path
+    manifest: dict[str, Any]
+    summary: dict[str, Any] | None
+    rounds: Any
+    workers: Any
+    reports: Any
+    frames: Any
+    delays: Any
+
+    def tables(self) -> dict[str, Any]:
+        """``{name: table}`` for :data:`TABLES`."""
+        return {name: getattr(self, name) for name in TABLES}
+
+
+def _delay_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    sched = DelaySchedule.from_csv(path)  # old (# headers) and new (sidecar) formats
+    return list(sched.rows())
+
+
+def load_run_tables(run_dir: str | os.PathLike[str], *, frames: bool = True,
+                    pandas: bool | None = None) -> RunTables:
+    """A run directory as tables: rounds, workers, reports, frames, delays (:class:`RunTables`).
+
+    Parameters
+    ----------
+    run_dir : path
+        A directory written by ``aiogc run`` / :class:`RunRecorder`.
+    frames : bool
+        Load ``events.jsonl`` (the largest file of a long run); False: an empty table.
+    pandas : bool, optional
+        True: DataFrames (ImportError without pandas); False: lists of dicts; default:
+        DataFrames if pandas is importable.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``run_dir`` is not a directory.
+    """
+    run = load_run(run_dir)
+    d = Path(run["dir"])
+    raw = {
+        "rounds": run["rounds"], "workers": run["workers"], "reports": run["reports"],
+        "frames": load_events(d) if frames else [],
+        "delays": _delay_rows(d / "delays.csv"),
+    }
+    if pandas is None:
+        try:
+            import pandas as pd
+        except ImportError:
+            pandas = False
+        else:
+            pandas = True
+    if pandas:
+        import pandas as pd
+
+        tables = {k: pd.DataFrame(v) for k, v in raw.items()}
+    else:
+        tables = raw
+    return RunTables(dir=d, manifest=run["manifest"], summary=run["summary"], **tables)
 
 
 def _record_of_row(row: Mapping[str, Any]) -> RoundRecord:

@@ -69,6 +69,19 @@ Replay:
     chunk positions (extra rounds / positions are ignored); **fewer rounds raise ConfigError**
     rather than cycling, because silently repeating stragglers would bias a comparison.
 
+Fail-slow traces:
+
+``trace:FILE[,BASE]``
+    slow-downs by time window and worker set, read from ``FILE`` (lines
+    ``start,end,workers,factor``, see :class:`Trace`), applied on top of ``BASE``: every chunk a
+    worker of ``workers`` *starts* in the window ``[start, end)`` takes ``factor`` times its
+    ``BASE`` delay (``factor = inf``: the worker is dead from that chunk on, fail-stop). Times
+    are **schedule seconds**: the clock on which round ``r`` starts when round ``r - 1``'s
+    slowest worker finished all its chunk positions (the sum of its finite delays, slow-downs
+    included), and a worker's ``k``-th chunk starts when its previous ones are done. ``BASE`` is
+    the spec after the first comma, or else a ``# base=SPEC`` line of the file. Example:
+    ``trace:slow.csv,exp:0.02``.
+
 Combinators draw their own choices (which workers straggle, fail or burst) from a stream
 independent of the base model's, so changing ``BASE`` does not change who straggles.
 
@@ -105,8 +118,10 @@ __all__ = [
     "Replay",
     "ShiftedExponential",
     "Stragglers",
+    "Trace",
     "materialise",
     "parse_delay",
+    "read_trace",
 ]
 
 #: Refuse to materialise more delay cells than this (R * m * K): 8 bytes each, so 800 MB. A
@@ -396,12 +411,126 @@ class Replay(DelayModel):
         return self.schedule.network_s[:rounds].copy()
 
 
+def _parse_workers(text: str) -> frozenset[int] | None:
+    """``*`` (every worker: None), or ids and ranges ``A-B`` separated by ``;`` or spaces."""
+    text = text.strip()
+    if text == "*":
+        return None
+    ids: set[int] = set()
+    for part in text.replace(";", " ").split():
+        lo, dash, hi = part.partition("-")
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if a < 0 or b < a:
+            raise ValueError(part)
+        ids.update(range(a, b + 1))
+    if not ids:
+        raise ValueError(text)
+    return frozenset(ids)
+
+
+#: One slow-down of a trace: ``(start_s, end_s, workers or None = all, factor, line)``.
+TraceWindow = tuple[float, float, frozenset[int] | None, float, int]
+
+_TRACE_USAGE: Final = (
+    "trace:FILE[,BASE] with FILE lines start,end,workers,factor: 0 <= start < end (seconds, "
+    "end may be inf), workers * or ids/ranges like 0-3;7, factor > 0 or inf; BASE a delay spec "
+    "(or a '# base=SPEC' line in FILE)")
+
+
+def read_trace(path: str, *, fld: str = "delay", whole: str | None = None
+               ) -> tuple[tuple[TraceWindow, ...], str | None]:
+    """The windows of a trace file and its ``# base=SPEC`` (or None).
+
+    Blank lines, ``#`` comments and a header line ``start,end,workers,factor`` are skipped.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``fld``, the spec and ``FILE:LINE`` with what is allowed there.
+    """
+    whole = whole if whole is not None else f"trace:{path}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise ConfigError(fld, whole, f"{_TRACE_USAGE}; FILE readable ({exc})") from None
+    windows: list[TraceWindow] = []
+    base: str | None = None
+    for n, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if line.startswith("#"):
+            key, eq, val = line[1:].strip().partition("=")
+            if eq and key.strip() == "base":
+                base = val.strip()
+            continue
+        if not line or line.replace(" ", "") == "start,end,workers,factor":
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            if len(parts) != 4:
+                raise ValueError(line)
+            start, end, factor = float(parts[0]), float(parts[1]), float(parts[3])
+            workers = _parse_workers(parts[2])
+        except ValueError:
+            raise ConfigError(fld, whole, f"{_TRACE_USAGE}; {path}:{n} is {line!r}") from None
+        if not (math.isfinite(start) and 0 <= start < end) or not factor > 0 \
+                or math.isnan(end):
+            raise ConfigError(fld, whole, f"{_TRACE_USAGE}; {path}:{n} is {line!r}")
+        windows.append((start, end, workers, factor, n))
+    return tuple(windows), base
+
+
+@dataclass(frozen=True, repr=False)
+class Trace(DelayModel):
+    """Fail-slow injection from a trace file (``trace:FILE[,BASE]``, module docstring).
+
+    ``windows`` are ``(start_s, end_s, workers, factor, line)``; overlapping windows multiply.
+    A chunk's start time is on the schedule clock: round ``r`` starts at ``T_r``, with
+    ``T_0 = 0`` and ``T_{r+1} = T_r + max_j sum_k compute_s[r, j, k]`` (finite entries, after
+    the slow-downs); worker ``j``'s ``k``-th chunk starts at ``T_r + sum_{k' < k}
+    compute_s[r, j, k']``. The live run's clock differs (a scheme may end a round before its
+    slowest worker is done, and the protocol adds its own time), so windows are positions in
+    the *schedule*, the same for every scheme of a comparison.
+    """
+
+    path: str
+    windows: tuple[TraceWindow, ...]
+    base: DelayModel
+    spec: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", f"trace:{self.path},{self.base.spec}")
+
+    def sample(self, rng: np.random.Generator, rounds: int, m: int, max_chunks: int) -> np.ndarray:
+        for _, _, workers, _, line in self.windows:
+            if workers is not None and max(workers) >= m:
+                raise ConfigError("delay", self.spec,
+                                  f"worker ids < m={m} in the trace; {self.path}:{line} names "
+                                  f"worker {max(workers)}")
+        out = np.array(self.base.sample(rng, rounds, m, max_chunks), dtype=np.float64)
+        masks = [(s, e, np.ones(m, bool) if w is None else np.isin(np.arange(m), list(w)), f)
+                 for s, e, w, f, _ in self.windows]
+        t_round = 0.0
+        for r in range(rounds):
+            t = np.full(m, t_round)
+            for k in range(max_chunks):
+                mult = np.ones(m)
+                for s, e, who, f in masks:
+                    mult[who & (t >= s) & (t < e)] *= f
+                out[r, :, k] *= mult
+                d = out[r, :, k]
+                t = t + np.where(np.isfinite(d), d, 0.0)
+            t_round = float(t.max())
+        out[np.isnan(out)] = np.inf  # 0 * inf: a dead chunk stays dead
+        return out
+
+
 # --------------------------------------------------------------------------- parsing
 
 _SYNTAX: Final = (
     "none | const:T | exp:MEAN | shiftexp:SHIFT,MEAN | pareto:ALPHA[,SCALE] | "
     "lognormal:MU,SIGMA | straggle:FRAC,FACTOR,BASE | fail:FRAC[@K],BASE | "
-    "markov:P_SLOW,P_RECOVER,FACTOR,BASE | replay:PATH"
+    "markov:P_SLOW,P_RECOVER,FACTOR,BASE | replay:PATH | trace:FILE[,BASE]"
 )
 
 
@@ -532,6 +661,8 @@ class _Parser:
             return self.fail(rest)
         if name == "replay":
             return self.replay(rest)
+        if name == "trace":
+            return self.trace(rest)
         syntax = _MODELS.get(name)
         if syntax is None:
             raise self.bad(f"one of {_SYNTAX}; unknown model {name!r}")
@@ -578,6 +709,18 @@ class _Parser:
             return Replay.load(path)
         except OSError as exc:
             raise self.bad(f"replay:PATH with PATH a readable delays.csv file ({exc})") from None
+
+
+    def trace(self, rest: str) -> DelayModel:
+        path, _, base_spec = rest.partition(",")
+        path = path.strip()
+        if not path:
+            raise self.bad(_TRACE_USAGE)
+        windows, file_base = read_trace(path, fld=self.fld, whole=self.whole)
+        spec = base_spec.strip() or file_base
+        if not spec:
+            raise self.bad(f"{_TRACE_USAGE}; no BASE given and no '# base=' line in {path}")
+        return Trace(path, windows, self.parse(spec))
 
 
 def _parse(text: str, whole: str, fld: str) -> DelayModel:

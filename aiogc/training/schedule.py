@@ -9,6 +9,7 @@ invariants of the delays themselves (``>= 0`` or ``+inf``, never NaN) are in
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ __all__ = ["CSV_COLUMNS", "DelaySchedule"]
 
 #: Column names of ``delays.csv``, in order.
 CSV_COLUMNS: Final = ("round", "worker", "chunk", "compute_s", "network_s")
+#: ``format`` of the ``delays.json`` sidecar.
+SCHEDULE_FORMAT: Final = "aiogc delay schedule v1"
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -140,17 +143,26 @@ class DelaySchedule:
                         "network_s": net,
                     }
 
+    @staticmethod
+    def meta_path(path: str | os.PathLike[str]) -> Path:
+        """The metadata sidecar of ``path``: ``delays.csv`` -> ``delays.json`` (``X.json`` ->
+        ``X.json.meta.json``, never the file itself)."""
+        p = Path(path)
+        return p.with_suffix(".json") if p.suffix != ".json" else p.with_name(p.name + ".meta.json")
+
     def to_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write ``delays.csv``: ``#`` header lines (seed, specs, shape), then
-        :data:`CSV_COLUMNS` with floats in ``repr`` form (exact round trip, ``inf`` allowed)."""
-        lines = [
-            "# aiogc delay schedule v1",
-            f"# seed={self.seed}",
-            f"# compute_spec={self.compute_spec}",
-            f"# network_spec={self.network_spec}",
-            f"# shape={self.rounds},{self.m},{self.max_chunks}",
-            ",".join(CSV_COLUMNS),
-        ]
+        """Write ``delays.csv``: one header line (:data:`CSV_COLUMNS`), then the rows with floats
+        in ``repr`` form (exact round trip, ``inf`` allowed) -- a plain CSV
+        (``pandas.read_csv`` needs no options) -- and its metadata (format, seed, specs,
+        shape) to the sidecar ``delays.json`` (:meth:`meta_path`).
+
+        Files written before the sidecar carry the metadata as ``#`` lines at the top;
+        :meth:`from_csv` reads both."""
+        meta = {"format": SCHEDULE_FORMAT, "seed": self.seed,
+                "compute_spec": self.compute_spec, "network_spec": self.network_spec,
+                "shape": [self.rounds, self.m, self.max_chunks], "columns": list(CSV_COLUMNS)}
+        self.meta_path(path).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        lines = [",".join(CSV_COLUMNS)]
         comp = self.compute_s.tolist()
         net = self.network_s.tolist()
         for r in range(self.rounds):
@@ -166,7 +178,9 @@ class DelaySchedule:
 
         Every (round, worker, chunk) of the grid ``0..R-1 x 0..m-1 x 0..K-1`` must appear exactly
         once (any order), and ``network_s`` must be the same for all chunks of a (round, worker).
-        Missing ``#`` headers default to seed 0 and specs ``replay:PATH`` / ``none``.
+        The metadata comes from the sidecar ``delays.json`` next to it, or from ``#`` header
+        lines (the format before the sidecar); neither: seed 0 and specs ``replay:PATH`` /
+        ``none``.
 
         Raises
         ------
@@ -177,6 +191,8 @@ class DelaySchedule:
         """
         where = str(path)
         meta, data, linenos = _read_schedule_lines(path, where)
+        if not meta:
+            meta = _read_sidecar(cls.meta_path(path), where)
         table = _numeric_table(data)
         _check_rows(data, linenos, table, where)
         assert table is not None  # _check_rows raised otherwise
@@ -193,6 +209,19 @@ class DelaySchedule:
             compute_spec=meta.get("compute_spec", f"replay:{where}"),
             network_spec=meta.get("network_spec", "none"),
         )
+
+
+def _read_sidecar(path: Path, where: str) -> dict[str, str]:
+    """The sidecar's metadata as the ``#`` headers would give it ({} if there is none)."""
+    try:
+        meta = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise _csv_error(where, 0, f"a readable JSON sidecar {path.name} ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != SCHEDULE_FORMAT:
+        return {}  # some other delays.json: not ours
+    return {k: str(meta[k]) for k in ("seed", "compute_spec", "network_spec") if k in meta}
 
 
 def _csv_error(where: str, line: int, allowed: str) -> ConfigError:

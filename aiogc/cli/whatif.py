@@ -1,0 +1,46 @@
+"""``aiogc whatif RUN --no-stragglers``: the slowdown a run owes to its stragglers, apart from
+the system's own overhead (:mod:`aiogc.harness.whatif`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from aiogc.errors import ConfigError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("whatif", help="counterfactual replay of a run: what if nobody "
+                                      "straggled (fast simulator on its own schedule)",
+                       description="Replay RUN's delays.csv with the fast simulator, as "
+                                   "recorded and with every delay replaced by a typical one; "
+                                   "split the live round time into work, stragglers and the "
+                                   "system's overhead.")
+    p.add_argument("run_dir")
+    p.add_argument("--no-stragglers", action="store_true",
+                   help="the counterfactual: straggler delays replaced by medians (required; "
+                        "the only one so far)")
+    p.add_argument("--baseline", choices=("worker", "cluster"), default="worker",
+                   help="worker: each delay -> that worker's median (keeps persistently slow "
+                        "workers slow); cluster: -> the median over all workers "
+                        "(default %(default)s)")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the numbers as JSON (default: RUN/whatif.json)")
+    p.set_defaults(func=cmd_whatif)
+
+
+def cmd_whatif(a: argparse.Namespace) -> int:
+    from aiogc.harness.whatif import format_whatif, whatif_no_stragglers
+
+    if not Path(a.run_dir).is_dir():
+        raise ConfigError("run_dir", a.run_dir, "an existing run directory")
+    if not a.no_stragglers:
+        raise ConfigError("whatif", "(none)", "a counterfactual: --no-stragglers")
+    res = whatif_no_stragglers(a.run_dir, baseline=a.baseline)
+    print(format_whatif(res))
+    out = Path(a.json) if a.json else Path(a.run_dir) / "whatif.json"
+    clean = json.loads(json.dumps(res, default=str).replace("NaN", "null"))
+    out.write_text(json.dumps(clean, indent=1) + "\n", encoding="utf-8")
+    return 0
