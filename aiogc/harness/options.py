@@ -80,6 +80,10 @@ class RunOptions:
     auto_time_scale: bool = False
     #: the fidelity verdict's tolerance: every live / simulated ratio within it of 1
     fidelity_threshold: float = 0.10
+    #: after a decodable set arrived, wait up to this fraction of the round's elapsed time for
+    #: one spare coded vector, so the redundancy check can cross-check the original scheme
+    #: (0: off, the paper's protocol; docs/security.md, "The original scheme's spare vector")
+    spare_wait: float = 0.0
 
 
 @dataclass(frozen=True)
