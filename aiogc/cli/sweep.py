@@ -171,7 +171,8 @@ def plan(path: str, out: str | None) -> tuple[argparse.ArgumentParser, dict[str,
 
 def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
               *, on_cell_done: Callable[[Any, Path], None] | None = None) -> int:
-    from aiogc.cli import EXIT_STOPPED, _config_from_flags, _writable_dir, cmd_run
+    from aiogc.cli import cmd_run
+    from aiogc.cli.args import EXIT_STOPPED, _config_from_flags, _writable_dir
     from aiogc.harness.sweep import cell_complete, run_sweep
 
     p, base, cells, sweep_dir = plan(a.file, a.out)
