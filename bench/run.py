@@ -298,7 +298,7 @@ def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None, int | None
 
 
 def _records_of(run_dir: Path) -> dict[str, list[Any]]:
-    from aiogc.harness.records import load_run, records_from_run
+    from aiogc.harness.loaders import load_run, records_from_run
 
     return records_from_run(load_run(run_dir))
 

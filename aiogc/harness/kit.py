@@ -220,7 +220,7 @@ def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConf
 def close_run(result: RunResult, interrupted: Sequence[str],
               recorder: RunRecorder | None) -> None:
     """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
-    from aiogc.harness.records import summarize
+    from aiogc.harness.summary import summarize
 
     result.summary = summarize(result.records, end_reasons=result.end_reasons)
     if recorder is not None:
