@@ -813,7 +813,7 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
     """ready_s_m1024 and report_p99_ms_1024_workers from the same runs."""
     import numpy as np
 
-    from aiogc.net.drivers import run_on
+    from aiogc.net.loops import run_on
 
     m = sz.m_many
     mean_chunk_s = 0.1
@@ -872,7 +872,7 @@ def many_hosts_record(sz: Sizes) -> dict[str, Any]:
     workers in one worker-host process (``--worker-hosts 1``), bare loop interleaved."""
     import numpy as np
 
-    from aiogc.net.drivers import run_on
+    from aiogc.net.loops import run_on
 
     m, mean_chunk_s = sz.m_many, 0.1
     base = ("p99 of 1024 bare connections on one loop sending stamped frames at the same "

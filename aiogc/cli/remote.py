@@ -132,7 +132,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     )
     from aiogc.harness.local import _started
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
-    from aiogc.net.drivers import PSServer, run_on
+    from aiogc.net.drivers import PSServer
+    from aiogc.net.loops import run_on
 
     _live_only([a.scheme])
     config = config_from_args(a, a.scheme)
@@ -264,7 +265,8 @@ def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
 
 def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import ExitReason
-    from aiogc.net.drivers import WorkerClient, run_on
+    from aiogc.net.drivers import ClientOptions, WorkerClient
+    from aiogc.net.loops import run_on
 
     host, _, port = a.connect.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
@@ -281,7 +283,8 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     setups = SetupCache(policy)  # one scheme and task for every worker of this process
     whys = [ExitReason() for _ in ids]
     clients = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
-                            setups=setups, on_event=why, progress_events=False)
+                            setups=setups, on_event=why,
+                            options=ClientOptions(progress_events=False))
                for w, why in zip(_worker_cores(a, ids), whys, strict=True)]
     stopped: list[str] = []
 

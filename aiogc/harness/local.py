@@ -58,7 +58,8 @@ from aiogc.harness.kit import (
     scheme_config,
 )
 from aiogc.harness.options import RunOptions
-from aiogc.net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
+from aiogc.net.loops import loop_factory, run_on
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
 from aiogc.training.delays import DelaySchedule
@@ -145,7 +146,7 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
     worker = Worker(worker_id, worker_key=worker_key)
     why = ExitReason()
     client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why,
-                          progress_events=False)
+                          options=ClientOptions(progress_events=False))
     died: list[bool] = []
     try:
         if parent_alive is None:
@@ -180,8 +181,7 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     cache = WorkerCache()  # and what the workers validate, once per host
     whys = [ExitReason() for _ in worker_ids]
     clients = [WorkerClient(Worker(j, worker_key=k, cache=cache), host, port, setups=setups,
-                            on_event=why,
-                            progress_events=False)
+                            on_event=why, options=ClientOptions(progress_events=False))
                for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
     died: list[bool] = []
 
