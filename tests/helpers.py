@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from aiogc.config import RunConfig
-from aiogc.core import ParameterServer, Setup, Worker, WorkerCache
+from aiogc.core import ParameterServer, PSOptions, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 from aiogc.training.aggregator import Aggregator
@@ -43,7 +43,7 @@ def build_rig(
     if schedule is None:
         schedule = materialise_for(config, [config.scheme])
     ps, task = make_ps(config, schedule=schedule, secret=secret, keep_gradients=True,
-                       nonce_fn=_counter_nonces())
+                       options=PSOptions(nonce_fn=_counter_nonces()))
     scheme = ps.scheme
 
     built: dict[RunConfig, Setup] = {}

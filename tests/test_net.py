@@ -30,6 +30,7 @@ from aiogc.core import (
     Finished,
     ParameterServer,
     PeerClosed,
+    PSOptions,
     RoundCompleted,
     RoundRecord,
     Worker,
@@ -151,7 +152,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
     # auth_deadline_s: a short handshake deadline keeps the tests that wait for bad peers
     # to be timed out fast (the default is 1.9 s)
     ps, _ = runner_make_ps(config, schedule=schedule, verify=True, secret=secret, epoch=epoch,
-                           keep_gradients=True, auth_deadline_s=AUTH_DEADLINE_TEST_S)
+                           keep_gradients=True,
+                           options=PSOptions(auth_deadline_s=AUTH_DEADLINE_TEST_S))
     return ps
 
 

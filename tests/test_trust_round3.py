@@ -18,7 +18,15 @@ import pytest
 
 from aiogc.coding.consistency import NormGuard
 from aiogc.config import RunConfig
-from aiogc.core import ConnectionFailed, Setup, ShutdownRequested, Welcomed, Worker, WorkerCache
+from aiogc.core import (
+    ConnectionFailed,
+    PSOptions,
+    Setup,
+    ShutdownRequested,
+    Welcomed,
+    Worker,
+    WorkerCache,
+)
 from aiogc.core.common import UNVERIFIED, Backoff
 from aiogc.harness.kit import make_ps as kit_make_ps
 from aiogc.harness.kit import materialise_for
@@ -426,7 +434,8 @@ def _swd_rig(config: RunConfig, *, spare_wait: float, verify: bool,
     ``spare_wait`` and ``verify`` chosen here)."""
     schedule = materialise_for(config, [config.scheme])
     ps, task = kit_make_ps(config, schedule=schedule, verify=verify, keep_gradients=True,
-                           secret=SECRET, nonce_fn=_counter_nonces(), spare_wait=spare_wait)
+                           secret=SECRET,
+                           options=PSOptions(nonce_fn=_counter_nonces(), spare_wait=spare_wait))
     built: dict[RunConfig, Setup] = {}
 
     def setup(cfg: RunConfig) -> Setup:

@@ -121,6 +121,7 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
 def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
+    from aiogc.core import PSOptions
     from aiogc.harness.kit import (
         Progress,
         build_manifest,
@@ -143,7 +144,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
-                    spare_wait=a.spare_wait)
+                    options=PSOptions(spare_wait=a.spare_wait))
     scheme = ps.scheme
     recorder = None
     if a.out:

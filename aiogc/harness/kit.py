@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from aiogc.core import (
     AUTH_DEADLINE_S,
     Event,
     ParameterServer,
+    PSOptions,
     RoundRecord,
     ShutdownRequested,
 )
@@ -150,7 +151,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
-    the aggregator's). ``kwargs`` go to the PS.
+    the aggregator's). ``kwargs`` go to the PS (``secret``, ``epoch``,
+    ``options=PSOptions(...)``).
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
@@ -160,7 +162,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         config = config.dilated()
         if schedule is not None:
             schedule = schedule.scaled(k)
-        kwargs.setdefault("auth_deadline_s", AUTH_DEADLINE_S * k)
+        opts = kwargs.get("options") or PSOptions()
+        if opts.auth_deadline_s is None:  # unless the caller chose one
+            kwargs["options"] = replace(opts, auth_deadline_s=AUTH_DEADLINE_S * k)
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
     model = task.initial_model()

@@ -30,6 +30,7 @@ from aiogc.core import (
     Event,
     Finished,
     ParameterServer,
+    PSOptions,
     RoundCompleted,
     RoundRecord,
     Worker,
@@ -341,7 +342,7 @@ async def _run_scheme(
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
-                    spare_wait=options.spare_wait)
+                    options=PSOptions(spare_wait=options.spare_wait))
     scheme = ps.scheme
     finished: list[str] = []
     on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round,

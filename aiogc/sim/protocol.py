@@ -27,7 +27,7 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.coding.registry import scheme_spec
 from aiogc.config import RunConfig, scheme_digest
-from aiogc.core import ParameterServer, RoundRecord, Setup, Worker, WorkerCache
+from aiogc.core import ParameterServer, PSOptions, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.comm import CommModel, engine_ingress, engine_latency
@@ -112,7 +112,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
     agg = Aggregator(cfg, scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
                      verify_fn=verify_fn)
     ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
-                         nonce_fn=_nonces(1000))
+                         options=PSOptions(nonce_fn=_nonces(1000)))
     agg_box.append(agg)
     cache = WorkerCache()  # what the m workers of this simulation share
     workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
