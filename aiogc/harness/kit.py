@@ -32,6 +32,7 @@ from aiogc.training.delays import DelaySchedule, materialise
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:
+    from aiogc.harness.options import RunOptions
     from aiogc.harness.records import RunRecorder
 
 
@@ -202,19 +203,19 @@ class ExitReason:
         return self.reason != ALL_ROUNDS_DONE
 
 
-def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConfig,
-                   schemes: Sequence[str], schedule: DelaySchedule, *, mode: str,
-                   loop_kind: str, verify: bool,
-                   argv: Sequence[str] | None) -> RunRecorder | None:
-    """The run directory's recorder (None without ``out_dir``), with the manifest and the
-    delay schedule written; sets ``result.out_dir``."""
-    if out_dir is None:
+def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
+                  schedule: DelaySchedule, options: RunOptions, *, mode: str,
+                  loop_kind: str) -> RunRecorder | None:
+    """The run directory's recorder (None without ``options.out_dir``), with the manifest
+    (``options.verify``, ``options.argv``) and the delay schedule written; sets
+    ``result.out_dir``."""
+    if options.out_dir is None:
         return None
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
 
-    out = Path(out_dir)
+    out = Path(options.out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                              verify=verify, argv=argv)
+                              verify=options.verify, argv=options.argv)
     recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out

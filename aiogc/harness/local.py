@@ -550,8 +550,8 @@ def run_live(
     result = RunResult(schedule=schedule)
     cpu0 = CpuSnapshot.take()
     lags: list[float] = []
-    recorder = open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
-                              loop_kind=loop_kind, verify=options.verify, argv=options.argv)
+    recorder = open_recorder(result, config, schemes, schedule, options, mode=mode_label,
+                             loop_kind=loop_kind)
     interrupted: list[str] = []
     try:
         for name in schemes:
