@@ -35,6 +35,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     original-scheme rounds (so the partial scheme's calibrated prediction is out of sample)."""
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
+    from aiogc.sim.engine import SimNetwork
     from aiogc.sim.fast import build_schemes, schedule_for
     from aiogc.sim.protocol import simulate_protocol
 
@@ -80,7 +81,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     ctrl = [x["control_s"] for x in rows if x["scheme"] == "original" and x["loop"] == "asyncio"]
     latency = max(0.0, float(np.nanmedian(ctrl)) / 2) if ctrl else 0.0
     cal = simulate_protocol(cfg, schemes, schedule=schedule, gradients="task", built=built,
-                            latency=latency)
+                            network=SimNetwork(latency=latency))
     for x in rows:
         x["latency_calibrated_s"] = latency
         x["sim_calibrated_round_s"] = cal[x["scheme"]][x["round"]].duration_s
