@@ -169,7 +169,7 @@ def lat_grid(quick: bool) -> dict[str, Any]:
 
 
 def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
-    from aiogc.coding import make_scheme
+    from aiogc.coding import SchemeChoices, make_scheme
     from aiogc.sim.fast import exact_times
 
     m, delta, C, R = g["m"], g["delta"], g["instances"], g["trials"]
@@ -188,7 +188,8 @@ def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
                                         seed=delay_seed(seed, c))
                     for n in LAT_SCHEMES:
                         # times only: B does not matter (see exact-speedup), Gaussian is cheap
-                        s = make_scheme(n, m=m, delta=delta, n_parts=ell, decoding="gaussian",
+                        s = make_scheme(n, m=m, delta=delta, n_parts=ell,
+                                        choices=SchemeChoices(decoding="gaussian"),
                                         rng=code_rng(seed, c))
                         ends[n][c] = exact_times(
                             s, sched, latency=L if model == "symmetric" else 0.0)[1]

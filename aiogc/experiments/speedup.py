@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding import make_scheme
+from aiogc.coding import SchemeChoices, make_scheme
 from aiogc.experiments._common import (
     Experiment,
     Row,
@@ -80,7 +80,7 @@ def _times(name: str, ell: int, cell: _Cell) -> np.ndarray:
         # times as the frame search at ~1/100 the cost.
         kw: dict[str, Any] = {"k": m - delta + 1} if name == "ignore-stragglers" else {}
         s = make_scheme(name, m=m, delta=delta, n_parts=ell, assignment=assignment,
-                        decoding="gaussian", rng=code_rng(seed, c), **kw)
+                        choices=SchemeChoices(decoding="gaussian"), rng=code_rng(seed, c), **kw)
         out[c] = exact_times(s, sched)[1]
     return out
 
