@@ -202,7 +202,7 @@ class RunConfig:
 
     def build_scheme(self) -> Scheme:
         """The coding scheme, rebuilt deterministically from ``seed`` (same on every side)."""
-        from aiogc.coding import make_scheme
+        from aiogc.coding import SchemeChoices, make_scheme
 
         rng = np.random.default_rng([self.seed, 0x5C4E3E])
         return make_scheme(
@@ -211,8 +211,7 @@ class RunConfig:
             delta=self.delta,
             n_parts=self.n_parts,
             assignment=self.assignment,
-            ordering=self.ordering,
-            decoding=self.decoding,
+            choices=SchemeChoices(ordering=self.ordering, decoding=self.decoding),
             k=self.effective_k if self.spec.uses_k else None,
             rng=rng,
         )

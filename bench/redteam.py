@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from aiogc.config import RunConfig
-from aiogc.core import Worker
+from aiogc.core import PSOptions, Worker
 from aiogc.harness.kit import make_ps
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.protocol.messages import CodedGradient
@@ -127,7 +127,7 @@ async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes, *,
     schedule = materialise(cfg.delay, cfg.latency, rounds=cfg.rounds, m=cfg.workers,
                            max_chunks=cfg.delta, seed=cfg.seed)
     ps, task = make_ps(cfg, schedule=schedule, verify=verify, secret=secret,
-                       keep_gradients=True, spare_wait=spare_wait)
+                       keep_gradients=True, options=PSOptions(spare_wait=spare_wait))
     server = PSServer(ps, host="127.0.0.1", port=0)
     serving = asyncio.create_task(server.serve())
     await server.started.wait()

@@ -298,7 +298,7 @@ def ps_receive_tap() -> Iterator[list[tuple[float, str, float | None, int | None
 
 
 def _records_of(run_dir: Path) -> dict[str, list[Any]]:
-    from aiogc.harness.records import load_run, records_from_run
+    from aiogc.harness.loaders import load_run, records_from_run
 
     return records_from_run(load_run(run_dir))
 
@@ -813,7 +813,7 @@ def many_records(sz: Sizes, workdir: Path, only: set[str]) -> list[dict[str, Any
     """ready_s_m1024 and report_p99_ms_1024_workers from the same runs."""
     import numpy as np
 
-    from aiogc.net.drivers import run_on
+    from aiogc.net.loops import run_on
 
     m = sz.m_many
     mean_chunk_s = 0.1
@@ -872,7 +872,7 @@ def many_hosts_record(sz: Sizes) -> dict[str, Any]:
     workers in one worker-host process (``--worker-hosts 1``), bare loop interleaved."""
     import numpy as np
 
-    from aiogc.net.drivers import run_on
+    from aiogc.net.loops import run_on
 
     m, mean_chunk_s = sz.m_many, 0.1
     base = ("p99 of 1024 bare connections on one loop sending stamped frames at the same "

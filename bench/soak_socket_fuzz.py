@@ -58,7 +58,8 @@ import numpy as np
 from aiogc.config import RunConfig
 from aiogc.core import Finished, ParameterServer, RoundCompleted, RoundRecord, Worker
 from aiogc.harness.kit import make_ps
-from aiogc.net.drivers import PSServer, WorkerClient, loop_factory
+from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
+from aiogc.net.loops import loop_factory
 from aiogc.protocol.messages import (
     Bye,
     ChunkReport,
@@ -141,7 +142,7 @@ class Training:
         await self.server.started.wait()
         for j in range(self.ps.m):
             client = WorkerClient(Worker(j, secret=self.secret), HOST, self.server.port,
-                                  backoff_s=(0.01, 0.2))
+                                  options=ClientOptions(backoff_s=(0.01, 0.2)))
             self.clients.append(asyncio.create_task(client.run()))
         return self.server.port
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from aiogc.config import RunConfig
-from aiogc.core import ParameterServer, Setup, Worker, WorkerCache
+from aiogc.core import ParameterServer, PSOptions, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
-from aiogc.sim.engine import Simulation
+from aiogc.sim.engine import SimNetwork, Simulation
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.schedule import DelaySchedule
 
@@ -43,7 +43,7 @@ def build_rig(
     if schedule is None:
         schedule = materialise_for(config, [config.scheme])
     ps, task = make_ps(config, schedule=schedule, secret=secret, keep_gradients=True,
-                       nonce_fn=_counter_nonces())
+                       options=PSOptions(nonce_fn=_counter_nonces()))
     scheme = ps.scheme
 
     built: dict[RunConfig, Setup] = {}
@@ -60,7 +60,7 @@ def build_rig(
         Worker(j, secret=ws, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
         for j in range(scheme.m)
     ]
-    sim = Simulation(ps, workers, latency=latency)
+    sim = Simulation(ps, workers, network=SimNetwork(latency=latency))
     assert isinstance(ps.aggregator, Aggregator)
     return Rig(config, scheme, task, schedule, ps, workers, sim, ps.aggregator)
 

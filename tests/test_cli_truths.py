@@ -18,7 +18,8 @@ from aiogc.cli import EXIT_CODES, _ps_event_handler, _ps_summary, main, setup_lo
 from aiogc.core import Finished, RoundCompleted, RoundRecord
 from aiogc.harness.columns import read_csv
 from aiogc.harness.kit import Progress, RunResult, close_run, run_complete
-from aiogc.harness.records import RunRecorder, load_events
+from aiogc.harness.loaders import load_events
+from aiogc.harness.records import RunRecorder
 from aiogc.protocol.status import EndReason, RoundStatus
 
 

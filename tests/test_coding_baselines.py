@@ -15,6 +15,7 @@ from aiogc.coding import (
     IgnoreStragglersScheme,
     OriginalScheme,
     Scheme,
+    SchemeChoices,
     UncodedScheme,
     cyclic_assignment,
     fractional_repetition_assignment,
@@ -114,7 +115,8 @@ def test_make_scheme() -> None:
     for name in scheme_names():
         sc = make_scheme(name, m=8, delta=4, n_parts=2, rng=rng)
         assert isinstance(sc, Scheme) and sc.name == name
-    p = make_scheme("partial", m=12, delta=3, assignment="regular", ordering="random", rng=rng)
+    p = make_scheme("partial", m=12, delta=3, assignment="regular",
+                    choices=SchemeChoices(ordering="random"), rng=rng)
     assert p.n_parts == 1
     o = make_scheme("original", m=8, delta=4, assignment="fr", rng=rng)
     assert isinstance(o, OriginalScheme) and o.construction == "fr" and o.s == 3
@@ -123,7 +125,7 @@ def test_make_scheme() -> None:
     with pytest.raises(ConfigError, match="n_parts=5"):
         make_scheme("partial", m=8, delta=4, n_parts=5)
     with pytest.raises(ConfigError, match="ordering='sorted'"):
-        make_scheme("partial", m=8, delta=4, ordering="sorted")
+        make_scheme("partial", m=8, delta=4, choices=SchemeChoices(ordering="sorted"))
     with pytest.raises(ConfigError, match="delta=3"):
         make_scheme("partial", m=8, delta=3, assignment="fr")
 

@@ -342,7 +342,7 @@ def test_test_scheme_trains_over_loopback(test_scheme: str) -> None:
     own rule (every chunk reported by two holders at the trigger)."""
     from aiogc.core import Worker
     from aiogc.harness.kit import make_ps, materialise_for
-    from aiogc.net.drivers import PSServer, WorkerClient
+    from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
 
     config = RunConfig(scheme=test_scheme, workers=4, delta=3, rounds=3, seed=2,
                        task="linreg:samples=120,dim=6", delay="exp:0.002", heartbeat_s=1.0,
@@ -353,8 +353,9 @@ def test_test_scheme_trains_over_loopback(test_scheme: str) -> None:
         server = PSServer(ps, host="127.0.0.1", port=0)
         serve = asyncio.create_task(server.serve())
         await server.started.wait()
+        fast = ClientOptions(backoff_s=(0.01, 0.1))
         clients = [asyncio.create_task(WorkerClient(Worker(j), "127.0.0.1", server.port,
-                                                    backoff_s=(0.01, 0.1)).run())
+                                                    options=fast).run())
                    for j in range(config.workers)]
         await serve
         await asyncio.gather(*clients)

@@ -17,6 +17,7 @@ from aiogc.sim.comm import (
     parse_bandwidth,
     ps_ingress,
 )
+from aiogc.sim.engine import SimNetwork
 from aiogc.sim.fast import simulate_fast
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 
@@ -150,7 +151,7 @@ def test_protocol_engine_agrees_trial_by_trial(bw: str, mode: str, latency: floa
     names = ["partial", "uncoded"] if mode == "approx" else ["partial", "original", "uncoded"]
     f = simulate_fast(cfg, names, comm=comm, dim=50_000, latency=latency)
     p = simulate_protocol(cfg, names, comm=comm, dim=50_000, gradients="gaussian",
-                          latency=latency)
+                          network=SimNetwork(latency=latency))
     for n in names:
         ra = record_arrays(p[n], mode=mode)
         np.testing.assert_allclose(ra["completion_s"], f[n].completion_s, rtol=0, atol=1e-9)

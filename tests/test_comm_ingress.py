@@ -8,6 +8,7 @@ import pytest
 
 from aiogc.config import RunConfig
 from aiogc.sim.comm import parse_bandwidth
+from aiogc.sim.engine import SimNetwork
 from aiogc.sim.fast import simulate_fast
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 
@@ -24,7 +25,7 @@ def test_ingress_engine_agrees_with_fast_path(bw: str, mode: str, latency: float
     names = ["partial", "uncoded"] if mode == "approx" else ["partial", "original", "uncoded"]
     f = simulate_fast(cfg, names, comm=comm, dim=40_000, latency=latency)
     p = simulate_protocol(cfg, names, comm=comm, dim=40_000, gradients="gaussian",
-                          latency=latency)
+                          network=SimNetwork(latency=latency))
     for n in names:
         ra = record_arrays(p[n], mode=mode)
         np.testing.assert_allclose(ra["completion_s"], f[n].completion_s, rtol=0, atol=1e-9)

@@ -45,7 +45,7 @@ from aiogc.protocol.messages import (
     state_digest,
 )
 from aiogc.protocol.status import EndReason
-from aiogc.sim.engine import Simulation
+from aiogc.sim.engine import SimNetwork, Simulation
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.setup import SetupCache, TaskNotAllowed, TaskPolicy
 from tests.helpers import build_rig, finish_times, partial_trigger_offset
@@ -878,7 +878,8 @@ def test_live_oracle_matches_the_post_hoc_one() -> None:
             rig = build_rig(cfg)
             ps = rig.ps
             if latency is not None:
-                rig.sim = Simulation(ps, rig.workers, latency=latency)
+                rig.sim = Simulation(ps, rig.workers,
+                                     network=SimNetwork(latency=latency))
             if kill:
                 rig.sim.kill(5, at=0.05)
             orig = rig.aggregator._oracle

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from aiogc.cli import main
-from aiogc.harness.records import RunRecorder, load_run, records_from_run, run_state
+from aiogc.harness.loaders import load_run, records_from_run, run_state
+from aiogc.harness.records import RunRecorder
 from tests.test_records_buffer import LOADS, M, assert_golden, golden_calls, golden_rounds
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from aiogc.net import drivers
+from aiogc.net import loops
 
 
 class _Handle:
@@ -55,10 +55,10 @@ class _Loop:
 @pytest.fixture
 def rig(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Loop, list[float], list[float]]:
     clock = [0.0]
-    monkeypatch.setattr(drivers, "_clock", lambda: clock[0])
+    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
     loop = _Loop(clock)
     fired: list[float] = []
-    timer = drivers._Timer(loop, lambda: fired.append(clock[0]))  # type: ignore[arg-type]
+    timer = loops._Timer(loop, lambda: fired.append(clock[0]))  # type: ignore[arg-type]
     return timer, loop, clock, fired
 
 
@@ -140,9 +140,9 @@ class _StaleLoop(_Loop):
 def test_deadlines_map_onto_a_stale_loop_clock_without_firing_early(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(drivers, "_clock", lambda: clock[0])
+    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
     loop = _StaleLoop(clock)
-    timer = drivers._Timer(loop, lambda: None)  # type: ignore[arg-type]
+    timer = loops._Timer(loop, lambda: None)  # type: ignore[arg-type]
     timer.arm(100.010)
     # the deadline itself, not the stale loop time + 10 ms (which is 3 ms early)
     assert [h.when for h in loop.live()] == [100.010]

@@ -16,7 +16,8 @@ from aiogc.config import RunConfig
 from aiogc.core.common import RoundRecord
 from aiogc.errors import ConfigError
 from aiogc.harness.kit import format_summary, run_end_reason
-from aiogc.harness.records import RunRecorder, load_run, records_from_run
+from aiogc.harness.loaders import load_run, records_from_run
+from aiogc.harness.records import RunRecorder
 from aiogc.harness.summary import summarize
 from aiogc.protocol.status import EndReason, RoundStatus, describe_end
 from tests.helpers import build_rig

@@ -311,7 +311,7 @@ def test_every_experiment_is_documented() -> None:
 def test_round_times_do_not_depend_on_b(assignment: str) -> None:
     """exact-speedup, latency and ordering build the partial scheme with the cheap Gaussian B
     where only round times matter; that is sound only if B does not change them."""
-    from aiogc.coding import make_scheme
+    from aiogc.coding import SchemeChoices, make_scheme
     from aiogc.experiments._common import code_rng
     from aiogc.sim.fast import exact_times
     from aiogc.training.delays import materialise
@@ -319,7 +319,8 @@ def test_round_times_do_not_depend_on_b(assignment: str) -> None:
     sched = materialise("exp:1.0", rounds=100, m=20, max_chunks=4, seed=3)
     for ell in (2, 3):
         t = [exact_times(make_scheme("partial", m=20, delta=4, n_parts=ell,
-                                     assignment=assignment, decoding=dec,
+                                     assignment=assignment,
+                                     choices=SchemeChoices(decoding=dec),
                                      rng=code_rng(1, 2)), sched)[1]
              for dec in ("frame", "gaussian")]
         assert np.array_equal(t[0], t[1])

@@ -12,9 +12,9 @@ import pytest
 
 import aiogc
 from aiogc.config import RunConfig
+from aiogc.harness.loaders import load_run_tables
 from aiogc.harness.local import run_live
 from aiogc.harness.options import RunOptions
-from aiogc.harness.records import load_run_tables
 from aiogc.training.schedule import CSV_COLUMNS, DelaySchedule
 
 CFG = RunConfig(workers=4, delta=2, rounds=3, seed=5, task="linreg:samples=80,dim=4",

@@ -21,7 +21,8 @@ from aiogc.cli import EXIT_OK, EXIT_SHRUNK, main
 from aiogc.core.common import RoundRecord
 from aiogc.harness.columns import read_csv
 from aiogc.harness.kit import RunResult, close_run, run_complete, run_end_reason
-from aiogc.harness.records import RunRecorder, load_events
+from aiogc.harness.loaders import load_events
+from aiogc.harness.records import RunRecorder
 from aiogc.protocol.status import EndReason, RoundStatus
 
 ROOT = Path(__file__).resolve().parent.parent

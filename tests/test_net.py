@@ -30,6 +30,7 @@ from aiogc.core import (
     Finished,
     ParameterServer,
     PeerClosed,
+    PSOptions,
     RoundCompleted,
     RoundRecord,
     Worker,
@@ -39,7 +40,7 @@ from aiogc.core.ps import MAX_PENDING_CONNECTIONS
 from aiogc.errors import ConfigError
 from aiogc.harness.kit import make_ps as runner_make_ps
 from aiogc.harness.kit import materialise_for
-from aiogc.net.drivers import PSServer, WorkerClient
+from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
 from aiogc.net.framing import FramedConnection
 from aiogc.protocol.headers import DEFAULT_LIMITS
 from aiogc.protocol.messages import ChunkReport, Error, Hello, Ping, Shutdown
@@ -151,7 +152,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None = None,
     # auth_deadline_s: a short handshake deadline keeps the tests that wait for bad peers
     # to be timed out fast (the default is 1.9 s)
     ps, _ = runner_make_ps(config, schedule=schedule, verify=True, secret=secret, epoch=epoch,
-                           keep_gradients=True, auth_deadline_s=AUTH_DEADLINE_TEST_S)
+                           keep_gradients=True,
+                           options=PSOptions(auth_deadline_s=AUTH_DEADLINE_TEST_S))
     return ps
 
 
@@ -198,7 +200,7 @@ class Cluster:
                    give_up_after_s: float = 10.0) -> asyncio.Task[None]:
         wlog = EventLog()
         client = WorkerClient(Worker(worker_id, secret=secret), HOST, self.server.port,
-                              on_event=wlog, backoff_s=backoff_s,
+                              on_event=wlog, options=ClientOptions(backoff_s=backoff_s),
                               give_up_after_s=give_up_after_s)
         self.worker_logs.append(wlog)
         task = asyncio.create_task(client.run(), name=f"worker-{worker_id}")
@@ -333,7 +335,8 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
         # issue 18: a pre-auth error(auth_failed) is unauthenticated (a squatter can send it),
         # so the impostor retries until its own give-up limit, then names the reason
         impostor = WorkerClient(Worker(1, secret=b"wrong-secret-0123456789abcdef-xx"), HOST,
-                                cl.server.port, backoff_s=FAST_BACKOFF, give_up_after_s=0.3)
+                                cl.server.port, options=ClientOptions(backoff_s=FAST_BACKOFF),
+                                give_up_after_s=0.3)
         outcome: BaseException | None = None
         try:
             async with asyncio.timeout(STEP_S):
@@ -659,7 +662,8 @@ def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner)
 
         mitm = await asyncio.start_server(relay, HOST, 0)
         port = mitm.sockets[0].getsockname()[1]
-        client = WorkerClient(Worker(3, secret=secret), HOST, port, backoff_s=FAST_BACKOFF)
+        client = WorkerClient(Worker(3, secret=secret), HOST, port,
+                              options=ClientOptions(backoff_s=FAST_BACKOFF))
         cl.clients.append(client)
         cl.client_tasks.append(asyncio.create_task(client.run()))
         cl.worker_logs.append(EventLog())

@@ -20,7 +20,7 @@ import pytest
 from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
-from aiogc.harness.records import load_run
+from aiogc.harness.loaders import load_run
 from aiogc.protocol.auth import derive_worker_key
 from tests.helpers import pinned_trigger_schedule
 

@@ -25,7 +25,8 @@ from aiogc.harness.columns import (
     worker_rows,
 )
 from aiogc.harness.inspect_run import inspect_round
-from aiogc.harness.records import RunRecorder, load_events, load_run, records_from_run
+from aiogc.harness.loaders import load_events, load_run, records_from_run
+from aiogc.harness.records import RunRecorder
 from aiogc.harness.summary import summarize
 from aiogc.harness.trace import chrome_trace
 from aiogc.protocol.status import EndReason

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from aiogc.core.common import RoundRecord
-from aiogc.harness.records import RunRecorder, load_events, load_run, records_from_run
+from aiogc.harness.loaders import load_events, load_run, records_from_run
+from aiogc.harness.records import RunRecorder
 from aiogc.protocol.status import EndReason, RoundStatus
 
 GOLDEN = Path(__file__).parent / "data" / "recorder_golden"

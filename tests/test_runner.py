@@ -13,9 +13,9 @@ import pytest
 from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.harness.kit import materialise_for
+from aiogc.harness.loaders import load_run
 from aiogc.harness.local import run_live
 from aiogc.harness.options import RunOptions
-from aiogc.harness.records import load_run
 from aiogc.sim.protocol import simulate_protocol
 from aiogc.training.delays import materialise
 from aiogc.training.schedule import DelaySchedule

@@ -16,6 +16,7 @@ import pytest
 
 from aiogc.cli import simulate as sim_cli
 from aiogc.config import RunConfig
+from aiogc.sim.engine import SimNetwork
 from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 from tests.helpers import finish_times, partial_trigger_offset
@@ -83,7 +84,8 @@ def test_fast_path_equals_protocol_engine(kw: dict[str, Any], latency: float,
     built = build_schemes(cfg, SCHEMES)
     sched = schedule_for(cfg, built)
     fast = simulate_fast(cfg, SCHEMES, schedule=sched, latency=latency, built=built, dim=24)
-    proto = simulate_protocol(cfg, SCHEMES, schedule=sched, latency=latency, built=built,
+    proto = simulate_protocol(cfg, SCHEMES, schedule=sched,
+                              network=SimNetwork(latency=latency), built=built,
                               gradients="gaussian", dim=24)
     for name in SCHEMES:
         f, a = fast[name], record_arrays(proto[name], mode=cfg.mode)

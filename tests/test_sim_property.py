@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from aiogc.cli.simulate import run_simulate
 from aiogc.config import RunConfig
+from aiogc.sim.engine import SimNetwork
 from aiogc.sim.fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 
@@ -63,7 +64,8 @@ def _assert_agree(cfg: RunConfig, latency: float) -> None:
     for s in built.values():  # continuous laws: no ties, so both engines see one order
         assert tie_fraction(arrival_times(s, sched, latency=latency)) == 0.0
     fast = simulate_fast(cfg, SCHEMES, schedule=sched, latency=latency, built=built, dim=12)
-    proto = simulate_protocol(cfg, SCHEMES, schedule=sched, latency=latency, built=built,
+    proto = simulate_protocol(cfg, SCHEMES, schedule=sched,
+                              network=SimNetwork(latency=latency), built=built,
                               gradients="gaussian", dim=12)
     for name in SCHEMES:
         f, a = fast[name], record_arrays(proto[name], mode=cfg.mode)

@@ -15,9 +15,9 @@ from aiogc.core import AUTH_DEADLINE_S, Finished, WorkerDropped
 from aiogc.errors import ConfigError
 from aiogc.harness.fidelity import emulated
 from aiogc.harness.kit import materialise_for
+from aiogc.harness.loaders import load_run
 from aiogc.harness.local import run_live
 from aiogc.harness.options import RunOptions
-from aiogc.harness.records import load_run
 from aiogc.sim.engine import Simulation
 from aiogc.training.schedule import DelaySchedule
 from tests.helpers import build_rig

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import aiogc.training.tasks as tasks_mod
+import aiogc.training.memory as memory_mod
 from aiogc.coding.consistency import (
     ORACLE_MIN_TOL,
     ORACLE_SAFETY,
@@ -22,15 +22,17 @@ from aiogc.coding.consistency import (
 from aiogc.coding.decoding_matrix import _conflict_lists
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.errors import ConfigError
-from aiogc.training.tasks import (
+from aiogc.training.memory import (
     MEMORY_BUDGET_ENV,
-    FunctionTask,
     check_task_memory,
+    memory_budget,
+    task_memory_bytes,
+)
+from aiogc.training.tasks import (
+    FunctionTask,
     chunk_gradients,
     chunk_grads_fn,
     make_task,
-    memory_budget,
-    task_memory_bytes,
 )
 
 # ------------------------------------------------------------------ setup time at m = 1024
@@ -119,7 +121,7 @@ def test_huge_linreg_is_refused_naming_field_value_and_range_before_allocating(
 def test_wide_data_never_forms_the_dim_by_dim_gram_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
     # above GRAM_MAX_DIM and with fewer samples than features, the Lipschitz constant comes
     # from X X^T (n x n): same top eigenvalue, no d x d allocation
-    monkeypatch.setattr(tasks_mod, "GRAM_MAX_DIM", 100)
+    monkeypatch.setattr(memory_mod, "GRAM_MAX_DIM", 100)
     t = make_task("linreg:samples=20,dim=3000", 4, 0)
     tracemalloc.start()
     try:
@@ -146,7 +148,7 @@ def test_plugin_task_buffers_are_bounded(budget: Any, monkeypatch: pytest.Monkey
     spec = "fake_module:factory"
     with pytest.raises(ConfigError) as ei:
         # the oracle's (N, dim) chunk gradients and the round buffers for a 1e6-long model
-        tasks_mod.check_task_memory(0, 1_000_000, 8, spec)
+        memory_mod.check_task_memory(0, 1_000_000, 8, spec)
     assert ei.value.field == "task" and "samples=" not in ei.value.allowed
     t = FunctionTask(lambda i, w: w, dim=10, n_chunks=8)
     assert task_memory_bytes(0, t.dim, 8) < 1 << 20

@@ -10,6 +10,7 @@ import pytest
 
 from aiogc.coding.consistency import (
     REDUNDANCY_SAFETY,
+    DecodedStep,
     NormGuard,
     RoundGuard,
     model_bound,
@@ -235,8 +236,8 @@ def _train(cfg: RunConfig, rounds: int, attack: dict[int, str]) -> tuple[RoundGu
         old = V.copy()
         res = scheme.decode_result(V, state, w.size)
         bad, new = guard.check(scheme=scheme, coded=V, received=range(scheme.m), dim=w.size,
-                               gradient=res.gradient, model=w,
-                               learning_rate=task.learning_rate, exact=res.exact)
+                               decoded=DecodedStep(res.gradient, res.exact), model=w,
+                               learning_rate=task.learning_rate)
         if bad is None:
             assert new is not None
             w = new
@@ -272,16 +273,16 @@ def test_round_guard_oracle_and_model_bound() -> None:
     guard = RoundGuard(w0, predicted_error=1e-16)
     V = np.zeros((8, 3))
     bad, new = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
-                           gradient=np.array([0.1, 0.0, 0.0]), model=w0, learning_rate=1.0,
-                           exact=True, rel_error=0.44)
+                           decoded=DecodedStep(np.array([0.1, 0.0, 0.0]), True, 0.44),
+                           model=w0, learning_rate=1.0)
     assert bad is not None and bad.check == "oracle" and new is None
     bad2, _ = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
-                          gradient=np.array([-5e6, 0.0, 0.0]), model=w0, learning_rate=1.0,
-                          exact=True)
+                          decoded=DecodedStep(np.array([-5e6, 0.0, 0.0]), True), model=w0,
+                          learning_rate=1.0)
     assert bad2 is not None and bad2.check == "model"
     ok, new = guard.check(scheme=scheme, coded=V, received=range(5), dim=3,
-                          gradient=np.array([0.5, 0.0, 0.0]), model=w0, learning_rate=1.0,
-                          exact=True, rel_error=1e-15)
+                          decoded=DecodedStep(np.array([0.5, 0.0, 0.0]), True, 1e-15),
+                          model=w0, learning_rate=1.0)
     assert ok is None and new is not None and new[0] == 0.5 and w0[0] == 1.0
     assert guard.rejected == {"oracle": 1, "model": 1} and guard.checked == 3
 

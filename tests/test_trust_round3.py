@@ -18,11 +18,19 @@ import pytest
 
 from aiogc.coding.consistency import NormGuard
 from aiogc.config import RunConfig
-from aiogc.core import ConnectionFailed, Setup, ShutdownRequested, Welcomed, Worker, WorkerCache
+from aiogc.core import (
+    ConnectionFailed,
+    PSOptions,
+    Setup,
+    ShutdownRequested,
+    Welcomed,
+    Worker,
+    WorkerCache,
+)
 from aiogc.core.common import UNVERIFIED, Backoff
 from aiogc.harness.kit import make_ps as kit_make_ps
 from aiogc.harness.kit import materialise_for
-from aiogc.net.drivers import WorkerClient
+from aiogc.net.drivers import ClientOptions, WorkerClient
 from aiogc.protocol.messages import Challenge, CodedGradient, Error, Shutdown
 from aiogc.protocol.wire import encode_frame_bytes
 from aiogc.sim.engine import Simulation
@@ -126,8 +134,9 @@ def test_client_reconnects_with_backoff_to_a_squatter(run: Runner) -> None:
                 ten.set()
             await asyncio.sleep(0)
 
-        client = WorkerClient(Worker(0, secret=SECRET), HOST, port, backoff_s=(0.05, 2.0),
-                              give_up_after_s=1e9, rng=random.Random(3), sleep=sleep)
+        client = WorkerClient(Worker(0, secret=SECRET), HOST, port, give_up_after_s=1e9,
+                              options=ClientOptions(backoff_s=(0.05, 2.0),
+                                                    rng=random.Random(3), sleep=sleep))
         task = asyncio.create_task(client.run())
         async with asyncio.timeout(STEP_S):
             await ten.wait()
@@ -208,7 +217,8 @@ def test_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
         port = front.sockets[0].getsockname()[1]
         logs = [EventLog() for _ in range(config.workers)]
         clients = [WorkerClient(Worker(j, secret=SECRET), HOST, port, on_event=logs[j],
-                                backoff_s=FAST_BACKOFF, give_up_after_s=60.0)
+                                options=ClientOptions(backoff_s=FAST_BACKOFF),
+                                give_up_after_s=60.0)
                    for j in range(config.workers)]
         tasks = [asyncio.create_task(c.run()) for c in clients]
         # every worker gets both forged frames at least once (two retries each)
@@ -240,7 +250,7 @@ def test_wrong_key_gives_up_naming_the_preauth_reason(run: Runner) -> None:
     async def scenario() -> tuple[BaseException | None, int]:
         cl = await start_cluster(make_ps(config, secret=SECRET), secret=SECRET)
         bad = WorkerClient(Worker(1, secret=b"x" * 32), HOST, cl.server.port,
-                           backoff_s=FAST_BACKOFF, give_up_after_s=0.2)
+                           options=ClientOptions(backoff_s=FAST_BACKOFF), give_up_after_s=0.2)
         outcome: BaseException | None = None
         try:
             async with asyncio.timeout(STEP_S):
@@ -289,7 +299,8 @@ def test_error_injected_after_the_handshake_fails_the_tag(run: Runner) -> None:
         relay.target = cl.server.port
         log = EventLog()
         victim = WorkerClient(Worker(0, secret=SECRET), HOST, port, on_event=log,
-                              backoff_s=FAST_BACKOFF, give_up_after_s=60.0)
+                              options=ClientOptions(backoff_s=FAST_BACKOFF),
+                              give_up_after_s=60.0)
         task = asyncio.create_task(victim.run())
         async with asyncio.timeout(STEP_S):
             await log.wait_for(lambda: bool(log.of(Welcomed)))
@@ -423,7 +434,8 @@ def _swd_rig(config: RunConfig, *, spare_wait: float, verify: bool,
     ``spare_wait`` and ``verify`` chosen here)."""
     schedule = materialise_for(config, [config.scheme])
     ps, task = kit_make_ps(config, schedule=schedule, verify=verify, keep_gradients=True,
-                           secret=SECRET, nonce_fn=_counter_nonces(), spare_wait=spare_wait)
+                           secret=SECRET,
+                           options=PSOptions(nonce_fn=_counter_nonces(), spare_wait=spare_wait))
     built: dict[RunConfig, Setup] = {}
 
     def setup(cfg: RunConfig) -> Setup:

@@ -390,14 +390,15 @@ def _glossary() -> str:
 
 def _cut_short(d: Path) -> str | None:
     """The cut-short line of :func:`~aiogc.harness.records.run_state` (None if finished)."""
-    from aiogc.harness.records import load_run, run_state
+    from aiogc.harness.loaders import load_run, run_state
 
     return run_state(load_run(d))
 
 
 def _summary_of_files(d: Path) -> dict[str, Any]:
     """The summary of a cut-short run, computed from the rounds its files hold."""
-    from aiogc.harness.records import load_run, records_from_run, summarize
+    from aiogc.harness.loaders import load_run, records_from_run
+    from aiogc.harness.summary import summarize
 
     summary = summarize(records_from_run(load_run(d)))
     summary["ok"] = False

@@ -214,6 +214,7 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
 
     ``comm``: a :class:`~aiogc.sim.comm.CommModel` (link rates; frames sized at ``dim``).
     """
+    from aiogc.sim.engine import SimNetwork
     from aiogc.sim.fast import (
         arrival_times,
         build_schemes,
@@ -248,7 +249,8 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                     r.uploads, r.upload_bytes)
                 rows.append(_row(name, c.mode, t, r.completion_s, r.status, r.mse, ups))
         else:
-            recs = simulate_protocol(c, schemes, schedule=schedule, latency=latency,
+            recs = simulate_protocol(c, schemes, schedule=schedule,
+                                     network=SimNetwork(latency=latency),
                                      gradients="gaussian", dim=dim, built=built, comm=comm)
             for name in schemes:
                 a = record_arrays(recs[name], mode=c.mode)

@@ -171,8 +171,9 @@ def plan(path: str, out: str | None) -> tuple[argparse.ArgumentParser, dict[str,
 
 def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
               *, on_cell_done: Callable[[Any, Path], None] | None = None) -> int:
-    from aiogc.cli import EXIT_STOPPED, _config_from_flags, _writable_dir, cmd_run
-    from aiogc.harness.sweep import cell_complete, run_sweep
+    from aiogc.cli import cmd_run
+    from aiogc.cli.args import EXIT_STOPPED, _config_from_flags, _writable_dir
+    from aiogc.harness.sweep import ResumeRule, cell_complete, run_sweep
 
     p, base, cells, sweep_dir = plan(a.file, a.out)
     by_name = {c.name: conv for c, conv in cells}
@@ -206,7 +207,8 @@ def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
 
     rounds = int(defaults["rounds"])
     res = run_sweep(sweep_dir, [c for c, _ in cells], params_of, run_cell, schemes,
-                    rerun_failed=a.rerun_failed, rounds=rounds, on_cell_done=on_cell_done,
+                    resume=ResumeRule(rerun_failed=a.rerun_failed, rounds=rounds),
+                    on_cell_done=on_cell_done,
                     log=lambda s: print(s, file=sys.stderr, flush=True))
     print(f"sweep: {len(res.ran)} cell(s) run, {len(res.skipped)} skipped as complete")
     print(f"results: {res.results}")

@@ -41,6 +41,7 @@ from aiogc.coding.base import Scheme
 from aiogc.errors import ConfigError
 
 __all__ = [
+    "DecodedStep",
     "NormGuard",
     "RoundGuard",
     "Verdict",
@@ -514,6 +515,25 @@ def model_check(model: np.ndarray, bound: float) -> Verdict:
 # ------------------------------------------------------------------------------ all together
 
 
+@dataclass(frozen=True)
+class DecodedStep:
+    """What the decoder made of a round, as :meth:`RoundGuard.check` judges it.
+
+    Attributes
+    ----------
+    gradient : ndarray, shape (d,)
+        The decoded gradient.
+    exact : bool
+        Whether the decoder reports the round as exact.
+    rel_error : float
+        The PS's decode error against its own uncoded gradient (NaN: not verified).
+    """
+
+    gradient: np.ndarray
+    exact: bool
+    rel_error: float = float("nan")
+
+
 class RoundGuard:
     """The checks above in the order a PS runs them on each decoded gradient.
 
@@ -559,11 +579,9 @@ class RoundGuard:
         coded: np.ndarray | Mapping[int, np.ndarray],
         received: Iterable[int],
         dim: int,
-        gradient: np.ndarray,
+        decoded: DecodedStep,
         model: np.ndarray,
         learning_rate: float,
-        exact: bool,
-        rel_error: float = float("nan"),
     ) -> tuple[Verdict | None, np.ndarray | None]:
         """Run every applicable check; ``(failure, None)`` or ``(None, new_model)``.
 
@@ -572,18 +590,16 @@ class RoundGuard:
         scheme, coded, received, dim
             As for :func:`redundancy_check` (``received``: workers whose vectors were used or
             arrived in this round).
-        gradient : ndarray, shape (d,)
-            The decoded gradient.
+        decoded : DecodedStep
+            The decoded gradient, shape (d,), whether the decoder reports the round as exact,
+            and the PS's decode error against its own uncoded gradient (NaN: not verified).
         model : ndarray, shape (d,)
             The model before the step (not modified).
         learning_rate : float
-        exact : bool
-            Whether the decoder reports the round as exact.
-        rel_error : float
-            The PS's decode error against its own uncoded gradient (NaN: not verified).
         """
         self.checked += 1
-        g = np.asarray(gradient, dtype=np.float64)
+        exact, rel_error = decoded.exact, decoded.rel_error
+        g = np.asarray(decoded.gradient, dtype=np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
             norm = float(np.linalg.norm(g))
         self.last_norm = norm

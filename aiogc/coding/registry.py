@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -38,6 +39,7 @@ __all__ = [
     "DECODINGS",
     "ORDERINGS",
     "SETUP_MEMORY_BUDGET",
+    "SchemeChoices",
     "SchemeParams",
     "SchemeSpec",
     "build_assignment",
@@ -323,6 +325,20 @@ def build_assignment(p: SchemeParams) -> np.ndarray:
     raise ConfigError("assignment", p.assignment, "one of " + ", ".join(ASSIGNMENTS))
 
 
+@dataclass(frozen=True)
+class SchemeChoices:
+    """How :func:`make_scheme` builds a scheme beyond its size and assignment family: the chunk
+    ``ordering`` (:data:`ORDERINGS`), the ``decoding`` matrix construction (:data:`DECODINGS`)
+    and an explicit assignment ``A`` (ndarray of bool, shape (N, m); overrides the family)."""
+
+    ordering: str = "optimal"
+    decoding: str = "frame"
+    A: np.ndarray | None = None
+
+
+DEFAULT_CHOICES: Final = SchemeChoices()
+
+
 def make_scheme(
     name: str,
     *,
@@ -330,11 +346,9 @@ def make_scheme(
     delta: int,
     n_parts: int = 1,
     assignment: str = "cyclic",
-    ordering: str = "optimal",
-    decoding: str = "frame",
     k: int | None = None,
     rng: np.random.Generator | None = None,
-    A: np.ndarray | None = None,
+    choices: SchemeChoices = DEFAULT_CHOICES,
 ) -> Scheme:
     """Build the registered scheme ``name`` from configuration values.
 
@@ -350,14 +364,13 @@ def make_scheme(
         ``ell``; replaced by the scheme's ``forced_n_parts`` if it has one.
     assignment : {"cyclic", "fr", "regular"}
         Ignored when ``A`` is given or the scheme builds its own.
-    ordering, decoding : str
-        Checked against the scheme's accepted values.
     k : int, optional
         Workers waited for (schemes with ``uses_k``).
     rng : numpy.random.Generator, optional
         ``None`` means ``default_rng(0)``.
-    A : ndarray, shape (N, m), optional
-        Explicit assignment.
+    choices : SchemeChoices, optional
+        ``ordering`` and ``decoding`` (checked against the scheme's accepted values) and an
+        explicit assignment ``A`` (shape (N, m)); default ``optimal``, ``frame``, none.
 
     Raises
     ------
@@ -373,8 +386,8 @@ def make_scheme(
     if k is not None:
         k = _int_field("k", k, 1, m)
     p = SchemeParams(m=m, delta=delta, n_parts=n_parts, assignment=assignment,
-                     ordering=ordering, decoding=decoding, k=k,
-                     rng=rng if rng is not None else np.random.default_rng(0), A=A)
+                     ordering=choices.ordering, decoding=choices.decoding, k=k,
+                     rng=rng if rng is not None else np.random.default_rng(0), A=choices.A)
     spec.check(p)
     try:
         scheme = spec.build(p)

@@ -28,7 +28,7 @@ from aiogc.core.common import (
     WorkerDropped,
     WorkerJoined,
 )
-from aiogc.core.ps import ParameterServer, PSPhase
+from aiogc.core.ps import ParameterServer, PSOptions, PSPhase
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.core.worker import PS_PEER, Setup, Worker, WorkerCache, WorkerPhase
 
@@ -47,6 +47,7 @@ __all__ = [
     "Event",
     "Finished",
     "Outgoing",
+    "PSOptions",
     "PSPhase",
     "ParameterServer",
     "PeerClosed",

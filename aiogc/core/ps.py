@@ -28,7 +28,8 @@ handshake, timers and the driver contract.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -92,6 +93,19 @@ PING_BURST = 20.0
 PING_MIN_RATE = 10.0
 
 
+@dataclass(frozen=True)
+class PSOptions:
+    """The :class:`ParameterServer`'s handshake deadline, spare wait and nonce source (see its
+    parameters); ``auth_deadline_s=None`` is :data:`~aiogc.core.common.AUTH_DEADLINE_S`."""
+
+    auth_deadline_s: float | None = None
+    spare_wait: float = 0.0
+    nonce_fn: Any | None = None
+
+
+DEFAULT_PS_OPTIONS: Final = PSOptions()
+
+
 class ParameterServer(RoundMachine):
     """Parameter server core: joins workers, runs rounds, triggers, hands out the decodes.
 
@@ -113,10 +127,16 @@ class ParameterServer(RoundMachine):
         one, MACs are empty and not checked and frames carry no tags (loopback only).
     epoch : int
         This PS incarnation; messages of other epochs are stale.
+    options : PSOptions, optional
+        Handshake deadline, spare wait and nonce source (defaults: as for a real run).
+
+    The options (:class:`PSOptions`):
+
     nonce_fn : callable, optional
         Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
-    auth_deadline_s : float
-        Seconds a new connection has to complete the handshake.
+    auth_deadline_s : float, optional
+        Seconds a new connection has to complete the handshake (default
+        :data:`~aiogc.core.common.AUTH_DEADLINE_S`).
     spare_wait : float
         Send-when-done schemes (original): once the received vectors decode, wait up to
         ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
@@ -134,10 +154,11 @@ class ParameterServer(RoundMachine):
         schedule: Any | None = None,
         secret: bytes | None = None,
         epoch: int = 0,
-        nonce_fn: Any | None = None,
-        auth_deadline_s: float = AUTH_DEADLINE_S,
-        spare_wait: float = 0.0,
+        options: PSOptions = DEFAULT_PS_OPTIONS,
     ) -> None:
+        spare_wait, nonce_fn = options.spare_wait, options.nonce_fn
+        auth_deadline_s = (AUTH_DEADLINE_S if options.auth_deadline_s is None
+                           else options.auth_deadline_s)
         scheme = scheme if scheme is not None else config.build_scheme()
         super().__init__(RoundSetup(config, scheme, model, schedule, epoch))
         if not 0 <= spare_wait <= 100:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding import make_scheme
+from aiogc.coding import SchemeChoices, make_scheme
 from aiogc.experiments._common import (
     Experiment,
     Row,
@@ -83,7 +83,8 @@ def compute(quick: bool, seed: int) -> list[Row]:
                         kw: dict[str, Any] = ({"k": m - delta + 1}
                                               if name == "ignore-stragglers" else {})
                         s = make_scheme(name, m=m, delta=delta, n_parts=ell,
-                                        decoding="gaussian", rng=code_rng(seed, c), **kw)
+                                        choices=SchemeChoices(decoding="gaussian"),
+                                        rng=code_rng(seed, c), **kw)
                         fb = FrameBytes.of(s, dim)
                         _, e[c], _, st = outcomes(s, scheds[c], comm=comm, frames=fb)
                         u[c] = upload_counts(s, scheds[c], e[c], st, fb, comm=comm)[1]

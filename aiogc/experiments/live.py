@@ -35,6 +35,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     original-scheme rounds (so the partial scheme's calibrated prediction is out of sample)."""
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
+    from aiogc.sim.engine import SimNetwork
     from aiogc.sim.fast import build_schemes, schedule_for
     from aiogc.sim.protocol import simulate_protocol
 
@@ -80,7 +81,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     ctrl = [x["control_s"] for x in rows if x["scheme"] == "original" and x["loop"] == "asyncio"]
     latency = max(0.0, float(np.nanmedian(ctrl)) / 2) if ctrl else 0.0
     cal = simulate_protocol(cfg, schemes, schedule=schedule, gradients="task", built=built,
-                            latency=latency)
+                            network=SimNetwork(latency=latency))
     for x in rows:
         x["latency_calibrated_s"] = latency
         x["sim_calibrated_round_s"] = cal[x["scheme"]][x["round"]].duration_s
@@ -168,7 +169,7 @@ def lat_grid(quick: bool) -> dict[str, Any]:
 
 
 def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
-    from aiogc.coding import make_scheme
+    from aiogc.coding import SchemeChoices, make_scheme
     from aiogc.sim.fast import exact_times
 
     m, delta, C, R = g["m"], g["delta"], g["instances"], g["trials"]
@@ -187,7 +188,8 @@ def _sim_latency_rows(g: dict[str, Any], seed: int) -> list[Row]:
                                         seed=delay_seed(seed, c))
                     for n in LAT_SCHEMES:
                         # times only: B does not matter (see exact-speedup), Gaussian is cheap
-                        s = make_scheme(n, m=m, delta=delta, n_parts=ell, decoding="gaussian",
+                        s = make_scheme(n, m=m, delta=delta, n_parts=ell,
+                                        choices=SchemeChoices(decoding="gaussian"),
                                         rng=code_rng(seed, c))
                         ends[n][c] = exact_times(
                             s, sched, latency=L if model == "symmetric" else 0.0)[1]

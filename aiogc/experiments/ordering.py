@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding import make_scheme, q_max, random_order
+from aiogc.coding import SchemeChoices, make_scheme, q_max, random_order
 from aiogc.experiments._common import (
     Experiment,
     Row,
@@ -69,8 +69,9 @@ def _instance(s: _Samples, c: int, family: str, m: int, delta: int, g: dict[str,
         for o in ORDERINGS:
             # the frame B only where the MSE needs it; times do not depend on B
             sch: Any = make_scheme("partial", m=m, delta=delta, n_parts=ell,
-                                   assignment=family, ordering=o,
-                                   decoding="frame" if ell in MSE_ELLS else "gaussian",
+                                   assignment=family, choices=SchemeChoices(
+                                       ordering=o,
+                                       decoding="frame" if ell in MSE_ELLS else "gaussian"),
                                    rng=code_rng(seed, c))
             A = sch.A if A is None else A
             if not np.array_equal(A, sch.A):  # one assignment per instance, whatever the order

@@ -9,12 +9,13 @@ Communication is free here (see ``bandwidth`` for the same comparison with a cos
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aiogc.coding import make_scheme
+from aiogc.coding import SchemeChoices, make_scheme
 from aiogc.experiments._common import (
     Experiment,
     Row,
@@ -51,10 +52,25 @@ def _m_for(assignment: str, m: int, delta: int) -> int:
     return -(-m // delta) * delta if assignment == "fr" else m
 
 
-def _times(name: str, *, m: int, delta: int, ell: int, assignment: str, seed: int,
-           C: int, R: int, delay: str) -> np.ndarray:
+@dataclass(frozen=True)
+class _Cell:
+    """One cell of the grid: the cluster, the delay model, and C code instances x R trials."""
+
+    m: int
+    delta: int
+    assignment: str
+    delay: str
+    seed: int
+    C: int
+    R: int
+
+
+def _times(name: str, ell: int, cell: _Cell) -> np.ndarray:
     """Exact-mode completion times (C, R) of one scheme over C code instances."""
     from aiogc.sim.fast import exact_times
+
+    m, delta, seed, C, R = cell.m, cell.delta, cell.seed, cell.C, cell.R
+    assignment, delay = cell.assignment, cell.delay
 
     out = np.empty((C, R))
     for c in range(C):
@@ -64,7 +80,7 @@ def _times(name: str, *, m: int, delta: int, ell: int, assignment: str, seed: in
         # times as the frame search at ~1/100 the cost.
         kw: dict[str, Any] = {"k": m - delta + 1} if name == "ignore-stragglers" else {}
         s = make_scheme(name, m=m, delta=delta, n_parts=ell, assignment=assignment,
-                        decoding="gaussian", rng=code_rng(seed, c), **kw)
+                        choices=SchemeChoices(decoding="gaussian"), rng=code_rng(seed, c), **kw)
         out[c] = exact_times(s, sched)[1]
     return out
 
@@ -77,11 +93,11 @@ def compute(quick: bool, seed: int) -> list[Row]:
     for a_i, assignment in enumerate(ASSIGNMENTS):
         m = _m_for(assignment, g["m"], delta)
         for d_i, delay in enumerate(SPEEDUP_DELAYS):
-            kw = {"m": m, "delta": delta, "assignment": assignment, "seed": seed, "C": C,
-                  "R": R, "delay": delay}
-            free = {n: _times(n, ell=1, **kw) for n in BASELINES}
+            cell = _Cell(m=m, delta=delta, assignment=assignment, delay=delay, seed=seed, C=C,
+                         R=R)
+            free = {n: _times(n, 1, cell) for n in BASELINES}
             for ell in range(1, delta):
-                ends = {n: _times(n, ell=ell, **kw) for n in ("partial", "original")}
+                ends = {n: _times(n, ell, cell) for n in ("partial", "original")}
                 ends.update(free)
                 rows += _cell_rows(ends, seed=seed, key=(a_i, d_i, ell),
                                    base={"assignment": assignment, "delay": delay, "m": m,

@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding import cyclic_assignment, decoding_matrix, make_scheme, worst_condition_number
+from aiogc.coding import (
+    SchemeChoices,
+    cyclic_assignment,
+    decoding_matrix,
+    make_scheme,
+    worst_condition_number,
+)
 from aiogc.coding.decoding_matrix import subset_conditions
 from aiogc.experiments._common import (
     Experiment,
@@ -75,7 +81,8 @@ def _error_rows(m: int, g: dict[str, Any], seed: int) -> list[Row]:
         errs: dict[str, list[float]] = {"float64": [], "float32": []}
         amps: list[float] = []
         for c in range(C):
-            s: Any = make_scheme(name, m=m, delta=delta, n_parts=ell, decoding=dec,
+            s: Any = make_scheme(name, m=m, delta=delta, n_parts=ell,
+                                 choices=SchemeChoices(decoding=dec),
                                  rng=code_rng(seed, c))
             sched = materialise("exp:1.0", rounds=R, m=m, max_chunks=delta,
                                 seed=delay_seed(seed, c))

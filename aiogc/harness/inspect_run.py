@@ -19,7 +19,7 @@ from typing import Any
 
 from aiogc.errors import AiogcError
 from aiogc.harness.columns import is_trigger_scheme
-from aiogc.harness.records import load_events, load_run, run_state
+from aiogc.harness.loaders import load_events, load_run, run_state
 from aiogc.protocol.status import describe_end
 
 __all__ = ["NoSuchRound", "inspect_round"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from aiogc.core import (
     AUTH_DEADLINE_S,
     Event,
     ParameterServer,
+    PSOptions,
     RoundRecord,
     ShutdownRequested,
 )
@@ -31,6 +32,7 @@ from aiogc.training.delays import DelaySchedule, materialise
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:
+    from aiogc.harness.options import RunOptions
     from aiogc.harness.records import RunRecorder
 
 
@@ -150,7 +152,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
-    the aggregator's). ``kwargs`` go to the PS.
+    the aggregator's). ``kwargs`` go to the PS (``secret``, ``epoch``,
+    ``options=PSOptions(...)``).
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
@@ -160,7 +163,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         config = config.dilated()
         if schedule is not None:
             schedule = schedule.scaled(k)
-        kwargs.setdefault("auth_deadline_s", AUTH_DEADLINE_S * k)
+        opts = kwargs.get("options") or PSOptions()
+        if opts.auth_deadline_s is None:  # unless the caller chose one
+            kwargs["options"] = replace(opts, auth_deadline_s=AUTH_DEADLINE_S * k)
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
     model = task.initial_model()
@@ -198,19 +203,19 @@ class ExitReason:
         return self.reason != ALL_ROUNDS_DONE
 
 
-def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConfig,
-                   schemes: Sequence[str], schedule: DelaySchedule, *, mode: str,
-                   loop_kind: str, verify: bool,
-                   argv: Sequence[str] | None) -> RunRecorder | None:
-    """The run directory's recorder (None without ``out_dir``), with the manifest and the
-    delay schedule written; sets ``result.out_dir``."""
-    if out_dir is None:
+def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
+                  schedule: DelaySchedule, options: RunOptions, *, mode: str,
+                  loop_kind: str) -> RunRecorder | None:
+    """The run directory's recorder (None without ``options.out_dir``), with the manifest
+    (``options.verify``, ``options.argv``) and the delay schedule written; sets
+    ``result.out_dir``."""
+    if options.out_dir is None:
         return None
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
 
-    out = Path(out_dir)
+    out = Path(options.out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                              verify=verify, argv=argv)
+                              verify=options.verify, argv=options.argv)
     recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out
@@ -220,7 +225,7 @@ def open_recorder(result: RunResult, out_dir: str | Path | None, config: RunConf
 def close_run(result: RunResult, interrupted: Sequence[str],
               recorder: RunRecorder | None) -> None:
     """Fill ``result.summary`` (end reason, wall times, the signal if any) and write it."""
-    from aiogc.harness.records import summarize
+    from aiogc.harness.summary import summarize
 
     result.summary = summarize(result.records, end_reasons=result.end_reasons)
     if recorder is not None:

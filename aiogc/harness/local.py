@@ -30,6 +30,7 @@ from aiogc.core import (
     Event,
     Finished,
     ParameterServer,
+    PSOptions,
     RoundCompleted,
     RoundRecord,
     Worker,
@@ -58,7 +59,8 @@ from aiogc.harness.kit import (
     scheme_config,
 )
 from aiogc.harness.options import RunOptions
-from aiogc.net.drivers import PSServer, WorkerClient, loop_factory, run_on
+from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
+from aiogc.net.loops import loop_factory, run_on
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
 from aiogc.training.delays import DelaySchedule
@@ -145,7 +147,7 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
     worker = Worker(worker_id, worker_key=worker_key)
     why = ExitReason()
     client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why,
-                          progress_events=False)
+                          options=ClientOptions(progress_events=False))
     died: list[bool] = []
     try:
         if parent_alive is None:
@@ -180,8 +182,7 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     cache = WorkerCache()  # and what the workers validate, once per host
     whys = [ExitReason() for _ in worker_ids]
     clients = [WorkerClient(Worker(j, worker_key=k, cache=cache), host, port, setups=setups,
-                            on_event=why,
-                            progress_events=False)
+                            on_event=why, options=ClientOptions(progress_events=False))
                for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
     died: list[bool] = []
 
@@ -341,7 +342,7 @@ async def _run_scheme(
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
-                    spare_wait=options.spare_wait)
+                    options=PSOptions(spare_wait=options.spare_wait))
     scheme = ps.scheme
     finished: list[str] = []
     on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round,
@@ -549,8 +550,8 @@ def run_live(
     result = RunResult(schedule=schedule)
     cpu0 = CpuSnapshot.take()
     lags: list[float] = []
-    recorder = open_recorder(result, out_dir, config, schemes, schedule, mode=mode_label,
-                              loop_kind=loop_kind, verify=options.verify, argv=options.argv)
+    recorder = open_recorder(result, config, schemes, schedule, options, mode=mode_label,
+                             loop_kind=loop_kind)
     interrupted: list[str] = []
     try:
         for name in schemes:

@@ -35,7 +35,7 @@ import numpy as np
 from aiogc.core.common import RoundRecord
 from aiogc.errors import AiogcError
 from aiogc.harness.columns import is_trigger_scheme
-from aiogc.harness.records import load_run, records_from_run
+from aiogc.harness.loaders import load_run, records_from_run
 
 __all__ = ["PlotUnavailable", "plot_run", "plots_available", "representative_round"]
 

@@ -150,6 +150,17 @@ def _jsonable(params: Mapping[str, Any]) -> Any:
     return json.loads(json.dumps(dict(params), default=str))
 
 
+@dataclass(frozen=True)
+class ResumeRule:
+    """Which cells already on disk a resumed sweep skips (see :func:`cell_complete`)."""
+
+    rerun_failed: bool = False
+    rounds: int | None = None
+
+
+DEFAULT_RESUME: Final = ResumeRule()
+
+
 @dataclass
 class SweepResult:
     """What a sweep did: the cells run now, those skipped as complete, the table's path."""
@@ -166,8 +177,7 @@ def run_sweep(
     run_cell: Callable[[Cell, Path], Any],
     schemes: Sequence[str],
     *,
-    rerun_failed: bool = False,
-    rounds: int | None = None,
+    resume: ResumeRule = DEFAULT_RESUME,
     on_cell_done: Callable[[Cell, Path], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SweepResult:
@@ -176,15 +186,17 @@ def run_sweep(
     ``params_of(cell)`` is the cell's full parameter set (recorded in ``cell.json`` and compared
     on resume); ``run_cell(cell, cell_dir)`` runs it (an exception, KeyboardInterrupt included,
     stops the sweep with the cell's ``IN_PROGRESS`` marker left behind, so the next sweep re-runs
-    it). ``on_cell_done`` is called after each cell that ran (tests use it to interrupt a sweep
-    at a known point).
+    it). ``resume`` says which cells already on disk count as complete (:func:`cell_complete`'s
+    ``rerun_failed`` and ``rounds``). ``on_cell_done`` is called after each cell that ran
+    (tests use it to interrupt a sweep at a known point).
     """
     out.mkdir(parents=True, exist_ok=True)
     res = SweepResult()
     for cell in cells:
         d = out / cell.name
         params = params_of(cell)
-        if cell_complete(d, params, schemes, rerun_failed=rerun_failed, rounds=rounds):
+        if cell_complete(d, params, schemes, rerun_failed=resume.rerun_failed,
+                         rounds=resume.rounds):
             res.skipped.append(cell.name)
             if log:
                 log(f"sweep: {cell.name}: complete, skipped")

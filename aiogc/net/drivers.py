@@ -25,7 +25,8 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -45,6 +46,10 @@ from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
+from aiogc.net.loops import _clock, _Timer
+
+# re-exported: harness/ray_backend.py imports loop_factory from here
+from aiogc.net.loops import loop_factory as loop_factory
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import (
     DEFAULT_LIMITS,
@@ -102,103 +107,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def loop_factory(kind: str = "uvloop") -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """``(kind actually used, factory)`` for ``asyncio.Runner(loop_factory=...)``.
-
-    No global event-loop policy is touched, so library users and test runners keep theirs.
-    """
-    if kind not in ("uvloop", "asyncio"):
-        raise ConfigError("loop", kind, "uvloop or asyncio")
-    if kind == "uvloop":
-        try:
-            import uvloop
-
-            return "uvloop", uvloop.new_event_loop
-        except ImportError:  # pragma: no cover - platform without uvloop
-            log.warning("uvloop not installed; using the default asyncio loop")
-    return "asyncio", asyncio.new_event_loop
-
-
-def run_on(kind: str, coro: Any) -> Any:
-    """Run ``coro`` to completion on a fresh loop of ``kind`` (uvloop or asyncio)."""
-    _, factory = loop_factory(kind)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
-
-
-def _clock() -> float:
-    """The drivers' ``now``: time.monotonic(), not loop.time() — uvloop's loop clock has
-    millisecond resolution, too coarse for round times of a few ms."""
-    return time.monotonic()
-
-
-def _loop_offset(loop: asyncio.AbstractEventLoop) -> float:
-    """``loop.time() - _clock()`` as a fixed offset between the two time lines.
-
-    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :func:`_clock`'s line:
-    the offset is 0. It is *not* measured as ``loop.time() - _clock()`` on every call: uvloop's
-    ``time()`` is the millisecond clock cached at the start of the loop iteration, so a timer
-    set at ``loop.time() + delay`` late in a busy iteration fired early by however long the
-    iteration had run (a third of the workers' wake-ups at m=64 came before their deadline
-    and did nothing). Another loop clock (a test's fake loop) gets its measured offset.
-    """
-    off = loop.time() - _clock()
-    return 0.0 if abs(off) < 1.0 else off
-
-
-class _Timer:
-    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
-
-    Re-arming is lazy: the cores move their deadline after almost every pump, mostly *later*
-    (a worker's next chunk, a round's timeout). Only a deadline earlier than the one the loop
-    handle is set for needs a new handle; a later (or no) deadline is just remembered, and an
-    early wake-up re-arms itself for it without calling ``fire``. So a pump costs one
-    comparison, not a cancel and a ``call_at``.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
-        self._loop = loop
-        self._fire = fire
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
-        self._when: float | None = None  # the deadline the owner wants
-
-    def arm(self, when: float | None) -> None:
-        self._when = when
-        if when is not None and when < self._armed:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._set(when)
-
-    def _set(self, when: float) -> None:
-        self._armed = when
-        loop = self._loop
-        # a deadline already past: at once (the loop's next iteration)
-        self._handle = loop.call_at(max(when, _clock()) + _loop_offset(loop), self._on_fire)
-
-    def _on_fire(self) -> None:
-        self._handle = None
-        self._armed = _INF
-        when = self._when
-        if when is None:
-            return  # the deadline was withdrawn after this handle was set
-        # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
-        # rounds delays to whole milliseconds): sleep on. Never ask the core before its
-        # deadline: it would only answer with the same deadline again
-        if when > _clock():
-            self._set(when)
-            return
-        self._when = None
-        self._fire()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = None
-        self._armed = _INF
-        self._when = None
 
 
 class PSServer:
@@ -457,6 +365,37 @@ class PSServer:
             self._timer.arm(when)
 
 
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a :class:`WorkerClient` reconnects, and its test hooks.
+
+    Parameters
+    ----------
+    backoff_s : (float, float)
+        Base and cap of the exponential, fully jittered reconnect backoff (seconds).
+    connect_timeout_s : float
+        Give up one connection attempt after this long.
+    progress_events : bool, optional
+        Sets ``worker.progress_events`` (per-chunk telemetry events); default: on iff the client
+        has an ``on_event`` sink.
+    rng : object with ``random()``, optional
+        Jitter of the reconnect backoff (:class:`~aiogc.core.common.Backoff`); default a
+        ``random.Random`` seeded from the OS. Tests pass a seeded one.
+    sleep : coroutine function, optional
+        ``await sleep(seconds)`` between reconnects (default ``asyncio.sleep``); tests record
+        the delays through it.
+    """
+
+    backoff_s: tuple[float, float] = (0.05, 2.0)
+    connect_timeout_s: float = 5.0
+    progress_events: bool | None = None
+    rng: Any = None
+    sleep: Callable[[float], Any] | None = None
+
+
+DEFAULT_CLIENT_OPTIONS: Final = ClientOptions()
+
+
 class WorkerClient:
     """Run one :class:`Worker` against a PS: connect, reconnect with backoff, stop on shutdown.
 
@@ -471,19 +410,14 @@ class WorkerClient:
     policy : TaskPolicy, optional
         What this worker may build (used when ``setups`` is None): built-in tasks only by
         default; no code is ever taken from the wire.
-    progress_events : bool, optional
-        Sets ``worker.progress_events`` (per-chunk telemetry events); default: on iff
-        ``on_event`` is given.
-    rng : object with ``random()``, optional
-        Jitter of the reconnect backoff (:class:`~aiogc.core.common.Backoff`); default a
-        ``random.Random`` seeded from the OS. Tests pass a seeded one.
-    sleep : coroutine function, optional
-        ``await sleep(seconds)`` between reconnects (default ``asyncio.sleep``); tests record
-        the delays through it.
+    options : ClientOptions, optional
+        Reconnect backoff, connect timeout, per-chunk telemetry, and the test hooks (rng,
+        sleep); the defaults suit a real run.
 
-    Reconnects back off exponentially with full jitter from ``backoff_s[0]`` up to
-    ``backoff_s[1]``; the backoff resets only after a connection on which a round ended (a PS
-    that welcomes and then keeps failing the worker no longer gets ~13 reconnects a second).
+    Reconnects back off exponentially with full jitter from ``options.backoff_s[0]`` up to
+    ``options.backoff_s[1]``; the backoff resets only after a connection on which a round
+    ended (a PS that welcomes and then keeps failing the worker no longer gets ~13 reconnects a
+    second).
     ``give_up_after_s`` counts from the last *authenticated* connection: a port squatter that
     accepts and answers with forged frames cannot keep the worker alive forever, nor end it
     early (pre-handshake ``error``/``shutdown`` frames only close the connection).
@@ -496,14 +430,10 @@ class WorkerClient:
         port: int,
         *,
         on_event: EventSink | None = None,
-        backoff_s: tuple[float, float] = (0.05, 2.0),
         give_up_after_s: float = 30.0,
-        connect_timeout_s: float = 5.0,
         setups: SetupCache | None = None,
         policy: TaskPolicy | None = None,
-        progress_events: bool | None = None,
-        rng: Any = None,
-        sleep: Callable[[float], Any] | None = None,
+        options: ClientOptions = DEFAULT_CLIENT_OPTIONS,
     ) -> None:
         if not is_loopback(host) and worker.key is None:
             raise ConfigError("secret", None,
@@ -512,17 +442,19 @@ class WorkerClient:
         self.host = host
         self.port = port
         self._on_event = on_event
-        self._backoff = backoff_s
+        backoff_s = self._backoff = options.backoff_s
+        rng = options.rng
         if rng is None:
             import random
 
             rng = random.Random(secrets.randbits(64))
         self.backoff = Backoff(backoff_s[0], backoff_s[1], rng)
-        self._sleep = sleep if sleep is not None else asyncio.sleep
+        self._sleep = options.sleep if options.sleep is not None else asyncio.sleep
         #: every reconnect delay taken, in order (seconds)
         self.delays: list[float] = []
         self._give_up = give_up_after_s
-        self._connect_timeout = connect_timeout_s
+        self._connect_timeout = options.connect_timeout_s
+        progress_events = options.progress_events
         self.setups = setups if setups is not None else SetupCache(policy)
         if worker.nonce_fn is None:
             worker.nonce_fn = _nonce16

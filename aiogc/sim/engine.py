@@ -19,7 +19,8 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from aiogc.core import (
     PS_PEER,
@@ -55,6 +56,19 @@ def _counter_nonces(salt: int) -> Callable[[], bytes]:
     return lambda: (salt * 1_000_003 + next(counter)).to_bytes(16, "big")
 
 
+@dataclass(frozen=True)
+class SimNetwork:
+    """How frames travel in a :class:`Simulation` (see its parameters ``latency``,
+    ``bandwidth_Bps`` and ``ingress``); the default delivers every frame at once."""
+
+    latency: float | LatencyFn = 0.0
+    bandwidth_Bps: float | None = None
+    ingress: Ingress | None = None
+
+
+NO_NETWORK_DELAY: Final = SimNetwork()
+
+
 class Simulation:
     """One PS and m workers wired back to back on a virtual clock.
 
@@ -63,6 +77,8 @@ class Simulation:
     ps : ParameterServer
     workers : list of Worker
         ``workers[j].worker_id == j``.
+    network : SimNetwork, optional
+        How frames travel (default: instantly); its fields:
     latency : float or callable
         One-way delay of each frame; a callable gets ``(worker, direction, msg)`` with
         direction ``"up"`` (worker -> PS) or ``"down"``.
@@ -85,13 +101,11 @@ class Simulation:
         ps: ParameterServer,
         workers: list[Worker],
         *,
-        latency: float | LatencyFn = 0.0,
-        bandwidth_Bps: float | None = None,
+        network: SimNetwork = NO_NETWORK_DELAY,
         start_time: float = 0.0,
         reconnect: bool = True,
         setups: SetupCache | None = None,
         progress_events: bool = False,
-        ingress: Ingress | None = None,
     ) -> None:
         if ps.aggregator is None:
             raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
@@ -108,9 +122,9 @@ class Simulation:
             if w.nonce_fn is None:
                 w.nonce_fn = _counter_nonces(w.worker_id)
         self.now = start_time
-        self._latency = latency
-        self._bandwidth = bandwidth_Bps
-        self._ingress = ingress
+        self._latency = network.latency
+        self._bandwidth = network.bandwidth_Bps
+        self._ingress = network.ingress
         self._ingress_free = start_time
         self._reconnect = reconnect
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []

@@ -27,11 +27,11 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.coding.registry import scheme_spec
 from aiogc.config import RunConfig, scheme_digest
-from aiogc.core import ParameterServer, RoundRecord, Setup, Worker, WorkerCache
+from aiogc.core import ParameterServer, PSOptions, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.comm import CommModel, engine_ingress, engine_latency
-from aiogc.sim.engine import Simulation
+from aiogc.sim.engine import NO_NETWORK_DELAY, SimNetwork, Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.schedule import DelaySchedule
@@ -112,7 +112,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
     agg = Aggregator(cfg, scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
                      verify_fn=verify_fn)
     ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
-                         nonce_fn=_nonces(1000))
+                         options=PSOptions(nonce_fn=_nonces(1000)))
     agg_box.append(agg)
     cache = WorkerCache()  # what the m workers of this simulation share
     workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
@@ -121,11 +121,11 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         box: list[Simulation] = []
         shared = comm.ps_Bps is not None
         lat = engine_latency(comm, latency, lambda: box[0].now, ingress=shared)
-        sim = Simulation(ps, workers, latency=lat, bandwidth_Bps=bandwidth_Bps,
-                         ingress=engine_ingress(comm, latency) if shared else None)
+        sim = Simulation(ps, workers, network=SimNetwork(
+            lat, bandwidth_Bps, engine_ingress(comm, latency) if shared else None))
         box.append(sim)
     else:
-        sim = Simulation(ps, workers, latency=latency, bandwidth_Bps=bandwidth_Bps)
+        sim = Simulation(ps, workers, network=SimNetwork(latency, bandwidth_Bps))
     sim.run()
     return list(ps.records)
 
@@ -135,8 +135,7 @@ def simulate_protocol(
     schemes: Sequence[str],
     *,
     schedule: DelaySchedule | None = None,
-    latency: float = 0.0,
-    bandwidth_Bps: float | None = None,
+    network: SimNetwork = NO_NETWORK_DELAY,
     gradients: str = "task",
     dim: int = 120,
     built: dict[str, Scheme] | None = None,
@@ -153,10 +152,10 @@ def simulate_protocol(
     schedule : DelaySchedule, optional
         Shared by every scheme; default drawn from ``config`` (``delay``, ``latency``, ``seed``)
         with ``config.rounds`` rounds.
-    latency : float
-        One-way latency of every frame in the engine (seconds).
-    bandwidth_Bps : float, optional
-        Adds array bytes / bandwidth to array-carrying frames.
+    network : SimNetwork, optional
+        ``latency``: one-way latency of every frame in the engine (seconds, a float here);
+        ``bandwidth_Bps``: adds array bytes / bandwidth to array-carrying frames. Its
+        ``ingress`` must be None (``comm`` provides the shared PS ingress).
     gradients : {"task", "gaussian"}
     dim : int
         Gradient length for ``gradients="gaussian"``.
@@ -183,6 +182,10 @@ def simulate_protocol(
             raise ConfigError("schemes", name, "schemes the protocol core can run: "
                               f"{name} streams one frame per chunk, which the core has no "
                               "message for (use the fast engine)")
+    if callable(network.latency) or network.ingress is not None:
+        raise ConfigError("network", network, "a float latency and no ingress (comm= models "
+                          "the links and the PS ingress)")
+    latency = float(network.latency)
     if schedule is None:
         schedule = schedule_for(config, sch)
     if schedule.rounds < config.rounds:
@@ -190,8 +193,8 @@ def simulate_protocol(
     out: dict[str, list[RoundRecord]] = {}
     for name in schemes:
         cfg = simulation_config(config.for_scheme(name))
-        out[name] = _run_one(cfg, sch[name], schedule, latency=float(latency),
-                             bandwidth_Bps=bandwidth_Bps, gradients=gradients, dim=dim,
+        out[name] = _run_one(cfg, sch[name], schedule, latency=latency,
+                             bandwidth_Bps=network.bandwidth_Bps, gradients=gradients, dim=dim,
                              comm=comm)
     return out
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from aiogc.coding.base import Scheme
 from aiogc.coding.consistency import (
+    DecodedStep,
     NormGuard,
     RoundGuard,
     Verdict,
@@ -152,8 +153,8 @@ class Aggregator:
             return self._reject(item, estimate)
         bad, new = self.guard.check(
             scheme=self.scheme, coded=item.rows, received=np.flatnonzero(item.state > 0),
-            dim=item.dim, gradient=grad, model=w_prev, learning_rate=self.learning_rate,
-            exact=rec.status == "exact", rel_error=rec.rel_error)
+            dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error),
+            model=w_prev, learning_rate=self.learning_rate)
         if bad is not None:
             return self._reject(item, bad)
         assert new is not None

@@ -1,0 +1,330 @@
+"""``aiogc ps`` and ``aiogc worker``: the parameter server and the workers of a run across
+machines (each in its own process)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiogc.cli.args import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    _check_local_task_files,
+    _live_only,
+    _port,
+    _signal_exit,
+    _spare_wait,
+    _writable_dir,
+    add_config_args,
+    config_from_args,
+    log,
+    read_secret,
+)
+from aiogc.coding.registry import scheme_names
+from aiogc.config import MAX_WORKERS
+from aiogc.errors import ConfigError
+
+# ------------------------------------------------------------------ ps / worker
+
+
+def add_ps_parser(sub: Any) -> None:
+    p = sub.add_parser("ps", help="run a parameter server for remote workers",
+                       description="Serve one scheme to m workers started with `aiogc worker`.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address; a non-loopback address requires a secret")
+    p.add_argument("--port", type=_port, default=7733,
+                   help="TCP port in [0, 65535] (0 = any free port)")
+    p.add_argument("--scheme", default="partial",
+                   help=" | ".join(scheme_names()))
+    add_config_args(p)
+    p.add_argument("--out", default=None, help="directory for summary.json and records")
+    p.add_argument("--spare-wait", type=_spare_wait, default=0.0, metavar="F",
+                   help="after the vectors decode, wait up to F x the round's elapsed time for "
+                        "one spare vector so the original scheme's redundancy check can "
+                        "catch a liar (0: off, the paper's protocol; costs ~+22%% round time "
+                        "at F=0.5 on the virtual clock)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="compute the uncoded gradient too: record each round's decode error "
+                        "and refuse to apply a gradient that does not match it (default on)")
+    p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
+    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
+    p.add_argument("--epoch", type=int, default=None,
+                   help="PS epoch (default: derived from the clock, so a restart is new)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="one progress line on stderr (default: when stderr is a terminal; "
+                        "-v logs every round instead)")
+    p.set_defaults(func=cmd_ps)
+
+
+def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
+                      ended: list[str], progress: Any = None) -> Callable[[Any], None]:
+    """``aiogc ps``'s event callback: advances the progress line (if ``progress``), logs
+    each round (INFO: ``-v``), records it (if ``recorder``), and appends the PS's end reason
+    to ``ended``."""
+    import time
+
+    from aiogc.core import Finished, RoundCompleted
+    from aiogc.protocol.status import describe_end
+
+    loads = tuple(int(x) for x in scheme.loads)
+    trigger = not scheme.sends_when_done
+
+    def on_event(ev: Any) -> None:
+        if isinstance(ev, RoundCompleted):
+            r = ev.record
+            if log.isEnabledFor(logging.INFO):
+                why = (f" ({describe_end(r.end_reason, r.end_detail)})"
+                       if r.status == "failed" and r.end_reason else "")
+                log.info("round %d: %s%s in %.4f s", r.round, r.status, why, r.duration_s)
+            if progress is not None:
+                progress.update()
+            if recorder is not None:
+                recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
+        elif isinstance(ev, Finished):
+            ended.append(ev.reason)
+            if recorder is not None:
+                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                                   scheme=scheme_name, reason=ev.reason,
+                                   rounds=ev.rounds_completed)
+
+    return on_event
+
+
+def _ps_summary(scheme_name: str, records: Any, ended: list[str],
+                stopped: list[str]) -> dict[str, Any]:
+    """``aiogc ps``'s summary with the end reason (the PS's, or the signal that stopped it)."""
+    from aiogc.harness.kit import ALL_ROUNDS_DONE, run_end_reason
+    from aiogc.harness.summary import summarize
+
+    ps_reason = (ended[0] if ended else
+                 f"stopped by {stopped[0]}" if stopped else "PS ended without a reason")
+    summary = summarize({scheme_name: records}, end_reasons={scheme_name: ps_reason})
+    end_reason = ps_reason
+    if ps_reason == ALL_ROUNDS_DONE:
+        end_reason = run_end_reason({scheme_name: ps_reason}, (), summary)
+    summary["end_reason"] = end_reason
+    summary["interrupted_by"] = stopped[0] if stopped else None
+    if stopped:
+        summary["ok"] = False  # ok only when every round completed as configured
+    summary["in_progress"] = False
+    return summary
+
+
+def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    import time
+
+    from aiogc.core import PSOptions
+    from aiogc.harness.kit import (
+        Progress,
+        build_manifest,
+        dump_json,
+        format_summary,
+        make_ps,
+        materialise_for,
+        run_complete,
+    )
+    from aiogc.harness.local import _started
+    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
+    from aiogc.net.drivers import PSServer
+    from aiogc.net.loops import run_on
+
+    _live_only([a.scheme])
+    config = config_from_args(a, a.scheme)
+    secret = read_secret(a.secret_file)
+    if a.out:
+        _writable_dir("out", a.out)
+    schedule = materialise_for(config, [a.scheme])
+    epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
+    ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
+                    options=PSOptions(spare_wait=a.spare_wait))
+    scheme = ps.scheme
+    recorder = None
+    if a.out:
+        recorder = RunRecorder(a.out, build_manifest(config, [a.scheme], schedule,
+                                                     mode="remote", loop=a.loop,
+                                                     verify=a.verify, argv=argv),
+                               flush_every_s=FLUSH_EVERY_S)
+        recorder.write_schedule(schedule)
+    ended: list[str] = []
+    stopped: list[str] = []
+    show = sys.stderr.isatty() if a.progress is None else a.progress
+    bar = Progress(config.rounds, a.scheme,
+                   enabled=show and not a.quiet and not log.isEnabledFor(logging.INFO))
+    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended, bar)
+    server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task_ = asyncio.create_task(server.serve())
+
+        def on_signal(name: str) -> None:
+            stopped.append(name)
+            if server.started.is_set():
+                server.stop(f"signal {name}")  # tells the workers, then serve() returns
+            else:
+                task_.cancel()  # not listening yet: nothing to tell anyone
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        try:
+            await _started(server, task_)
+        except OSError as exc:
+            raise ConfigError("port", a.port, f"a port this host can listen on at {a.host} "
+                              f"({exc.strerror or exc})") from None
+        print(f"aiogc ps listening on {a.host}:{server.port} (epoch {epoch})", file=sys.stderr,
+              flush=True)
+        await task_
+
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            run_on(a.loop, main())
+    finally:
+        bar.close()
+        summary = _ps_summary(a.scheme, ps.records, ended, stopped)
+        end_reason = summary["end_reason"]
+        if recorder is not None:
+            recorder.close(summary)
+        elif a.out:
+            (Path(a.out) / "summary.json").write_text(dump_json(summary))
+    print(format_summary(summary))
+    print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
+    if stopped:
+        print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
+        return _signal_exit(stopped[0])
+    return EXIT_OK if run_complete(summary, config.rounds, mode=config.mode) else EXIT_INCOMPLETE
+
+
+def add_worker_parser(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run one worker (or a block of them) against a PS",
+                       description="Connect to `aiogc ps`, reconnecting with backoff. A range "
+                                   "of ids runs those workers as coroutines on one loop.")
+    p.add_argument("--connect", required=True, help="HOST:PORT of the PS")
+    p.add_argument("--id", required=True,
+                   help="worker id j in [0, m), or a range A-B (inclusive) of ids to run as "
+                        "coroutines in this process (needs the master secret)")
+    p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
+    p.add_argument("--worker-key-file", default=None,
+                   help="this worker's own key k_j (hex) instead of the master secret")
+    p.add_argument("--task", default=None,
+                   help="a task this worker may build (plug-ins and data files are never "
+                        "taken from the PS otherwise)")
+    p.add_argument("--data-dir", action="append", default=None,
+                   help="directory whose data files a logreg:PATH task may name (repeatable)")
+    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
+    p.add_argument("--give-up-after", type=float, default=30.0,
+                   help="seconds without reaching the PS before exiting with an error")
+    p.set_defaults(func=cmd_worker)
+
+
+def parse_worker_ids(text: str) -> list[int]:
+    """``"j"`` or ``"a-b"`` (inclusive) as a list of worker ids, each in [0, MAX_WORKERS)."""
+    allowed = (f"an id J or a range A-B with 0 <= A <= B <= {MAX_WORKERS - 1} (a PS has at "
+               f"most {MAX_WORKERS} workers)")
+    text = str(text).strip()
+    shown: object = int(text) if text.isdigit() else text  # id=65536, id='3-x'
+    lo, sep, hi = text.partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise ConfigError("id", shown, allowed)
+    a, b = int(lo), int(hi) if sep else int(lo)
+    if not 0 <= a <= b < MAX_WORKERS:
+        raise ConfigError("id", shown, allowed)
+    return list(range(a, b + 1))
+
+
+def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
+    """One :class:`~aiogc.core.Worker` per id, keyed by --worker-key-file or the secret."""
+    from aiogc.core import Worker, WorkerCache
+
+    if a.worker_key_file is None:
+        secret = read_secret(a.secret_file)
+        if len(ids) > 1 and secret is None:
+            raise ConfigError("id", a.id, "a single id unless --secret-file or AIOGC_SECRET "
+                                          "gives the master secret (each worker's key is "
+                                          "derived from it)")
+        cache = WorkerCache()  # the workers of this process share what they validate
+        return [Worker(j, secret=secret, cache=cache) for j in ids]
+    if len(ids) > 1:
+        raise ConfigError("worker-key-file", a.worker_key_file,
+                          "one worker's key: use --secret-file for a range of ids")
+    try:  # hex of k_j = aiogc.core.derive_worker_key(S, j): 64 hex digits
+        key = bytes.fromhex(Path(a.worker_key_file).read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("worker-key-file", a.worker_key_file,
+                          f"a readable file with 64 hex digits ({exc})") from None
+    if len(key) != 32:
+        raise ConfigError("worker-key-file", a.worker_key_file, "64 hex digits")
+    return [Worker(ids[0], worker_key=key)]
+
+
+def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    from aiogc.harness.kit import ExitReason
+    from aiogc.net.drivers import ClientOptions, WorkerClient
+    from aiogc.net.loops import run_on
+
+    host, _, port = a.connect.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError("connect", a.connect, "HOST:PORT with a port in [1, 65535]")
+    ids = parse_worker_ids(a.id)
+    if not a.give_up_after > 0:
+        raise ConfigError("give-up-after", a.give_up_after, "a number of seconds > 0")
+    from aiogc.training.setup import SetupCache, TaskPolicy
+
+    _check_local_task_files(a.task, a.data_dir or ())
+    # no code from the wire: only built-in tasks, this worker's own --task, or data files
+    # inside its own --data-dir directories (docs/protocol.md §4.5)
+    policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
+    setups = SetupCache(policy)  # one scheme and task for every worker of this process
+    whys = [ExitReason() for _ in ids]
+    clients = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
+                            setups=setups, on_event=why,
+                            options=ClientOptions(progress_events=False))
+               for w, why in zip(_worker_cores(a, ids), whys, strict=True)]
+    stopped: list[str] = []
+
+    async def main() -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+
+        def on_signal(name: str) -> None:
+            stopped.append(name)
+            for t in tasks:
+                t.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = run_on(a.loop, main())
+    if stopped:
+        print(f"aiogc worker {a.id}: exiting: stopped by {stopped[0]}", file=sys.stderr)
+        return _signal_exit(stopped[0])
+    return _worker_exit(ids, results, whys)
+
+
+def _worker_exit(ids: list[int], results: list[BaseException | None], whys: list[Any]) -> int:
+    """Say on stderr why each worker ended; the exit code of the worst."""
+    code = EXIT_OK
+    for j, res, why in zip(ids, results, whys, strict=True):
+        me = f"aiogc worker {j}"
+        if isinstance(res, ConnectionError):
+            print(f"{me}: exiting: {res}", file=sys.stderr)
+            code = EXIT_UNREACHABLE
+        elif isinstance(res, BaseException):
+            print(f"{me}: exiting: {type(res).__name__}: {res}", file=sys.stderr)
+            code = EXIT_INCOMPLETE if code == EXIT_OK else code
+        else:
+            print(f"{me}: exiting: {why.describe()}", file=sys.stderr)
+            if why.early and code == EXIT_OK:
+                code = EXIT_INCOMPLETE
+    return code
+
+
+# ------------------------------------------------------------------ plot / inspect

@@ -1,0 +1,114 @@
+"""The event loops the drivers run on and their clock: :func:`loop_factory` / :func:`run_on`
+(uvloop or asyncio, no global policy touched), the drivers' ``now`` (:func:`_clock`,
+``time.monotonic``) and :class:`_Timer`, the one lazily re-armed loop timer per core that
+:mod:`aiogc.net.drivers` drives ``next_deadline()`` with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiogc.errors import ConfigError
+
+log = logging.getLogger("aiogc.net")
+_INF = float("inf")
+
+def loop_factory(kind: str = "uvloop") -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """``(kind actually used, factory)`` for ``asyncio.Runner(loop_factory=...)``.
+
+    No global event-loop policy is touched, so library users and test runners keep theirs.
+    """
+    if kind not in ("uvloop", "asyncio"):
+        raise ConfigError("loop", kind, "uvloop or asyncio")
+    if kind == "uvloop":
+        try:
+            import uvloop
+
+            return "uvloop", uvloop.new_event_loop
+        except ImportError:  # pragma: no cover - platform without uvloop
+            log.warning("uvloop not installed; using the default asyncio loop")
+    return "asyncio", asyncio.new_event_loop
+
+
+def run_on(kind: str, coro: Any) -> Any:
+    """Run ``coro`` to completion on a fresh loop of ``kind`` (uvloop or asyncio)."""
+    _, factory = loop_factory(kind)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def _clock() -> float:
+    """The drivers' ``now``: time.monotonic(), not loop.time() — uvloop's loop clock has
+    millisecond resolution, too coarse for round times of a few ms."""
+    return time.monotonic()
+
+
+def _loop_offset(loop: asyncio.AbstractEventLoop) -> float:
+    """``loop.time() - _clock()`` as a fixed offset between the two time lines.
+
+    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :func:`_clock`'s line:
+    the offset is 0. It is *not* measured as ``loop.time() - _clock()`` on every call: uvloop's
+    ``time()`` is the millisecond clock cached at the start of the loop iteration, so a timer
+    set at ``loop.time() + delay`` late in a busy iteration fired early by however long the
+    iteration had run (a third of the workers' wake-ups at m=64 came before their deadline
+    and did nothing). Another loop clock (a test's fake loop) gets its measured offset.
+    """
+    off = loop.time() - _clock()
+    return 0.0 if abs(off) < 1.0 else off
+
+
+class _Timer:
+    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
+
+    Re-arming is lazy: the cores move their deadline after almost every pump, mostly *later*
+    (a worker's next chunk, a round's timeout). Only a deadline earlier than the one the loop
+    handle is set for needs a new handle; a later (or no) deadline is just remembered, and an
+    early wake-up re-arms itself for it without calling ``fire``. So a pump costs one
+    comparison, not a cancel and a ``call_at``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
+        self._loop = loop
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
+        self._when: float | None = None  # the deadline the owner wants
+
+    def arm(self, when: float | None) -> None:
+        self._when = when
+        if when is not None and when < self._armed:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._set(when)
+
+    def _set(self, when: float) -> None:
+        self._armed = when
+        loop = self._loop
+        # a deadline already past: at once (the loop's next iteration)
+        self._handle = loop.call_at(max(when, _clock()) + _loop_offset(loop), self._on_fire)
+
+    def _on_fire(self) -> None:
+        self._handle = None
+        self._armed = _INF
+        when = self._when
+        if when is None:
+            return  # the deadline was withdrawn after this handle was set
+        # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
+        # rounds delays to whole milliseconds): sleep on. Never ask the core before its
+        # deadline: it would only answer with the same deadline again
+        if when > _clock():
+            self._set(when)
+            return
+        self._when = None
+        self._fire()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None
+        self._armed = _INF
+        self._when = None
