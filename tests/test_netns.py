@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,3 +321,199 @@ def test_ray_backend_on_a_three_node_cluster_of_namespace_hosts(hosts: Hosts,
                      plots=False, loop="asyncio"))
     assert local.summary["schemes"]["partial"]["rounds_failed"] == 0
     assert decision_rows(out) == decision_rows(tmp_path / "local")  # bit for bit
+
+
+# ------------------------------------------------------------------ a worker node dies mid-run
+
+#: Ray's GCS declares a node dead after this many missed health checks this far apart (the
+#: defaults, 5 x 3 s, only make the test slower: a killed node refuses connections at once).
+RAY_FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
+                   "RAY_health_check_timeout_ms": "1000"}
+#: The node-loss runs: m=4 workers with delta=3, so that the 2 workers a killed node may hold
+#: are a tolerated loss (with delta=2 losing both ends the round in flight as WORKERS_GONE),
+#: and enough rounds of CHUNK_S per chunk that the run outlasts the node's recovery (measured:
+#: the lost workers were back ~4 s after the kill, ~20 s under two CPU hogs beside the test on
+#: 2 cores, while 300 rounds last ~50 s, ~100 s under the hogs).
+NODE_M, NODE_DELTA, CHUNK_S = 4, 3, 0.15
+#: The node is killed once this many rounds are on disk.
+KILL_AFTER = 3
+
+
+def _need_ray() -> str:
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
+            pytest.fail("AIOGC_REQUIRE_RAY=1 but ray is not installed")
+        pytest.skip("the ray extra is not installed (pip install -e '.[ray]')")
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def _rounds_on_disk(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with path.open() as fh:
+        return sum(1 for _ in csv.DictReader(fh))
+
+
+def _wait_rounds(path: Path, n: int, driver: subprocess.Popen[str]) -> None:
+    """Poll ``rounds.csv`` until ``n`` rounds are written (the driver flushes each round)."""
+    deadline = time.monotonic() + GUARD_S
+    while _rounds_on_disk(path) < n:
+        assert driver.poll() is None, f"the run ended (rc {driver.returncode}) before round {n}"
+        assert time.monotonic() < deadline, f"round {n} not recorded within {GUARD_S} s"
+        time.sleep(0.1)  # a poll interval, not a synchronisation: the loop re-checks the file
+
+
+@dataclass
+class RayCluster:
+    """`ray start --block` nodes in the test's namespaces."""
+
+    hosts: Hosts
+    ray_bin: str
+    env: dict[str, str]
+    temp: str
+    cpus: dict[str, int]
+    nodes: dict[str, subprocess.Popen[bytes]]
+
+    def start(self, host: str) -> None:
+        join = (["--head", "--port", "6379", "--include-dashboard", "false",
+                 "--temp-dir", self.temp] if host == "ps" else ["--address", f"{PS_ADDR}:6379"])
+        self.nodes[host] = _start_ray_node(
+            self.hosts, host, [self.ray_bin, "start", *join, "--node-ip-address", HOSTS[host],
+                               "--num-cpus", str(self.cpus[host]), "--block"], self.env)
+
+    def kill(self, host: str) -> None:
+        """SIGKILL every process in ``host``'s namespace: the node dies with its actors."""
+        pids = _ns_pids([self.hosts.ns[host]])
+        assert pids, host
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_pids_exit(pids, timeout_s=GUARD_S / 2)
+        self.nodes.pop(host).wait(timeout=GUARD_S)
+
+    def stop(self) -> None:
+        for proc in self.nodes.values():  # `ray start --block` stops its node on SIGTERM
+            proc.terminate()
+        for proc in self.nodes.values():
+            try:
+                proc.wait(timeout=GUARD_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=GUARD_S)
+        wait_pids_exit(self.hosts.pids(), timeout_s=GUARD_S / 2)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _ray_cluster(hosts: Hosts, cpus: dict[str, int]) -> Iterator[RayCluster]:
+    ray_bin = _need_ray()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "PYTHONUNBUFFERED": "1", **RAY_FAST_HEALTH}
+    env.pop("RAY_ADDRESS", None)
+    cluster = RayCluster(hosts, ray_bin, env, tempfile.mkdtemp(prefix="aiogcr"), cpus, {})
+    try:
+        for host in HOSTS:
+            cluster.start(host)
+        yield cluster
+    finally:
+        cluster.stop()
+    left = hosts.pids()
+    assert not left, f"processes left in the namespaces: {sorted(left)}"
+
+
+def _node_loss_run(cluster: RayCluster, out: Path, rounds: int, *,
+                   allow_shrink: bool) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`aiogc run --backend ray` from "ps"; once round KILL_AFTER is on disk, kill the worker
+    node that does not hold the PS (w2 unless Ray put the PS there). Returns the finished
+    driver and the killed host."""
+    cmd = [*cluster.hosts.exec_prefix("ps"), sys.executable, "-m", "aiogc", "run",
+           "--backend", "ray", "--address", f"{PS_ADDR}:6379", "--workers", str(NODE_M),
+           "--delta", str(NODE_DELTA), "--rounds", str(rounds), "--schemes", "partial",
+           "--seed", "3", "--delay", f"const:{CHUNK_S}", "--task", "linreg:samples=120,dim=6",
+           "--round-timeout", str(GUARD_S), "--join-timeout", str(GUARD_S), "--out", str(out),
+           "--no-plots", "--no-progress", *(["--allow-shrink"] if allow_shrink else [])]
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=cluster.env)
+    try:
+        assert driver.stderr is not None and driver.stdout is not None
+        err = StreamWatcher(driver.stderr)
+        out_text = StreamWatcher(driver.stdout)
+        assert err.wait_for("PS listening on", GUARD_S), err.text[-3000:]
+        match = re.search(r"PS listening on [\d.]+:\d+ \(node ([\d.]+)\)", err.text)
+        assert match, err.text[-3000:]
+        victim = "w1" if match.group(1) == HOSTS["w2"] else "w2"
+        _wait_rounds(out / "rounds.csv", KILL_AFTER, driver)
+        cluster.kill(victim)
+        driver.wait(timeout=GUARD_S * 3)
+        err.wait_eof(GUARD_S)
+        out_text.wait_eof(GUARD_S)
+        return subprocess.CompletedProcess(cmd, driver.returncode, out_text.text, err.text), victim
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=GUARD_S)
+
+
+def _placements(out: Path) -> list[dict[str, str]]:
+    with (out / "nodes.csv").open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_killed_worker_node_workers_come_back(hosts: Hosts, tmp_path: Path) -> None:
+    """A Ray head in "ps" with 4 CPUs, worker nodes in "w1" and "w2" with 2 CPUs each (5
+    actors of 1 CPU, spread). Once round KILL_AFTER is recorded, every process of the worker
+    node not holding the PS is SIGKILLed: the node dies with its actors (one or two workers).
+    Ray marks the node dead, reschedules the placement group's lost bundles onto the spare CPUs
+    of the surviving nodes (the head alone has room for two), restarts the actors there
+    (max_restarts) and resubmits their ``run`` (max_task_retries=-1); they register as
+    incarnation 2, rejoin the PS and contribute again. The spare capacity is there before the
+    kill, rather than a fresh `ray start` in the dead node's namespace afterwards, so that the
+    recovery does not wait on a Ray node's start-up (seconds to tens of seconds under load),
+    only on Ray noticing the death (RAY_FAST_HEALTH) and starting an actor process: the run's
+    rounds outlast that by an order of magnitude. With delta=3 the two workers a node may hold
+    are a tolerated loss, so no round fails; the rounds run while they are gone have fewer than
+    m workers: --allow-shrink accepts that (exit 0), the summary still counts them."""
+    rounds = 300
+    out = tmp_path / "run"
+    with _ray_cluster(hosts, {"ps": 4, "w1": 2, "w2": 2}) as cluster:
+        driver, victim = _node_loss_run(cluster, out, rounds, allow_shrink=True)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    s = summary["schemes"]["partial"]
+    assert s["rounds"] == rounds and s["rounds_failed"] == 0, s
+    placed = _placements(out)
+    lost = {int(r["worker"]) for r in placed if r["role"] == "worker"
+            and r["incarnation"] == "1" and r["node_ip"] == HOSTS[victim]}
+    assert lost, placed  # SPREAD puts a bundle on every node; the victim's is a worker's
+    back = {int(r["worker"]) for r in placed if r["role"] == "worker" and r["incarnation"] == "2"}
+    mem = summary["membership"]["partial"]
+    assert lost <= back, ("the run ended before every lost worker came back", placed, mem)
+    assert {w for _, w in mem["left"]} == lost, mem
+    rejoined = {w: r for r, w in mem["rejoined"]}
+    assert set(rejoined) == lost, mem
+    with (out / "workers.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    for w in lost:  # after coming back, each one computes chunks the PS counts
+        assert any(int(r["worker"]) == w and int(r["round"]) >= rejoined[w]
+                   and int(r["chunks_done"]) > 0 for r in rows), w
+
+
+def test_workers_lost_for_good_exit_non_zero(hosts: Hosts, tmp_path: Path) -> None:
+    """As above but the node stays dead and the survivors have no spare CPU (5 actors of 1 CPU
+    on 2 + 2 + 1 CPUs): its workers never come back. The rounds complete with fewer than m
+    workers, so `aiogc run` (without --allow-shrink) exits 5 and says why."""
+    rounds = 60  # the kill comes a second or so of rounds after round KILL_AFTER
+    out = tmp_path / "run"
+    with _ray_cluster(hosts, {"ps": 2, "w1": 2, "w2": 1}) as cluster:
+        driver, victim = _node_loss_run(cluster, out, rounds, allow_shrink=False)
+    assert driver.returncode == 5, driver.stderr[-3000:]
+    assert "with fewer than m=4 workers" in driver.stderr, driver.stderr[-3000:]
+    assert f"was lost with its node {HOSTS[victim]}" in driver.stderr, driver.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["shrunk"]["partial"] > 0, summary
+    assert "fewer than m=4" in summary["end_reason"], summary["end_reason"]
+    placed = _placements(out)
+    lost = {int(r["worker"]) for r in placed if r["role"] == "worker"
+            and r["node_ip"] == HOSTS[victim]}
+    assert lost and {w for _, w in summary["membership"]["partial"]["left"]} == lost, placed
+    assert not summary["membership"]["partial"]["rejoined"], summary["membership"]

@@ -150,6 +150,16 @@ def _node_cpus(ray: Any) -> list[float]:
     return [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
 
 
+def _dead_nodes(ray: Any) -> dict[str, str]:
+    """Node id -> why Ray says it is dead, for every node of the cluster that died."""
+    try:
+        nodes = ray.nodes()
+    except Exception:  # a report only: the run's outcome does not depend on it
+        return {}
+    return {str(n.get("NodeID")): str(n.get("DeathReasonMessage") or "node died")
+            for n in nodes if not n.get("Alive")}
+
+
 @dataclass
 class RaySchemeRun:
     """One scheme on the cluster, as seen by ``on_round`` callbacks (fault-injection hooks)."""
@@ -363,7 +373,7 @@ class _Driver:
             runs = [w.run.remote(host, int(port), ps) for w in workers]
             done = ps.wait.remote()
             result = self._follow(cfg, scheme, ps, done, ctx, bar)
-            self._join_workers(runs)
+            self._join_workers(runs, ctx)
             records = list(result["records"])
             self.loop_lag_s += result.get("loop_lag_s") or []
             if result.get("cpu"):
@@ -436,14 +446,24 @@ class _Driver:
             if self.on_round is not None:
                 self.on_round(rec, ctx)
 
-    def _join_workers(self, runs: list[Any]) -> None:
+    def _join_workers(self, runs: list[Any], ctx: RaySchemeRun) -> None:
         """Workers exit on the PS's shutdown; say which did not, or failed, and why."""
         ray = self.ray
         _, pending = ray.wait(runs, num_returns=len(runs), timeout=PROCESS_GRACE_S)
+        dead = _dead_nodes(ray) if pending else {}
+        last = {int(p["worker"]): p for p in ctx.placements if p.get("role") == "worker"}
         for j, ref in enumerate(runs):
             if ref in pending:
-                print(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after the PS "
-                      "finished; killed", file=sys.stderr)
+                where = last.get(j, {})
+                if where.get("node_id") in dead:
+                    # the actor died with its node and Ray found no room to restart it
+                    print(f"aiogc: ray: worker {j} was lost with its node "
+                          f"{where.get('node_ip')} (dead: {dead[where['node_id']]}) and never "
+                          "restarted (no node had room for its placement-group bundle)",
+                          file=sys.stderr)
+                else:
+                    print(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after "
+                          "the PS finished; killed", file=sys.stderr)
                 continue
             try:
                 ray.get(ref)
