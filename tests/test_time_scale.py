@@ -168,3 +168,22 @@ def test_workload_timeouts_stay_in_range_for_chunks_that_never_finish() -> None:
     t = workload_timeouts(_cfg(), 7200.0)  # a schedule with hour-long "never" chunks
     assert t["collect_timeout_s"] == 3600.0 and t["round_timeout_s"] == 72000.0
     _cfg(**t)  # valid
+
+
+def test_aiogc_ps_records_emulated_seconds() -> None:
+    """`aiogc ps --time-scale K` records what `aiogc run` does: round times / K."""
+    from aiogc.cli.remote import _ps_event_handler
+    from aiogc.core import RoundCompleted, RoundRecord
+
+    got: list[RoundRecord] = []
+
+    class Recorder:
+        def round(self, scheme: str, rec: RoundRecord, **_: object) -> None:
+            got.append(rec)
+
+    cfg = _cfg(time_scale=K)
+    handler = _ps_event_handler("partial", cfg.build_scheme(), Recorder(), [], None,
+                                time_scale=K)
+    rec = RoundRecord(round=0, scheme="partial", t_start=8.0, t_trigger=9.0, t_end=12.0)
+    handler(RoundCompleted(rec))
+    assert got[0].t_start == 8.0 / K and got[0].duration_s == pytest.approx(4.0 / K)

@@ -16,6 +16,7 @@ from typing import Any
 from aiogc.cli.args import (
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_SHRUNK,
     EXIT_UNREACHABLE,
     _check_local_task_files,
     _live_only,
@@ -61,17 +62,22 @@ def add_ps_parser(sub: Any) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="one progress line on stderr (default: when stderr is a terminal; "
                         "-v logs every round instead)")
+    p.add_argument("--allow-shrink", action="store_true",
+                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
+                        "and stderr still say so; default: exit 5)")
     p.set_defaults(func=cmd_ps)
 
 
 def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
-                      ended: list[str], progress: Any = None) -> Callable[[Any], None]:
+                      ended: list[str], progress: Any = None,
+                      time_scale: float = 1.0) -> Callable[[Any], None]:
     """``aiogc ps``'s event callback: advances the progress line (if ``progress``), logs
-    each round (INFO: ``-v``), records it (if ``recorder``), and appends the PS's end reason
-    to ``ended``."""
+    each round (INFO: ``-v``), records it (if ``recorder``) in emulated seconds (wall / the
+    time scale), and appends the PS's end reason to ``ended``."""
     import time
 
     from aiogc.core import Finished, RoundCompleted
+    from aiogc.harness.fidelity import emulated
     from aiogc.protocol.status import describe_end
 
     loads = tuple(int(x) for x in scheme.loads)
@@ -79,7 +85,7 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
-            r = ev.record
+            r = emulated(ev.record, time_scale)
             if log.isEnabledFor(logging.INFO):
                 why = (f" ({describe_end(r.end_reason, r.end_detail)})"
                        if r.status == "failed" and r.end_reason else "")
@@ -91,7 +97,7 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
         elif isinstance(ev, Finished):
             ended.append(ev.reason)
             if recorder is not None:
-                recorder.run_event(t_ns=time.monotonic_ns(), kind="run_end",
+                recorder.run_event(t_ns=int(time.monotonic_ns() / time_scale), kind="run_end",
                                    scheme=scheme_name, reason=ev.reason,
                                    rounds=ev.rounds_completed)
 
@@ -158,8 +164,12 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     show = sys.stderr.isatty() if a.progress is None else a.progress
     bar = Progress(config.rounds, a.scheme,
                    enabled=show and not a.quiet and not log.isEnabledFor(logging.INFO))
-    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended, bar)
-    server = PSServer(ps, host=a.host, port=a.port, on_event=on_event)
+    k = config.time_scale
+    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended, bar, time_scale=k)
+    # every frame recorded (as `aiogc run` does): the membership columns come from them
+    frame_log = None if recorder is None else recorder.frame_logger(
+        a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
+    server = PSServer(ps, host=a.host, port=a.port, on_event=on_event, frame_log=frame_log)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -199,7 +209,22 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     if stopped:
         print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
-    return EXIT_OK if run_complete(summary, config.rounds, mode=config.mode) else EXIT_INCOMPLETE
+    if not run_complete(summary, config.rounds, mode=config.mode):
+        return EXIT_INCOMPLETE
+    return _shrink_exit(summary, a.allow_shrink)
+
+
+def _shrink_exit(summary: dict[str, Any], allow: bool) -> int:
+    """EXIT_OK, or EXIT_SHRUNK (said on stderr) when rounds ran with fewer than m workers
+    and ``--allow-shrink`` was not given."""
+    from aiogc.harness.kit import shrink_line
+
+    shrunk = shrink_line(summary)
+    if not shrunk:
+        return EXIT_OK
+    print(f"aiogc ps: {shrunk}" + (" (allowed by --allow-shrink)" if allow else
+                                   " (--allow-shrink accepts this)"), file=sys.stderr)
+    return EXIT_OK if allow else EXIT_SHRUNK
 
 
 def add_worker_parser(sub: Any) -> None:
