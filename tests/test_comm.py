@@ -139,18 +139,23 @@ def test_stream_chunks_equals_partial_trigger_when_free() -> None:
     np.testing.assert_array_equal(r["stream-chunks"].completion_s, r["partial"].trigger_s)
 
 
-@pytest.mark.parametrize(("bw", "mode", "latency"), [
-    ("worker=1MB/s", "exact", 0.0),
-    ("worker_up=2MB/s,worker_down=5MB/s", "exact", 0.01),
-    ("worker_up=2MB/s,worker_down=5MB/s", "approx", 0.01),
+@pytest.mark.parametrize(("bw", "mode", "latency", "seed", "dim", "deadline"), [
+    ("worker=1MB/s", "exact", 0.0, 3, 50_000, None),
+    ("worker_up=2MB/s,worker_down=5MB/s", "exact", 0.01, 3, 50_000, None),
+    ("worker_up=2MB/s,worker_down=5MB/s", "approx", 0.01, 3, 50_000, 1.5),
+    # the shared PS ingress (the engine's "enter the ingress" action)
+    ("ps=3MB/s", "exact", 0.0, 4, 40_000, None),
+    ("worker=2MB/s,ps=5MB/s", "exact", 0.01, 4, 40_000, None),
+    ("worker_up=4MB/s,ps=6MB/s", "approx", 0.005, 4, 40_000, 2.0),
 ])
-def test_protocol_engine_agrees_trial_by_trial(bw: str, mode: str, latency: float) -> None:
-    cfg = RunConfig(workers=8, delta=3, n_parts=2, rounds=20, delay="exp:1.0", seed=3,
-                    mode=mode, deadline_s=1.5 if mode == "approx" else None)
+def test_protocol_engine_agrees_trial_by_trial(bw: str, mode: str, latency: float, seed: int,
+                                               dim: int, deadline: float | None) -> None:
+    cfg = RunConfig(workers=8, delta=3, n_parts=2, rounds=20, delay="exp:1.0", seed=seed,
+                    mode=mode, deadline_s=deadline)
     comm = parse_bandwidth(bw)
     names = ["partial", "uncoded"] if mode == "approx" else ["partial", "original", "uncoded"]
-    f = simulate_fast(cfg, names, comm=comm, dim=50_000, latency=latency)
-    p = simulate_protocol(cfg, names, comm=comm, dim=50_000, gradients="gaussian",
+    f = simulate_fast(cfg, names, comm=comm, dim=dim, latency=latency)
+    p = simulate_protocol(cfg, names, comm=comm, dim=dim, gradients="gaussian",
                           network=SimNetwork(latency=latency))
     for n in names:
         ra = record_arrays(p[n], mode=mode)

@@ -40,10 +40,10 @@ from aiogc.cli.args import (
     _help_with_exit_codes,
     _live_only,
     _signal_exit,
-    _spare_wait,
     _writable_dir,
     add_config_args,
     add_log_args,
+    add_spare_wait_arg,
     config_from_args,
     read_secret,
     setup_logging,
@@ -93,11 +93,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(coroutines sharing one loop each) instead of beside the PS on its "
                         "loop (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
-    p.add_argument("--spare-wait", type=_spare_wait, default=0.0, metavar="F",
-                   help="after the vectors decode, wait up to F x the round's elapsed time for "
-                        "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (0: off, the paper's protocol; costs ~+22%% round time "
-                        "at F=0.5 on the virtual clock)")
+    add_spare_wait_arg(p)
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="record each round's decode error against the uncoded gradient")
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")

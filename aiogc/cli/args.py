@@ -298,3 +298,12 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
     module = task.partition(":")[0].strip()
     if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
         raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
+
+
+def add_spare_wait_arg(p: argparse.ArgumentParser) -> None:
+    """``--spare-wait F`` (run and ps)."""
+    p.add_argument("--spare-wait", type=_spare_wait, default=0.0, metavar="F",
+                   help="after the vectors decode, wait up to F x the round's elapsed time for "
+                        "one spare vector so the original scheme's redundancy check can "
+                        "catch a liar (0: off, the paper's protocol; costs ~+22%% round time "
+                        "at F=0.5 on the virtual clock)")

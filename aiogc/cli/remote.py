@@ -22,9 +22,9 @@ from aiogc.cli.args import (
     _live_only,
     _port,
     _signal_exit,
-    _spare_wait,
     _writable_dir,
     add_config_args,
+    add_spare_wait_arg,
     config_from_args,
     log,
     read_secret,
@@ -47,11 +47,7 @@ def add_ps_parser(sub: Any) -> None:
                    help=" | ".join(scheme_names()))
     add_config_args(p)
     p.add_argument("--out", default=None, help="directory for summary.json and records")
-    p.add_argument("--spare-wait", type=_spare_wait, default=0.0, metavar="F",
-                   help="after the vectors decode, wait up to F x the round's elapsed time for "
-                        "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (0: off, the paper's protocol; costs ~+22%% round time "
-                        "at F=0.5 on the virtual clock)")
+    add_spare_wait_arg(p)
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="compute the uncoded gradient too: record each round's decode error "
                         "and refuse to apply a gradient that does not match it (default on)")
