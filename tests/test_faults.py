@@ -522,9 +522,10 @@ def test_signal_during_run_shuts_down_cleanly(tmp_path: Path, sig: int, group: b
     further scheme starts) with exit code 130, no 'Task exception was never retrieved' or any
     traceback, and every process it started is gone."""
     out = tmp_path / "run"
+    # --time-scale 1: run_local.py's default calibration run is not what this test is about
     cmd = [sys.executable, "run_local.py", "--as", "processes", "--workers", "4",
            "--rounds", "200", "--delay", "exp:0.01", "--out", str(out), "--no-plots",
-           "--progress"]
+           "--progress", "--time-scale", "1"]
     stdout_f = open(tmp_path / "stdout.txt", "wb")  # noqa: SIM115 - closed below
     # stderr is read by one thread only (communicate() would race it for the bytes)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=stdout_f, stderr=subprocess.PIPE,
