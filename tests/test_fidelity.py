@@ -17,7 +17,7 @@ from aiogc.harness.fidelity import (
     Calibration,
     CpuSnapshot,
     LoopLagMonitor,
-    choose_time_scale,
+    auto_time_scale,
     chunk_lateness,
     fidelity_report,
     predicted_ratio,
@@ -92,14 +92,15 @@ def test_chosen_scale_keeps_the_predicted_overhead_under_a_quarter_of_the_thresh
     cfg = RunConfig(workers=256, delta=4, rounds=20, seed=1, delay="exp:0.01")
     schedule = schedule_for(cfg, build_schemes(cfg, SCHEMES))
     cal = Calibration(frame_s=20e-6, core_s_per_worker=60e-6)
-    k, why = choose_time_scale(cfg, SCHEMES, schedule, cal, threshold=0.1)
+    k, why = auto_time_scale(cfg, SCHEMES, schedule, {}, threshold=0.1, model=cal)
     assert k >= 1 and k == math.ceil(k)
     assert why["predicted_ratio"] <= 1.025 + 1e-12
     # the next smaller scale would not have been enough (K is the smallest)
     if k > 1:
-        assert predicted_ratio(why["predicted_overhead_s"], why["sim_round_s"], k - 1) > 1.025
+        assert predicted_ratio(why["overhead_s_per_round"], why["sim_round_s"], k - 1) > 1.025
     # a free machine needs no dilation
-    k0, _ = choose_time_scale(cfg, SCHEMES, schedule, Calibration(0.0, 0.0), threshold=0.1)
+    k0, _ = auto_time_scale(cfg, SCHEMES, schedule, {}, threshold=0.1,
+                            model=Calibration(0.0, 0.0))
     assert k0 == 1.0
 
 

@@ -21,7 +21,7 @@ multiplied by K, and records hold emulated seconds (wall / K). It emulates a mac
 faster than this one, as network emulators do: the protocol's CPU work per round stays the
 same while the schedule it races gets K times longer, so the overhead ratio falls as
 ``1 + c / (K T)`` (``c``: the serial CPU cost per round, ``T``: the round time).
-:func:`choose_time_scale` picks the smallest K whose predicted overhead stays under the
+:func:`auto_time_scale` picks the smallest K whose predicted overhead stays under the
 threshold, from :func:`calibrate` (this machine's cost of the frames on a round's critical
 path, measured now) and the simulated round time of the configuration.
 """
@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from aiogc.config import RunConfig
+from aiogc.config import MAX_TIME_SCALE, RunConfig
 from aiogc.core import RoundRecord
 from aiogc.protocol.status import RoundStatus
 from aiogc.training.schedule import DelaySchedule
@@ -51,8 +51,8 @@ __all__ = [
     "Calibration",
     "CpuSnapshot",
     "LoopLagMonitor",
+    "auto_time_scale",
     "calibrate",
-    "choose_time_scale",
     "chunk_lateness",
     "emulated",
     "fidelity_report",
@@ -67,8 +67,6 @@ DEFAULT_THRESHOLD: Final = 0.10
 #: The share of runnable time the PS must get (run / (run + run-queue wait)) not to be flagged
 #: as starved: below it, timers and frames waited for a CPU.
 STARVED_BELOW: Final = 0.75
-#: Largest time scale ``auto`` chooses (a round of 10 ms becomes 10 s).
-MAX_TIME_SCALE: Final = 1000.0
 #: ``--time-scale auto`` aims the predicted overhead at this fraction of the threshold: the
 #: overhead per round is measured at K = 1 under the load of that moment, and the run must
 #: stay within the threshold with the machine's noise on top (at m=256 a target of half the
@@ -401,55 +399,24 @@ def predicted_ratio(overhead_s: float, round_s: float, time_scale: float) -> flo
     return 1.0 + overhead_s / (time_scale * round_s) if round_s > 0 else math.inf
 
 
-def choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                      calibration: Calibration, *,
-                      threshold: float = DEFAULT_THRESHOLD) -> tuple[float, dict[str, Any]]:
-    """The smallest K whose predicted overhead stays under :data:`AUTO_TARGET_FRACTION` of
-    the threshold: the prediction is a model (serial passes of measured frame and core
-    costs), and a faithful run must stay within the threshold with the machine's noise on
-    top. The round
-    time is the *shortest* simulated scheme mean of the configuration (its overhead ratio is
-    the largest), from the fast simulator on the run's own schedule.
+def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
+                    calibration_records: Mapping[str, Sequence[RoundRecord]], *,
+                    threshold: float = DEFAULT_THRESHOLD,
+                    model: Calibration | None = None) -> tuple[float, dict[str, Any]]:
+    """``--time-scale auto``: the smallest K whose predicted overhead stays under
+    :data:`AUTO_TARGET_FRACTION` of the threshold.
+
+    The overhead per round ``c`` is the calibration run's largest live-minus-simulated round
+    time (records at K = 1, seconds: what this machine adds, now, at this m and mode; the
+    largest, because the load moves). Without a completed calibration round it comes from
+    the frame/core cost model: ``model``, or :func:`calibrate` measured now. ``T`` is the
+    shortest simulated scheme mean over the whole schedule (its overhead ratio is the
+    largest); the prediction is ``1 + c / (K T)`` (:func:`predicted_ratio`).
 
     Returns
     -------
     (K, why)
-        ``why`` is recorded in the summary: the calibration, the round time, the predicted
-        overhead and ratio at the chosen K.
-    """
-    from aiogc.sim.fast import build_schemes, simulate_fast
-
-    built = build_schemes(config, schemes)
-    sim = simulate_fast(config, list(schemes), schedule=schedule, built=built, mse=False)
-    means = {n: float(np.mean(r.completion_s[np.isfinite(r.completion_s)]))
-             for n, r in sim.items() if np.isfinite(r.completion_s).any()}
-    round_s = min(means.values()) if means else math.nan
-    overhead = calibration.round_overhead_s(config.workers)
-    target = threshold * AUTO_TARGET_FRACTION
-    if not math.isfinite(round_s) or round_s <= 0:
-        k = 1.0
-    else:
-        k = min(MAX_TIME_SCALE, max(1.0, math.ceil(overhead / (target * round_s))))
-    why = {"chosen": k, "threshold": threshold, "target_overhead": target,
-           "sim_round_s": round_s, "sim_round_s_by_scheme": means,
-           "predicted_overhead_s": overhead,
-           "predicted_ratio": predicted_ratio(overhead, round_s, k),
-           "calibration": calibration.to_dict()}
-    return k, why
-
-
-def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                    calibration_records: Mapping[str, Sequence[RoundRecord]], *,
-                    threshold: float = DEFAULT_THRESHOLD) -> tuple[float, dict[str, Any]]:
-    """``--time-scale auto`` from a calibration run at K = 1 (records in seconds).
-
-    The overhead per round ``c`` is the calibration's largest live-minus-simulated round
-    time (what this machine adds, now, at this m and mode; the largest, because the load
-    moves); ``T`` the shortest simulated scheme mean over the whole schedule; K the smallest
-    integer with ``c / (K T)`` under
-    :data:`AUTO_TARGET_FRACTION` of the threshold. Without a completed calibration round,
-    ``c`` comes from the model (:func:`calibrate`). Returns ``(K, why)``;
-    ``why["explanation"]`` is one line.
+        ``why`` is recorded in the summary (``why["explanation"]`` is one line).
     """
     from aiogc.sim.fast import build_schemes, simulate_fast
 
@@ -471,7 +438,8 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
         overhead = max(0.0, max(excess))
         source = f"the worst of {len(excess)} calibration rounds at K=1"
     else:
-        overhead = calibrate(config).round_overhead_s(config.workers)
+        overhead = (model if model is not None else calibrate(config)).round_overhead_s(
+            config.workers)
         source = "the frame/core cost model (no calibration round completed)"
     target = threshold * AUTO_TARGET_FRACTION
     if not math.isfinite(round_s) or round_s <= 0:

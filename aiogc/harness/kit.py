@@ -28,7 +28,8 @@ from aiogc.core import (
 )
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
-from aiogc.training.delays import DelaySchedule, materialise
+from aiogc.training.delays import materialise
+from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
 if TYPE_CHECKING:

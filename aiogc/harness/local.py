@@ -63,7 +63,7 @@ from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
 from aiogc.net.loops import loop_factory, run_on
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
-from aiogc.training.delays import DelaySchedule
+from aiogc.training.schedule import DelaySchedule
 
 if TYPE_CHECKING:
     pass

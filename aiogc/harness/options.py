@@ -76,7 +76,7 @@ class RunOptions:
     #: choose the time scale K before the run (``--time-scale auto``): a short calibration
     #: run at K = 1 measures this machine's overhead per round, then K is the smallest that
     #: keeps the predicted overhead under a quarter of ``fidelity_threshold``
-    #: (:func:`aiogc.harness.fidelity.choose_time_scale`); the config's own K is ignored
+    #: (:func:`aiogc.harness.fidelity.auto_time_scale`); the config's own K is ignored
     auto_time_scale: bool = False
     #: the fidelity verdict's tolerance: every live / simulated ratio within it of 1
     fidelity_threshold: float = 0.10

@@ -71,7 +71,7 @@ from aiogc.harness.kit import (
 )
 from aiogc.harness.options import RayOptions, RunOptions
 from aiogc.harness.ray_actors import ClusterError, PSActor, Secret, WorkerActor
-from aiogc.net.drivers import loop_factory
+from aiogc.net.loops import loop_factory
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.training.schedule import DelaySchedule
 

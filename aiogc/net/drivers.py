@@ -47,17 +47,9 @@ from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
 from aiogc.net.loops import _clock, _Timer
-
-# re-exported: harness/ray_backend.py imports loop_factory from here
-from aiogc.net.loops import loop_factory as loop_factory
+from aiogc.protocol.headers import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
-from aiogc.protocol.wire import (
-    DEFAULT_LIMITS,
-    MAX_STR_BYTES,
-    PREAUTH_LIMITS,
-    FrameLimits,
-    encode_frame,
-)
+from aiogc.protocol.wire import encode_frame
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 log = logging.getLogger("aiogc.net")

@@ -75,8 +75,6 @@ import numpy as np
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.headers import (
     DEFAULT_LIMITS,
-    MAX_STR_BYTES,
-    PREAUTH_LIMITS,
     PREFIX,
     PREFIX_BYTES,
     FrameLimits,
@@ -86,15 +84,9 @@ from aiogc.protocol.headers import (
 from aiogc.protocol.messages import Message
 from aiogc.protocol.tags import ONESHOT_BELOW, TAG_BYTES, FrameAuth
 
-# DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS and FrameLimits are re-exported from headers:
-# the limits a driver sets per connection (net/drivers.py imports them from here).
 __all__ = [
-    "DEFAULT_LIMITS",
-    "MAX_STR_BYTES",
-    "PREAUTH_LIMITS",
     "AllocFn",
     "FrameDecoder",
-    "FrameLimits",
     "decode_frame_bytes",
     "encode_frame",
     "encode_frame_bytes",

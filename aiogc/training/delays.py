@@ -117,9 +117,9 @@ from aiogc.training.delay_models import (
 )
 from aiogc.training.schedule import DelaySchedule
 
-# DelaySchedule (defined in schedule.py: what materialise returns, what Replay replays) is
-# re-exported: harness/kit.py imports it from here. So are the models (delay_models.py): this
-# module stays the one import for the delays (a model, its spec string, a schedule).
+# The models (delay_models.py) and DelaySchedule (schedule.py: what materialise returns, what
+# Replay replays) are re-exported: this module is the one import for a user's delays (a model,
+# its spec string, a schedule); aiogc's own modules import each from where it is defined.
 __all__ = [
     "Constant",
     "DelayModel",
