@@ -60,6 +60,8 @@ __all__ = [
 #: float64, 12 seeds each) measured at most 0.41 ``eps32`` and 0.14 ``eps64 * kappa``, i.e. below
 #: 1/100 of the tolerance; tests/test_trust_consistency.py asserts < 1/20.
 REDUNDANCY_SAFETY = 100.0
+#: Safety factor of :func:`redundancy_tolerance` over a compressed upload's rounding unit.
+COMPRESSED_SAFETY = 4.0
 #: Safety factor over the predicted decode error for the oracle comparison.
 ORACLE_SAFETY = 1000.0
 #: Smallest oracle tolerance (a predicted error of eps would otherwise leave no room for the
@@ -99,11 +101,20 @@ def redundancy_tolerance(dtype: object, kappa: float = 1.0,
 
     The first term is the rounding of the payloads and of the decode sums in the payload dtype;
     the second the error of the decoding coefficients themselves, which the scheme solves for in
-    float64 from a system of condition number ``kappa``. ``eps`` overrides the dtype's
-    (a compressed upload's, :attr:`aiogc.config.RunConfig.coded_eps`, with float64 rows).
+    float64 from a system of condition number ``kappa``.
+
+    ``eps`` (issue 21): the rounding unit of a compressed upload
+    (:attr:`aiogc.config.RunConfig.coded_eps`), whose rows are decoded widened to float64.
+    Each decode's sums are then exact to float64, so the payload rounding moves either decode
+    by at most ``u = eps / 2`` of the scale and the two by ``eps``: the first term is
+    ``COMPRESSED_SAFETY * eps`` (a rigorous bound, times 4), not ``safety * eps``, which at
+    eps = 2^-10 would let a lie of 10 % of the decode scale through.
     """
-    if eps is None:
-        eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
+    k = kappa if math.isfinite(kappa) else math.inf
+    e64 = float(np.finfo(np.float64).eps)
+    if eps is not None:
+        return COMPRESSED_SAFETY * eps + safety * e64 * max(1.0, k)
+    eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
     k = kappa if math.isfinite(kappa) else math.inf
     return safety * (eps + float(np.finfo(np.float64).eps) * max(1.0, k))
 

@@ -4,8 +4,10 @@
 detects an inconsistent vector where a fixed code (the original scheme) received a spare. With
 *two* spares it can also say whose: leave each received worker out in turn; the set without the
 liar still has a spare and passes the redundancy check, every set that keeps the liar fails it
-(its vector enters the two decodes with different coefficients). When exactly one leave-one-out
-set is consistent, its worker is located, the round is decoded exactly from the rest (and
+(its vector enters the two decodes with different coefficients). When one leave-one-out set is
+consistent and :data:`LOCATE_MARGIN` times more so than any other (a lie can nearly cancel
+between the two decodes of a set that keeps it, at the tolerance of a compressed upload),
+its worker is located, the round is decoded exactly from the rest (and
 checked again, by every check of the guard), and the round completes. With one spare, or no
 consistent leave-one-out set, or more than one (two liars that agree, which this does not
 claim to handle), the round is rejected as before.
@@ -40,6 +42,10 @@ __all__ = ["EVICT_AFTER", "LiarLocator", "decoding_coefficients", "payload_round
 
 #: located rounds against one worker before it is evicted
 EVICT_AFTER = 3
+#: how much more consistent the located leave-one-out set must be than the next best
+LOCATE_MARGIN = 10.0
+#: discrepancies below this are exact agreement (the margin is not taken of 0)
+_TINY = 1e-300
 
 
 def decoding_coefficients(scheme: Scheme, state: np.ndarray) -> np.ndarray:
@@ -93,7 +99,7 @@ class LiarLocator:
 
     def locate(self, scheme: Scheme, rows64: np.ndarray, state: np.ndarray,
                dim: int) -> int | None:
-        """The one worker whose removal leaves a consistent received set, or None.
+        """The one worker whose removal leaves a clearly most consistent received set, or None.
 
         Parameters
         ----------
@@ -106,16 +112,21 @@ class LiarLocator:
         rec = [int(w) for w in np.flatnonzero(np.asarray(state) > 0)]
         if not scheme.sends_when_done or len(rec) < 4:
             return None
-        found: list[int] = []
+        values: list[tuple[float, int]] = []
         for j in rec:
             v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim, eps=self.eps)
             if v is None:
                 return None  # no spare left without one worker: nothing can be located
-            if v.ok:
-                found.append(j)
-                if len(found) > 1:
-                    return None
-        return found[0] if found else None
+            values.append((v.value if v.ok else math.inf, j))
+        values.sort()
+        (best, j), (second, _) = values[0], values[1]
+        # the set without the liar is consistent to its rounding; a set that keeps the liar
+        # can pass too where the lie nearly cancels between its two decodes, so the located
+        # set must also stand out: LOCATE_MARGIN times more consistent than any other
+        if math.isfinite(best) and (not math.isfinite(second)
+                                    or second > LOCATE_MARGIN * max(best, _TINY)):
+            return j
+        return None
 
     def record(self, worker: int) -> bool:
         """One located round against ``worker``; True when it is now to be evicted."""
