@@ -15,6 +15,8 @@ from aiogc.coding.compress import rounding_bound, to_coded, unit_roundoff, widen
 from aiogc.config import RunConfig
 from aiogc.core import PSOptions, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
+from aiogc.errors import MalformedFrame
+from aiogc.protocol.headers import FrameLimits
 from aiogc.protocol.messages import CodedGradient
 from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
 from aiogc.sim.engine import Simulation
@@ -48,7 +50,10 @@ def test_coded_gradient_frames_carry_16_bit_payloads(coded: str, byte: int) -> N
     wide = encode_frame_bytes(dataclasses.replace(msg, payload=widen(payload, coded)))
     assert len(wide) - len(raw) == 7 * 6  # 2 bytes an entry instead of 8
     assert byte in raw[:40]
-    got = decode_frame_bytes(raw)
+    with pytest.raises(MalformedFrame):  # a default connection refuses 16-bit payloads
+        decode_frame_bytes(raw)
+    got = decode_frame_bytes(raw, FrameLimits(1 << 20, 1 << 20, half_payloads=True))
+    assert isinstance(got, CodedGradient)
     assert got.payload.dtype == payload.dtype and np.array_equal(got.payload, payload)
 
 
@@ -103,7 +108,7 @@ def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: in
         err = float(np.linalg.norm(r.gradient - G.sum(axis=0)))
         scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
         # the bound, plus float64's own decode error (orders of magnitude below it)
-        assert 0 < r.rounding_bound and err <= r.rounding_bound + 1e-9 * scale, (r.round, err)
+        assert r.rounding_bound > 0 and err <= r.rounding_bound + 1e-9 * scale, (r.round, err)
         if scheme == "partial":  # B's coefficients are small: a useful bound (the original
             assert r.rounding_bound <= 0.01 * scale  # scheme's decoders amplify ~10^3)
         w = w - ps.aggregator.learning_rate * r.gradient

@@ -88,11 +88,14 @@ class FrameLimits:
     """Per-connection bounds, checked before anything is buffered or allocated.
 
     ``max_header_bytes``: largest accepted ``H``. ``max_array_bytes``: largest accepted
-    ``n * itemsize``; 0 forbids array kinds.
+    ``n * itemsize``; 0 forbids array kinds. ``half_payloads``: coded_gradient may carry the
+    16-bit payloads of a run with ``coded_dtype`` float16 / bfloat16 (issue 21; off: only
+    ``<f4`` / ``<f8``, as on every connection of a default run).
     """
 
     max_header_bytes: int
     max_array_bytes: int
+    half_payloads: bool = False
 
     def __post_init__(self) -> None:
         if type(self.max_header_bytes) is not int or not 1 <= self.max_header_bytes <= MAX_U32:
@@ -401,7 +404,8 @@ def _dec_coded(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded
     if h < _CG_H:
         raise _length_error("coded_gradient", h, _CG_H, "at least ")
     e, r, a, cs, itemsize, n, k = _CG_UNPACK(buf, pos + PREAMBLE_BYTES)
-    dtype = _array_dtype("coded_gradient", itemsize, n, limits, _CODED_DTYPES)
+    dtype = _array_dtype("coded_gradient", itemsize, n, limits,
+                         _CODED_DTYPES if limits.half_payloads else _DTYPES)
     if k > MAX_BLOB:
         raise _too_many("coded_gradient", "state_digest", k, MAX_BLOB)
     if h != _CG_H + k:

@@ -9,8 +9,8 @@ consistent and :data:`LOCATE_MARGIN` times more so than any other (a lie can nea
 between the two decodes of a set that keeps it, at the tolerance of a compressed upload),
 its worker is located, the round is decoded exactly from the rest (and
 checked again, by every check of the guard), and the round completes. With one spare, or no
-consistent leave-one-out set, or more than one (two liars that agree, which this does not
-claim to handle), the round is rejected as before.
+leave-one-out set that stands out (two liars, which this does not claim to handle), the round
+is rejected as before.
 
 **Eviction.** Each located round is one piece of evidence against its worker. After
 :data:`EVICT_AFTER` located rounds (by default 3: a single round could be the PS's own
