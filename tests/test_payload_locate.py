@@ -14,8 +14,8 @@ import pytest
 from aiogc.coding.compress import rounding_bound, to_coded, unit_roundoff, widen
 from aiogc.config import RunConfig
 from aiogc.core import PSOptions, Setup, Worker, WorkerCache
-from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.errors import MalformedFrame
+from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.protocol.headers import FrameLimits
 from aiogc.protocol.messages import CodedGradient
 from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes

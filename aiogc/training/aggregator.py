@@ -128,6 +128,9 @@ class Aggregator:
         result = self._decode(rows, item.state, item.dim)
         grad = np.asarray(result.gradient, dtype=np.float64)
         if not np.isfinite(grad).all():
+            located = self._locate_and_exclude(item, rows) if self.locator else None
+            if located is not None:
+                return located
             rec.status = RoundStatus.FAILED
             rec.end_reason = EndReason.NONFINITE
             rec.end_detail = "decoded gradient is not finite"
@@ -173,7 +176,7 @@ class Aggregator:
                                               rounding),
             model=w_prev, learning_rate=self.learning_rate)
         if bad is not None:
-            if bad.check == "redundancy" and self.locator is not None:
+            if self.locator is not None and bad.check != "model":
                 located = self._locate_and_exclude(item, rows)
                 if located is not None:
                     return located

@@ -114,7 +114,9 @@ class LiarLocator:
             return None
         values: list[tuple[float, int]] = []
         for j in rec:
-            v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim, eps=self.eps)
+            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
+                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
+                                     eps=self.eps)
             if v is None:
                 return None  # no spare left without one worker: nothing can be located
             values.append((v.value if v.ok else math.inf, j))
