@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from aiogc.coding.base import Scheme
+from aiogc.coding.compress import CODED_DTYPES, coded_eps, wire_dtype
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
@@ -110,6 +111,7 @@ class RunConfig:
     round_timeout_s: float = 60.0
     join_timeout_s: float = 30.0
     time_scale: float = 1.0
+    coded_dtype: str = "same"
 
     def __post_init__(self) -> None:
         _check_choice("scheme", self.scheme, scheme_names())
@@ -137,6 +139,7 @@ class RunConfig:
             if type(v) is not str or not v or len(v) > 512:
                 raise ConfigError(name, v, "a non-empty spec string of at most 512 chars")
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("coded_dtype", self.coded_dtype, CODED_DTYPES)
         _check_int("report_every", self.report_every, 1, 10**6)
         _check_float("max_predicted_error", self.max_predicted_error, 0.0, 1e6, optional=False)
         _check_choice("on_ill_conditioned", self.on_ill_conditioned, ("raise", "warn"))
@@ -196,6 +199,17 @@ class RunConfig:
     def payload_dtype(self) -> np.dtype:
         return np.dtype("<f8") if self.dtype == "float64" else np.dtype("<f4")
 
+    @property
+    def coded_wire_dtype(self) -> np.dtype:
+        """The coded vectors' dtype on the wire and in the PS's rows (``<f2``; ``<u2`` holding
+        bfloat16 bits; else :attr:`payload_dtype`), see :mod:`aiogc.coding.compress`."""
+        return wire_dtype(self.coded_dtype, self.payload_dtype)
+
+    @property
+    def coded_eps(self) -> float:
+        """Machine epsilon of the coded upload (the payload dtype's unless compressed)."""
+        return coded_eps(self.coded_dtype, self.payload_dtype)
+
     def replace(self, **changes: Any) -> RunConfig:
         """A validated copy with ``changes``."""
         return replace(self, **changes)
@@ -240,10 +254,13 @@ class RunConfig:
     def to_wire(self) -> dict[str, Any]:
         """Flat map of scalars for the ``welcome`` message. ``time_scale`` is left out at its
         default 1 (the bytes of a real-time run's welcome are those of protocol v3 before
-        time dilation existed)."""
+        time dilation existed); so is ``coded_dtype`` at its default ``same`` (issue 21: the
+        default welcome is byte-identical to the one before compressed payloads)."""
         out = asdict(self)
         if self.time_scale == 1.0:
             del out["time_scale"]
+        if self.coded_dtype == "same":
+            del out["coded_dtype"]
         return out
 
     @classmethod
@@ -253,12 +270,15 @@ class RunConfig:
         unknown = sorted(set(data) - names - {"scheme_digest"})
         if unknown:
             raise ConfigError("config", unknown, "known RunConfig fields")
-        # time_scale: the one field a real-time welcome leaves out (see to_wire)
-        missing = sorted(names - set(data) - {"time_scale"})
+        # time_scale, coded_dtype: the fields a default welcome leaves out (see to_wire)
+        missing = sorted(names - set(data) - _DEFAULTED_ON_WIRE)
         if missing:  # exact schema: a default must not stand in for what the PS meant
             raise ConfigError("config", missing, "every RunConfig field present")
         return cls(**{k: v for k, v in data.items() if k in names})
 
+
+#: the fields :meth:`RunConfig.to_wire` leaves out at their defaults
+_DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype"})
 
 #: The timeouts whose default follows the workload (:func:`workload_timeouts`), by flag.
 WORKLOAD_TIMEOUTS = ("round_timeout_s", "collect_timeout_s", "join_timeout_s")

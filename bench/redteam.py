@@ -31,10 +31,16 @@ the same finished chunks, ``Aggregator.honest_estimate``), since they differ fro
 gradient by design; exact rounds against the truth as before. ``--no-verify`` turns the PS's
 oracle off (the guard keeps its norm, redundancy and model checks); ``--spare-wait F`` makes
 the original scheme wait up to F times the round's elapsed time for one spare vector (the
-redundancy check's cross-check). Issue 18's acceptance run::
+redundancy check's cross-check). ``--locate N`` (issue 21) waits for two spares, locates the
+liar, decodes without it and evicts it after N located rounds. Issue 18's acceptance run::
 
     python bench/redteam.py --mode approx --deadline 0.004 --attacks none,scale3,signflip,huge,nudge
     python bench/redteam.py --schemes original --no-verify --spare-wait 1
+
+Issue 21's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
+
+    python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
+        --locate 3 --attacks none,scale3,signflip,nudge,noise,huge
 
 Pre-authentication attacks (garbage, oversized frames, wrong MACs, slowloris ...) are the
 subject of bench/soak_socket_fuzz.py; docs/security.md reports both.
@@ -123,11 +129,14 @@ class Tamper:
 
 
 async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes, *,
-                   verify: bool = True, spare_wait: float = 0.0) -> dict[str, Any]:
+                   verify: bool = True, spare_wait: float = 0.0,
+                   locate: int | None = None) -> dict[str, Any]:
     schedule = materialise(cfg.delay, cfg.latency, rounds=cfg.rounds, m=cfg.workers,
                            max_chunks=cfg.delta, seed=cfg.seed)
     ps, task = make_ps(cfg, schedule=schedule, verify=verify, secret=secret,
-                       keep_gradients=True, options=PSOptions(spare_wait=spare_wait))
+                       keep_gradients=True, locate=locate,
+                       options=PSOptions(spare_wait=spare_wait,
+                                         spares=2 if locate is not None else 1))
     server = PSServer(ps, host="127.0.0.1", port=0)
     serving = asyncio.create_task(server.serve())
     await server.started.wait()
@@ -196,6 +205,8 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "worst_rel_error": worst,
         "final_loss": final,
         "reasons": sorted({str(r.end_reason) for r in failed}),
+        "located": sum("located as inconsistent" in r.end_detail for r in run["records"]),
+        "evicted": sorted(run["ps"].evicted),
         "wall_s": run["wall_s"],
         "ps_stats": run["stats"],
     }
@@ -220,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spare-wait", type=float, default=0.0,
                    help="original scheme: wait this multiple of the round's elapsed time for "
                         "one spare vector")
+    p.add_argument("--locate", type=int, default=None, metavar="N",
+                   help="original scheme (issue 21): wait for two spares, locate the liar, "
+                        "decode without it, evict it after N located rounds")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     secret = b"redteam-secret-0123456789abcdef!"
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         base_lost = None
         for attack in a.attacks.split(","):
             run = asyncio.run(_one_run(cfg, attack, a.liar, secret, verify=a.verify,
-                                       spare_wait=a.spare_wait))
+                                       spare_wait=a.spare_wait, locate=a.locate))
             row = {"scheme": scheme, "attack": attack, **_audit(cfg, run, a.tol)}
             if attack == "none":
                 base_lost = row["not_applied"]
@@ -243,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['applied']:>3} (approx {row['approximate']:>3}, unverified "
                   f"{row['unverified']:>3}) lost {row['rounds_lost']:>3} wrong-applied "
                   f"{row['wrong_applied']:>3} worst-rel-err {row['worst_rel_error']:.2e} "
-                  f"final loss {row['final_loss']:.5g} reasons {row['reasons']}",
+                  f"final loss {row['final_loss']:.5g} reasons {row['reasons']} located "
+                  f"{row['located']} evicted {row['evicted']}",
                   flush=True)
     total_wrong = sum(r["wrong_applied"] for r in rows)
     print(f"wrong gradients applied, all runs: {total_wrong} "

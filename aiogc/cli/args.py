@@ -168,6 +168,9 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--latency", default=d.latency,
                    help="per-frame artificial one-way delay of the workers' frames (same syntax)")
     g.add_argument("--dtype", default=d.dtype, help="payload dtype: float64 | float32")
+    g.add_argument("--payload-dtype", default=d.coded_dtype, dest="coded_dtype",
+                   help="coded upload type: same (default) | float16 | bfloat16 (workers round "
+                        "the coded vector, the PS decodes in float64; docs/coding.md)")
     g.add_argument("--report-every", type=_positive_int, default=d.report_every,
                    help="report the chunk count after every k chunks")
     g.add_argument("--max-predicted-error", type=float, default=d.max_predicted_error,
@@ -248,6 +251,7 @@ def _config_from_flags(a: argparse.Namespace, scheme: str) -> RunConfig:
         assignment=a.assignment, ordering=a.ordering, decoding=a.decoding, k=a.k,
         mode=a.mode, deadline_s=a.deadline, rounds=a.rounds, seed=a.seed, task=a.task,
         delay=a.delay, latency=a.latency, dtype=a.dtype, report_every=a.report_every,
+        coded_dtype=a.coded_dtype,
         max_predicted_error=a.max_predicted_error, on_ill_conditioned=a.on_ill_conditioned,
         learning_rate=a.lr,
         round_timeout_s=d.round_timeout_s if a.round_timeout is None else a.round_timeout,

@@ -28,6 +28,7 @@ _FLAGS = {
     "assignment": "--assignment", "ordering": "--ordering", "decoding": "--decoding",
     "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
     "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
+    "coded_dtype": "--payload-dtype",
     "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
     "bandwidth": "--bandwidth", "bandwidth.worker": "--bandwidth",
     "bandwidth.worker_up": "--bandwidth", "bandwidth.worker_down": "--bandwidth",
@@ -76,6 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--decoding", default="frame", help=f"one of {', '.join(DECODINGS)}")
     p.add_argument("--k", type=int, default=None, help="ignore-stragglers: workers waited for")
     p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
+    p.add_argument("--payload-dtype", default="same", dest="coded_dtype",
+                   help="coded upload type: same | float16 | bfloat16 (frame sizes)")
     p.add_argument("--format", default="json", choices=("json", "table"))
     p.set_defaults(func=cmd_simulate)
 
@@ -170,7 +173,7 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
         workers=args.workers, delta=args.delta, n_parts=args.ell, assignment=args.assignment,
         ordering=args.ordering, decoding=args.decoding, k=args.k, mode=args.mode,
         deadline_s=deadlines[0] if deadlines else None, rounds=args.trials, seed=args.seed,
-        delay=str(args.delay), latency=spec, dtype=args.dtype,
+        delay=str(args.delay), latency=spec, dtype=args.dtype, coded_dtype=args.coded_dtype,
         heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
     )
     for s in schemes:  # validate every scheme's view of the config up front

@@ -60,6 +60,8 @@ __all__ = [
 #: float64, 12 seeds each) measured at most 0.41 ``eps32`` and 0.14 ``eps64 * kappa``, i.e. below
 #: 1/100 of the tolerance; tests/test_trust_consistency.py asserts < 1/20.
 REDUNDANCY_SAFETY = 100.0
+#: Safety factor of :func:`redundancy_tolerance` over a compressed upload's rounding unit.
+COMPRESSED_SAFETY = 4.0
 #: Safety factor over the predicted decode error for the oracle comparison.
 ORACLE_SAFETY = 1000.0
 #: Smallest oracle tolerance (a predicted error of eps would otherwise leave no room for the
@@ -93,14 +95,25 @@ class Verdict:
 
 
 def redundancy_tolerance(dtype: object, kappa: float = 1.0,
-                         safety: float = REDUNDANCY_SAFETY) -> float:
+                         safety: float = REDUNDANCY_SAFETY, eps: float | None = None) -> float:
     """``safety * (eps(dtype) + eps(float64) * kappa)``: the largest honest discrepancy,
     relative to the decode scale.
 
     The first term is the rounding of the payloads and of the decode sums in the payload dtype;
     the second the error of the decoding coefficients themselves, which the scheme solves for in
     float64 from a system of condition number ``kappa``.
+
+    ``eps`` (issue 21): the rounding unit of a compressed upload
+    (:attr:`aiogc.config.RunConfig.coded_eps`), whose rows are decoded widened to float64.
+    Each decode's sums are then exact to float64, so the payload rounding moves either decode
+    by at most ``u = eps / 2`` of the scale and the two by ``eps``: the first term is
+    ``COMPRESSED_SAFETY * eps`` (a rigorous bound, times 4), not ``safety * eps``, which at
+    eps = 2^-10 would let a lie of 10 % of the decode scale through.
     """
+    k = kappa if math.isfinite(kappa) else math.inf
+    e64 = float(np.finfo(np.float64).eps)
+    if eps is not None:
+        return COMPRESSED_SAFETY * eps + safety * e64 * max(1.0, k)
     eps = float(np.finfo(np.dtype(dtype)).eps)  # type: ignore[call-overload]
     k = kappa if math.isfinite(kappa) else math.inf
     return safety * (eps + float(np.finfo(np.float64).eps) * max(1.0, k))
@@ -150,6 +163,7 @@ def redundancy_check(
     dim: int,
     *,
     safety: float = REDUNDANCY_SAFETY,
+    eps: float | None = None,
 ) -> Verdict | None:
     """Decode from two different decodable subsets of ``received`` and compare.
 
@@ -175,6 +189,8 @@ def redundancy_check(
         Gradient length ``d``.
     safety : float
         Multiple of the rounding scale tolerated (see :func:`redundancy_tolerance`).
+    eps : float, optional
+        The payloads' rounding unit when not their dtype's (compressed uploads widened).
 
     Returns
     -------
@@ -200,7 +216,7 @@ def redundancy_check(
     g2 = np.asarray(scheme.decode_result(coded, st2, dim).gradient, dtype=np.float64)
     dtype = coded.dtype if isinstance(coded, np.ndarray) else np.asarray(coded[rec[0]]).dtype
     kappa = max(_system_condition(scheme, rec[:-1]), _system_condition(scheme, rec[1:]))
-    tol = redundancy_tolerance(dtype, kappa, safety)
+    tol = redundancy_tolerance(dtype, kappa, safety, eps)
     weight = (np.abs(D1) + np.abs(D2)).max(axis=0)
     scale = sum(float(weight[w]) * float(np.linalg.norm(np.asarray(coded[w], dtype=np.float64)))
                 for w in rec)
@@ -451,7 +467,7 @@ def scheme_oracle_tolerance(scheme: Scheme, dtype: object, predicted_error: floa
 
 def estimate_check(gradient: np.ndarray, honest: np.ndarray, scale: float,
                    predicted_error: float, amplification: float = 1.0, *,
-                   safety: float = ORACLE_SAFETY) -> Verdict:
+                   safety: float = ORACLE_SAFETY, rounding: float = 0.0) -> Verdict:
     """An approximate round against the estimate honest workers would have produced.
 
     ``honest`` is the decoder's output on payloads the PS re-encoded from its own uncoded
@@ -470,9 +486,12 @@ def estimate_check(gradient: np.ndarray, honest: np.ndarray, scale: float,
         ``cond(B) * eps(payload dtype)``.
     amplification : float
         The decode's error amplification (condition of the system it solved; NaN -> 1).
+    rounding : float
+        A compressed upload's rounding bound relative to ``scale``
+        (:func:`aiogc.coding.compress.rounding_bound`), added twice to the tolerance.
     """
     amp = amplification if math.isfinite(amplification) and amplification > 1 else 1.0
-    tol = max(ORACLE_MIN_TOL, safety * predicted_error * amp)
+    tol = max(ORACLE_MIN_TOL, safety * predicted_error * amp) + 2.0 * rounding
     with np.errstate(over="ignore", invalid="ignore"):
         d = np.asarray(gradient, dtype=np.float64) - np.asarray(honest, dtype=np.float64)
         err = float(math.sqrt(d.dot(d)))
@@ -527,11 +546,16 @@ class DecodedStep:
         Whether the decoder reports the round as exact.
     rel_error : float
         The PS's decode error against its own uncoded gradient (NaN: not verified).
+    rounding : float
+        A compressed upload's rounding bound (:func:`aiogc.coding.compress.rounding_bound`)
+        relative to the oracle's scale ``||sum_i |g_i| ||``; twice it is added to the oracle's
+        tolerance (0: uncompressed).
     """
 
     gradient: np.ndarray
     exact: bool
     rel_error: float = float("nan")
+    rounding: float = 0.0
 
 
 class RoundGuard:
@@ -552,6 +576,9 @@ class RoundGuard:
         Norm of the true gradient at the initial model, when known (see :class:`NormGuard`).
     norm_guard : NormGuard, optional
         Default ``NormGuard(initial_scale=initial_scale)``.
+    coded_eps : float, optional
+        A compressed upload's rounding unit (the coded rows arrive widened to float64), for
+        the redundancy check's tolerance.
     """
 
     def __init__(
@@ -561,7 +588,9 @@ class RoundGuard:
         predicted_error: float,
         initial_scale: float | None = None,
         norm_guard: NormGuard | None = None,
+        coded_eps: float | None = None,
     ) -> None:
+        self.coded_eps = coded_eps
         self.bound = model_bound(initial_model)
         self.predicted_error = float(predicted_error)
         self.norms = norm_guard if norm_guard is not None else NormGuard(
@@ -605,11 +634,14 @@ class RoundGuard:
         self.last_norm = norm
         verdicts: list[Verdict | None] = [self.norms.check(norm)]
         if verdicts[0] is not None and verdicts[0].ok:
-            verdicts.append(redundancy_check(scheme, coded, received, dim))
+            verdicts.append(redundancy_check(scheme, coded, received, dim, eps=self.coded_eps))
             # the tolerance derived from the payload dtype's own error where it is the better
             # bound (valid because the oracle's gradients are taken at the model the workers
             # were sent: training.tasks.chunk_grads_fn(task, payload_dtype))
             tol = scheme_oracle_tolerance(scheme, _payload_dtype(coded), self.predicted_error)
+            if decoded.rounding > 0:  # a compressed upload: its rounding, bounded per round
+                tol = (tol if tol is not None else max(
+                    ORACLE_MIN_TOL, ORACLE_SAFETY * self.predicted_error)) + 2 * decoded.rounding
             verdicts.append(oracle_check(rel_error, self.predicted_error, exact=exact, tol=tol))
         self.last_passed = ()
         for v in verdicts:

@@ -26,6 +26,7 @@ from aiogc.core.common import (
     Triggered,
     Welcomed,
     WorkerDropped,
+    WorkerEvicted,
     WorkerJoined,
 )
 from aiogc.core.ps import ParameterServer, PSOptions, PSPhase
@@ -64,6 +65,7 @@ __all__ = [
     "Worker",
     "WorkerCache",
     "WorkerDropped",
+    "WorkerEvicted",
     "WorkerJoined",
     "WorkerPhase",
 ]

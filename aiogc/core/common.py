@@ -167,6 +167,17 @@ class WorkerDropped(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerEvicted(Event):
+    """Issue 21: ``worker`` was evicted (its vectors located as inconsistent ``evidence``
+    times); its connection is closed and its key refused for the rest of the run."""
+
+    worker: int
+    round: int
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class DuplicateWorker(Event):
     """A second connection authenticated as ``worker`` while one was open (the newer wins)."""
 
@@ -244,6 +255,9 @@ class RoundRecord:
     compute_s: dict[int, float] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
     gradient: np.ndarray | None = None
+    #: issue 21: a compressed upload's bound on what its rounding moved the decode (absolute,
+    #: aiogc.coding.compress.rounding_bound); NaN when the upload is not compressed
+    rounding_bound: float = float("nan")
 
     @property
     def duration_s(self) -> float:

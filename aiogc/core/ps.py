@@ -42,6 +42,7 @@ from aiogc.core.common import (
     Event,
     Outgoing,
     PeerClosed,
+    WorkerEvicted,
     WorkerJoined,
 )
 from aiogc.core.ps_rounds import RoundMachine, RoundSetup, _Peer
@@ -101,6 +102,8 @@ class PSOptions:
     auth_deadline_s: float | None = None
     spare_wait: float = 0.0
     nonce_fn: Any | None = None
+    #: spare vectors waited for (issue 21: locating one liar needs 2)
+    spares: int = 1
 
 
 DEFAULT_PS_OPTIONS: Final = PSOptions()
@@ -142,6 +145,9 @@ class ParameterServer(RoundMachine):
         ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
         the approximate deadline) for one more vector, so that the redundancy check has a
         spare to cross-check with (issue 18). 0 (default): decode at once, as before.
+    spares : int
+        How many spare vectors that wait is for (default 1; 2 lets the aggregator locate one
+        inconsistent worker, :mod:`aiogc.training.locate`).
     """
 
     def __init__(
@@ -164,6 +170,11 @@ class ParameterServer(RoundMachine):
         if not 0 <= spare_wait <= 100:
             raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
         self.spare_wait = float(spare_wait)
+        if type(options.spares) is not int or not 1 <= options.spares <= self.m:
+            raise ConfigError("spares", options.spares, f"an integer in [1, {self.m}]")
+        self.spares = options.spares
+        #: issue 21: evicted workers -> why (their key is refused for the rest of the run)
+        self.evicted: dict[int, str] = {}
         self.aggregator = aggregator
         self.secret = secret
         self.nonce_fn = nonce_fn
@@ -426,6 +437,18 @@ class ParameterServer(RoundMachine):
         if self.phase is not PSPhase.FINISHED:
             self._finish(reason, now)
 
+    def _evict_workers(self, workers: tuple[int, ...], round_: int, now: float) -> None:
+        for w in workers:
+            if w in self.evicted:
+                continue
+            why = f"its vectors were located as inconsistent (round {round_})"
+            self.evicted[w] = why
+            self.stats["evicted"] += 1
+            self._events.append(WorkerEvicted(w, round_, why, now))
+            peer = self._worker_peer.get(w)
+            if peer is not None:
+                self._close(peer, "evicted", why, now)
+
     def _close(self, peer: Hashable, code: str, reason: str, now: float) -> None:
         self.stats[f"closed_{code}"] += 1
         self._outbox.append(Outgoing(peer, Error(code=code, reason=reason[:1000]), close=True,
@@ -458,6 +481,9 @@ class ParameterServer(RoundMachine):
             )
         if msg.epoch != self.epoch:
             raise RemoteProtocolError(f"hello for epoch {msg.epoch}", code="stale_epoch")
+        if msg.worker in self.evicted:  # issue 21: its key is refused for the run
+            raise RemoteProtocolError(f"worker {msg.worker} was evicted: "
+                                      f"{self.evicted[msg.worker]}", code="evicted")
         keys = None
         if self.secret is not None:
             key = self._worker_key(msg.worker)

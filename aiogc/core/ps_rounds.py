@@ -95,6 +95,8 @@ class _RoundState:
     #: send-when-done with a spare wait: when the round decodes without a spare (inf: not
     #: waiting; see ParameterServer's ``spare_wait``)
     spare_at: float = float("inf")
+    #: vectors received at which the spare wait ends (the trigger's count plus ``spares``)
+    spare_need: int = 0
     #: the oracle from the live counters: the elapsed stamp of the report at which the
     #: coverage deficit first reached 0; valid while the accepted reports arrived in order of
     #: their stamps and no worker's coverage was removed (else the aggregator recomputes it)
@@ -120,6 +122,7 @@ class RoundMachine(Endpoint):
     phase: PSPhase = PSPhase.JOINING  # class default: only _set_phase assigns the attribute
     #: see ParameterServer's ``spare_wait`` (0: decode the moment the vectors decode)
     spare_wait: float = 0.0
+    spares: int = 1
 
     def __init__(self, setup: RoundSetup) -> None:
         super().__init__()
@@ -151,7 +154,7 @@ class RoundMachine(Endpoint):
         self.records: list[RoundRecord] = []
         # payload buffers: one row per worker, reused across rounds (the network layer
         # receives each payload straight into its row: performance.md pitfall 4)
-        self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.payload_dtype)
+        self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.coded_wire_dtype)
         #: one persistent view per row, so that "received in place" is an identity check
         self._rows: list[np.ndarray] = list(self._payload_rows)
         #: phase -> kind -> bound handler (RULES with the names resolved once)
@@ -374,7 +377,10 @@ class RoundMachine(Endpoint):
         # count_nonzero of the mask: the same test as isfinite(...).all(), without the
         # ndarray.all() wrapper that costs more than the test itself on short payloads (a
         # sum-of-squares shortcut would warn on overflow for large finite payloads)
-        if np.count_nonzero(np.isfinite(payload)) != payload.size:
+        if dt.kind == "u":  # bfloat16 bits (coded_dtype): exponent all ones is inf or NaN
+            if np.count_nonzero((payload & 0x7F80) == 0x7F80):
+                return "non-finite values"
+        elif np.count_nonzero(np.isfinite(payload)) != payload.size:
             return "non-finite values"
         return None
 
@@ -393,13 +399,18 @@ class RoundMachine(Endpoint):
         rs.record.compute_s[worker] = msg.compute_s
         if self._sends_when_done:
             if rs.spare_at != _INF_T:
-                self._end_round(now, exact=True, reason="decodable")  # the spare arrived
+                if len(rs.received) >= rs.spare_need:
+                    self._end_round(now, exact=True, reason="decodable")  # the spares arrived
             elif self._decodable_received(rs):
                 rs.record.t_trigger = now
                 if not self._wait_for_spare(rs, now):
                     self._end_round(now, exact=True, reason="decodable")
         elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
             self._end_round(now, exact=not rs.approx, reason="all_expected")
+
+    def _evict_workers(self, workers: tuple[int, ...], round_: int, now: float) -> None:
+        """Close ``workers`` and refuse their keys (ParameterServer)."""
+        raise NotImplementedError
 
     def _wait_for_spare(self, rs: _RoundState, now: float) -> bool:
         """Decodable now: wait for one spare vector (the redundancy check's cross-check)?
@@ -416,6 +427,7 @@ class RoundMachine(Endpoint):
             return False  # nobody left to send a spare
         until = now + factor * max(0.0, now - rs.record.t_start)
         rs.spare_at = min(until, rs.timeout_at, rs.approx_at)
+        rs.spare_need = len(rs.received) + self.spares
         if rs.spare_at <= now:
             rs.spare_at = _INF_T
             return False
@@ -646,6 +658,8 @@ class RoundMachine(Endpoint):
             self.stats[key] += 1
         self.model = answer.model
         self.records.append(rec)
+        if answer.evict:  # issue 21: before the next round starts, so it is not in it
+            self._evict_workers(answer.evict, rec.round, now)
         live = rec.round in self._oracle_hints
         hint = self._oracle_hints.pop(rec.round, None)
         self._analyses.append(AnalyseRound(rec, answer.gradient, item.model, answer.model,

@@ -493,6 +493,7 @@ class Worker(WorkerRounds):
         self._report_every = cfg.report_every
         self._swd = bool(setup.scheme.sends_when_done)
         self._payload_dtype = cfg.payload_dtype
+        self._coded = cfg.coded_dtype
         self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
         self._fixed_coef = (
             np.ascontiguousarray(self._fixed_theta[:, 0])

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from aiogc.coding.base import encode_rows
+from aiogc.coding.compress import to_coded
 from aiogc.core.common import (
     ComputeChunks,
     Endpoint,
@@ -101,6 +102,7 @@ class WorkerRounds(Endpoint):
         self._report_every = 1
         self._swd = False  # scheme sends when done
         self._payload_dtype: np.dtype = np.dtype("<f8")
+        self._coded = "same"  # RunConfig.coded_dtype: a 16-bit upload type, or "same"
         self._fixed_theta: np.ndarray | None = None
         self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
         self._fixed_digest = b""
@@ -287,6 +289,8 @@ class WorkerRounds(Endpoint):
         # when the payload dtype differs saves a numpy call per vector
         payload = vec if vec.dtype is dt and vec.flags.c_contiguous else (
             np.ascontiguousarray(vec, dtype=dt))
+        if self._coded != "same":  # issue 21: rounded from the run's dtype for the upload
+            payload = to_coded(payload, self._coded)
         self._attempt_sent = attempt
         msg = _new_coded(self._epoch, self._round, attempt,
                          digest if digest is not None else state_digest(state),

@@ -52,7 +52,10 @@ COLUMN_OF_FIELD: Final[dict[str, str]] = {
     "oracle_elapsed_s": "oracle_s",
 }
 #: RoundRecord fields written to other files (or not at all: the gradient).
-NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient"})
+#: (rounding_bound, issue 21: kept on the record, not a column, so that a
+#: default run's rounds.csv keeps its columns)
+NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient",
+                                  "rounding_bound"})
 
 #: rounds.csv columns written by the recorder after the record's own (appended at the end, so
 #: readers of older files still work): ``workers_present``, the workers the PS started the

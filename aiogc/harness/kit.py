@@ -29,6 +29,7 @@ from aiogc.core import (
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.delays import materialise
+from aiogc.training.locate import LiarLocator
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
@@ -148,13 +149,15 @@ class Progress:
 
 
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
-            keep_gradients: bool = False, guard: bool = True,
+            keep_gradients: bool = False, guard: bool = True, locate: int | None = None,
             **kwargs: Any) -> tuple[ParameterServer, Any]:
     """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
     the aggregator's). ``kwargs`` go to the PS (``secret``, ``epoch``,
-    ``options=PSOptions(...)``).
+    ``options=PSOptions(...)``). ``locate`` (issue 21): locate an inconsistent worker where
+    two spares allow and evict it after that many located rounds (0: never evict; None: off;
+    :mod:`aiogc.training.locate`); it needs ``PSOptions(spare_wait > 0, spares=2)``.
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
@@ -176,6 +179,10 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         loss_fn=task.loss,
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
         keep_gradients=keep_gradients, guard=guard)
+    if locate is not None:
+        aggregator.locator = LiarLocator(
+            evict_after=locate,
+            eps=None if config.coded_dtype == "same" else config.coded_eps)
     ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
                          schedule=schedule, **kwargs)
     return ps, task

@@ -144,7 +144,9 @@ class PSServer:
         self._timer: _Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         itemsize = ps.config.payload_dtype.itemsize
-        self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(1, ps.payload_len * itemsize))
+        self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(
+            1, ps.payload_len * ps.config.coded_wire_dtype.itemsize),
+            half_payloads=ps.config.coded_dtype != "same")
         # the largest frame the PS sends is a round_start: the model plus a header whose delay
         # row has at most max(loads) entries (9 bytes each)
         model_bytes = ps.dim * itemsize + 9 * int(max(ps.scheme.loads)) + 4096

@@ -88,11 +88,14 @@ class FrameLimits:
     """Per-connection bounds, checked before anything is buffered or allocated.
 
     ``max_header_bytes``: largest accepted ``H``. ``max_array_bytes``: largest accepted
-    ``n * itemsize``; 0 forbids array kinds.
+    ``n * itemsize``; 0 forbids array kinds. ``half_payloads``: coded_gradient may carry the
+    16-bit payloads of a run with ``coded_dtype`` float16 / bfloat16 (issue 21; off: only
+    ``<f4`` / ``<f8``, as on every connection of a default run).
     """
 
     max_header_bytes: int
     max_array_bytes: int
+    half_payloads: bool = False
 
     def __post_init__(self) -> None:
         if type(self.max_header_bytes) is not int or not 1 <= self.max_header_bytes <= MAX_U32:
@@ -174,7 +177,12 @@ Decoder = Callable[[bytearray, int, int, FrameLimits], Decoded]
 Encoder = Callable[[Message], "tuple[bytes, memoryview | None]"]
 #: the array kinds' itemsize byte -> dtype (messages.ARRAY_DTYPES, by itemsize)
 _DTYPES: Final[dict[int, np.dtype]] = {4: np.dtype("<f4"), 8: np.dtype("<f8")}
-_ITEMSIZE: Final = {"<f4": 4, "<f8": 8}
+#: coded_gradient also carries the 16-bit payloads of ``coded_dtype`` (issue 21): byte 2 is
+#: IEEE float16, byte 0x82 (2 with the high bit set) bfloat16 as ``<u2`` words, the upper
+#: halves of float32 (aiogc.coding.compress); a default run never sends either
+_CODED_DTYPES: Final[dict[int, np.dtype]] = {**_DTYPES, 2: np.dtype("<f2"),
+                                             0x82: np.dtype("<u2")}
+_ITEMSIZE: Final = {"<f4": 4, "<f8": 8, "<f2": 2, "<u2": 0x82}
 
 
 def _length_error(kind: str, h: int, expected: int, what: str = "") -> MalformedFrame:
@@ -202,13 +210,15 @@ def _field_error(cls: type[Message], values: dict[str, Any]) -> MalformedFrame:
     return MalformedFrame(f"{cls.kind}: a field is out of range", code="bad_field")
 
 
-def _array_dtype(kind: str, itemsize: int, n: int, limits: FrameLimits) -> np.dtype:
-    dtype = _DTYPES.get(itemsize)
+def _array_dtype(kind: str, itemsize: int, n: int, limits: FrameLimits,
+                 table: dict[int, np.dtype] = _DTYPES) -> np.dtype:
+    dtype = table.get(itemsize)
     if dtype is None:
-        raise MalformedFrame(f"{kind}.itemsize={itemsize}: expected 4 (<f4) or 8 (<f8)",
-                             code="bad_dtype")
-    if n * itemsize > limits.max_array_bytes:
-        raise FrameTooLarge(f"{kind}: array of {n * itemsize} bytes exceeds "
+        raise MalformedFrame(f"{kind}.itemsize={itemsize}: expected 4 (<f4) or 8 (<f8)"
+                             + (", 2 (<f2) or 0x82 (bfloat16)" if table is _CODED_DTYPES
+                                else ""), code="bad_dtype")
+    if n * dtype.itemsize > limits.max_array_bytes:
+        raise FrameTooLarge(f"{kind}: array of {n * dtype.itemsize} bytes exceeds "
                             f"{limits.max_array_bytes}", code="array_too_large")
     return dtype
 
@@ -227,6 +237,8 @@ def _array_parts(kind: str, arr: np.ndarray) -> tuple[int, int, memoryview | Non
     """(itemsize byte, n, byte view or None) of an array to send; never copies a contiguous
     1-D array (a strided one is copied once)."""
     itemsize = _ITEMSIZE.get(arr.dtype.str)
+    if itemsize is not None and itemsize not in _DTYPES and kind != "coded_gradient":
+        itemsize = None  # the 16-bit types travel in coded_gradient only
     if itemsize is None or arr.ndim != 1:
         raise LocalProtocolError(f"{kind}: array of dtype {arr.dtype.str} and shape {arr.shape} "
                                  "cannot be sent (1-D <f4 or <f8 only)")
@@ -392,7 +404,8 @@ def _dec_coded(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded
     if h < _CG_H:
         raise _length_error("coded_gradient", h, _CG_H, "at least ")
     e, r, a, cs, itemsize, n, k = _CG_UNPACK(buf, pos + PREAMBLE_BYTES)
-    dtype = _array_dtype("coded_gradient", itemsize, n, limits)
+    dtype = _array_dtype("coded_gradient", itemsize, n, limits,
+                         _CODED_DTYPES if limits.half_payloads else _DTYPES)
     if k > MAX_BLOB:
         raise _too_many("coded_gradient", "state_digest", k, MAX_BLOB)
     if h != _CG_H + k:

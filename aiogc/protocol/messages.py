@@ -143,6 +143,19 @@ def _array(kind: str, name: str, v: object) -> np.ndarray:
     return v
 
 
+#: coded_gradient's payload may also be one of the 16-bit upload types of ``coded_dtype``
+#: (issue 21): IEEE float16, or bfloat16 carried as ``<u2`` words (aiogc.coding.compress)
+CODED_ARRAY_DTYPES: Final = {**ARRAY_DTYPES, "<f2": np.dtype("<f2"), "<u2": np.dtype("<u2")}
+
+
+def _coded_array(kind: str, name: str, v: object) -> np.ndarray:
+    if not isinstance(v, np.ndarray) or v.ndim != 1:
+        raise _fail(kind, name, type(v).__name__, "1-D ndarray")
+    if v.dtype.str not in CODED_ARRAY_DTYPES:
+        raise _fail(kind, name, v.dtype.str, f"dtype in {sorted(CODED_ARRAY_DTYPES)}")
+    return v
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """Base class. Subclasses set ``kind`` and ``_checks`` (field name -> checker)."""
@@ -344,7 +357,7 @@ class ChunkReport(Message):
     attempt=_int(),
     state_digest=_blob,
     compute_s=_float(0.0),
-    payload=_array,
+    payload=_coded_array,
 )
 @dataclass(frozen=True, slots=True, eq=False)
 class CodedGradient(Message):

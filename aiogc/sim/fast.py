@@ -425,7 +425,7 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     out: dict[str, FastResult] = {}
     for name in schemes:
         s = sch[name]
-        frames = FrameBytes.of(s, dim, config.dtype)
+        frames = FrameBytes.of(s, dim, config.coded_wire_dtype)
         trig, end, status, states = outcomes(s, schedule, mode=config.mode,
                                              deadline_s=config.deadline_s, latency=latency,
                                              comm=comm, frames=frames)

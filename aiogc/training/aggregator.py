@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from aiogc.coding.base import Scheme
+from aiogc.coding.compress import widen
 from aiogc.coding.consistency import (
     DecodedStep,
     NormGuard,
@@ -32,6 +33,7 @@ from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
+from aiogc.training.locate import LiarLocator, payload_rounding_bound, relative
 
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
 _CONTENT_CHECKS = frozenset({"oracle", "redundancy", "estimate"})
@@ -89,10 +91,16 @@ class Aggregator:
         # verify_fn is not called here (it may read state that does not exist yet): with it,
         # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
         w0 = np.array(model, dtype=np.float64, copy=True)
+        #: issue 21: a 16-bit coded upload ("same": none), widened to float64 to decode
+        self._coded = config.coded_dtype
+        coded_eps = None if self._coded == "same" else config.coded_eps
         self.guard: RoundGuard | None = (
             RoundGuard(w0, predicted_error=self.predicted_error,
-                       norm_guard=NormGuard(floor=norm_floor(config.payload_dtype, w0.size)))
+                       norm_guard=NormGuard(floor=norm_floor(config.payload_dtype, w0.size)),
+                       coded_eps=coded_eps)
             if guard else None)
+        #: issue 21: locate an inconsistent worker where the spares allow (None: off)
+        self.locator: LiarLocator | None = None
 
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None:
         """Run one work item of the PS core; the answer goes to ``ps.work_done``."""
@@ -116,9 +124,13 @@ class Aggregator:
         if not item.decode:
             return Decoded(w_prev, None, ())
         rec.attempts = item.attempt + 1
-        result = self._decode(item.rows, item.state, item.dim)
+        rows = item.rows if self._coded == "same" else widen(item.rows, self._coded)
+        result = self._decode(rows, item.state, item.dim)
         grad = np.asarray(result.gradient, dtype=np.float64)
         if not np.isfinite(grad).all():
+            located = self._locate_and_exclude(item, rows) if self.locator else None
+            if located is not None:
+                return located
             rec.status = RoundStatus.FAILED
             rec.end_reason = EndReason.NONFINITE
             rec.end_detail = "decoded gradient is not finite"
@@ -128,34 +140,46 @@ class Aggregator:
         rec.status = (RoundStatus.EXACT if (result.exact and item.exact)
                       else RoundStatus.APPROXIMATE)
         rec.end_reason = EndReason(item.reason)
+        if self._coded != "same":
+            rec.rounding_bound = payload_rounding_bound(
+                self.scheme, item.state, rows, self._coded, self.config.payload_dtype)
         if self.keep_gradients:
             rec.gradient = grad.copy()
         if self.guard is None:
             return Decoded(w_prev - self.learning_rate * grad, grad, ())
-        return self._guarded_step(item, grad)
+        return self._guarded_step(item, grad, rows)
 
-    def _guarded_step(self, item: DecodeRound, grad: np.ndarray) -> Decoded:
+    def _guarded_step(self, item: DecodeRound, grad: np.ndarray, rows: np.ndarray) -> Decoded:
         """Apply ``grad`` only if the round guard vouches for it; else fail the round."""
         assert self.guard is not None
         rec, w_prev = item.record, item.model
         estimate: Verdict | None = None
+        rounding = 0.0
         if self.verify_fn is not None:
             # a PS that verifies never applies an unverified step: the oracle runs here,
             # before the update, rather than with the analytics
             G = np.asarray(self.verify_fn(w_prev), dtype=np.float64)
             rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev, G)
+            if self._coded != "same":
+                absum = np.abs(G).sum(axis=0)
+                rounding = relative(rec.rounding_bound, math.sqrt(absum.dot(absum)))
             if rec.status != RoundStatus.EXACT:
                 # an approximate round differs from the truth by design, but not from the
                 # estimate honest workers would have produced from the same finished chunks
-                estimate = self._estimate_verdict(item, grad, G, rec.amplification)
+                estimate = self._estimate_verdict(item, grad, G, rec.amplification, rounding)
         if estimate is not None and not estimate.ok:
             self.guard.rejected[estimate.check] = self.guard.rejected.get(estimate.check, 0) + 1
             return self._reject(item, estimate)
         bad, new = self.guard.check(
-            scheme=self.scheme, coded=item.rows, received=np.flatnonzero(item.state > 0),
-            dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error),
+            scheme=self.scheme, coded=rows, received=np.flatnonzero(item.state > 0),
+            dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error,
+                                              rounding),
             model=w_prev, learning_rate=self.learning_rate)
         if bad is not None:
+            if self.locator is not None and bad.check != "model":
+                located = self._locate_and_exclude(item, rows)
+                if located is not None:
+                    return located
             return self._reject(item, bad)
         assert new is not None
         self.guard.accept()
@@ -164,6 +188,24 @@ class Aggregator:
             rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "
                               "only the norm and model bounds applied")
         return Decoded(new, grad, ())
+
+    def _locate_and_exclude(self, item: DecodeRound, rows: np.ndarray) -> Decoded | None:
+        """Issue 21: the one worker whose vector breaks consistency, if the spares say whose;
+        the round is then decoded (and guarded again) from the others. None: not located."""
+        assert self.locator is not None
+        j = self.locator.locate(self.scheme, rows, item.state, item.dim)
+        if j is None:
+            return None
+        rest = item.state.copy()
+        rest[j] = 0
+        redo = self.decode_round(item._replace(state=rest))
+        if redo.gradient is None:
+            return None  # the rest did not pass the guard either: rejected as found
+        evict = self.locator.record(j)
+        rec = item.record
+        rec.end_detail = self.locator.describe(j)
+        return Decoded(redo.model, redo.gradient, (*redo.counters, "located_inconsistent"),
+                       (j,) if evict else ())
 
     @staticmethod
     def _reject(item: DecodeRound, bad: Verdict) -> Decoded:
@@ -201,12 +243,12 @@ class Aggregator:
         return np.asarray(scheme.decode_result(rows, st, dim).gradient, dtype=np.float64)
 
     def _estimate_verdict(self, item: DecodeRound, grad: np.ndarray, G: np.ndarray,
-                          amplification: float) -> Verdict:
+                          amplification: float, rounding: float = 0.0) -> Verdict:
         """The approximate-round oracle (issue 18): ``grad`` against :meth:`honest_estimate`."""
         honest = self.honest_estimate(item.state, G, item.dim)
         absum = np.abs(G).sum(axis=0)
         return estimate_check(grad, honest, float(math.sqrt(absum.dot(absum))),
-                              self.predicted_error, amplification)
+                              self.predicted_error, amplification, rounding=rounding)
 
     def _decode(self, rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
         fast = self.scheme.trusted_decoder()

@@ -1,0 +1,151 @@
+"""Locate, exclude, continue (issue 21 item 4); and the per-round rounding bound of item 3.
+
+**Locating a liar.** The redundancy check (:func:`aiogc.coding.consistency.redundancy_check`)
+detects an inconsistent vector where a fixed code (the original scheme) received a spare. With
+*two* spares it can also say whose: leave each received worker out in turn; the set without the
+liar still has a spare and passes the redundancy check, every set that keeps the liar fails it
+(its vector enters the two decodes with different coefficients). When one leave-one-out set is
+consistent and :data:`LOCATE_MARGIN` times more so than any other (a lie can nearly cancel
+between the two decodes of a set that keeps it, at the tolerance of a compressed upload),
+its worker is located, the round is decoded exactly from the rest (and
+checked again, by every check of the guard), and the round completes. With one spare, or no
+leave-one-out set that stands out (two liars, which this does not claim to handle), the round
+is rejected as before.
+
+**Eviction.** Each located round is one piece of evidence against its worker. After
+:data:`EVICT_AFTER` located rounds (by default 3: a single round could be the PS's own
+confusion, three independent rounds in which the same vector alone breaks consistency are
+not) the aggregator asks the PS core to evict the worker: its connection is closed, its key is
+refused on reconnect for the rest of the run, and an event and a summary line say so.
+
+The PS waits for two spare vectors (``PSOptions(spares=2)``, with ``spare_wait`` > 0) so that
+location has the redundancy it needs (cyclic ``delta >= 3``: ``m - delta + 1`` vectors decode,
+two more locate one liar).
+
+**Cost.** Nothing in an honest round; in a round that fails the redundancy check, one
+redundancy check per received worker (``bench/redteam.py --locate`` reports it at m=64).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from aiogc.coding.base import Scheme
+from aiogc.coding.compress import rounding_bound
+from aiogc.coding.consistency import redundancy_check
+
+__all__ = ["EVICT_AFTER", "LiarLocator", "decoding_coefficients", "payload_rounding_bound"]
+
+#: located rounds against one worker before it is evicted
+EVICT_AFTER = 3
+#: how much more consistent the located leave-one-out set must be than the next best
+LOCATE_MARGIN = 10.0
+#: discrepancies below this are exact agreement (the margin is not taken of 0)
+_TINY = 1e-300
+
+
+def decoding_coefficients(scheme: Scheme, state: np.ndarray) -> np.ndarray:
+    """The decoding coefficients ``D`` (ell, m) the scheme uses at ``state``.
+
+    Decoding is linear in the payloads: decoding the identity (payload length m) returns them.
+    """
+    m, ell = int(scheme.m), int(scheme.n_parts)
+    r = scheme.decode_result(np.eye(m), np.asarray(state, dtype=np.int64), ell * m)
+    return np.asarray(r.gradient, dtype=np.float64).reshape(ell, m)
+
+
+def payload_rounding_bound(scheme: Scheme, state: np.ndarray, rows64: np.ndarray,
+                           coded: str, payload_dtype: np.dtype) -> float:
+    """:func:`aiogc.coding.compress.rounding_bound` of one round: the most a compressed upload's
+    rounding can move the decoded gradient (absolute, in gradient units).
+
+    Parameters
+    ----------
+    scheme : Scheme
+    state : ndarray of int64, shape (m,)
+    rows64 : ndarray, shape (m, p)
+        The round's payload rows widened to float64.
+    coded : {"float16", "bfloat16"}
+    payload_dtype : numpy dtype
+    """
+    D = decoding_coefficients(scheme, state)
+    return rounding_bound(D, rows64, coded, payload_dtype)
+
+
+@dataclass
+class LiarLocator:
+    """Leave-one-out location and the evidence count (see the module docstring).
+
+    Parameters
+    ----------
+    evict_after : int
+        Located rounds against one worker before it is evicted (0: never evict).
+    eps : float, optional
+        The payloads' rounding unit when compressed (see ``redundancy_check``).
+    """
+
+    evict_after: int = EVICT_AFTER
+    eps: float | None = None
+
+    def __post_init__(self) -> None:
+        self.evidence: Counter[int] = Counter()
+        self.evicted: list[int] = []
+        #: located rounds in total
+        self.located = 0
+
+    def locate(self, scheme: Scheme, rows64: np.ndarray, state: np.ndarray,
+               dim: int) -> int | None:
+        """The one worker whose removal leaves a clearly most consistent received set, or None.
+
+        Parameters
+        ----------
+        scheme : Scheme
+        rows64 : ndarray, shape (m, p)
+        state : ndarray of int64, shape (m,)
+            The round's state (send-when-done: the loads of the workers whose vectors arrived).
+        dim : int
+        """
+        rec = [int(w) for w in np.flatnonzero(np.asarray(state) > 0)]
+        if not scheme.sends_when_done or len(rec) < 4:
+            return None
+        values: list[tuple[float, int]] = []
+        for j in rec:
+            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
+                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
+                                     eps=self.eps)
+            if v is None:
+                return None  # no spare left without one worker: nothing can be located
+            values.append((v.value if v.ok else math.inf, j))
+        values.sort()
+        (best, j), (second, _) = values[0], values[1]
+        # the set without the liar is consistent to its rounding; a set that keeps the liar
+        # can pass too where the lie nearly cancels between its two decodes, so the located
+        # set must also stand out: LOCATE_MARGIN times more consistent than any other
+        if math.isfinite(best) and (not math.isfinite(second)
+                                    or second > LOCATE_MARGIN * max(best, _TINY)):
+            return j
+        return None
+
+    def record(self, worker: int) -> bool:
+        """One located round against ``worker``; True when it is now to be evicted."""
+        self.located += 1
+        self.evidence[worker] += 1
+        if (self.evict_after > 0 and self.evidence[worker] >= self.evict_after
+                and worker not in self.evicted):
+            self.evicted.append(worker)
+            return True
+        return False
+
+    def describe(self, worker: int) -> str:
+        n = self.evidence[worker]
+        return (f"worker {worker} located as inconsistent (leave-one-out decodes; "
+                f"{n} round{'s' if n != 1 else ''} of evidence) and excluded")
+
+
+def relative(bound: float, scale: float) -> float:
+    """``bound / scale``, 0 when either is not a positive finite number."""
+    return bound / scale if scale > 0 and math.isfinite(bound) and math.isfinite(scale) else 0.0

@@ -1,0 +1,236 @@
+"""Issue 21 items 3 and 4: compressed coded payloads, and locate / exclude / evict a liar.
+
+Cores back to back on the virtual clock (no sockets); one loopback run for eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiogc.coding.compress import rounding_bound, to_coded, unit_roundoff, widen
+from aiogc.config import RunConfig
+from aiogc.core import PSOptions, Setup, Worker, WorkerCache
+from aiogc.errors import MalformedFrame
+from aiogc.harness.kit import make_ps, materialise_for
+from aiogc.protocol.headers import FrameLimits
+from aiogc.protocol.messages import CodedGradient
+from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
+from aiogc.sim.engine import Simulation
+from tests.helpers import _counter_nonces
+
+SECRET = b"payload-test-secret-0123456789ab"
+
+
+# ------------------------------------------------------------------ item 3: 16-bit payloads
+
+
+@pytest.mark.parametrize("coded", ["float16", "bfloat16"])
+def test_rounding_is_within_the_unit_roundoff(coded: str) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(5000) * np.exp(rng.uniform(-8, 8, 5000))
+    back = widen(to_coded(x, coded), coded)
+    u = unit_roundoff(coded, np.dtype("<f8"))
+    eta = 2.0**-25 if coded == "float16" else 0.0
+    assert np.all(np.abs(back - x) <= u * np.abs(x) + eta + 1e-300)
+    if coded == "bfloat16":  # round to nearest even, as the upper half of a float32
+        assert widen(to_coded(np.array([1.0 + 2**-8]), coded), coded)[0] == 1.0
+        assert widen(to_coded(np.array([1.0 + 3 * 2**-8]), coded), coded)[0] == 1.0 + 2**-6
+
+
+@pytest.mark.parametrize("coded, byte", [("float16", 2), ("bfloat16", 0x82)])
+def test_coded_gradient_frames_carry_16_bit_payloads(coded: str, byte: int) -> None:
+    payload = to_coded(np.linspace(-3, 3, 7), coded)
+    msg = CodedGradient(epoch=1, round=2, attempt=0, state_digest=b"\1" * 8, compute_s=0.5,
+                        payload=payload)
+    raw = encode_frame_bytes(msg)
+    wide = encode_frame_bytes(dataclasses.replace(msg, payload=widen(payload, coded)))
+    assert len(wide) - len(raw) == 7 * 6  # 2 bytes an entry instead of 8
+    assert byte in raw[:40]
+    with pytest.raises(MalformedFrame):  # a default connection refuses 16-bit payloads
+        decode_frame_bytes(raw)
+    got = decode_frame_bytes(raw, FrameLimits(1 << 20, 1 << 20, half_payloads=True))
+    assert isinstance(got, CodedGradient)
+    assert got.payload.dtype == payload.dtype and np.array_equal(got.payload, payload)
+
+
+def test_default_configuration_welcome_has_no_coded_dtype() -> None:
+    cfg = RunConfig()
+    assert "coded_dtype" not in cfg.to_wire()
+    assert RunConfig.from_wire(cfg.to_wire()) == cfg
+    c16 = RunConfig(coded_dtype="bfloat16")
+    assert c16.to_wire()["coded_dtype"] == "bfloat16"
+    assert RunConfig.from_wire(c16.to_wire()) == c16
+
+
+def _rig(config: RunConfig, *, spare_wait: float = 0.0, spares: int = 1,
+         locate: int | None = None, liar: int | None = None) -> tuple[Any, Any, Any]:
+    schedule = materialise_for(config, [config.scheme])
+    ps, task = make_ps(config, schedule=schedule, verify=True, keep_gradients=True,
+                       secret=SECRET, locate=locate,
+                       options=PSOptions(nonce_fn=_counter_nonces(), spare_wait=spare_wait,
+                                         spares=spares))
+    built: dict[RunConfig, Setup] = {}
+
+    def setup(cfg: RunConfig) -> Setup:
+        if cfg not in built:
+            built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
+        return built[cfg]
+
+    cache = WorkerCache()
+    workers = [Worker(j, secret=SECRET, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
+               for j in range(ps.m)]
+    tamper = None
+    if liar is not None:
+        tamper = Scale3(workers[liar])
+    return ps, task, (Simulation(ps, workers), tamper)
+
+
+@pytest.mark.parametrize("scheme, n_parts", [("partial", 1), ("partial", 2), ("original", 1)])
+@pytest.mark.parametrize("coded", ["float16", "bfloat16"])
+def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: int,
+                                                        coded: str) -> None:
+    config = RunConfig(scheme=scheme, workers=8, delta=3, n_parts=n_parts, rounds=12, seed=3,
+                       task="linreg:samples=240,dim=24", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None, coded_dtype=coded)
+    ps, task, (sim, _) = _rig(config)
+    sim.run()
+    recs = ps.records
+    assert len(recs) == config.rounds and all(r.status == "exact" for r in recs), [
+        r.end_detail for r in recs]
+    w = task.initial_model().astype(np.float64)
+    n = ps.scheme.n_chunks
+    for r in recs:
+        G = np.stack([task.chunk_gradient(i, w) for i in range(n)])
+        err = float(np.linalg.norm(r.gradient - G.sum(axis=0)))
+        scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
+        # the bound, plus float64's own decode error (orders of magnitude below it)
+        assert r.rounding_bound > 0 and err <= r.rounding_bound + 1e-9 * scale, (r.round, err)
+        if scheme == "partial":  # B's coefficients are small: a useful bound (the original
+            assert r.rounding_bound <= 0.01 * scale  # scheme's decoders amplify ~10^3)
+        w = w - ps.aggregator.learning_rate * r.gradient
+    # the uploads were 16-bit on this run's wire type
+    assert ps._payload_rows.dtype.itemsize == 2
+
+
+def test_rounding_bound_is_tight_to_a_small_factor() -> None:
+    rng = np.random.default_rng(1)
+    V = rng.standard_normal((6, 400))
+    D = rng.standard_normal((1, 6))
+    for coded in ("float16", "bfloat16"):
+        Vt = widen(to_coded(V.ravel(), coded), coded).reshape(V.shape)
+        err = float(np.linalg.norm(D @ Vt - D @ V))
+        b = rounding_bound(D, Vt, coded, np.dtype("<f8"))
+        assert err <= b <= 20 * err
+
+
+# ------------------------------------------------------------------ item 4: locate and evict
+
+
+class Scale3:
+    """Worker ``w``'s coded vectors times 3 (authenticated: it holds its key)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.sent = 0
+        polled = worker.poll
+
+        def poll() -> Any:
+            events, work, out, when = polled()
+            fixed = []
+            for o in out:
+                if isinstance(o.message, CodedGradient):
+                    self.sent += 1
+                    o = o._replace(message=dataclasses.replace(
+                        o.message, payload=np.ascontiguousarray(3 * o.message.payload)))
+                fixed.append(o)
+            return events, work, fixed, when
+
+        worker.poll = poll  # type: ignore[method-assign]
+
+
+LOCATE_CFG: dict[str, Any] = dict(scheme="original", workers=16, delta=4, rounds=20, seed=2,
+                                  task="linreg:samples=320,dim=12", delay="exp:0.05",
+                                  heartbeat_s=None, dead_after_s=None)
+
+
+def _check_located_run(ps: Any, liar: int) -> None:
+    recs = ps.records
+    assert len(recs) == LOCATE_CFG["rounds"]
+    assert all(r.status == "exact" for r in recs), [(r.round, r.end_detail) for r in recs]
+    located = [r for r in recs if "located as inconsistent" in r.end_detail]
+    assert len(located) >= 3 and all(f"worker {liar} " in r.end_detail for r in located)
+    assert liar in ps.evicted
+    evicted_at = max(r.round for r in located)
+    assert all(liar not in r.arrivals for r in recs if r.round > evicted_at)
+    assert ps.statistics().get("evicted") == 1
+
+
+@pytest.mark.parametrize("coded", ["same", "float16"])
+def test_one_liar_is_located_excluded_and_evicted(coded: str) -> None:
+    config = RunConfig(**LOCATE_CFG, coded_dtype=coded)
+    ps, task, (sim, tamper) = _rig(config, spare_wait=2.0, spares=2, locate=3, liar=5)
+    sim.run()
+    assert tamper.sent > 0
+    _check_located_run(ps, 5)
+    # every applied gradient is the true one (no lie got through)
+    w = task.initial_model().astype(np.float64)
+    for r in ps.records:
+        G = np.stack([task.chunk_gradient(i, w) for i in range(ps.scheme.n_chunks)])
+        scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
+        tol = 1e-9 if coded == "same" else 2 * r.rounding_bound / scale + 1e-9
+        assert np.linalg.norm(r.gradient - G.sum(axis=0)) / scale <= tol
+        w = w - ps.aggregator.learning_rate * r.gradient
+
+
+def test_without_locate_the_liar_costs_rounds() -> None:
+    config = RunConfig(**LOCATE_CFG)
+    ps, _, (sim, _) = _rig(config, spare_wait=2.0, spares=2, locate=None, liar=5)
+    sim.run()
+    assert any(r.status == "failed" for r in ps.records)
+    assert not ps.evicted
+
+
+def test_honest_run_with_locate_on_is_unchanged() -> None:
+    config = RunConfig(**LOCATE_CFG)
+    ps, _, (sim, _) = _rig(config, spare_wait=2.0, spares=2, locate=3)
+    sim.run()
+    assert all(r.status == "exact" and "located" not in r.end_detail for r in ps.records)
+    assert not ps.evicted
+
+
+def test_evicted_worker_is_refused_on_reconnect_over_loopback() -> None:
+    from aiogc.net.drivers import PSServer, WorkerClient
+
+    config = RunConfig(**{**LOCATE_CFG, "delay": "exp:0.002", "rounds": 12})
+
+    async def main() -> tuple[Any, Any]:
+        schedule = materialise_for(config, [config.scheme])
+        ps, _ = make_ps(config, schedule=schedule, verify=True, keep_gradients=True,
+                        secret=SECRET, locate=3,
+                        options=PSOptions(spare_wait=100.0, spares=2))
+        server = PSServer(ps, host="127.0.0.1", port=0)
+        serving = asyncio.create_task(server.serve())
+        await server.started.wait()
+        clients = []
+        for j in range(config.workers):
+            w = Worker(j, secret=SECRET)
+            if j == 5:
+                Scale3(w)
+            clients.append(asyncio.create_task(WorkerClient(
+                w, "127.0.0.1", server.port, give_up_after_s=30.0).run()))
+        await serving
+        for c in clients:
+            c.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        return ps, server
+
+    ps, _ = asyncio.run(main())
+    recs = ps.records
+    assert len(recs) == config.rounds
+    assert all(r.status == "exact" for r in recs), [(r.round, r.end_detail) for r in recs]
+    assert 5 in ps.evicted
+    st = ps.statistics()
+    assert st.get("evicted") == 1 and st.get("closed_evicted", 0) >= 1
