@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from aiogc.core.attribution import Attribution
 from aiogc.protocol.messages import Message, slot_constructor
 from aiogc.protocol.status import EndReason, RoundStatus
 
@@ -244,6 +245,9 @@ class RoundRecord:
     compute_s: dict[int, float] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
     gradient: np.ndarray | None = None
+    #: the decode's coefficients (who entered the gradient, with what weight), set by the
+    #: aggregator; workers.csv and attribution.csv are written from it
+    attribution: Attribution | None = None
 
     @property
     def duration_s(self) -> float:
