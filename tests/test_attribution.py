@@ -209,3 +209,26 @@ def test_pandas_reads_the_attribution(tmp_path: Path) -> None:
 
     t = load_run_tables(tmp_path, pandas=True)
     assert list(t.attribution["chunk"]) == [0, 1, 2]
+
+
+def test_inspect_and_timeline_show_the_attribution(tmp_path: Path) -> None:
+    """`aiogc inspect` lists each worker's weight and the wasted work; the timeline draws the
+    wasted part of a worker's computation hatched."""
+    from aiogc.harness.inspect_run import inspect_round
+
+    with RunRecorder(tmp_path, {}) as rec:
+        rec.round("partial", _record(), m=3, loads=[2, 2, 2])
+    text = inspect_round(tmp_path, 0)
+    assert "attribution (decoded gradient part k = sum_j weight_j[k] * v_j)" in text
+    assert "wasted work (2 worker:chunk computations not used): w1:c1 w1:c2" in text
+    assert "chunks: 3 of 3 entered the gradient" in text
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from aiogc.harness import plots
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    plots._draw_round(ax, "partial", _record(), 3, {0: 2, 1: 0, 2: 1})
+    hatched = [p for p in ax.collections if p.get_hatch() == "//"]
+    assert len(hatched) == 2  # worker 1's two report intervals, nobody else's
