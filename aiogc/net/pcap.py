@@ -71,7 +71,7 @@ def _ipv4(addr: Any, fallback: str) -> tuple[bytes, int]:
 class _Flow:
     """One connection's synthetic TCP state: the two endpoints and next sequence numbers."""
 
-    __slots__ = ("client", "server", "seq_c", "seq_s")
+    __slots__ = ("client", "seq_c", "seq_s", "server")
 
     def __init__(self, client: tuple[bytes, int], server: tuple[bytes, int]) -> None:
         self.client, self.server = client, server
