@@ -50,7 +50,9 @@ def test_load_run_returns_every_table(run_dir: Path) -> None:
     assert set(run.delays[0]) == set(CSV_COLUMNS)
     assert run.manifest["seed"] == CFG.seed
     assert run.summary is not None and set(run.summary["schemes"]) == {"partial", "original"}
-    assert set(run.tables()) == {"rounds", "workers", "reports", "frames", "delays"}
+    assert set(run.tables()) == {"rounds", "workers", "reports", "frames", "delays",
+                                 "attribution"}
+    assert len(run.attribution) == 2 * r * m  # one row per chunk (N = m) per round
     assert aiogc.load_run(run_dir, frames=False, pandas=False).frames == []
     import pandas as pd  # the dev extra installs it: pandas must load every table
     df = aiogc.load_run(run_dir)

@@ -93,6 +93,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(coroutines sharing one loop each) instead of beside the PS on its "
                         "loop (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
+    p.add_argument("--pcap", default=None, metavar="FILE",
+                   help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
+                        "decode with tools/aiogc.lua; local backend only)")
     add_spare_wait_arg(p)
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="record each round's decode error against the uncoded gradient")
@@ -146,7 +149,11 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                          progress=progress, argv=argv, plots=a.plots, backend=a.backend,
                          address=a.address, worker_hosts=a.worker_hosts,
                          auto_time_scale=a.time_scale == "auto",
-                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait)
+                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
+                         pcap=getattr(a, "pcap", None))
+    if options.pcap is not None and a.backend != "local":
+        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
+                          "connections in this process)")
     try:
         result = run_live(base, schemes, options)
     except RunInterrupted as exc:

@@ -22,7 +22,7 @@ import numpy as np
 from aiogc.errors import CodingError
 
 __all__ = ["DecodeResult", "ProgressTracker", "Scheme", "SchemeBase", "TrustedDecoder",
-           "TrustedEncoder", "combine", "encode_rows", "runs"]
+           "TrustedEncoder", "combine", "encode_rows", "runs", "used_columns"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class DecodeResult:
         Numerical error amplification: ``error_estimate ~ amplification * eps(payload dtype)``.
     n_contributions : int
         Number of coded vectors used.
+    weights : ndarray, shape (ell, m), optional
+        The decoding coefficients applied to the coded vectors (per-round attribution):
+        ``gradient == (weights @ coded).reshape(-1)[:d]``, i.e. part ``k`` of the estimate is
+        ``sum_j weights[k, j] * v_j``; a zero column is a vector the decode did not read.
+        None when the scheme does not say (``aiogc.training.attribution`` then probes it).
     """
 
     gradient: np.ndarray
@@ -49,6 +54,7 @@ class DecodeResult:
     residual: float
     amplification: float
     n_contributions: int
+    weights: np.ndarray | None = None
 
 
 class ProgressTracker(Protocol):
@@ -196,6 +202,23 @@ def encode_rows(theta: np.ndarray, chunk_grads: np.ndarray, n_parts: int) -> np.
         if hi > lo:
             v[: hi - lo] += th[:, k] @ Xc[:, lo:hi]
     return v
+
+
+def used_columns(D: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``D`` with every column outside ``rows`` zeroed: the weights :func:`combine` applies.
+
+    Parameters
+    ----------
+    D : ndarray, shape (ell, m)
+    rows : ndarray of int, shape (r,)
+
+    Returns
+    -------
+    ndarray of float64, shape (ell, m)
+    """
+    W = np.zeros(D.shape, dtype=np.float64)
+    W[:, rows] = D[:, rows]
+    return W
 
 
 def runs(idx: np.ndarray) -> list[tuple[int, int]]:

@@ -197,7 +197,8 @@ class _FixedCodeScheme(SchemeBase):
         full = np.zeros((self.n_parts, self.m))
         full[:, used] = D
         grad = combine(full, used, coded, dim)
-        return DecodeResult(grad, exact, res, self._amplification(D, used), int(used.size))
+        return DecodeResult(grad, exact, res, self._amplification(D, used), int(used.size),
+                            full)
 
 
 def _check_original_args(Av: np.ndarray, s: object, n_parts: object, construction: str) -> int:
@@ -461,7 +462,7 @@ class IgnoreStragglersScheme(UncodedScheme):
         grad = combine(full, F, coded, dim)
         exact = F.size == self.m
         amp = float(D.max()) if F.size else 1.0
-        return DecodeResult(grad, exact, 0.0 if exact else res, amp, int(F.size))
+        return DecodeResult(grad, exact, 0.0 if exact else res, amp, int(F.size), full)
 
 
 def _build_original(p: SchemeParams) -> OriginalScheme:

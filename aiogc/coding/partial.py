@@ -27,6 +27,7 @@ from aiogc.coding.base import (
     TrustedEncoder,
     combine,
     encode_rows,
+    used_columns,
 )
 from aiogc.coding.decoding_matrix import decoding_matrix, worst_condition_number
 from aiogc.coding.orderings import (
@@ -397,7 +398,8 @@ class PartialScheme(SchemeBase):
         deficit = int((self.n_parts - rank).sum())
         exact = deficit == 0
         residual = 0.0 if exact else float(np.sqrt(deficit / (self.n_chunks * self.n_parts)))
-        return DecodeResult(grad, exact, residual, float(cond.max()), int(rows.size))
+        return DecodeResult(grad, exact, residual, float(cond.max()), int(rows.size),
+                            used_columns(self.B, rows))
 
     def decode_trusted(self, coded: np.ndarray, c: np.ndarray, dim: int) -> DecodeResult:
         """:meth:`decode_result` for internal callers whose state the process built itself.
@@ -433,7 +435,7 @@ class PartialScheme(SchemeBase):
         deficit = int(self.n_chunks - np.count_nonzero(live.any(axis=1)))
         exact = deficit == 0
         residual = 0.0 if exact else float(np.sqrt(deficit / self.n_chunks))
-        return DecodeResult(grad, exact, residual, 1.0, int(rows.size))
+        return DecodeResult(grad, exact, residual, 1.0, int(rows.size), used_columns(self.B, rows))
 
     def _closed_form_dens(self, c: Sequence[int]) -> list[float]:
         """Per chunk ``i``: ``sum_{h in U_i(c)} B_h^2`` (``ell == 1``), summed over the holders

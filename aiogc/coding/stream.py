@@ -138,7 +138,7 @@ class StreamChunksScheme(SchemeBase):
         missing = int((des < 0).sum())
         exact = missing == 0
         res = 0.0 if exact else float(np.sqrt(missing / self.n_chunks))
-        return DecodeResult(grad, exact, res, 1.0, int(used.size))
+        return DecodeResult(grad, exact, res, 1.0, int(used.size), full)
 
 
 def _build_stream(p: SchemeParams) -> StreamChunksScheme:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from aiogc.core.attribution import Attribution
 from aiogc.protocol.messages import Message, slot_constructor
 from aiogc.protocol.status import EndReason, RoundStatus
 
@@ -258,6 +259,9 @@ class RoundRecord:
     #: issue 21: a compressed upload's bound on what its rounding moved the decode (absolute,
     #: aiogc.coding.compress.rounding_bound); NaN when the upload is not compressed
     rounding_bound: float = float("nan")
+    #: the decode's coefficients (who entered the gradient, with what weight), set by the
+    #: aggregator; workers.csv and attribution.csv are written from it
+    attribution: Attribution | None = None
 
     @property
     def duration_s(self) -> float:

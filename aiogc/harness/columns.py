@@ -22,17 +22,21 @@ from typing import Any, Final, Union, get_args, get_origin, get_type_hints
 import numpy as np
 
 from aiogc.coding.registry import spec_of_label
+from aiogc.core.attribution import chunk_cover, entered_counts, used_workers
 from aiogc.core.common import RoundRecord
 
 __all__ = [
+    "ATTRIBUTION_COLUMNS",
     "COLUMN_OF_FIELD",
     "COLUMN_TYPES",
     "NOT_IN_ROUNDS",
     "REPORT_COLUMNS",
     "ROUND_COLUMNS",
     "WORKER_COLUMNS",
+    "ChunkRow",
     "ReportRow",
     "WorkerRow",
+    "chunk_tuples",
     "format_cell",
     "is_trigger_scheme",
     "parse_cell",
@@ -53,9 +57,9 @@ COLUMN_OF_FIELD: Final[dict[str, str]] = {
 }
 #: RoundRecord fields written to other files (or not at all: the gradient).
 #: (rounding_bound, issue 21: kept on the record, not a column, so that a
-#: default run's rounds.csv keeps its columns)
+#: default run's rounds.csv keeps its columns; attribution: workers.csv and attribution.csv)
 NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient",
-                                  "rounding_bound"})
+                                  "rounding_bound", "attribution"})
 
 #: rounds.csv columns written by the recorder after the record's own (appended at the end, so
 #: readers of older files still work): ``workers_present``, the workers the PS started the
@@ -87,6 +91,11 @@ class WorkerRow:
     arrival_order: int | None
     straggler: int
     dropped_reason: str
+    # per-round attribution (aiogc.core.attribution), empty when the record has none:
+    used: int | None  # 1 if the worker's vector entered the decode (nonzero weight)
+    weight: tuple[float, ...] | None  # its decoding coefficients, one per part (ell)
+    chunks_entered: int | None  # chunks that entered the applied gradient through it
+    chunks_wasted: int | None  # chunks_done - chunks_entered: computed, not used
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,21 @@ class ReportRow:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class ChunkRow:
+    """One ``attribution.csv`` row: one chunk of one round (workers space-separated)."""
+
+    scheme: str
+    round: int
+    chunk: int
+    n_covered: int  # workers whose work on the chunk entered the applied gradient
+    covered_by: tuple[int, ...] | None
+    computed_by: tuple[int, ...] | None  # as far as the PS knows (reports, vectors)
+    wasted_by: tuple[int, ...] | None  # computed_by minus covered_by
+
+
 WORKER_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(WorkerRow))
+ATTRIBUTION_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ChunkRow))
 REPORT_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ReportRow))
 
 
@@ -111,7 +134,7 @@ def _kind(tp: Any) -> type:
     base = args[0] if args and get_origin(tp) in (UnionType, Union) else tp
     origin = get_origin(base)
     if origin is tuple:
-        return tuple
+        return list if float in get_args(base) else tuple  # list: of floats
     for kind in (str, int, float):  # str first: a StrEnum (status) is written as its value
         if isinstance(base, type) and issubclass(base, kind):
             return kind
@@ -129,7 +152,8 @@ def _column_types() -> dict[str, dict[str, type]]:
     if missing:  # as_row grew a column this module does not know how to read back
         raise TypeError(f"rounds.csv columns without a RoundRecord field: {sorted(missing)}")
     out = {"rounds.csv": rounds}
-    for name, cls in (("workers.csv", WorkerRow), ("reports.csv", ReportRow)):
+    for name, cls in (("workers.csv", WorkerRow), ("reports.csv", ReportRow),
+                      ("attribution.csv", ChunkRow)):
         h = get_type_hints(cls)
         out[name] = {f.name: _kind(h[f.name]) for f in fields(cls)}
     return out
@@ -222,6 +246,8 @@ def parse_cell(kind: type, s: str) -> Any:
         return None
     if kind is tuple:
         return [int(x) for x in s.split()]
+    if kind is list:
+        return [float(x) for x in s.split()]
     return kind(s)
 
 
@@ -255,6 +281,7 @@ def worker_tuples(
     arrivals, compute_s, dropped, state = (record.arrivals, record.compute_s, record.dropped,
                                            record.state)
     t_start, t_trigger, rnd = record.t_start, record.t_trigger, record.round
+    att = _worker_attribution(record, m, _done_counts(record, m, loads, partial))
     rows = []
     for w in range(m):
         arrival = arrivals.get(w)
@@ -275,8 +302,51 @@ def worker_tuples(
             int(state[w]) if w < len(state) else 0,
             compute, arrival, comm, order.get(w),
             int(arrival is None or w in dropped), dropped.get(w, ""),
+            *att[w],
         ))
     return rows
+
+
+def _done_counts(record: RoundRecord, m: int, loads: Sequence[int], partial: bool) -> list[int]:
+    """Chunks each worker computed as the PS knows it: its largest reported count, or its
+    whole load once its send-when-done vector arrived (``chunks_done`` of workers.csv)."""
+    done = [0] * m
+    for _, w, count, _ in record.reports:
+        if 0 <= w < m:
+            done[w] = max(done[w], int(count))
+    if not partial:
+        for w in record.arrivals:
+            if 0 <= w < m:
+                done[w] = max(done[w], int(loads[w]))
+    return done
+
+
+def _worker_attribution(record: RoundRecord, m: int, done: Sequence[int]
+                        ) -> list[tuple[Any, ...]]:
+    """The attribution cells of each worker's row: ``used, weight, chunks_entered,
+    chunks_wasted`` (all None without an attribution)."""
+    att = record.attribution
+    if att is None:
+        return [(None, None, None, None)] * m
+    W = np.asarray(att.weights)
+    used = used_workers(W)
+    entered = entered_counts(record.state, W, record.status != "failed")
+    return [(int(used[w]), " ".join(repr(float(x)) for x in W[:, w]), entered[w],
+             max(0, int(done[w]) - entered[w])) for w in range(m)]
+
+
+def chunk_tuples(scheme: str, record: RoundRecord, m: int, loads: Sequence[int], partial: bool
+                 ) -> list[tuple[Any, ...]]:
+    """The ``attribution.csv`` rows of one round (:data:`ATTRIBUTION_COLUMNS` order), one per
+    chunk; none when the record has no attribution."""
+    att = record.attribution
+    if att is None:
+        return []
+    entered = entered_counts(record.state, att.weights, record.status != "failed")
+    done = _done_counts(record, m, loads, partial)
+    return [(scheme, record.round, c.chunk, len(c.covered_by), " ".join(map(str, c.covered_by)),
+             " ".join(map(str, c.computed_by)), " ".join(map(str, c.wasted_by)))
+            for c in chunk_cover(att.orders, att.n_chunks, entered, done)]
 
 
 def worker_rows(

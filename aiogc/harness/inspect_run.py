@@ -105,11 +105,41 @@ def inspect_round(run_dir: str | os.PathLike[str], round: int, scheme: str | Non
         reports = [r for r in run["reports"] if r["scheme"] == s and r["round"] == round]
         workers = [w for w in run["workers"] if w["scheme"] == s and w["round"] == round]
         frames = load_events(run_dir, scheme=s, round=round)
-        sections.append(_section(row, reports, workers, frames))
+        chunks = [c for c in run.get("attribution", []) if c["scheme"] == s
+                  and c["round"] == round]
+        sections.append(_section(row, reports, workers, frames)
+                        + _attribution_text(workers, chunks))
     cut = run_state(run)
     if cut is not None:
         sections.insert(0, f"note: {cut}")
     return "\n\n".join(sections) + "\n"
+
+
+def _attribution_text(workers: Sequence[Mapping[str, Any]],
+                      chunks: Sequence[Mapping[str, Any]]) -> str:
+    """The round's attribution (workers.csv ``used, weight, chunks_entered, chunks_wasted``
+    and attribution.csv): whose work entered the decoded gradient, with what weight, and what
+    was computed in vain. Empty for a run recorded without it."""
+    if not workers or all(w.get("used") is None for w in workers):
+        return ""
+    lines = ["", "", "   attribution (decoded gradient part k = sum_j weight_j[k] * v_j):",
+             "   worker  used  entered  wasted  weight"]
+    for w in workers:
+        weight = " ".join(f"{x:.6g}" for x in (w.get("weight") or []))
+        lines.append(f"   {w['worker']:>6}  {'yes' if w.get('used') else 'no':>4}  "
+                     f"{_g(w.get('chunks_entered')):>7}  {_g(w.get('chunks_wasted')):>6}  "
+                     f"{weight}")
+    if chunks:
+        uncovered = [c["chunk"] for c in chunks if not c.get("n_covered")]
+        wasted = [f"w{j}:c{c['chunk']}" for c in chunks for j in (c.get("wasted_by") or [])]
+        n_cov = [c.get("n_covered") or 0 for c in chunks]
+        lines.append(f"   chunks: {len(chunks) - len(uncovered)} of {len(chunks)} entered the "
+                     f"gradient (covered {min(n_cov)}..{max(n_cov)} times); uncovered: "
+                     f"{_ranges(uncovered) if uncovered else 'none'}")
+        lines.append(f"   wasted work ({len(wasted)} worker:chunk computations not used): "
+                     + (" ".join(wasted[:40]) + (" ..." if len(wasted) > 40 else "")
+                        if wasted else "none"))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _ranges(xs: Sequence[int]) -> str:

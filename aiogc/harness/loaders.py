@@ -88,6 +88,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "rounds": read_csv(d / "rounds.csv"),
         "workers": read_csv(d / "workers.csv"),
         "reports": read_csv(d / "reports.csv"),
+        "attribution": read_csv(d / "attribution.csv"),
         "summary": json.loads(summary_path.read_text("utf-8")) if summary_path.exists() else None,
     }
 
@@ -113,7 +114,7 @@ def run_state(run: Mapping[str, Any]) -> str | None:
 
 
 #: The tables of :class:`RunTables`, in order.
-TABLES: Final = ("rounds", "workers", "reports", "frames", "delays")
+TABLES: Final = ("rounds", "workers", "reports", "frames", "delays", "attribution")
 
 
 @dataclass
@@ -132,6 +133,9 @@ class RunTables:
     delays : DataFrame or list of dict
         ``delays.csv``: one row per (round, worker, chunk position): ``compute_s``,
         ``network_s`` (seconds, ``inf`` = never).
+    attribution : DataFrame or list of dict
+        ``attribution.csv``: one row per round, scheme and chunk (which workers' work on it
+        entered the gradient, which was computed, which wasted); empty for older runs.
     manifest, summary : dict
         ``manifest.json`` and ``summary.json`` (``{}`` / ``None`` when missing).
     dir : pathlib.Path
@@ -150,6 +154,7 @@ class RunTables:
     reports: Any
     frames: Any
     delays: Any
+    attribution: Any = None
 
     def tables(self) -> dict[str, Any]:
         """``{name: table}`` for :data:`TABLES`."""
@@ -188,6 +193,7 @@ def load_run_tables(run_dir: str | os.PathLike[str], *, frames: bool = True,
         "rounds": run["rounds"], "workers": run["workers"], "reports": run["reports"],
         "frames": load_events(d) if frames else [],
         "delays": _delay_rows(d / "delays.csv"),
+        "attribution": run["attribution"],
     }
     if pandas is None:
         try:

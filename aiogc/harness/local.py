@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiogc.config import RunConfig
@@ -325,6 +326,27 @@ class SchemeOutcome:
     loop_lag_s: list[float] = field(default_factory=list)
 
 
+def _attach_capture(server: PSServer, path: str | os.PathLike[str] | None) -> Any:
+    """``--pcap``: a :class:`aiogc.net.pcap.PcapWriter` tapping every connection of
+    ``server`` (appending: one file for every scheme of the run), or None."""
+    if path is None:
+        return None
+    from aiogc.net.pcap import PcapWriter
+
+    cap = PcapWriter(path)
+    server.tap = cap.tap
+    return cap
+
+
+def _close_capture(capture: Any, *, truncate: str | os.PathLike[str] | None = None) -> None:
+    """Close a :func:`_attach_capture` writer (None: nothing); ``truncate``: remove that
+    capture file first (a run starts a fresh one, its schemes append)."""
+    if capture is not None:
+        capture.close()
+    if truncate is not None:
+        Path(truncate).unlink(missing_ok=True)
+
+
 async def _run_scheme(
     config: RunConfig,
     schedule: DelaySchedule,
@@ -350,6 +372,7 @@ async def _run_scheme(
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
     lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
+    capture = _attach_capture(server, options.pcap)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
     loop = asyncio.get_running_loop()
@@ -409,6 +432,7 @@ async def _run_scheme(
         raise
     finally:
         lag.stop()
+        _close_capture(capture)
         for sig in stop_handlers:
             loop.remove_signal_handler(sig)
         if procs:
@@ -546,6 +570,7 @@ def run_live(
     if options.secret is None:
         options = replace(options, secret=secrets.token_bytes(32))
     config, choice = _choose_time_scale(config, schemes, schedule, options, loop_kind)
+    _close_capture(None, truncate=options.pcap)
     out_dir = options.out_dir
     result = RunResult(schedule=schedule)
     cpu0 = CpuSnapshot.take()
@@ -622,7 +647,7 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
     n = min(CALIBRATION_ROUNDS, config.rounds)
     cal_cfg = scheme_config(config, schemes[0]).replace(rounds=n, time_scale=1.0)
     cal_opts = replace(options, out_dir=None, progress=False, plots=False,
-                       auto_time_scale=False)
+                       auto_time_scale=False, pcap=None)
     t0 = time.monotonic()
     outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts, loop_kind=loop_kind,
                                             recorder=None, on_round=None))

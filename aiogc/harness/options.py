@@ -84,6 +84,9 @@ class RunOptions:
     #: one spare coded vector, so the redundancy check can cross-check the original scheme
     #: (0: off, the paper's protocol; docs/security.md, "The original scheme's spare vector")
     spare_wait: float = 0.0
+    #: write the PS's wire bytes to this pcap file (``aiogc.net.pcap``; local backend only):
+    #: every scheme's connections, one synthetic TCP flow each
+    pcap: str | Path | None = None
 
 
 @dataclass(frozen=True)

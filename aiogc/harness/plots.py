@@ -12,6 +12,10 @@
     the reports, the dashed vertical line the broadcast (partial) or the moment the decodable
     set had arrived (other schemes), the orange bar each coded vector's way to the PS ending at
     its arrival, the grey line the end of the round and the green dotted line the oracle time.
+    Work that entered the decoded gradient is blue; work computed in vain (after the state the
+    vector was encoded against, by a worker whose vector was not used, or in a failed round)
+    is hatched grey (workers.csv ``chunks_entered``). A send-when-done worker sends no chunk
+    reports: its bar runs from the round start to its reported ``compute_s``.
 ``loss_vs_time.png``
     Training loss after each round against cumulative wall time, per scheme.
 
@@ -42,6 +46,7 @@ __all__ = ["PlotUnavailable", "plot_run", "plots_available", "representative_rou
 _DPI: Final = 120
 _CHUNK_COLOURS: Final = ("#4c72b0", "#8fb0d9")
 _UPLOAD_COLOUR: Final = "#dd8452"
+_WASTED_COLOUR: Final = "#c8c8c8"
 
 
 class PlotUnavailable(AiogcError, ImportError):
@@ -108,12 +113,14 @@ def plot_run(
     out.mkdir(parents=True, exist_ok=True)
     recs = records_from_run(run)
     loads = _loads_by_scheme(run["workers"])
+    entered = _entered_by_round(run["workers"])
     summary = run.get("summary") or {}
     paths = [_plot_cdf(recs, out / f"round_time_cdf.{fmt}")]
     first = next(iter(recs.values()), [])
     r = representative_round(first)
     if r is not None:
-        paths.append(_plot_timeline(recs, loads, r, out / f"timeline_round{r}.{fmt}"))
+        paths.append(_plot_timeline(recs, loads, r, out / f"timeline_round{r}.{fmt}",
+                                    entered))
     paths.append(_plot_loss(recs, summary.get("initial_loss"), out / f"loss_vs_time.{fmt}"))
     return paths
 
@@ -124,6 +131,18 @@ def _loads_by_scheme(worker_rows: Sequence[Mapping[str, Any]]) -> dict[str, dict
         if row.get("load") is not None:
             loads.setdefault(row["scheme"], {})[row["worker"]] = row["load"]
     return loads
+
+
+def _entered_by_round(worker_rows: Sequence[Mapping[str, Any]]
+                      ) -> dict[tuple[str, int], dict[int, int]]:
+    """``{(scheme, round): {worker: chunks that entered the gradient}}`` (attribution columns
+    of workers.csv; rounds recorded without them are absent)."""
+    out: dict[tuple[str, int], dict[int, int]] = {}
+    for row in worker_rows:
+        if row.get("chunks_entered") is not None:
+            out.setdefault((row["scheme"], row["round"]), {})[row["worker"]] = \
+                row["chunks_entered"]
+    return out
 
 
 def _colour(i: int) -> str:
@@ -169,6 +188,7 @@ def _plot_timeline(
     loads: Mapping[str, Mapping[int, int]],
     round_no: int,
     path: Path,
+    entered: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
 ) -> Path:
     panels = [(s, r) for s, rs in recs.items() for r in rs if r.round == round_no]
     m = max([_n_workers(r, loads.get(s, {})) for s, r in panels] + [1])
@@ -176,14 +196,15 @@ def _plot_timeline(
     fig = _new_figure(figsize=(9.0, height * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, (scheme, rec) in zip(axes, panels, strict=True):
-        _draw_round(ax, scheme, rec, m)
+        _draw_round(ax, scheme, rec, m, (entered or {}).get((scheme, rec.round)))
     # one time axis for every panel, so the schemes compare at a glance
     right = max(_round_span(rec) for _, rec in panels)
     for ax in axes:
         ax.set_xlim(-0.02 * right, 1.04 * right)
     axes[-1].set_xlabel("time since round start (s, PS clock)")
     handles = _legend_handles()
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
+               fontsize="small")
     fig.savefig(path, dpi=_DPI)
     return path
 
@@ -208,7 +229,8 @@ def _legend_handles() -> list[Any]:
     from matplotlib.patches import Patch
 
     return [
-        Patch(color=_CHUNK_COLOURS[0], label="chunk computed"),
+        Patch(color=_CHUNK_COLOURS[0], label="chunk computed, used"),
+        Patch(facecolor=_WASTED_COLOUR, hatch="//", label="computed, wasted"),
         Line2D([], [], color="black", marker="|", linestyle="", markersize=10, label="report"),
         Line2D([], [], color="crimson", linestyle="--", label="broadcast / decodable"),
         Patch(color=_UPLOAD_COLOUR, label="encode + upload"),
@@ -218,21 +240,43 @@ def _legend_handles() -> list[Any]:
     ]
 
 
-def _draw_round(ax: Any, scheme: str, rec: RoundRecord, m: int) -> None:
+def _compute_bar(ax: Any, w: int, span: tuple[float, float], chunks: tuple[int, int],
+                 entered: int | None, colour: str) -> None:
+    """Chunks ``chunks[0]+1 .. chunks[1]`` of worker ``w`` computed over ``span`` (s since
+    the round start): the part up to ``entered`` in ``colour``, the rest hatched as wasted
+    (split in proportion to the chunks; all in ``colour`` when ``entered`` is unknown)."""
+    a, b = span
+    c0, c1 = chunks
+    used = c1 - c0 if entered is None else max(0, min(c1, entered) - c0)
+    cut = a + (b - a) * (used / (c1 - c0) if c1 > c0 else 1.0)
+    if cut > a:
+        ax.broken_barh([(a, cut - a)], (w - 0.3, 0.6), facecolors=colour, edgecolor="white")
+    if b > cut:
+        ax.broken_barh([(cut, b - cut)], (w - 0.3, 0.6), facecolors=_WASTED_COLOUR,
+                       edgecolor="white", hatch="//")
+
+
+def _draw_round(ax: Any, scheme: str, rec: RoundRecord, m: int,
+                entered: Mapping[int, int] | None = None) -> None:
     t0 = rec.t_start
     partial = is_trigger_scheme(scheme)
     last_t: dict[int, float] = {}
     last_c: dict[int, int] = {}
+    ent = entered or {}
     for t, w, count, _ in sorted(rec.reports):
         a = last_t.get(w, t0) - t0
         b = t - t0
         colour = _CHUNK_COLOURS[count % 2]
-        ax.broken_barh([(a, b - a)], (w - 0.3, 0.6), facecolors=colour, edgecolor="white")
+        _compute_bar(ax, w, (a, b), (last_c.get(w, 0), count), ent.get(w), colour)
         ax.plot([b], [w], marker="|", color="black", markersize=12, linestyle="")
         c0 = last_c.get(w, 0)
         label = str(count) if count == c0 + 1 else f"{c0 + 1}-{count}"
         ax.text((a + b) / 2, w, label, ha="center", va="center", fontsize=7, color="white")
         last_t[w], last_c[w] = t, count
+    for w, comp in rec.compute_s.items():
+        if w not in last_t and entered is not None and math.isfinite(comp):
+            # a send-when-done worker: no reports, one bar of its whole load
+            _compute_bar(ax, w, (0.0, comp), (0, 1), min(1, ent.get(w, 0)), _CHUNK_COLOURS[0])
     for w, arr in rec.arrivals.items():
         if partial and rec.t_trigger is not None:
             a = rec.t_trigger - t0

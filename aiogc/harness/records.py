@@ -31,6 +31,15 @@ plotted and replayed from the files alone:
     arrival: control message, encoding and upload) and ``arrival_s - start_s - compute_s`` for
     the send-when-done schemes (round start and upload legs, plus any slack between the two
     clocks). Empty when the vector did not arrive.
+``attribution.csv``
+    Per round, one row per chunk (:data:`.ATTRIBUTION_COLUMNS`): ``scheme, round, chunk,
+    n_covered, covered_by`` (the workers whose work on the chunk entered the applied gradient),
+    ``computed_by`` (the workers that computed it, as far as the PS knows), ``wasted_by``
+    (computed, not used); worker lists space-separated, empty for none. With the
+    ``workers.csv`` columns ``used, weight, chunks_entered, chunks_wasted`` this is the
+    per-round attribution (:mod:`aiogc.core.attribution`): ``weight`` holds the decoding
+    coefficients applied to the worker's coded vector (``ell`` numbers, space-separated), so
+    the decoded gradient's part ``k`` is ``sum_j weight_j[k] * v_j``.
 ``reports.csv``
     Every accepted chunk-count report (:data:`.REPORT_COLUMNS`): ``scheme, round, ps_time,
     worker, count, elapsed_s`` -- ``rounds.csv`` alone cannot say how a round unfolded.
@@ -85,9 +94,11 @@ from typing import IO, Any, Final
 
 from aiogc.core.common import RoundRecord
 from aiogc.harness.columns import (
+    ATTRIBUTION_COLUMNS,
     REPORT_COLUMNS,
     ROUND_COLUMNS,
     WORKER_COLUMNS,
+    chunk_tuples,
     format_cell,
     is_trigger_scheme,
     to_jsonable,
@@ -224,6 +235,7 @@ class RunRecorder:
         self._rounds = self._open_csv("rounds.csv", ROUND_COLUMNS)
         self._workers = self._open_csv("workers.csv", WORKER_COLUMNS)
         self._reports = self._open_csv("reports.csv", REPORT_COLUMNS)
+        self._attribution = self._open_csv("attribution.csv", ATTRIBUTION_COLUMNS)
         # the buffers: events.jsonl rows in order, and the rounds not yet written
         self._event_buf: list[_Frame | str] = []
         self._round_buf: list[_PendingRound] = []
@@ -325,6 +337,7 @@ class RunRecorder:
         rounds: list[list[str]] = []
         workers: list[list[str]] = []
         reports: list[list[str]] = []
+        chunks: list[list[str]] = []
         written = self._rounds_written
         for scheme, rec, m, loads, partial, present in pending:
             row = rec.as_row()
@@ -336,9 +349,11 @@ class RunRecorder:
             r = format_cell(rec.round)
             reports.extend([scheme, r, format_cell(t), format_cell(w), format_cell(count),
                             format_cell(elapsed)] for t, w, count, elapsed in rec.reports)
+            chunks.extend([format_cell(v) for v in t]
+                          for t in chunk_tuples(scheme, rec, m, loads, partial))
             written[scheme] = written.get(scheme, 0) + 1
         for f, rows_ in ((self._workers, workers), (self._reports, reports),
-                         (self._rounds, rounds)):
+                         (self._attribution, chunks), (self._rounds, rounds)):
             if rows_:
                 f.write(_csv_text(rows_))
                 f.flush()
@@ -489,7 +504,8 @@ class RunRecorder:
             self._records.setdefault(scheme, []).append(keep)
         self._round_buf.append((scheme, keep, m, tuple(loads), partial,
                                 None if present is None else len(present)))
-        self._round_rows += 1 + m + len(keep.reports)
+        self._round_rows += (1 + m + len(keep.reports)
+                             + (keep.attribution.n_chunks if keep.attribution else 0))
         self._update_room()
         if len(self._event_buf) > self._room:
             self.flush()

@@ -139,6 +139,8 @@ class PSServer:
         self._on_event = on_event
         self._join_clock = join_clock
         self._conns: set[FramedConnection] = set()
+        #: wire capture: set on every connection the PS accepts (``aiogc.net.pcap``)
+        self.tap: Callable[[Any, bool, bytes], None] | None = None
         self._conns_changed = asyncio.Event()  # set on every connection opened or closed
         self._done: asyncio.Future[None] | None = None
         self._timer: _Timer | None = None
@@ -229,9 +231,11 @@ class PSServer:
     # ------------------------------------------------------------------ protocol plumbing
 
     def _protocol(self) -> FramedConnection:
-        return FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
+        conn = FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
                                 on_made=self._conn_made, conn_alloc=self._alloc,
                                 max_pending_bytes=self._max_pending)
+        conn.tap = self.tap
+        return conn
 
     def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
                dtype: np.dtype, n: int) -> Any:

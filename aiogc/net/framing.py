@@ -153,6 +153,11 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._wq: list[bytes | memoryview] = []  # queued, not yet written
         self._wq_small = 0  # bytes of the trailing run of small parts in _wq
         self.peername: Any = None
+        self.sockname: Any = None
+        #: wire capture (``aiogc.net.pcap``): ``tap(conn, outgoing, data)`` sees every byte
+        #: read and written, before decoding / as written; None (default): no capture
+        self.tap: Callable[[Any, bool, bytes], None] | None = None
+        self._tap_view: memoryview | None = None
         self.frames_in = self.frames_out = 0
         self.bytes_in = self.bytes_out = 0
 
@@ -163,19 +168,26 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._transport = cast(asyncio.Transport, transport)
         self._loop = asyncio.get_running_loop()  # connection_made runs as a loop callback
         self.peername = transport.get_extra_info("peername")
+        self.sockname = transport.get_extra_info("sockname")
         self._transport.set_write_buffer_limits(high=self._high, low=self._low)
         if self._on_made is not None:
             self._on_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._closing:
-            return memoryview(self._scratch)
-        try:
-            return self._decoder.get_buffer(sizehint)
-        except MalformedFrame:  # poisoned; the close is already under way
-            return memoryview(self._scratch)
+            buf = memoryview(self._scratch)
+        else:
+            try:
+                buf = self._decoder.get_buffer(sizehint)
+            except MalformedFrame:  # poisoned; the close is already under way
+                buf = memoryview(self._scratch)
+        if self.tap is not None:
+            self._tap_view = buf
+        return buf
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.tap is not None and self._tap_view is not None:
+            self.tap(self, False, bytes(self._tap_view[:nbytes]))
         if self._closing:
             return
         self.bytes_in += nbytes
@@ -276,6 +288,8 @@ class FramedConnection(asyncio.BufferedProtocol):
             return
         total = sum(map(len, wq))
         self.bytes_out += total
+        if self.tap is not None:
+            self.tap(self, True, b"".join(wq))
         if total <= JOIN_BELOW_BYTES:  # the common case: a few small frames, one write
             t.write(wq[0] if len(wq) == 1 else b"".join(wq))
         else:
@@ -410,6 +424,8 @@ class FramedConnection(asyncio.BufferedProtocol):
 
     def _flush_quietly(self, t: asyncio.Transport) -> None:
         wq, self._wq = self._wq, []
+        if self.tap is not None and wq and not t.is_closing():
+            self.tap(self, True, b"".join(wq))
         for part in wq:
             with contextlib.suppress(Exception):
                 t.write(part)

@@ -29,6 +29,7 @@ from aiogc.coding.consistency import (
     norm_floor,
 )
 from aiogc.config import RunConfig
+from aiogc.core.attribution import Attribution
 from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
@@ -122,10 +123,14 @@ class Aggregator:
         """
         rec, w_prev = item.record, item.model
         if not item.decode:
+            rec.attribution = Attribution(np.zeros((self.scheme.n_parts, self.m)), self._orders,
+                                          self.scheme.n_chunks)
             return Decoded(w_prev, None, ())
         rec.attempts = item.attempt + 1
         rows = item.rows if self._coded == "same" else widen(item.rows, self._coded)
         result = self._decode(rows, item.state, item.dim)
+        rec.attribution = Attribution(self._weights(result, item.state), self._orders,
+                                      self.scheme.n_chunks)
         grad = np.asarray(result.gradient, dtype=np.float64)
         if not np.isfinite(grad).all():
             located = self._locate_and_exclude(item, rows) if self.locator else None
@@ -249,6 +254,17 @@ class Aggregator:
         absum = np.abs(G).sum(axis=0)
         return estimate_check(grad, honest, float(math.sqrt(absum.dot(absum))),
                               self.predicted_error, amplification, rounding=rounding)
+
+    def _weights(self, result: Any, state: np.ndarray) -> np.ndarray:
+        """The decode's coefficients (ell, m): the scheme's own, or, for a scheme that does
+        not report them, probed: decoding the identity (``coded = I_m``, ``d = ell * m``)
+        returns ``W`` itself, since the decode is linear in the coded vectors."""
+        w = result.weights
+        if w is not None:
+            return np.asarray(w, dtype=np.float64)
+        ell = self.scheme.n_parts
+        probe = self.scheme.decode_result(np.eye(self.m), state, ell * self.m).gradient
+        return np.asarray(probe, dtype=np.float64).reshape(ell, self.m)
 
     def _decode(self, rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
         fast = self.scheme.trusted_decoder()

@@ -1,0 +1,450 @@
+-- Wireshark dissector for the aiogc wire protocol (docs/protocol.md §2-§3).
+--
+--   tshark -X lua_script:tools/aiogc.lua -r capture.pcap
+--   wireshark -X lua_script:tools/aiogc.lua capture.pcap
+--   (or copy this file into Wireshark's personal plugins folder)
+--
+-- Captures come from `aiogc run --pcap FILE` (aiogc/net/pcap.py: synthetic TCP/IPv4 flows of
+-- the PS's connections) or from any real capture of aiogc traffic. The dissector finds aiogc
+-- streams heuristically (a frame prefix whose header starts with PROTOCOL_VERSION and a kind
+-- code) and stays on the stream; "Decode As... > TCP port > AIOGC" forces it. The PS listens
+-- on an ephemeral port, which may be one another dissector registered: add
+-- `-o tcp.try_heuristic_first:TRUE` (tshark) or tick "Try heuristic sub-dissectors first"
+-- in the TCP protocol preferences (Wireshark) so that the heuristic runs first.
+--
+-- What it shows: every frame's length prefix, version, kind (name and code), every field of
+-- every kind (the compact kinds' fixed big-endian layouts and tails, the msgpack kinds' maps,
+-- welcome's nested config), the array body (dtype, length, first values, little-endian) and
+-- the 16-byte frame tag. Tags are SHOWN, NOT VERIFIED (verifying needs the session key).
+-- Whether a frame carries a tag follows §2.1: never on challenge / hello / welcome; after the
+-- handshake only if the connection has a secret (hello's mac is non-empty); in the W->PS
+-- direction from the frame after hello, in the PS->W direction from the frame after welcome.
+-- A stream picked up mid-way (no handshake seen) guesses per frame: tagged if a frame header
+-- (or the end of the data) follows 16 bytes after the frame.
+--
+-- Layering, so that a framing-level change stays local:
+--   stream layer  aiogc.dissector / pdu_length: TCP reassembly, one PDU after the other
+--   framing layer MUX_PREFIX_BYTES / dissect_mux_prefix: bytes before each frame (none in
+--                 protocol version 3; a per-host multiplexed connection format adds its
+--                 channel prefix there and nothing else changes)
+--   frame layer   dissect_frame: prefix, preamble, header by kind, body, tag
+--   kind layer    COMPACT (layout tables) and dissect_msgpack_map
+
+local PROTOCOL_VERSION = 3        -- the one constant to change when the version is bumped
+local TAG_BYTES = 16
+local MUX_PREFIX_BYTES = 0        -- framing-level prefix before each frame (v3: none)
+local MAX_HEADER_BYTES = 1048576  -- DEFAULT_LIMITS.max_header_bytes (headers.py)
+
+local KINDS = {
+  [1] = "challenge", [2] = "hello", [3] = "welcome", [4] = "ready", [5] = "round_start",
+  [6] = "chunk_report", [7] = "encode_and_transmit", [8] = "coded_gradient", [9] = "resume",
+  [10] = "round_end", [11] = "bye", [12] = "error", [13] = "shutdown", [14] = "ping",
+  [15] = "pong",
+}
+local K_CHALLENGE, K_HELLO, K_WELCOME = 1, 2, 3
+
+-- Compact layouts (COMPACT_LAYOUTS, headers.py; offsets from the first header byte, the
+-- preamble being bytes 0 and 1). A "tail" entry names the count field and its entry type.
+local COMPACT = {
+  [4]  = { {"epoch", "u64"} },
+  [14] = { {"seq", "u64"} },
+  [15] = { {"seq", "u64"} },
+  [9]  = { {"epoch", "u64"}, {"round", "u64"}, {"attempt", "u64"} },
+  [6]  = { {"epoch", "u64"}, {"round", "u64"}, {"count", "u32"}, {"t_worker", "f64"},
+           {"elapsed_s", "f64"} },
+  [7]  = { {"epoch", "u64"}, {"round", "u64"}, {"attempt", "u64"}, {"state_len", "u32"},
+           {"state", "tail_u32", "state_len"} },
+  [5]  = { {"epoch", "u64"}, {"round", "u64"}, {"net_delay_s", "f64"}, {"itemsize", "u8"},
+           {"n", "u64"}, {"delays_len", "u32"}, {"delays_s", "tail_f64", "delays_len"} },
+  [8]  = { {"epoch", "u64"}, {"round", "u64"}, {"attempt", "u64"}, {"compute_s", "f64"},
+           {"itemsize", "u8"}, {"n", "u64"}, {"digest_len", "u8"},
+           {"state_digest", "tail_u8", "digest_len"} },
+}
+local SIZE = { u64 = 8, u32 = 4, u8 = 1, f64 = 8 }
+-- array kinds: header offsets of itemsize and n
+local ARRAY_AT = { [5] = {26, 27}, [8] = {34, 35} }
+
+local aiogc = Proto("aiogc", "aiogc gradient coding protocol")
+local kind_names = {}
+for code, name in pairs(KINDS) do kind_names[code] = name end
+
+local F = {
+  header_len = ProtoField.uint32("aiogc.header_len", "Header length (H)"),
+  version = ProtoField.uint8("aiogc.version", "Version"),
+  kind = ProtoField.uint8("aiogc.kind", "Kind", base.DEC, kind_names),
+  kind_name = ProtoField.string("aiogc.kind_name", "Kind name"),
+  epoch = ProtoField.uint64("aiogc.epoch", "epoch"),
+  round = ProtoField.uint64("aiogc.round", "round"),
+  attempt = ProtoField.uint64("aiogc.attempt", "attempt"),
+  seq = ProtoField.uint64("aiogc.seq", "seq"),
+  count = ProtoField.uint32("aiogc.count", "count"),
+  t_worker = ProtoField.double("aiogc.t_worker", "t_worker (s)"),
+  elapsed_s = ProtoField.double("aiogc.elapsed_s", "elapsed_s (s)"),
+  net_delay_s = ProtoField.double("aiogc.net_delay_s", "net_delay_s (s)"),
+  compute_s = ProtoField.double("aiogc.compute_s", "compute_s (s)"),
+  itemsize = ProtoField.uint8("aiogc.itemsize", "itemsize", base.DEC,
+                              { [4] = "<f4 (float32)", [8] = "<f8 (float64)" }),
+  n = ProtoField.uint64("aiogc.n", "n (array length)"),
+  state_len = ProtoField.uint32("aiogc.state_len", "len(state)"),
+  state = ProtoField.uint32("aiogc.state", "state entry"),
+  delays_len = ProtoField.uint32("aiogc.delays_len", "len(delays_s)"),
+  delays_s = ProtoField.double("aiogc.delay_s", "delays_s entry (s)"),
+  digest_len = ProtoField.uint8("aiogc.digest_len", "len(state_digest)"),
+  state_digest = ProtoField.bytes("aiogc.state_digest", "state_digest"),
+  worker = ProtoField.int64("aiogc.worker", "worker"),
+  nonce = ProtoField.bytes("aiogc.nonce", "nonce"),
+  mac = ProtoField.bytes("aiogc.mac", "mac"),
+  text = ProtoField.string("aiogc.text", "text field"),
+  field = ProtoField.string("aiogc.field", "field"),
+  body = ProtoField.bytes("aiogc.body", "array body"),
+  tag = ProtoField.bytes("aiogc.tag", "frame tag (GMAC, not verified)"),
+}
+local field_list = {}
+for _, f in pairs(F) do field_list[#field_list + 1] = f end
+aiogc.fields = field_list
+
+local e_malformed = ProtoExpert.new("aiogc.malformed", "malformed aiogc frame",
+                                    expert.group.MALFORMED, expert.severity.ERROR)
+aiogc.experts = { e_malformed }
+
+aiogc.prefs.heuristic = Pref.bool("Find aiogc streams heuristically", true,
+                                  "look for aiogc frames on any TCP stream")
+aiogc.prefs.tags = Pref.enum("Frame tags", 0, "whether frames carry a 16-byte tag", {
+  { 1, "auto (follow the handshake)", 0 }, { 2, "always after the handshake", 1 },
+  { 3, "never", 2 },
+}, false)
+
+-- ---------------------------------------------------------------------------- stream state
+
+-- per TCP stream: ps_port (sender of challenge), secret (hello's mac non-empty),
+-- w_tagged / ps_tagged (the direction's frames after the handshake carry tags)
+local streams = {}
+local f_tcp_stream = Field.new("tcp.stream")
+
+local function stream_state(pinfo)
+  local fi = f_tcp_stream()
+  local key = fi and fi.value or -1
+  local st = streams[key]
+  if st == nil then st = {}; streams[key] = st end
+  return st
+end
+
+function aiogc.init()
+  streams = {}
+end
+
+local function from_ps(st, pinfo)
+  if st.ps_port == nil then return nil end
+  return pinfo.src_port == st.ps_port
+end
+
+-- ---------------------------------------------------------------------------- frame layer
+
+local function looks_like_frame(tvb, off)
+  off = off + MUX_PREFIX_BYTES
+  if tvb:len() < off + 6 then return false end
+  local h = tvb(off, 4):uint()
+  local ver = tvb(off + 4, 1):uint()
+  local kind = tvb(off + 5, 1):uint()
+  return h >= 2 and h <= MAX_HEADER_BYTES and ver == PROTOCOL_VERSION and KINDS[kind] ~= nil
+end
+
+-- Whether the frame of kind `kind` at [off, off + base) carries a tag: the stream's state
+-- when the handshake was seen, else a guess from what follows.
+local function has_tag(tvb, off, base_len, kind, st, pinfo)
+  if kind == K_CHALLENGE or kind == K_HELLO or kind == K_WELCOME then return false end
+  local mode = aiogc.prefs.tags
+  if mode == 2 then return false end
+  if mode == 1 then return true end
+  local ps = from_ps(st, pinfo)
+  if ps ~= nil and st.secret ~= nil then
+    if ps then return st.ps_tagged == true else return st.w_tagged == true end
+  end
+  local after = off + base_len
+  if tvb:len() == after + TAG_BYTES then return true end
+  if tvb:len() == after then return false end
+  if looks_like_frame(tvb, after) then return false end
+  return looks_like_frame(tvb, after + TAG_BYTES)
+end
+
+-- Bytes of the PDU at `off` (mux prefix + frame + tag), or nil if more data is needed to say.
+local function pdu_length(tvb, off, st, pinfo)
+  local avail = tvb:len() - off
+  local p = MUX_PREFIX_BYTES
+  if avail < p + 6 then return nil end
+  local h = tvb(off + p, 4):uint()
+  if avail < p + 4 + h then return p + 4 + h end  -- at least this much; asked for again later
+  local kind = tvb(off + p + 5, 1):uint()
+  local body = 0
+  local at = ARRAY_AT[kind]
+  if at ~= nil and h >= at[2] + 8 then
+    local hdr = off + p + 4
+    local itemsize = tvb(hdr + at[1], 1):uint()
+    local n = tvb(hdr + at[2], 8):uint64():tonumber()
+    body = n * itemsize
+  end
+  local base_len = p + 4 + h + body
+  if has_tag(tvb, off, base_len, kind, st, pinfo) then return base_len + TAG_BYTES end
+  return base_len
+end
+
+-- Framing-level prefix before each frame: none in protocol version 3. A multiplexed
+-- per-host connection format dissects its channel prefix here (and sets MUX_PREFIX_BYTES).
+local function dissect_mux_prefix(tvb, off, tree)
+  return off + MUX_PREFIX_BYTES
+end
+
+-- ---------------------------------------------------------------------------- msgpack
+
+local function mp_read(tvb, off)
+  -- returns value (number / string / bool / nil / table for maps), display text, next offset,
+  -- kind ("int", "str", "bin", "map", ...)
+  local b = tvb(off, 1):uint()
+  if b <= 0x7f then return b, tostring(b), off + 1, "int" end
+  if b >= 0xe0 then return b - 256, tostring(b - 256), off + 1, "int" end
+  if b >= 0x80 and b <= 0x8f then return b - 0x80, nil, off + 1, "map" end
+  if b >= 0x90 and b <= 0x9f then return b - 0x90, nil, off + 1, "array" end
+  if b >= 0xa0 and b <= 0xbf then
+    local n = b - 0xa0
+    local s = n > 0 and tvb(off + 1, n):string(ENC_UTF_8) or ""
+    return s, '"' .. s .. '"', off + 1 + n, "str"
+  end
+  if b == 0xc0 then return nil, "nil", off + 1, "nil" end
+  if b == 0xc2 then return false, "false", off + 1, "bool" end
+  if b == 0xc3 then return true, "true", off + 1, "bool" end
+  local function lenfield(size) return tvb(off + 1, size):uint() end
+  if b == 0xc4 or b == 0xc5 or b == 0xc6 then
+    local size = ({ [0xc4] = 1, [0xc5] = 2, [0xc6] = 4 })[b]
+    local n = lenfield(size)
+    local start = off + 1 + size
+    local hex = n > 0 and tostring(tvb(start, n):bytes()) or ""
+    return { start = start, len = n }, n .. " bytes " .. hex, start + n, "bin"
+  end
+  if b == 0xd9 or b == 0xda or b == 0xdb then
+    local size = ({ [0xd9] = 1, [0xda] = 2, [0xdb] = 4 })[b]
+    local n = lenfield(size)
+    local start = off + 1 + size
+    local s = n > 0 and tvb(start, n):string(ENC_UTF_8) or ""
+    return s, '"' .. s .. '"', start + n, "str"
+  end
+  if b == 0xca then local v = tvb(off + 1, 4):float(); return v, tostring(v), off + 5, "float" end
+  if b == 0xcb then local v = tvb(off + 1, 8):float(); return v, tostring(v), off + 9, "float" end
+  if b >= 0xcc and b <= 0xcf then
+    local size = ({ [0xcc] = 1, [0xcd] = 2, [0xce] = 4, [0xcf] = 8 })[b]
+    local v = size == 8 and tvb(off + 1, 8):uint64():tonumber() or tvb(off + 1, size):uint()
+    return v, tostring(v), off + 1 + size, "int"
+  end
+  if b >= 0xd0 and b <= 0xd3 then
+    local size = ({ [0xd0] = 1, [0xd1] = 2, [0xd2] = 4, [0xd3] = 8 })[b]
+    local v = size == 8 and tvb(off + 1, 8):int64():tonumber() or tvb(off + 1, size):int()
+    return v, tostring(v), off + 1 + size, "int"
+  end
+  if b == 0xde then return tvb(off + 1, 2):uint(), nil, off + 3, "map" end
+  if b == 0xdf then return tvb(off + 1, 4):uint(), nil, off + 5, "map" end
+  if b == 0xdc then return tvb(off + 1, 2):uint(), nil, off + 3, "array" end
+  if b == 0xdd then return tvb(off + 1, 4):uint(), nil, off + 5, "array" end
+  error(string.format("msgpack type byte 0x%02x not used by aiogc", b))
+end
+
+local FIELD_OF_KEY = { epoch = F.epoch, round = F.round, worker = F.worker, nonce = F.nonce,
+                       mac = F.mac }
+
+-- One msgpack map at `off` into `tree`; returns the next offset and { key = value } of its
+-- scalar entries (for the info column and the stream state).
+local function dissect_msgpack_map(tvb, off, tree, depth)
+  local n, _, pos, kind = mp_read(tvb, off)
+  if kind ~= "map" then error("header is not a msgpack map") end
+  local values = {}
+  for _ = 1, n do
+    local kstart = pos
+    local key, _, vpos = mp_read(tvb, pos)
+    local v, text, nxt, vkind = mp_read(tvb, vpos)
+    if vkind == "map" and depth < 2 then
+      local sub = tree:add(F.field, tvb(kstart, 1), tostring(key))
+      sub:set_text(tostring(key) .. ": map, " .. v .. " entries")
+      nxt = dissect_msgpack_map(tvb, vpos, sub, depth + 1)
+      sub:set_len(nxt - kstart)
+    elseif vkind == "array" then
+      error("msgpack array in a header (no kind has one)")
+    else
+      local range = tvb(kstart, nxt - kstart)
+      local pf = depth == 0 and FIELD_OF_KEY[key] or nil
+      if pf ~= nil and vkind == "int" then
+        local boxed = key == "worker" and Int64.new(v) or UInt64.new(v)
+        tree:add(pf, range, boxed):set_text(key .. ": " .. text)
+      elseif pf ~= nil and vkind == "bin" then
+        local item = tree:add(pf, range)
+        item:set_text(key .. ": " .. text)
+      else
+        tree:add(F.text, range, tostring(v)):set_text(tostring(key) .. ": " .. text)
+      end
+      values[key] = v
+    end
+    pos = nxt
+  end
+  return pos, values
+end
+
+-- ---------------------------------------------------------------------------- compact kinds
+
+local FIELD_OF_NAME = { epoch = F.epoch, round = F.round, attempt = F.attempt, seq = F.seq,
+  count = F.count, t_worker = F.t_worker, elapsed_s = F.elapsed_s,
+  net_delay_s = F.net_delay_s, compute_s = F.compute_s, itemsize = F.itemsize, n = F.n,
+  state_len = F.state_len, delays_len = F.delays_len, digest_len = F.digest_len }
+
+local function dissect_compact(tvb, hdr, h, kind, tree)
+  local values = {}
+  local pos = hdr + 2
+  for _, entry in ipairs(COMPACT[kind]) do
+    local name, typ, count_of = entry[1], entry[2], entry[3]
+    if typ == "tail_u32" or typ == "tail_f64" then
+      local n = values[count_of]
+      local size = typ == "tail_u32" and 4 or 8
+      local sub = tree:add(aiogc, tvb(pos, n * size))
+      local shown = {}
+      for i = 0, n - 1 do
+        local r = tvb(pos + i * size, size)
+        sub:add(typ == "tail_u32" and F.state or F.delays_s, r)
+        if i < 16 then shown[#shown + 1] = typ == "tail_u32" and tostring(r:uint())
+                                            or string.format("%g", r:float()) end
+      end
+      local more = n > 16 and " ..." or ""
+      sub:set_text(name .. ": [" .. table.concat(shown, " ") .. more .. "] (" .. n .. " entries)")
+      values[name] = table.concat(shown, " ") .. more
+      pos = pos + n * size
+    elseif typ == "tail_u8" then
+      local n = values[count_of]
+      if n > 0 then tree:add(F.state_digest, tvb(pos, n)) end
+      values[name] = n > 0 and tostring(tvb(pos, n):bytes()) or ""
+      pos = pos + n
+    else
+      local size = SIZE[typ]
+      local r = tvb(pos, size)
+      tree:add(FIELD_OF_NAME[name], r)
+      if typ == "u64" then values[name] = r:uint64():tonumber()
+      elseif typ == "f64" then values[name] = r:float()
+      else values[name] = r:uint() end
+      pos = pos + size
+    end
+  end
+  if pos ~= hdr + h then error("compact header length disagrees with its layout") end
+  return values
+end
+
+local INFO_KEYS = { "epoch", "round", "attempt", "seq", "count", "worker", "status", "code",
+                    "reason" }
+
+local function summary(kind, values)
+  local parts = {}
+  for _, k in ipairs(INFO_KEYS) do
+    local v = values[k]
+    if v ~= nil and type(v) ~= "table" then
+      local s = type(v) == "string" and v or string.format("%d", v)
+      if #s > 40 then s = s:sub(1, 40) .. "..." end
+      parts[#parts + 1] = k .. "=" .. s
+    end
+  end
+  return KINDS[kind] .. "(" .. table.concat(parts, ", ") .. ")"
+end
+
+-- What a kind means for the stream's tagging state (§2.1).
+local function track(kind, values, st, pinfo)
+  if kind == K_CHALLENGE then
+    st.ps_port = pinfo.src_port
+  elseif kind == K_HELLO then
+    local mac = values.mac
+    st.secret = mac ~= nil and type(mac) == "table" and mac.len > 0
+    st.w_tagged = st.secret
+  elseif kind == K_WELCOME then
+    st.ps_tagged = st.secret == true
+  end
+end
+
+-- One frame at `off` (its PDU is `len` bytes); returns the info text.
+local function dissect_frame(tvb, off, len, tree, st, pinfo)
+  local pos = dissect_mux_prefix(tvb, off, tree)
+  local h = tvb(pos, 4):uint()
+  local hdr = pos + 4
+  local kind = tvb(hdr + 1, 1):uint()
+  local name = KINDS[kind] or ("unknown kind " .. kind)
+  local ft = tree:add(aiogc, tvb(off, len))
+  ft:set_text("aiogc " .. name)
+  ft:add(F.header_len, tvb(pos, 4))
+  ft:add(F.version, tvb(hdr, 1))
+  ft:add(F.kind, tvb(hdr + 1, 1))
+  ft:add(F.kind_name, tvb(hdr + 1, 1), name)
+  local values = {}
+  local ok, err = pcall(function()
+    if COMPACT[kind] ~= nil then
+      values = dissect_compact(tvb, hdr, h, kind, ft)
+    else
+      local nxt
+      nxt, values = dissect_msgpack_map(tvb, hdr + 2, ft, 0)
+      if nxt ~= hdr + h then error("bytes after the header map") end
+    end
+  end)
+  if not ok then ft:add_proto_expert_info(e_malformed, tostring(err)) end
+  local after = hdr + h
+  if ARRAY_AT[kind] ~= nil and values.n ~= nil and values.itemsize ~= nil then
+    local nbytes = values.n * values.itemsize
+    if nbytes > 0 then
+      local bt = ft:add(F.body, tvb(after, nbytes))
+      local shown = {}
+      for i = 0, math.min(values.n, 4) - 1 do
+        local r = tvb(after + i * values.itemsize, values.itemsize)
+        shown[#shown + 1] = string.format("%.6g", r:le_float())
+      end
+      bt:set_text(string.format("array body: %d x %s, %d bytes: [%s%s]", values.n,
+                                values.itemsize == 4 and "<f4" or "<f8", nbytes,
+                                table.concat(shown, ", "), values.n > 4 and ", ..." or ""))
+    end
+    after = after + nbytes
+  end
+  if off + len - after == TAG_BYTES then ft:add(F.tag, tvb(after, TAG_BYTES)) end
+  track(kind, values, st, pinfo)
+  local info = summary(kind, values)
+  ft:append_text(": " .. info)
+  return info
+end
+
+-- ---------------------------------------------------------------------------- stream layer
+
+function aiogc.dissector(tvb, pinfo, tree)
+  local len = tvb:len()
+  local off = 0
+  local st = stream_state(pinfo)
+  local infos = {}
+  while off < len do
+    if not looks_like_frame(tvb, off) and len - off >= 6 + MUX_PREFIX_BYTES then
+      return 0  -- not (or no longer) aiogc: leave the bytes to others
+    end
+    local need = pdu_length(tvb, off, st, pinfo)
+    if need == nil then
+      pinfo.desegment_offset = off
+      pinfo.desegment_len = DESEGMENT_ONE_MORE_SEGMENT
+      break
+    end
+    if off + need > len then
+      pinfo.desegment_offset = off
+      pinfo.desegment_len = off + need - len
+      break
+    end
+    infos[#infos + 1] = dissect_frame(tvb, off, need, tree, st, pinfo)
+    off = off + need
+  end
+  if #infos > 0 then
+    pinfo.cols.protocol = "AIOGC"
+    pinfo.cols.info = table.concat(infos, "; ")
+  end
+  return len
+end
+
+local function heuristic(tvb, pinfo, tree)
+  if not aiogc.prefs.heuristic or not looks_like_frame(tvb, 0) then return false end
+  pinfo.conversation = aiogc
+  aiogc.dissector(tvb, pinfo, tree)
+  return true
+end
+
+aiogc:register_heuristic("tcp", heuristic)
+DissectorTable.get("tcp.port"):add_for_decode_as(aiogc)
