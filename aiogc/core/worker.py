@@ -347,8 +347,8 @@ class Worker(WorkerRounds):
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         if fatal is None:
-            # a welcome whose MAC fails stays fatal (tests/test_core.py pins it: a relay that
-            # rewrites the config); unauthenticated error/shutdown frames pass fatal=False
+            # unauthenticated frames (pre-auth error/shutdown, a welcome whose MAC fails) go
+            # through _preauth_close with fatal=False: only authenticated codes end a worker
             fatal = code in FATAL_CODES
         self._events.append(ConnectionFailed(code, reason, now, fatal=fatal))
         self._set_phase(_W_CLOSED)
@@ -423,7 +423,8 @@ class Worker(WorkerRounds):
         self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
 
     def _preauth_close(self, code: str, reason: str, now: float) -> None:
-        """An unauthenticated ``error``/``shutdown`` (before the handshake completed): close
+        """An unauthenticated ``error``/``shutdown`` (before the handshake completed), or a
+        ``welcome`` whose MAC fails (``auth_failed``): close
         this connection and let the driver retry; never fatal, never an end of the run. Only
         authenticated frames, or the driver's own limits (``give_up_after_s``), end a worker.
         A real PS refusing a wrong key looks exactly like this too: the worker then retries
@@ -464,8 +465,13 @@ class Worker(WorkerRounds):
             expect = welcome_mac(self.key, self._ps_nonce, self._nonce, self.worker_id,
                                  self._epoch, chash)
             if not macs_equal(expect, msg.mac):
-                raise RemoteProtocolError("PS failed authentication (or the config was altered)",
-                                          code="auth_failed")
+                # rejected: the config is not used. But a welcome that fails its MAC is itself
+                # unauthenticated (a port squatter or a relay can send it), so, like a pre-auth
+                # error or shutdown, it only closes this connection: the worker retries with
+                # backoff and gives up after give_up_after_s without an authenticated session
+                self._preauth_close("auth_failed", "welcome failed authentication (a PS "
+                                    "without the key, or an altered config)", now)
+                return
             self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
                                         self.worker_id)
         digest = msg.config.get("scheme_digest")

@@ -1,0 +1,111 @@
+"""Issue 18, the rest of item 2 and item 5 on the worker's side: a forged ``welcome`` (its MAC
+fails) never ends a worker, and a worker caps what a PS's ``welcome`` can make it allocate.
+
+No sleeps for synchronisation: the socket scenario waits on the workers' counters through an
+event log, as tests/test_trust_round3.py does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from aiogc.config import RunConfig
+from aiogc.core import ConnectionFailed, Worker
+from aiogc.net.drivers import ClientOptions, WorkerClient
+from aiogc.protocol.headers import PREAUTH_LIMITS
+from aiogc.protocol.messages import Challenge, Hello, Welcome
+from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
+from tests.test_net import (
+    FAST_BACKOFF,
+    HOST,
+    STEP_S,
+    EventLog,
+    Runner,
+    assert_exact_rounds,
+    cfg,
+    make_ps,
+    make_runner,
+    start_cluster,
+)
+from tests.test_trust_round3 import _SquatThenRelay
+
+SECRET = b"forged-welcome-secret-0123456789"
+
+
+@pytest.fixture
+def run() -> Runner:
+    return make_runner(asyncio.new_event_loop)
+
+
+class _ForgedWelcomeSquatter(_SquatThenRelay):
+    """While squatting, plays a PS without the key: a ``challenge``, then, on the worker's
+    ``hello``, a ``welcome`` for that worker whose MAC is garbage (and whose config is the
+    real run's, so only the MAC is wrong). Afterwards relays bytes to the real PS."""
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__()
+        self.wire_config = {**config.to_wire(), "scheme_digest": "forged"}
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.squatting:
+            await super().handle(reader, writer)
+            return
+        self.squatted += 1
+        writer.write(encode_frame_bytes(Challenge(nonce=b"s" * 16, epoch=0)))
+        await writer.drain()
+        decoder = FrameDecoder(PREAUTH_LIMITS)
+        msgs: list[Any] = []
+        while not msgs and (data := await reader.read(65536)):
+            msgs = decoder.feed(data)
+        if msgs and isinstance(msgs[0], Hello):
+            writer.write(encode_frame_bytes(Welcome(epoch=0, worker=msgs[0].worker,
+                                                    mac=b"\x00" * 32, config=self.wire_config)))
+            await writer.drain()
+            await reader.read(65536)  # the worker closes: EOF
+        writer.close()
+
+
+def test_forged_welcome_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
+    """A port squatter answering every connection with a forged welcome: the workers reject
+    it (``preauth_auth_failed``), keep retrying with backoff, and when the real PS is back
+    every round completes."""
+    config = cfg(workers=4, delta=2, rounds=4)
+
+    async def scenario() -> tuple[Any, list[Any], list[int], list[list[Any]]]:
+        squatter = _ForgedWelcomeSquatter(config)
+        front = await asyncio.start_server(squatter.handle, HOST, 0)
+        port = front.sockets[0].getsockname()[1]
+        logs = [EventLog() for _ in range(config.workers)]
+        clients = [WorkerClient(Worker(j, secret=SECRET), HOST, port, on_event=logs[j],
+                                options=ClientOptions(backoff_s=FAST_BACKOFF),
+                                give_up_after_s=60.0)
+                   for j in range(config.workers)]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        # every worker is refused twice by the forgery (so it did retry after the first)
+        async with asyncio.timeout(STEP_S):
+            for c, log in zip(clients, logs, strict=True):
+                stats = c.worker.stats
+                await log.wait_for(lambda s=stats: s["preauth_auth_failed"] >= 2)
+        assert not any(t.done() for t in tasks)
+        failed = [[(e.code, e.fatal) for e in log.events if isinstance(e, ConnectionFailed)]
+                  for log in logs]
+        cl = await start_cluster(make_ps(config, secret=SECRET), workers=0, secret=SECRET)
+        squatter.target = cl.server.port
+        squatter.squatting = False
+        async with asyncio.timeout(STEP_S):
+            await cl.serve_task  # type: ignore[misc]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        front.close()
+        await front.wait_closed()
+        return (cl.ps.records, results, [c.worker.stats["preauth_auth_failed"] for c in clients],
+                failed)
+
+    records, results, forged, failed = run(scenario)
+    assert all(r is None for r in results), results
+    assert all(n >= 2 for n in forged)
+    # each rejection was the forged welcome, and none was fatal
+    assert all(f and set(f) == {("preauth_auth_failed", False)} for f in failed), failed
+    assert_exact_rounds(records, config.rounds, tol=1e-9)
