@@ -8,6 +8,7 @@ event log, as tests/test_trust_round3.py does.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -68,6 +69,11 @@ class _ForgedWelcomeSquatter(_SquatThenRelay):
         writer.close()
 
 
+def _refused_twice(client: WorkerClient) -> Callable[[], bool]:
+    stats = client.worker.stats
+    return lambda: stats["preauth_auth_failed"] >= 2
+
+
 def test_forged_welcome_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
     """A port squatter answering every connection with a forged welcome: the workers reject
     it (``preauth_auth_failed``), keep retrying with backoff, and when the real PS is back
@@ -87,8 +93,7 @@ def test_forged_welcome_squatter_then_real_ps_every_round_completes(run: Runner)
         # every worker is refused twice by the forgery (so it did retry after the first)
         async with asyncio.timeout(STEP_S):
             for c, log in zip(clients, logs, strict=True):
-                stats = c.worker.stats
-                await log.wait_for(lambda s=stats: s["preauth_auth_failed"] >= 2)
+                await log.wait_for(_refused_twice(c))
         assert not any(t.done() for t in tasks)
         failed = [[(e.code, e.fatal) for e in log.events if isinstance(e, ConnectionFailed)]
                   for log in logs]
