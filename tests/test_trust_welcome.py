@@ -15,10 +15,17 @@ import pytest
 
 from aiogc.config import RunConfig
 from aiogc.core import ConnectionFailed, Worker
+from aiogc.errors import ConfigError
 from aiogc.net.drivers import ClientOptions, WorkerClient
 from aiogc.protocol.headers import PREAUTH_LIMITS
 from aiogc.protocol.messages import Challenge, Hello, Welcome
 from aiogc.protocol.wire import FrameDecoder, encode_frame_bytes
+from aiogc.sim.engine import Simulation
+from aiogc.training import tasks
+from aiogc.training.caps import check_welcome_memory, welcome_memory
+from aiogc.training.memory import MEMORY_BUDGET_ENV
+from aiogc.training.setup import SetupCache, TaskPolicy, build_setup
+from tests.helpers import build_rig
 from tests.test_net import (
     FAST_BACKOFF,
     HOST,
@@ -114,3 +121,52 @@ def test_forged_welcome_squatter_then_real_ps_every_round_completes(run: Runner)
     # each rejection was the forged welcome, and none was fatal
     assert all(f and set(f) == {("preauth_auth_failed", False)} for f in failed), failed
     assert_exact_rounds(records, config.rounds, tol=1e-9)
+
+
+# ------------------------------------------------------------------ allocation caps
+
+
+def _no_build(*_a: object, **_k: object) -> None:
+    raise AssertionError("built before the budget check")
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    (dict(workers=1024, delta=64, n_parts=8, task="linreg:samples=100,dim=4"), "delta"),
+    (dict(workers=8, delta=3, task="linreg:samples=20000,dim=2000"), "task"),
+])
+def test_a_worker_refuses_a_welcome_over_its_budget_before_allocating(
+        monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any], field: str) -> None:
+    """The PS's config sizes the scheme (workers x delta x n_parts) and the task (samples x
+    dim): a worker whose budget ($AIOGC_MEMORY_BUDGET) cannot hold both refuses it, naming
+    the field, before building either (the builders would fail the test if called)."""
+    config = RunConfig(**kw)
+    assert welcome_memory(config).total > 32 << 20
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, "32M")
+    monkeypatch.setattr(RunConfig, "build_scheme", _no_build)
+    monkeypatch.setattr(tasks, "make_task", _no_build)
+    with pytest.raises(ConfigError) as err:
+        build_setup(config)
+    assert err.value.field == field
+    # the same configuration fits a worker with the budget for it
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, str(2 * welcome_memory(config).total))
+    assert check_welcome_memory(config).total == welcome_memory(config).total
+
+
+def test_over_budget_welcome_ends_the_worker_naming_the_field(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the worker core: the refusal is ``bad_config`` (fatal: the config came in an
+    authenticated welcome, a retry would get the same one), and its reason names the field."""
+    config = cfg(workers=4, delta=2, rounds=1, task="linreg:samples=2000,dim=400",
+                 join_timeout_s=1.0)
+    rig = build_rig(config)  # the PS's own build, under the machine's budget
+    need = welcome_memory(config).total
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, str(need // 2))  # then the workers' budget
+    workers = [Worker(j) for j in range(config.workers)]
+    sim = Simulation(rig.ps, workers, setups=SetupCache(TaskPolicy(task="linreg")),
+                     reconnect=False)
+    sim.run()
+    for j in range(config.workers):
+        failed = [e for e in sim.worker_events[j] if isinstance(e, ConnectionFailed)]
+        assert [(e.code, e.fatal) for e in failed] == [("bad_config", True)]
+        assert "task='linreg:samples=2000,dim=400' is invalid: expected dim in" in \
+            failed[0].reason
