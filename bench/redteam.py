@@ -58,6 +58,7 @@ from aiogc.core import PSOptions, Worker
 from aiogc.harness.kit import make_ps
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.protocol.messages import CodedGradient
+from aiogc.training.approx_bound import decode_gain
 from aiogc.training.delays import materialise
 
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
@@ -163,6 +164,10 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
     lr = ps.aggregator.learning_rate
     applied = wrong = approx = 0
     worst = 0.0
+    # approximate rounds against the truth: in units of ||sum |g_i| || and of the stated bound
+    # (1 + decode gain) * B(w) (training/approx_bound.py; only without the oracle)
+    worst_truth = worst_vs_bound = 0.0
+    agg = ps.aggregator
     for rec in run["records"]:
         if rec.status == "failed" or rec.gradient is None:
             continue
@@ -170,9 +175,18 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         G = np.stack([task.chunk_gradient(i, w) for i in range(scheme.n_chunks)])
         if rec.status == "approximate":
             # the stated bound of an approximate round: the honest estimate of what finished
-            true = ps.aggregator.honest_estimate(np.asarray(rec.state, dtype=np.int64), G,
-                                                 w.size)
+            st = np.asarray(rec.state, dtype=np.int64)
+            true = agg.honest_estimate(st, G, w.size)
             approx += 1
+            with np.errstate(over="ignore", invalid="ignore"):
+                off = float(np.linalg.norm(rec.gradient - G.sum(axis=0)))
+            absum = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
+            worst_truth = max(worst_truth, off / absum if math.isfinite(off) else math.inf)
+            if agg.grad_bound_fn is not None:
+                gain = decode_gain(agg.honest_estimate, st, scheme.n_chunks, scheme.n_parts)
+                stated = (1 + gain) * agg.grad_bound_fn(w)
+                worst_vs_bound = max(worst_vs_bound,
+                                     off / stated if math.isfinite(off) else math.inf)
         else:
             true = G.sum(axis=0)
         scale = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
@@ -194,6 +208,8 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "not_applied": len(failed),
         "wrong_applied": wrong,
         "worst_rel_error": worst,
+        "worst_approx_vs_truth": worst_truth,
+        "worst_approx_vs_stated_bound": worst_vs_bound,
         "final_loss": final,
         "reasons": sorted({str(r.end_reason) for r in failed}),
         "wall_s": run["wall_s"],
@@ -243,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['applied']:>3} (approx {row['approximate']:>3}, unverified "
                   f"{row['unverified']:>3}) lost {row['rounds_lost']:>3} wrong-applied "
                   f"{row['wrong_applied']:>3} worst-rel-err {row['worst_rel_error']:.2e} "
+                  f"approx-vs-truth {row['worst_approx_vs_truth']:.3f} vs-stated-bound "
+                  f"{row['worst_approx_vs_stated_bound']:.3f} "
                   f"final loss {row['final_loss']:.5g} reasons {row['reasons']}",
                   flush=True)
     total_wrong = sum(r["wrong_applied"] for r in rows)
