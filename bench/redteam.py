@@ -28,7 +28,10 @@ apply (failed or rejected) beyond the honest baseline's.
 Approximate mode (``--mode approx --deadline S``): rounds decoded at the deadline are audited
 against the *honest approximate estimate* (what the decoder returns from honest payloads of
 the same finished chunks, ``Aggregator.honest_estimate``), since they differ from the true
-gradient by design; exact rounds against the truth as before. ``--no-verify`` turns the PS's
+gradient by design; exact rounds against the truth as before. Every approximate round is also
+reported against the truth (``approx-vs-truth``, in units of ``||sum |g_i| ||``) and, without
+the oracle, against the stated bound ``(1 + gain) B(w)`` of aiogc/training/approx_bound.py
+(``vs-stated-bound``: must stay <= 1). ``--no-verify`` turns the PS's
 oracle off (the guard keeps its norm, redundancy and model checks); ``--spare-wait F`` makes
 the original scheme wait up to F times the round's elapsed time for one spare vector (the
 redundancy check's cross-check). Issue 18's acceptance run::
