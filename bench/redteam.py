@@ -28,7 +28,10 @@ apply (failed or rejected) beyond the honest baseline's.
 Approximate mode (``--mode approx --deadline S``): rounds decoded at the deadline are audited
 against the *honest approximate estimate* (what the decoder returns from honest payloads of
 the same finished chunks, ``Aggregator.honest_estimate``), since they differ from the true
-gradient by design; exact rounds against the truth as before. ``--no-verify`` turns the PS's
+gradient by design; exact rounds against the truth as before. Every approximate round is also
+reported against the truth (``approx-vs-truth``, in units of ``||sum |g_i| ||``) and, without
+the oracle, against the stated bound ``(1 + gain) B(w)`` of aiogc/training/approx_bound.py
+(``vs-stated-bound``: must stay <= 1). ``--no-verify`` turns the PS's
 oracle off (the guard keeps its norm, redundancy and model checks); ``--spare-wait F`` makes
 the original scheme wait up to F times the round's elapsed time for one spare vector (the
 redundancy check's cross-check). ``--locate N`` (issue 21) waits for two spares, locates the
@@ -64,6 +67,7 @@ from aiogc.core import PSOptions, Worker
 from aiogc.harness.kit import make_ps
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.protocol.messages import CodedGradient
+from aiogc.training.approx_bound import decode_gain
 from aiogc.training.delays import materialise
 
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
@@ -172,6 +176,10 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
     lr = ps.aggregator.learning_rate
     applied = wrong = approx = 0
     worst = 0.0
+    # approximate rounds against the truth: in units of ||sum |g_i| || and of the stated bound
+    # (1 + decode gain) * B(w) (training/approx_bound.py; only without the oracle)
+    worst_truth = worst_vs_bound = 0.0
+    agg = ps.aggregator
     for rec in run["records"]:
         if rec.status == "failed" or rec.gradient is None:
             continue
@@ -179,9 +187,18 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         G = np.stack([task.chunk_gradient(i, w) for i in range(scheme.n_chunks)])
         if rec.status == "approximate":
             # the stated bound of an approximate round: the honest estimate of what finished
-            true = ps.aggregator.honest_estimate(np.asarray(rec.state, dtype=np.int64), G,
-                                                 w.size)
+            st = np.asarray(rec.state, dtype=np.int64)
+            true = agg.honest_estimate(st, G, w.size)
             approx += 1
+            with np.errstate(over="ignore", invalid="ignore"):
+                off = float(np.linalg.norm(rec.gradient - G.sum(axis=0)))
+            absum = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
+            worst_truth = max(worst_truth, off / absum if math.isfinite(off) else math.inf)
+            if agg.grad_bound_fn is not None:
+                gain = decode_gain(agg.honest_estimate, st, scheme.n_chunks, scheme.n_parts)
+                stated = (1 + gain) * agg.grad_bound_fn(w)
+                worst_vs_bound = max(worst_vs_bound,
+                                     off / stated if math.isfinite(off) else math.inf)
         else:
             true = G.sum(axis=0)
         scale = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
@@ -203,6 +220,8 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "not_applied": len(failed),
         "wrong_applied": wrong,
         "worst_rel_error": worst,
+        "worst_approx_vs_truth": worst_truth,
+        "worst_approx_vs_stated_bound": worst_vs_bound,
         "final_loss": final,
         "reasons": sorted({str(r.end_reason) for r in failed}),
         "located": sum("located as inconsistent" in r.end_detail for r in run["records"]),
@@ -257,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['applied']:>3} (approx {row['approximate']:>3}, unverified "
                   f"{row['unverified']:>3}) lost {row['rounds_lost']:>3} wrong-applied "
                   f"{row['wrong_applied']:>3} worst-rel-err {row['worst_rel_error']:.2e} "
+                  f"approx-vs-truth {row['worst_approx_vs_truth']:.3f} vs-stated-bound "
+                  f"{row['worst_approx_vs_stated_bound']:.3f} "
                   f"final loss {row['final_loss']:.5g} reasons {row['reasons']} located "
                   f"{row['located']} evicted {row['evicted']}",
                   flush=True)

@@ -31,6 +31,7 @@ from aiogc.core import (
     Worker,
     WorkerDropped,
     WorkerJoined,
+    WorkerPhase,
 )
 from aiogc.errors import ConfigError
 from aiogc.protocol.auth import config_hash, derive_worker_key, hello_mac, session_keys, welcome_mac
@@ -702,7 +703,14 @@ def _handshake_worker(secret: bytes) -> tuple[Worker, Hello]:
 
 
 def test_welcome_mac_covers_the_configuration() -> None:
-    """A relay that passes the handshake through but rewrites the config is caught."""
+    """A relay that passes the handshake through but rewrites the config is caught.
+
+    The welcome is rejected (its config is never used: no setup is asked for, no session
+    keys). The consequence is a retry, not an exit (issue 18: nothing unauthenticated ends a
+    worker; a welcome whose MAC fails is itself unauthenticated, so a port squatter could
+    otherwise stop every worker with one forged frame; docs/protocol.md §7.7). The worker
+    closes the connection, reconnects with backoff and gives up only after give_up_after_s.
+    """
     secret = b"k" * 32
     config = {**_cfg().to_wire(), "scheme_digest": "x"}
     key = derive_worker_key(secret, 3)
@@ -711,8 +719,11 @@ def test_welcome_mac_covers_the_configuration() -> None:
     assert hello.mac == hello_mac(key, b"p" * 16, b"w" * 16, 3, 0)
     evil = {**config, "task": "evil_module:run"}
     w.receive("ps", Welcome(epoch=0, worker=3, mac=mac, config=evil), now=0.1)
-    failed = [e for e in iter(w.next_event, None) if isinstance(e, ConnectionFailed)]
-    assert [(e.code, e.fatal) for e in failed] == [("auth_failed", True)]
+    evs = list(iter(w.next_event, None))
+    failed = [e for e in evs if isinstance(e, ConnectionFailed)]
+    assert [(e.code, e.fatal) for e in failed] == [("preauth_auth_failed", False)]
+    assert not any(isinstance(e, SetupNeeded) for e in evs) and w.session is None
+    assert w.phase is WorkerPhase.CLOSED and w.stats["preauth_auth_failed"] == 1
     # the genuine config passes and asks the driver for a setup
     w, _ = _handshake_worker(secret)
     w.receive("ps", Welcome(epoch=0, worker=3, mac=mac, config=config), now=0.1)

@@ -20,9 +20,9 @@ import pytest
 
 from aiogc.config import RunConfig
 from aiogc.core import Finished, PeerClosed, PSPhase, Triggered
-from aiogc.core.ps import ParameterServer
+from aiogc.core.ps import _ACCEPTS, RULES, ParameterServer
 from aiogc.core.ps_rounds import RoundMachine
-from aiogc.core.ps_rules import _ACCEPTS, REFUSING, RULES, TRANSITIONS
+from aiogc.core.ps_rules import REFUSING, TRANSITIONS
 from aiogc.core.ps_work import DecodeRound
 from aiogc.errors import LocalProtocolError
 from aiogc.protocol.messages import (

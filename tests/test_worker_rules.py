@@ -24,8 +24,9 @@ import pytest
 import aiogc.core.worker as worker_mod
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import Outgoing, Setup, Worker, WorkerPhase
+from aiogc.core.worker import ACCEPTS
 from aiogc.core.worker_round import WorkerRounds
-from aiogc.core.worker_rules import ACCEPTS, NEXT, TRANSITIONS
+from aiogc.core.worker_rules import NEXT, TRANSITIONS
 from aiogc.errors import LocalProtocolError
 from aiogc.protocol.messages import (
     PS_TO_WORKER,

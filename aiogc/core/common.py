@@ -7,10 +7,11 @@ The core never touches a socket or a clock: drivers feed ``receive(peer, msg, no
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,53 @@ FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_wo
 #: up to ~30 ms under load (measured in bench/soak_socket_fuzz.py), so the deadline itself
 #: sits a little below.
 AUTH_DEADLINE_S = 1.9
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., None])
+
+#: the function attribute a handler's rule rows live under (:func:`handles`)
+_ROWS_ATTR = "__aiogc_rules__"
+
+
+class Row(NamedTuple):
+    """One rule row a handler declares: frames of ``kind`` in ``phases`` run it; in the
+    phases no row of ``kind`` covers, the handler named ``otherwise`` runs (None: the kind is
+    refused there, or another row covers it)."""
+
+    kind: str
+    phases: frozenset[enum.Enum]
+    otherwise: str | None
+
+
+def handles(kind: str, phases: Iterable[enum.Enum], *, otherwise: str | None = None
+            ) -> Callable[[_Handler], _Handler]:
+    """Method decorator: declare, next to a handler, the rules-table row it serves.
+
+    A message kind's rule lives with its handler, so adding a kind touches its message
+    (protocol/messages.py) and its handler's module, nothing else. The row is attached to the
+    function (no module-level table is written, tests/test_core_purity.py); each machine's
+    table is built once from its class (``ps_rules.rules_of``, ``worker_rules.dispatch_of``),
+    which checks that every (phase, kind) pair has exactly one outcome. Stackable.
+    """
+    row = Row(kind, frozenset(phases), otherwise)
+
+    def mark(fn: _Handler) -> _Handler:
+        attrs = vars(fn)
+        attrs[_ROWS_ATTR] = (*attrs.get(_ROWS_ATTR, ()), row)
+        return fn
+
+    return mark
+
+
+def declared_rows(cls: type) -> Iterator[tuple[str, Callable[..., None], Row]]:
+    """(attribute name, function, row) of every :func:`handles` row on ``cls`` and its bases
+    (a subclass's attribute hides its base's, as attribute lookup does)."""
+    seen: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        seen.update(vars(klass))
+    for name, fn in seen.items():
+        for row in getattr(fn, _ROWS_ATTR, ()):
+            yield name, fn, row
 
 
 class Backoff:

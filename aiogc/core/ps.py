@@ -44,9 +44,10 @@ from aiogc.core.common import (
     PeerClosed,
     WorkerEvicted,
     WorkerJoined,
+    handles,
 )
 from aiogc.core.ps_rounds import RoundMachine, RoundSetup, _Peer
-from aiogc.core.ps_rules import _ACCEPTS, RULES, TRANSITIONS, PSPhase
+from aiogc.core.ps_rules import ALL, TRANSITIONS, PSPhase, accepts_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound, RoundWorker
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
@@ -529,30 +530,43 @@ class ParameterServer(RoundMachine):
 
     # ------------------------------------------------------------------ handlers (RULES)
 
+    @handles("hello", ALL)
     def _on_second_hello(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         raise RemoteProtocolError("a second hello is not allowed", code="bad_kind")
 
+    @handles("ready", ALL - {PSPhase.JOINING})
     def _on_ready(self, worker: int, peer: Hashable, msg: Ready, now: float) -> None:
         """The worker built its task: it takes part in the next round that starts."""
         if msg.epoch != self.epoch:
             raise RemoteProtocolError(f"ready for epoch {msg.epoch}", code="stale_epoch")
         self._peers[peer].ready = True
 
+    @handles("ready", {PSPhase.JOINING})  # ready may start a round
     def _on_ready_and_start(self, worker: int, peer: Hashable, msg: Ready, now: float) -> None:
         """JOINING: a ready worker may complete the set the next round waits for."""
         self._on_ready(worker, peer, msg, now)
         if self._can_start(self._round_no + 1):
             self._start_round(now)
 
+    @handles("ping", ALL)
     def _on_ping(self, worker: int, peer: Hashable, msg: Ping, now: float) -> None:
         if self._ping_allowed(worker, now):
             self._send(peer, Pong(seq=msg.seq))
         else:
             self.stats["ping_dropped"] += 1
 
+    @handles("pong", ALL)
     def _on_ignore(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         """A pong: the worker is alive (``_last_heard`` was set on receipt); nothing else."""
 
+    @handles("bye", ALL)
+    @handles("error", ALL)
     def _on_bye(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         self.stats[f"peer_{msg.kind}"] += 1
         self._close(peer, "bye", getattr(msg, "reason", ""), now)
+
+
+#: phase -> kind -> handler name (``ParameterServer._on_<name>``), from the handlers' rows
+RULES: Final = ParameterServer.RULES
+#: kind -> phases in which an authenticated worker's frame of that kind is acted on
+_ACCEPTS: Final = accepts_of(RULES)

@@ -9,9 +9,9 @@ numerical work: a round's end queues a :class:`~aiogc.core.ps_work.DecodeRound` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,8 +30,9 @@ from aiogc.core.common import (
     Triggered,
     WorkerDropped,
     fast_new,
+    handles,
 )
-from aiogc.core.ps_rules import RULES, TRANSITIONS, PSPhase
+from aiogc.core.ps_rules import IN_ROUND, TRANSITIONS, PSPhase, rules_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import SessionKeys
@@ -124,6 +125,14 @@ class RoundMachine(Endpoint):
     spare_wait: float = 0.0
     spares: int = 1
 
+    #: phase -> kind -> handler name: the rows its handlers declare (``@handles``), built once
+    #: per class by :func:`~aiogc.core.ps_rules.rules_of` (read-only)
+    RULES: ClassVar[Mapping[PSPhase, Mapping[str, str]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.RULES = rules_of(cls)
+
     def __init__(self, setup: RoundSetup) -> None:
         super().__init__()
         config, scheme = setup.config, setup.scheme
@@ -159,7 +168,7 @@ class RoundMachine(Endpoint):
         self._rows: list[np.ndarray] = list(self._payload_rows)
         #: phase -> kind -> bound handler (RULES with the names resolved once)
         self._rules: dict[PSPhase, dict[str, Callable[..., None]]] = {
-            ph: {kind: getattr(self, "_on_" + name) for kind, name in RULES[ph].items()}
+            ph: {kind: getattr(self, "_on_" + name) for kind, name in self.RULES[ph].items()}
             for ph in PSPhase}
         self._handlers = self._rules[PSPhase.JOINING]
 
@@ -294,6 +303,7 @@ class RoundMachine(Endpoint):
         kind = msg.kind
         self.stats[("stale_epoch_" if msg.epoch != self.epoch else "stale_round_") + kind] += 1
 
+    @handles("chunk_report", IN_ROUND, otherwise="stale")
     def _on_report(self, worker: int, peer: Hashable, msg: ChunkReport, now: float) -> None:
         rs = self._round
         assert rs is not None  # RULES: only in COMPUTING and COLLECTING
@@ -329,6 +339,7 @@ class RoundMachine(Endpoint):
                 if self.phase is PSPhase.COMPUTING:
                     self._trigger(now, exact=True)
 
+    @handles("coded_gradient", IN_ROUND, otherwise="stale")
     def _on_coded(self, worker: int, peer: Hashable, msg: CodedGradient, now: float) -> None:
         rs = self._round
         assert rs is not None  # RULES: only in COMPUTING and COLLECTING

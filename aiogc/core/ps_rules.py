@@ -3,12 +3,16 @@ kind of frame from an authenticated worker does in each phase.
 
 ``TRANSITIONS`` lists every phase change the PS may make (``ParameterServer._set_phase``
 refuses anything else with :class:`~aiogc.errors.LocalProtocolError` before any state
-changes); ``RULES`` maps (phase, kind) to the name of the handler that runs, for every kind in
-:data:`aiogc.protocol.messages.WORKER_TO_PS` and every phase. Two handlers decide nothing:
-``stale`` drops the frame and counts it (``stale_epoch_<kind>`` or ``stale_round_<kind>``),
-``second_hello`` closes the connection (``bad_kind``). A kind outside WORKER_TO_PS closes the
-connection too (``bad_kind``). Before authentication only ``hello`` is read (the handshake,
-whatever the phase). ``tests/test_ps_rules.py`` walks these tables.
+changes); the rules table (``ParameterServer.RULES``, :data:`aiogc.core.ps.RULES`) maps (phase,
+kind) to the name of the handler that runs, for every kind in
+:data:`aiogc.protocol.messages.WORKER_TO_PS` and every phase. Its rows are declared next to
+their handlers (``@handles(kind, phases)`` in ps.py / ps_rounds.py) and :func:`rules_of`
+builds the table once, when the class is defined, checking that each pair has one outcome.
+Two handlers decide nothing: ``stale`` drops the frame and counts it (``stale_epoch_<kind>``
+or ``stale_round_<kind>``), ``second_hello`` closes the connection (``bad_kind``). A kind
+outside WORKER_TO_PS closes the connection too (``bad_kind``). Before authentication only
+``hello`` is read (the handshake, whatever the phase). ``tests/test_ps_rules.py`` walks the
+tables.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType as _ro
 from typing import Final
+
+from aiogc.core.common import declared_rows
+from aiogc.protocol.messages import WORKER_TO_PS
 
 
 class PSPhase(enum.Enum):
@@ -51,34 +58,45 @@ TRANSITIONS: Final[Mapping[PSPhase, Mapping[PSPhase, str]]] = _ro({
     F: {},
 })
 
-_IN_ROUND: Final[Mapping[str, str]] = _ro({
-    "hello": "second_hello",
-    "ready": "ready",
-    "chunk_report": "report",
-    "coded_gradient": "coded",
-    "ping": "ping",
-    "pong": "ignore",
-    "bye": "bye",
-    "error": "bye",
-})
-_BETWEEN_ROUNDS: Final[Mapping[str, str]] = _ro(
-    {**_IN_ROUND, "chunk_report": "stale", "coded_gradient": "stale"})
-
-#: phase -> kind -> handler name (``ParameterServer._on_<name>``)
-RULES: Final[Mapping[PSPhase, Mapping[str, str]]] = _ro({
-    J: _ro({**_BETWEEN_ROUNDS, "ready": "ready_and_start"}),  # ready may start a round
-    P: _IN_ROUND,
-    C: _IN_ROUND,
-    D: _BETWEEN_ROUNDS,  # ready counts for the next round, which starts after the decode
-    F: _BETWEEN_ROUNDS,
-})
+#: every phase: the default phase set of a row
+ALL: Final = frozenset(PSPhase)
+#: the phases in which a round runs (its reports and coded vectors are acted on)
+IN_ROUND: Final = frozenset({P, C})
 
 #: handlers that refuse the frame: dropped and counted, or the connection closed
 REFUSING: Final = frozenset({"stale", "second_hello"})
 
-#: kind -> phases in which an authenticated worker's frame of that kind is acted on
-_ACCEPTS: Final[Mapping[str, frozenset[PSPhase]]] = _ro({
-    kind: frozenset(ph for ph in PSPhase if RULES[ph][kind] not in REFUSING)
-    for kind in RULES[J]
-    if any(RULES[ph][kind] not in REFUSING for ph in PSPhase)
-})
+
+def rules_of(cls: type) -> Mapping[PSPhase, Mapping[str, str]]:
+    """The PS's table, phase -> kind -> handler name (``cls._on_<name>``), built from the
+    rows its handlers declare (:func:`aiogc.core.common.handles`).
+
+    Every kind of WORKER_TO_PS must have exactly one outcome in every phase: a row covering
+    the phase, else its row's ``otherwise``. Raises AssertionError at import otherwise.
+    """
+    table: dict[PSPhase, dict[str, str]] = {ph: {} for ph in PSPhase}
+    fallback: dict[str, str] = {}
+    for attr, _fn, row in declared_rows(cls):
+        assert attr.startswith("_on_"), f"{attr}: a handler is named _on_<name>"
+        assert row.kind in WORKER_TO_PS, f"{attr}: {row.kind} is not a worker's kind"
+        for ph in row.phases:
+            assert isinstance(ph, PSPhase) and row.kind not in table[ph], (attr, row, ph)
+            table[ph][row.kind] = attr[4:]
+        if row.otherwise is not None:
+            assert fallback.setdefault(row.kind, row.otherwise) == row.otherwise, (attr, row)
+    for ph, kinds in table.items():
+        for kind in WORKER_TO_PS - set(kinds):
+            assert kind in fallback, f"no rule for {kind} in {ph.value}"
+            kinds[kind] = fallback[kind]
+    assert all(hasattr(cls, "_on_" + name) for row in table.values() for name in row.values())
+    return _ro({ph: _ro(kinds) for ph, kinds in table.items()})
+
+
+def accepts_of(rules: Mapping[PSPhase, Mapping[str, str]]
+               ) -> Mapping[str, frozenset[PSPhase]]:
+    """kind -> phases in which an authenticated worker's frame of that kind is acted on."""
+    return _ro({
+        kind: frozenset(ph for ph in PSPhase if rules[ph][kind] not in REFUSING)
+        for kind in rules[J]
+        if any(rules[ph][kind] not in REFUSING for ph in PSPhase)
+    })

@@ -45,9 +45,10 @@ from aiogc.core.common import (
     SetupNeeded,
     ShutdownRequested,
     Welcomed,
+    handles,
 )
 from aiogc.core.worker_round import WorkerRounds
-from aiogc.core.worker_rules import ACCEPTS, HANDSHAKING, PS_PEER, WorkerPhase
+from aiogc.core.worker_rules import HANDSHAKING, OPEN, PS_PEER, WorkerPhase, dispatch_of
 from aiogc.core.worker_setup import ChunkGradientFn, Setup, WorkerCache
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
@@ -61,23 +62,19 @@ from aiogc.protocol.auth import (
 )
 from aiogc.protocol.messages import (
     Challenge,
-    EncodeAndTransmit,
     Error,
     Hello,
     Message,
     Ping,
     Pong,
     Ready,
-    Resume,
-    RoundEnd,
-    RoundStart,
     Shutdown,
     Welcome,
     state_digest,
 )
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "PS_PEER", "ChunkGradientFn", "Polled", "Setup", "Worker",
-           "WorkerCache", "WorkerPhase"]
+__all__ = ["ACCEPTS", "HANDSHAKE_TIMEOUT_S", "PS_PEER", "ChunkGradientFn", "Polled", "Setup",
+           "Worker", "WorkerCache", "WorkerPhase"]
 
 #: Seconds a worker waits for the PS's challenge and welcome on a new connection before it
 #: gives up on that connection and reconnects.
@@ -350,8 +347,8 @@ class Worker(WorkerRounds):
         msg = Error(code=code, reason=reason[:1000]) if send_error else None
         self._outbox.append(Outgoing(PS_PEER, msg, close=True, reason=code))
         if fatal is None:
-            # a welcome whose MAC fails stays fatal (tests/test_core.py pins it: a relay that
-            # rewrites the config); unauthenticated error/shutdown frames pass fatal=False
+            # unauthenticated frames (pre-auth error/shutdown, a welcome whose MAC fails) go
+            # through _preauth_close with fatal=False: only authenticated codes end a worker
             fatal = code in FATAL_CODES
         self._events.append(ConnectionFailed(code, reason, now, fatal=fatal))
         self._set_phase(_W_CLOSED)
@@ -403,9 +400,11 @@ class Worker(WorkerRounds):
         self._last_heard = now
         handler(self, msg, now)
 
+    @handles("ping", OPEN)
     def _on_ping(self, msg: Ping, now: float) -> None:
         self._emit(Pong.trusted(msg.seq), now, delay=False)
 
+    @handles("shutdown", OPEN)
     def _on_shutdown(self, msg: Shutdown, now: float) -> None:
         if self.phase in HANDSHAKING:
             # before a verified welcome nothing is authenticated: anyone on the PS's port can
@@ -416,6 +415,7 @@ class Worker(WorkerRounds):
         self._set_phase(_W_CLOSED)
         self._outbox.append(Outgoing(PS_PEER, None, close=True, reason="shutdown"))
 
+    @handles("error", OPEN)
     def _on_error(self, msg: Error, now: float) -> None:
         if self.phase in HANDSHAKING:
             self._preauth_close(msg.code, msg.reason, now)
@@ -423,7 +423,8 @@ class Worker(WorkerRounds):
         self._fail(msg.code, f"PS closed the connection: {msg.reason}", now, send_error=False)
 
     def _preauth_close(self, code: str, reason: str, now: float) -> None:
-        """An unauthenticated ``error``/``shutdown`` (before the handshake completed): close
+        """An unauthenticated ``error``/``shutdown`` (before the handshake completed), or a
+        ``welcome`` whose MAC fails (``auth_failed``): close
         this connection and let the driver retry; never fatal, never an end of the run. Only
         authenticated frames, or the driver's own limits (``give_up_after_s``), end a worker.
         A real PS refusing a wrong key looks exactly like this too: the worker then retries
@@ -435,9 +436,11 @@ class Worker(WorkerRounds):
                    f"completed (retrying): {reason[:200]}", now, send_error=False,
                    fatal=False)
 
+    @handles("pong", OPEN)
     def _on_pong(self, msg: Pong, now: float) -> None:
         pass  # hearing it refreshed _last_heard
 
+    @handles("challenge", {WorkerPhase.CONNECTING})
     def _on_challenge(self, msg: Challenge, now: float) -> None:
         if self.nonce_fn is None:
             raise LocalProtocolError("no nonce_fn: the driver must install one")
@@ -453,6 +456,7 @@ class Worker(WorkerRounds):
         self._emit(Hello(worker=self.worker_id, nonce=self._nonce, mac=mac, epoch=msg.epoch),
                    now, delay=False)
 
+    @handles("welcome", {WorkerPhase.AUTHENTICATING})
     def _on_welcome(self, msg: Welcome, now: float) -> None:
         if msg.worker != self.worker_id or msg.epoch != self._epoch:
             raise RemoteProtocolError("welcome for another worker or epoch", code="bad_welcome")
@@ -461,8 +465,13 @@ class Worker(WorkerRounds):
             expect = welcome_mac(self.key, self._ps_nonce, self._nonce, self.worker_id,
                                  self._epoch, chash)
             if not macs_equal(expect, msg.mac):
-                raise RemoteProtocolError("PS failed authentication (or the config was altered)",
-                                          code="auth_failed")
+                # rejected: the config is not used. But a welcome that fails its MAC is itself
+                # unauthenticated (a port squatter or a relay can send it), so, like a pre-auth
+                # error or shutdown, it only closes this connection: the worker retries with
+                # backoff and gives up after give_up_after_s without an authenticated session
+                self._preauth_close("auth_failed", "welcome failed authentication (a PS "
+                                    "without the key, or an altered config)", now)
+                return
             self.session = session_keys(self.key, self._ps_nonce, self._nonce, self._epoch,
                                         self.worker_id)
         digest = msg.config.get("scheme_digest")
@@ -516,24 +525,13 @@ class Worker(WorkerRounds):
         self._emit(Ready.trusted(self._epoch), now, delay=False)
 
 
-#: exact message type -> (phases in which the worker accepts it, handler); built from
-#: ``worker_rules.ACCEPTS`` so the two cannot disagree (frames from the network are built as
-#: their exact class, never a subclass)
+#: exact message type -> (phases in which the worker accepts it, handler): the rows the
+#: handlers declare (``@handles``), built once (frames from the network are built as their
+#: exact class, never a subclass)
 _DISPATCH: Mapping[type[Message], tuple[frozenset[WorkerPhase],
-                                        Callable[[Worker, Any, float], None]]] = MappingProxyType({
-    cls: (ACCEPTS[cls.kind], fn) for cls, fn in (
-        (RoundStart, Worker._on_round_start),
-        (EncodeAndTransmit, Worker._on_encode),
-        (Ping, Worker._on_ping),
-        (Pong, Worker._on_pong),
-        (Challenge, Worker._on_challenge),
-        (Welcome, Worker._on_welcome),
-        (Resume, Worker._on_resume),
-        (RoundEnd, Worker._on_round_end),
-        (Shutdown, Worker._on_shutdown),
-        (Error, Worker._on_error),
-    )
-})
-assert set(ACCEPTS) == {cls.kind for cls in _DISPATCH}
-#: kind -> phases in which the worker accepts it from the PS (``worker_rules.ACCEPTS``)
+                                        Callable[[Worker, Any, float], None]]] = \
+    dispatch_of(Worker)
+#: kind -> phases in which the worker accepts it from the PS
+ACCEPTS: Mapping[str, frozenset[WorkerPhase]] = MappingProxyType(
+    {cls.kind: phases for cls, (phases, _fn) in _DISPATCH.items()})
 _ACCEPTS = ACCEPTS

@@ -23,12 +23,13 @@ from aiogc.core.common import (
     Endpoint,
     RoundEnded,
     fast_new,
+    handles,
     new_chunk_computed,
     new_coded_sent,
     new_compute_chunks,
     new_outgoing,
 )
-from aiogc.core.worker_rules import NEXT, PS_PEER, WorkerPhase
+from aiogc.core.worker_rules import NEXT, PS_PEER, RUNNING, WorkerPhase
 from aiogc.core.worker_setup import SchemeFacts, Setup
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.messages import (
@@ -146,6 +147,7 @@ class WorkerRounds(Endpoint):
             return False
         return True
 
+    @handles("round_start", RUNNING)
     def _on_round_start(self, msg: RoundStart, now: float) -> None:
         if msg.epoch != self._epoch:
             self._check_epoch(msg.epoch, msg.kind)  # counts it
@@ -299,6 +301,7 @@ class WorkerRounds(Endpoint):
         if self.progress_events:
             self._events.append(new_coded_sent(self._round, attempt, c, now))
 
+    @handles("encode_and_transmit", RUNNING)
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
         if msg.epoch != self._epoch:
             self._check_epoch(msg.epoch, msg.kind)  # counts it
@@ -338,6 +341,7 @@ class WorkerRounds(Endpoint):
         self._set_phase(_W_WAITING)
         self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
 
+    @handles("resume", RUNNING)
     def _on_resume(self, msg: Resume, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return
@@ -359,6 +363,7 @@ class WorkerRounds(Endpoint):
             if self._deadline_list[self._count] <= now:
                 self._request_due(now)
 
+    @handles("round_end", RUNNING)
     def _on_round_end(self, msg: RoundEnd, now: float) -> None:
         if not self._check_epoch(msg.epoch, msg.kind):
             return

@@ -12,10 +12,15 @@ and every transition is taken by some scenario.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Any
 
-__all__ = ["ACCEPTS", "HANDSHAKING", "NEXT", "PS_PEER", "RUNNING", "TRANSITIONS", "WorkerPhase"]
+from aiogc.core.common import declared_rows
+from aiogc.protocol.messages import KINDS, PS_TO_WORKER, Message
+
+__all__ = ["HANDSHAKING", "NEXT", "OPEN", "PS_PEER", "RUNNING", "TRANSITIONS", "WorkerPhase",
+           "dispatch_of"]
 
 #: the worker's one peer, as its :class:`~aiogc.core.common.Outgoing` frames name it
 PS_PEER = "ps"
@@ -45,23 +50,10 @@ _CLOSED = WorkerPhase.CLOSED
 
 RUNNING = frozenset({_IDLE, _COMPUTING, _WAITING})
 HANDSHAKING = frozenset({_CONNECTING, _AUTHENTICATING})
-_OPEN = frozenset(WorkerPhase) - {_CLOSED}
-
-#: PS message kind -> the phases that accept it. A kind outside its phases is refused with
-#: ``bad_kind`` (the worker closes the connection). In CLOSED nothing is dispatched at all:
-#: frames still in flight on a connection the worker closed are dropped (``after_close``).
-ACCEPTS: Mapping[str, frozenset[WorkerPhase]] = MappingProxyType({
-    "challenge": frozenset({_CONNECTING}),
-    "welcome": frozenset({_AUTHENTICATING}),
-    "round_start": RUNNING,
-    "encode_and_transmit": RUNNING,
-    "resume": RUNNING,
-    "round_end": RUNNING,
-    "shutdown": _OPEN,
-    "error": _OPEN,
-    "ping": _OPEN,
-    "pong": _OPEN,
-})
+#: every phase but CLOSED. In CLOSED nothing is dispatched at all: frames still in flight on
+#: a connection the worker closed are dropped (``after_close``)
+OPEN = frozenset(WorkerPhase) - {_CLOSED}
+_OPEN = OPEN
 
 #: (from, to) -> the triggers that take it: PS frames by kind, the driver's calls by method
 #: name. Nothing else exists; a self-loop is listed where a handler sets the phase it is in.
@@ -95,3 +87,24 @@ TRANSITIONS: Mapping[tuple[WorkerPhase, WorkerPhase], str] = MappingProxyType({
 NEXT: Mapping[WorkerPhase, frozenset[WorkerPhase]] = MappingProxyType({
     p: frozenset(q for (a, q) in TRANSITIONS if a is p) for p in WorkerPhase
 })
+
+
+def dispatch_of(cls: type) -> Mapping[type[Message], tuple[frozenset[WorkerPhase],
+                                                           Callable[..., None]]]:
+    """The worker's dispatch table, exact message type -> (the phases that accept it, the
+    handler), built from the rows ``cls``'s handlers declare
+    (:func:`aiogc.core.common.handles`). A kind outside its phases is refused with
+    ``bad_kind`` (the worker closes the connection).
+
+    Every kind of PS_TO_WORKER has exactly one handler, and no phase set holds CLOSED;
+    AssertionError at import otherwise.
+    """
+    table: dict[type[Message], tuple[frozenset[WorkerPhase], Callable[..., Any]]] = {}
+    for attr, fn, row in declared_rows(cls):
+        msg_cls = KINDS[row.kind]
+        assert row.kind in PS_TO_WORKER and msg_cls not in table, f"{attr}: {row.kind}"
+        assert row.otherwise is None and row.phases <= OPEN, f"{attr}: {row}"
+        table[msg_cls] = (frozenset(row.phases), fn)  # type: ignore[arg-type]
+    missing = PS_TO_WORKER - {c.kind for c in table}
+    assert not missing, f"no handler for {sorted(missing)}"
+    return MappingProxyType(table)

@@ -28,6 +28,7 @@ from aiogc.core import (
 )
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
+from aiogc.training.approx_bound import gradient_bound_fn
 from aiogc.training.delays import materialise
 from aiogc.training.locate import LiarLocator
 from aiogc.training.schedule import DelaySchedule
@@ -178,7 +179,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         learning_rate=config.learning_rate or task.learning_rate,
         loss_fn=task.loss,
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
-        keep_gradients=keep_gradients, guard=guard)
+        keep_gradients=keep_gradients, guard=guard,
+        # no oracle: approximate rounds are bounded by the data instead (issue 18)
+        grad_bound_fn=None if verify else gradient_bound_fn(task))
     if locate is not None:
         aggregator.locator = LiarLocator(
             evict_after=locate,

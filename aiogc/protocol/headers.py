@@ -62,11 +62,8 @@ MAX_U32: Final = 2**32 - 1
 PREAMBLE_BYTES: Final = 2
 
 #: The kind byte of every header (docs/protocol.md §2.1). Never reuse a code.
-KIND_CODES: Final = {
-    "challenge": 1, "hello": 2, "welcome": 3, "ready": 4, "round_start": 5, "chunk_report": 6,
-    "encode_and_transmit": 7, "coded_gradient": 8, "resume": 9, "round_end": 10, "bye": 11,
-    "error": 12, "shutdown": 13, "ping": 14, "pong": 15,
-}
+#: Declared with each kind (``@_kind(..., kind_code=N)`` in messages.py).
+KIND_CODES: Final = {kind: cls.kind_code for kind, cls in KINDS.items()}
 assert set(KIND_CODES) == set(KINDS) and len(set(KIND_CODES.values())) == len(KINDS)
 
 # msgpack bounds: each caps one length the unpacker would otherwise trust from the peer.

@@ -161,6 +161,8 @@ class Message:
     """Base class. Subclasses set ``kind`` and ``_checks`` (field name -> checker)."""
 
     kind: ClassVar[str] = ""
+    #: the header's kind byte (set by ``@_kind``; headers.KIND_CODES is derived from it)
+    kind_code: ClassVar[int] = 0
     #: name of the ndarray field whose bytes travel after the header, or None
     array_field: ClassVar[str | None] = None
     _checks: ClassVar[dict[str, Any]] = {}
@@ -248,11 +250,16 @@ def slot_constructor(cls: type, names: tuple[str, ...] | None = None) -> Any:
     return make
 
 
-def _kind(name: str, array_field: str | None = None, **checks: Any) -> Any:
-    """Class decorator: register the kind, its array field and its field checkers."""
+def _kind(name: str, *, kind_code: int, array_field: str | None = None, **checks: Any) -> Any:
+    """Class decorator: register the kind, its wire code (the header's kind byte,
+    docs/protocol.md §2.1: never reuse one), its array field and its field checkers."""
 
     def wrap(cls: type[Message]) -> type[Message]:
+        taken = {c.kind_code: k for k, c in KINDS.items()}
+        assert 0 < kind_code < 256 and kind_code not in taken, \
+            f"{name}: kind code {kind_code} is invalid or taken by {taken.get(kind_code)}"
         cls.kind = name
+        cls.kind_code = kind_code
         cls.array_field = array_field
         cls._checks = checks
         cls._names = tuple(f.name for f in fields(cls))
@@ -276,7 +283,7 @@ _WORKER = _int(0, MAX_WORKERS - 1)
 # ----------------------------------------------------------------------- handshake (both ways)
 
 
-@_kind("challenge", nonce=_nonce, epoch=_EPOCH)
+@_kind("challenge", kind_code=1, nonce=_nonce, epoch=_EPOCH)
 @dataclass(frozen=True, slots=True)
 class Challenge(Message):
     """PS -> worker, first frame on a connection: a fresh nonce to MAC, and the PS epoch."""
@@ -285,7 +292,7 @@ class Challenge(Message):
     epoch: int
 
 
-@_kind("hello", worker=_WORKER, nonce=_nonce, mac=_blob, epoch=_EPOCH)
+@_kind("hello", kind_code=2, worker=_WORKER, nonce=_nonce, mac=_blob, epoch=_EPOCH)
 @dataclass(frozen=True, slots=True)
 class Hello(Message):
     """Worker -> PS: who I am, my own nonce for the PS to MAC, and my MAC of the PS's nonce.
@@ -299,7 +306,7 @@ class Hello(Message):
     epoch: int
 
 
-@_kind("welcome", epoch=_EPOCH, worker=_WORKER, mac=_blob, config=_config)
+@_kind("welcome", kind_code=3, epoch=_EPOCH, worker=_WORKER, mac=_blob, config=_config)
 @dataclass(frozen=True, slots=True)
 class Welcome(Message):
     """PS -> worker: accepted. ``mac`` proves the PS knows the secret; ``config`` is the run
@@ -314,7 +321,7 @@ class Welcome(Message):
 # ------------------------------------------------------------------------- worker -> PS
 
 
-@_kind("ready", epoch=_EPOCH)
+@_kind("ready", kind_code=4, epoch=_EPOCH)
 @dataclass(frozen=True, slots=True)
 class Ready(Message):
     """Worker -> PS: configuration rebuilt and checked; include me from the next round on.
@@ -327,7 +334,7 @@ class Ready(Message):
 
 
 @_kind(
-    "chunk_report",
+    "chunk_report", kind_code=6,
     epoch=_EPOCH,
     round=_ROUND,
     count=_int(0, MAX_WORKERS),
@@ -350,8 +357,7 @@ class ChunkReport(Message):
 
 
 @_kind(
-    "coded_gradient",
-    "payload",
+    "coded_gradient", kind_code=8, array_field="payload",
     epoch=_EPOCH,
     round=_ROUND,
     attempt=_int(),
@@ -375,7 +381,7 @@ class CodedGradient(Message):
     payload: np.ndarray
 
 
-@_kind("bye", reason=_text)
+@_kind("bye", kind_code=11, reason=_text)
 @dataclass(frozen=True, slots=True)
 class Bye(Message):
     """Worker -> PS: leaving on purpose (not a failure)."""
@@ -387,8 +393,7 @@ class Bye(Message):
 
 
 @_kind(
-    "round_start",
-    "model",
+    "round_start", kind_code=5, array_field="model",
     epoch=_EPOCH,
     round=_ROUND,
     delays_s=_delay_list,
@@ -412,7 +417,7 @@ class RoundStart(Message):
 
 
 @_kind(
-    "encode_and_transmit",
+    "encode_and_transmit", kind_code=7,
     epoch=_EPOCH,
     round=_ROUND,
     attempt=_int(),
@@ -428,7 +433,7 @@ class EncodeAndTransmit(Message):
     state: tuple[int, ...]
 
 
-@_kind("resume", epoch=_EPOCH, round=_ROUND, attempt=_int())
+@_kind("resume", kind_code=9, epoch=_EPOCH, round=_ROUND, attempt=_int())
 @dataclass(frozen=True, slots=True)
 class Resume(Message):
     """PS -> all workers: the broadcast of an earlier attempt is void; compute on.
@@ -441,7 +446,7 @@ class Resume(Message):
     attempt: int
 
 
-@_kind("round_end", epoch=_EPOCH, round=_ROUND, status=_text)
+@_kind("round_end", kind_code=10, epoch=_EPOCH, round=_ROUND, status=_text)
 @dataclass(frozen=True, slots=True)
 class RoundEnd(Message):
     """PS -> all workers: round over (``status``: exact, approximate or failed); drop its data."""
@@ -451,7 +456,7 @@ class RoundEnd(Message):
     status: str
 
 
-@_kind("error", code=_text, reason=_text)
+@_kind("error", kind_code=12, code=_text, reason=_text)
 @dataclass(frozen=True, slots=True)
 class Error(Message):
     """Either way: the sender is closing this connection because of ``code`` / ``reason``."""
@@ -460,7 +465,7 @@ class Error(Message):
     reason: str
 
 
-@_kind("shutdown", reason=_text)
+@_kind("shutdown", kind_code=13, reason=_text)
 @dataclass(frozen=True, slots=True)
 class Shutdown(Message):
     """PS -> worker: the run is over; exit."""
@@ -468,7 +473,7 @@ class Shutdown(Message):
     reason: str
 
 
-@_kind("ping", seq=_int())
+@_kind("ping", kind_code=14, seq=_int())
 @dataclass(frozen=True, slots=True)
 class Ping(Message):
     """Either way: liveness probe while otherwise silent."""
@@ -476,7 +481,7 @@ class Ping(Message):
     seq: int
 
 
-@_kind("pong", seq=_int())
+@_kind("pong", kind_code=15, seq=_int())
 @dataclass(frozen=True, slots=True)
 class Pong(Message):
     """Answer to :class:`Ping` with the same ``seq``."""

@@ -34,6 +34,7 @@ from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
+from aiogc.training.approx_bound import approx_bound_check, decode_gain
 from aiogc.training.locate import LiarLocator, payload_rounding_bound, relative
 
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
@@ -61,6 +62,11 @@ class Aggregator:
         decode, the oracle when ``verify_fn`` is set, model bound; see
         :class:`aiogc.coding.consistency.RoundGuard`). A rejected round is recorded as failed
         with the reason and counted as ``rejected_<check>``; the model is left unchanged.
+    grad_bound_fn : callable, optional
+        ``w -> B(w) >= sum_i ||g_i(w)||`` from the task's data
+        (:func:`aiogc.training.approx_bound.gradient_bound_fn`): without ``verify_fn``, an
+        approximate decode above what the finished chunks can justify is rejected
+        (``approx_bound``), from round 0 on.
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class Aggregator:
         verify_fn: Callable[[np.ndarray], np.ndarray] | None = None,
         keep_gradients: bool = False,
         guard: bool = True,
+        grad_bound_fn: Callable[[np.ndarray], float] | None = None,
     ) -> None:
         self.config = config
         self.scheme = scheme
@@ -82,6 +89,7 @@ class Aggregator:
         self.loss_fn = loss_fn
         self.verify_fn = verify_fn
         self.keep_gradients = keep_gradients
+        self.grad_bound_fn = grad_bound_fn
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
         self._sends_when_done = bool(scheme.sends_when_done)
@@ -172,6 +180,11 @@ class Aggregator:
                 # an approximate round differs from the truth by design, but not from the
                 # estimate honest workers would have produced from the same finished chunks
                 estimate = self._estimate_verdict(item, grad, G, rec.amplification, rounding)
+        elif rec.status != RoundStatus.EXACT and self.grad_bound_fn is not None:
+            bounded = self._approx_bound_verdict(item, grad)
+            if not bounded.ok:  # a bound, not a content check: the round stays unverified
+                self.guard.rejected[bounded.check] = self.guard.rejected.get(bounded.check, 0) + 1
+                return self._reject(item, bounded)
         if estimate is not None and not estimate.ok:
             self.guard.rejected[estimate.check] = self.guard.rejected.get(estimate.check, 0) + 1
             return self._reject(item, estimate)
@@ -265,6 +278,14 @@ class Aggregator:
         ell = self.scheme.n_parts
         probe = self.scheme.decode_result(np.eye(self.m), state, ell * self.m).gradient
         return np.asarray(probe, dtype=np.float64).reshape(ell, self.m)
+
+    def _approx_bound_verdict(self, item: DecodeRound, grad: np.ndarray) -> Verdict:
+        """Without the oracle: ``||grad|| <= decode gain x B(w)`` (training/approx_bound.py)."""
+        assert self.grad_bound_fn is not None and self.guard is not None
+        gain = decode_gain(self.honest_estimate, item.state, self.scheme.n_chunks,
+                           self.scheme.n_parts)
+        return approx_bound_check(grad, gain, self.grad_bound_fn(item.model),
+                                  floor=self.guard.norms.floor)
 
     def _decode(self, rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
         fast = self.scheme.trusted_decoder()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from aiogc.config import RunConfig
 from aiogc.core import Setup
 from aiogc.errors import ConfigError
+from aiogc.training.caps import check_welcome_memory
 
 __all__ = ["SetupCache", "TaskNotAllowed", "TaskPolicy", "build_setup"]
 
@@ -64,6 +65,7 @@ def build_setup(config: RunConfig, policy: TaskPolicy | None = None) -> Setup:
     from aiogc.training.tasks import make_task
 
     (policy or TaskPolicy()).check(config.task)
+    check_welcome_memory(config)  # scheme + task within this process's budget, before building
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
     return Setup(config, scheme, task.chunk_gradient)
