@@ -31,9 +31,10 @@ positions of each worker, a bipartite b-matching decided by one max-flow (source
 ``p * tau_j`` finds the smallest feasible one. Worker ``j`` then processes its matched chunks
 first, the rest after, each group in the static order's relative sequence. What is heuristic is
 the model: the expectation of the trigger time under noise is replaced by its value at the
-median speeds. The new orders are adopted only if they beat the static order's plug-in time by
-more than :data:`MARGIN` (15 %); otherwise the static optimal order is kept, so that equal
-workers (i.i.d. delays), whose estimates differ only by noise, keep the worst-case optimum.
+median speeds, and a worker whose median is within a factor :data:`DISTINCT` (2.5) of the
+cluster's median is planned at the cluster's median. The new orders are adopted only if
+they beat the static order's plug-in time by more than :data:`MARGIN` (15 %); otherwise the
+static optimal order is kept, so that equal workers (i.i.d. delays), whose estimates differ only by noise, keep the worst-case optimum.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ __all__ = [
     "AdaptiveOrdering",
     "SpeedEstimator",
     "flatten_orders",
-    "policy_for",
     "plugin_trigger_time",
+    "policy_for",
     "round_samples",
     "speed_orders",
     "unflatten_orders",
@@ -67,9 +68,13 @@ WINDOW = 3
 #: New orders are used only when their plug-in trigger time is below (1 - MARGIN) times the
 #: static order's: noise in the estimates of equal workers must not move the order.
 MARGIN = 0.15
+#: A worker's estimate counts as different from the cluster's median only beyond this ratio
+#: (either way); within it, the worker is planned at the median (the estimates of equal
+#: workers under i.i.d. delays differ by noise, and planning on noise loses, measured).
+DISTINCT = 2.5
 
 
-def flatten_orders(orders: Sequence[Sequence[int]]) -> tuple[int, ...]:
+def flatten_orders(orders: Sequence[Sequence[int]] | Sequence[np.ndarray]) -> tuple[int, ...]:
     """``orders[0] + orders[1] + ...`` as one tuple of ints (the wire form)."""
     return tuple(int(i) for o in orders for i in o)
 
@@ -135,7 +140,7 @@ def _slots(tau: np.ndarray, loads: np.ndarray, T: float) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(np.isfinite(tau) & (tau > 0), T / tau * (1 + 1e-12), np.inf)
     q = np.where(tau == 0, np.inf, q)
-    return np.minimum(loads, np.floor(np.minimum(q, 1e9))).astype(np.int64)
+    return np.asarray(np.minimum(loads, np.floor(np.minimum(q, 1e9))), dtype=np.int64)
 
 
 def speed_orders(A: np.ndarray, base: Sequence[np.ndarray], tau: np.ndarray,
@@ -220,13 +225,20 @@ class SpeedEstimator:
             if not math.isnan(x):
                 self._hist[j].append(x)
 
-    def estimate(self) -> np.ndarray | None:
-        """Shape (m,) per-chunk times, or None before any sample."""
+    def estimate(self, distinct: float = DISTINCT) -> np.ndarray | None:
+        """Shape (m,) per-chunk times, or None before any sample.
+
+        Each worker's median; those within a factor ``distinct`` of the median of all workers
+        (and the workers never observed) are set to that median.
+        """
         med = np.array([float(np.median(h)) if h else np.nan for h in self._hist])
         seen = ~np.isnan(med)
         if not seen.any():
             return None
-        med[~seen] = float(np.median(med[seen]))
+        mid = float(np.median(med[seen]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            near = ~seen | ((med <= mid * distinct) & (med * distinct >= mid))
+        med[near] = mid
         return med
 
 
@@ -263,8 +275,8 @@ class AdaptiveOrdering:
     def orders(self) -> list[np.ndarray]:
         """The orders for the next round (list of m int64 arrays)."""
         tau = self.estimator.estimate()
-        if tau is None:
-            self.last = None
+        if tau is None or not (tau != tau[0]).any():
+            self.last = None  # no evidence, or no worker distinct from the others: static
             return self.base
         t_base = plugin_trigger_time(self.A, self.base, tau, self.n_parts)
         new, t_new = speed_orders(self.A, self.base, tau, self.n_parts)
