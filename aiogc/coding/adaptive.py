@@ -34,7 +34,8 @@ the model: the expectation of the trigger time under noise is replaced by its va
 median speeds, and a worker whose median is within a factor :data:`DISTINCT` (2.5) of the
 cluster's median is planned at the cluster's median. The new orders are adopted only if
 they beat the static order's plug-in time by more than :data:`MARGIN` (15 %); otherwise the
-static optimal order is kept, so that equal workers (i.i.d. delays), whose estimates differ only by noise, keep the worst-case optimum.
+static optimal order is kept, so that equal workers (i.i.d. delays), whose estimates differ
+only by noise, keep the worst-case optimum.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import maximum_flow
 
+from aiogc.coding.base import Scheme
 from aiogc.coding.orderings import positions, validate_orders
 from aiogc.errors import CodingError
 
@@ -285,11 +287,12 @@ class AdaptiveOrdering:
         return new if adopt else self.base
 
 
-def policy_for(scheme: object, ordering: str) -> AdaptiveOrdering | None:
+def policy_for(scheme: Scheme, ordering: str) -> AdaptiveOrdering | None:
     """The order policy of a run: an :class:`AdaptiveOrdering` when ``ordering`` is
     ``"adaptive"`` and ``scheme`` triggers on reports and can take other orders
-    (``with_orders``: the partial scheme); None otherwise (the static order throughout)."""
-    if ordering != "adaptive" or getattr(scheme, "sends_when_done", True) \
-            or not callable(getattr(scheme, "with_orders", None)):
+    (its ``with_orders`` capability: the partial scheme); None otherwise (the static order
+    throughout)."""
+    if ordering != "adaptive" or scheme.sends_when_done or scheme.with_orders(
+            scheme.orders) is None:
         return None
-    return AdaptiveOrdering(scheme.A, scheme.orders, scheme.n_parts)  # type: ignore[attr-defined]
+    return AdaptiveOrdering(scheme.A, scheme.orders, scheme.n_parts)

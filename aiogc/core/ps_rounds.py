@@ -242,7 +242,9 @@ class RoundMachine(Endpoint):
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         if self._order_policy is not None:
             orders = self._order_policy.orders()
-            self._round_scheme = self.scheme.with_orders(orders)  # type: ignore[attr-defined]
+            sch = self.scheme.with_orders(orders)
+            assert sch is not None  # policy_for checked the capability
+            self._round_scheme = sch
             self._round_orders = flatten_orders(orders)
         cover = None if self._sends_when_done else self._round_scheme.progress_tracker()
         cfg = self.config

@@ -204,15 +204,15 @@ class WorkerRounds(Endpoint):
             return
         hit = facts.round_orders
         if hit is None or hit[0] != flat:
-            if self.setup.config.ordering != "adaptive" or not hasattr(base, "with_orders"):
-                raise RemoteProtocolError("round_start.orders in a run without adaptive "
-                                          "ordering", code="bad_field")
             try:
                 orders = unflatten_orders(base.A, flat)
             except CodingError as exc:
                 raise RemoteProtocolError(f"round_start.orders: {exc}", code="bad_field") \
                     from None
             sch = base.with_orders(orders)
+            if self.setup.config.ordering != "adaptive" or sch is None:
+                raise RemoteProtocolError("round_start.orders in a run without adaptive "
+                                          "ordering", code="bad_field")
             hit = facts.round_orders = (tuple(flat), sch, [o.tolist() for o in orders])
         self._round_scheme = hit[1]
         self._order = hit[2][self.worker_id]

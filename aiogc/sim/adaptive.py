@@ -59,7 +59,8 @@ def adaptive_times(scheme: Scheme, schedule: DelaySchedule, *, latency: float = 
     adopted = np.zeros(R, dtype=bool)
     everyone = range(m)
     for r in range(R):
-        sch = scheme.with_orders(pol.orders())  # type: ignore[attr-defined]
+        sch = scheme.with_orders(pol.orders())
+        assert sch is not None  # policy_for checked the capability
         adopted[r] = pol.last is not None and pol.last[2]
         t = float(sch.decode_times(a[r:r + 1])[0])
         trig[r] = t

@@ -116,7 +116,11 @@ class Aggregator:
             self.scheme, self._orders = base, self._base_orders
             return
         orders = unflatten_orders(base.A, flat)
-        self.scheme = base.with_orders(orders)  # type: ignore[attr-defined]
+        sch = base.with_orders(orders)
+        if sch is None:
+            raise ConfigError("ordering", "adaptive", f"a scheme that takes other orders, not "
+                              f"{base.name}")
+        self.scheme = sch
         self._orders = [o.tolist() for o in orders]
 
     # ------------------------------------------------------------------ stage 1: decode, step
