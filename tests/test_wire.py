@@ -67,6 +67,8 @@ _FIELD_STRATEGIES: dict[str, Any] = {
     "delays_s": st.lists(st.floats(min_value=0.0, allow_nan=False, allow_infinity=True),
                          max_size=20).map(tuple),
     "state": st.lists(st.integers(0, MAX_WORKERS), max_size=20).map(tuple),
+    # round_start's adaptive-order extension (empty: absent on the wire)
+    "orders": st.lists(st.integers(0, MAX_WORKERS - 1), max_size=20).map(tuple),
     "reason": _text,
     "code": _text,
     "status": _text,

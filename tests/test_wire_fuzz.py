@@ -54,6 +54,8 @@ def _value(rng: np.random.Generator, name: str) -> Any:
         return tuple(float(x) for x in rng.exponential(size=int(r(0, 8))))
     if name == "state":
         return tuple(int(x) for x in r(0, 10, size=int(r(0, 16))))
+    if name == "orders":  # round_start's adaptive-order extension (empty: absent)
+        return tuple(int(x) for x in r(0, 10, size=int(r(0, 16))))
     if name in ("reason", "code", "status"):
         return "".join(rng.choice(list("abcé ✓_"), size=int(r(0, 20))))
     if name == "config":

@@ -150,7 +150,9 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--ell", type=_positive_int, default=d.n_parts,
                    help="communication split ℓ, 1 <= ℓ <= δ (default %(default)s)")
     g.add_argument("--assignment", default=d.assignment, help="cyclic | fr | regular")
-    g.add_argument("--ordering", default=d.ordering, help="optimal | natural | random")
+    g.add_argument("--ordering", default=d.ordering,
+                   help="optimal | natural | random | adaptive (partial: speed-aware orders "
+                   "chosen by the PS each round)")
     g.add_argument("--decoding", default=d.decoding, help="B construction: frame | gaussian")
     g.add_argument("--k", type=_positive_int, default=None,
                    help="ignore-stragglers: finished workers to wait for (default m-δ+1)")

@@ -157,6 +157,7 @@ class Scheme(Protocol):
     def conditioning_matrix(self) -> np.ndarray | None: ...
     def encoding_tensor(self) -> np.ndarray | None: ...
     def manifest_extras(self) -> dict[str, Any]: ...
+    def with_orders(self, orders: Sequence[Any]) -> Scheme | None: ...
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
@@ -385,6 +386,11 @@ class SchemeBase:
     def manifest_extras(self) -> dict[str, Any]:
         """Scheme-specific entries of a run manifest (JSON-ready); default none."""
         return {}
+
+    def with_orders(self, orders: Sequence[Any]) -> Scheme | None:
+        """This scheme with other processing orders (``ordering="adaptive"``, a round's
+        orders), or None (default) when it cannot take them."""
+        return None
 
     @staticmethod
     def setup_bytes(m: int, delta: int, n_parts: int) -> int:

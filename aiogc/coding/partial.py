@@ -219,6 +219,32 @@ class PartialScheme(SchemeBase):
         c = self.check_state(state)
         return bool(c[self._check_worker(worker)] > 0)
 
+    def with_orders(self, orders: Sequence[object]) -> PartialScheme:
+        """This scheme (same A, ell and B) with other processing orders: the round's scheme
+        under ``ordering="adaptive"`` (the orders came in its round_start). The last few are
+        kept, keyed by the orders, so that the workers of a process share one.
+
+        Raises
+        ------
+        CodingError
+            When ``orders`` is not a permutation of every worker's chunks.
+        """
+        key = tuple(tuple(int(i) for i in o) for o in orders)  # type: ignore[attr-defined]
+        own = self.__dict__.get("_own_key")
+        if own is None:
+            own = self.__dict__["_own_key"] = tuple(tuple(o.tolist()) for o in self.orders)
+        if key == own:
+            return self
+        cache: dict[Any, PartialScheme] = self.__dict__.setdefault("_variants", {})
+        hit = cache.get(key)
+        if hit is None:
+            hit = PartialScheme(self.A, self.n_parts, list(key), self.B)
+            hit.__dict__["_own_key"] = key
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            cache[key] = hit
+        return hit
+
     def q_max(self) -> int:
         """Closed-form ``Q_max`` of this scheme's assignment, orders and ``ell``."""
         return q_max(self.A, self.orders, self.n_parts)
@@ -504,7 +530,7 @@ class PartialScheme(SchemeBase):
 
 def _build_partial(p: SchemeParams) -> PartialScheme:
     A = build_assignment(p)
-    if p.ordering == "optimal":
+    if p.ordering in ("optimal", "adaptive"):  # adaptive starts from the static optimum
         orders = optimal_order(A, p.n_parts, p.rng)
     elif p.ordering == "natural":
         orders = natural_order(A)

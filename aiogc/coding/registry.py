@@ -39,6 +39,7 @@ __all__ = [
     "DECODINGS",
     "ORDERINGS",
     "SETUP_MEMORY_BUDGET",
+    "STATIC_ORDERINGS",
     "SchemeChoices",
     "SchemeParams",
     "SchemeSpec",
@@ -56,8 +57,11 @@ __all__ = [
 
 #: Assignment constructions a configuration may name (see :func:`build_assignment`).
 ASSIGNMENTS: tuple[str, ...] = ("cyclic", "fr", "regular")
-#: Processing orders of the partial scheme.
-ORDERINGS: tuple[str, ...] = ("optimal", "natural", "random")
+#: Processing orders fixed before training (any scheme that takes an order).
+STATIC_ORDERINGS: tuple[str, ...] = ("optimal", "natural", "random")
+#: Processing orders of the partial scheme: the static ones and ``adaptive`` (speed-aware
+#: orders chosen by the PS between rounds, :mod:`aiogc.coding.adaptive`).
+ORDERINGS: tuple[str, ...] = (*STATIC_ORDERINGS, "adaptive")
 #: Decoding-matrix constructions of the partial scheme a configuration may name.
 DECODINGS: tuple[str, ...] = ("frame", "gaussian")
 

@@ -29,7 +29,7 @@ from aiogc.coding.assignments import validate_assignment
 from aiogc.coding.base import DecodeResult, SchemeBase, combine
 from aiogc.coding.orderings import natural_order, optimal_order, q_max, random_order
 from aiogc.coding.registry import (
-    ORDERINGS,
+    STATIC_ORDERINGS,
     SchemeParams,
     SchemeSpec,
     build_assignment,
@@ -157,4 +157,4 @@ register_scheme(SchemeSpec(
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    orderings=ORDERINGS, live=False))
+    orderings=STATIC_ORDERINGS, live=False))

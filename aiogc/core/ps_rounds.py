@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from aiogc.coding.adaptive import flatten_orders, policy_for
 from aiogc.coding.base import ProgressTracker, Scheme
 from aiogc.config import RunConfig
 from aiogc.core.common import (
@@ -147,6 +148,11 @@ class RoundMachine(Endpoint):
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._loads_list: list[int] = [int(x) for x in self._loads]
         self._sends_when_done = bool(scheme.sends_when_done)
+        #: ordering="adaptive": the speed-aware order policy (coding/adaptive.py); the round's
+        #: orders (flattened, sent in its round_start) and the scheme with them
+        self._order_policy = policy_for(scheme, config.ordering)
+        self._round_orders: tuple[int, ...] = ()
+        self._round_scheme: Scheme = scheme
         self._all_decodable: bool | None = None  # is_decodable with every worker finished
         #: round -> the oracle the live counters found (see _RoundState.oracle_at)
         self._oracle_hints: dict[int, float | None] = {}
@@ -246,7 +252,13 @@ class RoundMachine(Endpoint):
         self._set_phase(PSPhase.COMPUTING)
         self._round_no = r
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
-        cover = None if self._sends_when_done else self.scheme.progress_tracker()
+        if self._order_policy is not None:
+            orders = self._order_policy.orders()
+            sch = self.scheme.with_orders(orders)
+            assert sch is not None  # policy_for checked the capability
+            self._round_scheme = sch
+            self._round_orders = flatten_orders(orders)
+        cover = None if self._sends_when_done else self._round_scheme.progress_tracker()
         cfg = self.config
         rs = self._round = _RoundState(
             record=rec, state=[0] * self.m, round=r, reports=rec.reports, cover=cover,
@@ -263,6 +275,7 @@ class RoundMachine(Endpoint):
     def _send_round_start(self, r: int, ready: dict[int, Hashable]) -> None:
         # a copy: the transport may still read it after we update self.model
         model = self.model.astype(self.config.payload_dtype, copy=True)
+        orders = self._round_orders  # () unless ordering="adaptive"
         sched = self.schedule
         append = self._outbox.append
         if sched is not None and r < sched.compute_s.shape[0]:
@@ -274,10 +287,10 @@ class RoundMachine(Endpoint):
             for worker, peer in sorted(ready.items()):
                 append(_new_out(peer, _new_round_start(
                     epoch, r, tuple(comp[worker][:loads[worker]]), float(net_row[worker]),
-                    model), False, ""))
+                    model, orders), False, ""))
         else:
             # one message object for everyone: the driver encodes it once
-            msg = _new_round_start(self.epoch, r, (), 0.0, model)
+            msg = _new_round_start(self.epoch, r, (), 0.0, model, orders)
             for _worker, peer in sorted(ready.items()):
                 append(_new_out(peer, msg, False, ""))
 
@@ -625,9 +638,14 @@ class RoundMachine(Endpoint):
         rec.state = tuple(state.tolist())  # Python ints, one call rather than m int()s
         if rs.oracle_live and rs.cover is not None:
             self._oracle_hints[rec.round] = rs.oracle_at
+        if self._order_policy is not None:
+            t_stop = rec.t_trigger if rec.t_trigger is not None else now
+            self._order_policy.observe(rec.reports, rec.t_start, t_stop,
+                                       set(range(self.m)) - rs.excluded)
         self._round = None
         self._decode_item = DecodeRound(rec, exact, str(reason), decode, state, rs.attempt,
-                                        self.model, self._payload_rows, self.dim)
+                                        self.model, self._payload_rows, self.dim,
+                                        self._round_orders)
 
     # ------------------------------------------------------------------ the driver's work
 
@@ -674,7 +692,7 @@ class RoundMachine(Endpoint):
         live = rec.round in self._oracle_hints
         hint = self._oracle_hints.pop(rec.round, None)
         self._analyses.append(AnalyseRound(rec, answer.gradient, item.model, answer.model,
-                                           live, hint))
+                                           live, hint, item.orders))
         # (no next round when stop() came while the decode was out)
         if self.phase is PSPhase.DECODING and self._start_round(now) is PSPhase.JOINING:
             # no round started at once: tell the workers this one is over (when a round

@@ -36,6 +36,8 @@ class DecodeRound(NamedTuple):
     model: np.ndarray  # (d,) float64: the model the round computed on
     rows: np.ndarray  # (m, payload_len): the PS's payload rows (row j: worker j's vector)
     dim: int
+    #: ordering="adaptive": the round's orders, flattened (as in its round_start); () = static
+    orders: tuple[int, ...] = ()
 
 
 class Decoded(NamedTuple):
@@ -59,6 +61,7 @@ class AnalyseRound(NamedTuple):
     w_new: np.ndarray  # (d,) the model after it
     oracle_live: bool  # the live counters met the oracle: ``oracle_hint`` is the answer
     oracle_hint: float | None
+    orders: tuple[int, ...] = ()  # as in DecodeRound
 
 
 PSWork = DecodeRound | AnalyseRound

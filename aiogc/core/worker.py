@@ -519,6 +519,7 @@ class Worker(WorkerRounds):
             facts.orders = [[int(x) for x in o] for o in setup.scheme.orders]
         self._loads = facts.loads  # shared, never modified
         self._order = facts.orders[self.worker_id]
+        self._round_scheme = None  # the static order until a round_start says otherwise
         self._pending_config = None
         self._set_phase(_W_IDLE)
         self._events.append(Welcomed(self.worker_id, self._epoch, now))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from aiogc.coding.adaptive import unflatten_orders
 from aiogc.coding.base import encode_rows
 from aiogc.coding.compress import to_coded
 from aiogc.core.common import (
@@ -31,7 +32,7 @@ from aiogc.core.common import (
 )
 from aiogc.core.worker_rules import NEXT, PS_PEER, RUNNING, WorkerPhase
 from aiogc.core.worker_setup import SchemeFacts, Setup
-from aiogc.errors import LocalProtocolError, RemoteProtocolError
+from aiogc.errors import CodingError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.messages import (
     ChunkReport,
     CodedGradient,
@@ -108,6 +109,8 @@ class WorkerRounds(Endpoint):
         self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
         self._fixed_digest = b""
         self._encode_fast: Callable[[int, Any, np.ndarray], np.ndarray] | None = None
+        #: ordering="adaptive": the scheme with this round's orders (None: the static one)
+        self._round_scheme: Any | None = None
 
     @property
     def round(self) -> int:
@@ -161,6 +164,8 @@ class WorkerRounds(Endpoint):
             self.rounds_ended += 1
             if self.progress_events:
                 self._events.append(RoundEnded(self._round, "", now))
+        if msg.orders or self._round_scheme is not None:
+            self._use_round_orders(msg.orders)
         load = self._loads[self.worker_id]
         dim = int(msg.model.shape[0])
         if msg.delays_s and len(msg.delays_s) < load:
@@ -188,6 +193,34 @@ class WorkerRounds(Endpoint):
             self._after_all_computed(now)
         elif dl[0] <= now:
             self._request_due(now)
+
+    def _use_round_orders(self, flat: tuple[int, ...]) -> None:
+        """ordering="adaptive": compute and encode with the orders of this round_start
+        (``()``: back to the static ones). Shared by the workers of a process."""
+        assert self.setup is not None
+        base = self.setup.scheme
+        facts = self._facts
+        if not flat:
+            self._round_scheme = None
+            assert facts.orders is not None
+            self._order = facts.orders[self.worker_id]
+            self._encode_fast = base.trusted_encoder()
+            return
+        hit = facts.round_orders
+        if hit is None or hit[0] != flat:
+            try:
+                orders = unflatten_orders(base.A, flat)
+            except CodingError as exc:
+                raise RemoteProtocolError(f"round_start.orders: {exc}", code="bad_field") \
+                    from None
+            sch = base.with_orders(orders)
+            if self.setup.config.ordering != "adaptive" or sch is None:
+                raise RemoteProtocolError("round_start.orders in a run without adaptive "
+                                          "ordering", code="bad_field")
+            hit = facts.round_orders = (tuple(flat), sch, [o.tolist() for o in orders])
+        self._round_scheme = hit[1]
+        self._order = hit[2][self.worker_id]
+        self._encode_fast = hit[1].trusted_encoder()
 
     def _request_due(self, now: float) -> None:
         """Hand every chunk due by ``now`` to the driver as one work item."""
@@ -263,7 +296,7 @@ class WorkerRounds(Endpoint):
     def _send_coded(self, state: list[int] | tuple[int, ...], *, attempt: int, now: float,
                     digest: bytes | None = None) -> None:
         assert self.setup is not None and self._grads is not None
-        scheme = self.setup.scheme
+        scheme = self._round_scheme if self._round_scheme is not None else self.setup.scheme
         c = state[self.worker_id]
         fast = self._encode_fast
         if self._fixed_theta is not None:

@@ -41,6 +41,9 @@ class SchemeFacts:
     #: chunk), converted once per scheme rather than once per worker and connection
     loads: list[int] | None = None
     orders: list[list[int]] | None = None
+    #: ordering="adaptive": the last round_start's flattened orders, the scheme with them
+    #: and its orders as lists (every worker of a process gets the same orders in a round)
+    round_orders: tuple[tuple[int, ...], Any, list[list[int]]] | None = None
 
 
 @dataclass

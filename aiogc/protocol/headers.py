@@ -23,6 +23,7 @@ from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
     MAX_INT,
+    MAX_ORDER_ENTRIES,
     MAX_TEXT,
     MAX_WORKERS,
     PROTOCOL_VERSION,
@@ -128,6 +129,10 @@ class CompactLayout:
     kind: str
     fixed: tuple[tuple[str, str], ...]
     tail: tuple[str, str] | None = None
+    #: an optional extension after the tail, ``(field, wire type of one entry)``: present only
+    #: when the field is non-empty, as a u32 entry count then the entries (round_start's
+    #: ``orders``, sent only under ordering="adaptive"; docs/protocol.md §2.1)
+    extension: tuple[str, str] | None = None
 
     @property
     def fixed_struct(self) -> struct.Struct:
@@ -156,7 +161,7 @@ COMPACT_LAYOUTS: Final = _layouts(
                                           ("len(state)", "u32")), ("state", "u32")),
     CompactLayout("round_start", (("epoch", _U53), ("round", _U53), ("net_delay_s", "f64"),
                                   ("itemsize", "u8"), ("n", "u64"), ("len(delays_s)", "u32")),
-                  ("delays_s", "f64")),
+                  ("delays_s", "f64"), ("orders", "u32")),
     CompactLayout("coded_gradient", (("epoch", _U53), ("round", _U53), ("attempt", _U53),
                                      ("compute_s", "f64"), ("itemsize", "u8"), ("n", "u64"),
                                      ("len(state_digest)", "u8")), ("state_digest", "u8")),
@@ -348,9 +353,33 @@ def _enc_round_start(msg: Message) -> tuple[bytes, memoryview | None]:
     itemsize, n, view = _array_parts("round_start", msg.model)
     delays = msg.delays_s
     k = len(delays)
-    head = _RS_PACK(_RS_H + 8 * k, _V, _RS_CODE, msg.epoch, msg.round, msg.net_delay_s,
+    orders = msg.orders
+    extra = 4 + 4 * len(orders) if orders else 0  # the adaptive-order extension (§2.1)
+    head = _RS_PACK(_RS_H + 8 * k + extra, _V, _RS_CODE, msg.epoch, msg.round, msg.net_delay_s,
                     itemsize, n, k)
-    return (head + struct.pack(f">{k}d", *delays) if k else head), view
+    if k:
+        head += struct.pack(f">{k}d", *delays)
+    if orders:
+        head += struct.pack(f">I{len(orders)}I", len(orders), *orders)
+    return head, view
+
+
+def _dec_rs_orders(buf: bytearray, pos: int, h: int, end: int) -> tuple[int, ...]:
+    """The optional ``orders`` extension after ``delays_s`` (``end``: where it starts)."""
+    if h == end:
+        return ()
+    if h < end + 4:
+        raise _tail_error("round_start", "orders", 0, end + 4, h)
+    (n,) = struct.unpack_from(">I", buf, pos + end)
+    if n == 0 or n > MAX_ORDER_ENTRIES:
+        raise _too_many("round_start", "orders", n, MAX_ORDER_ENTRIES)
+    if h != end + 4 + 4 * n:
+        raise _tail_error("round_start", "orders", n, end + 4 + 4 * n, h)
+    orders = struct.unpack_from(f">{n}I", buf, pos + end + 4)
+    if max(orders) >= MAX_WORKERS:
+        raise MalformedFrame(f"round_start.orders={max(orders)}: expected ints in "
+                             f"[0, {MAX_WORKERS - 1}]", code="bad_field")
+    return orders
 
 
 def _dec_round_start(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded:
@@ -362,8 +391,10 @@ def _dec_round_start(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> D
     dtype = _array_dtype("round_start", itemsize, n, limits)
     if k > MAX_WORKERS:
         raise _too_many("round_start", "delays_s", k, MAX_WORKERS)
-    if h != _RS_H + 8 * k:
-        raise _tail_error("round_start", "delays_s", k, _RS_H + 8 * k, h)
+    end = _RS_H + 8 * k
+    if h < end or end < h < end + 4:
+        raise _tail_error("round_start", "delays_s", k, end, h)
+    orders = _dec_rs_orders(buf, pos, h, end)
     delays = struct.unpack_from(f">{k}d", buf, pos + _RS_H) if k else ()
     ok = e <= MAX_INT and r <= MAX_INT and 0.0 <= net <= _FMAX
     for x in delays:
@@ -371,7 +402,7 @@ def _dec_round_start(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> D
             ok = False
             break
     if ok:
-        return _new_round_start(e, r, delays, net, _placeholder(dtype, n)), dtype, n
+        return _new_round_start(e, r, delays, net, _placeholder(dtype, n), orders), dtype, n
     raise _field_error(RoundStart, {"epoch": e, "round": r, "delays_s": delays,
                                     "net_delay_s": net})
 
@@ -501,7 +532,8 @@ def _codecs() -> tuple[dict[type, Encoder], list[Decoder | None]]:
 _ENCODERS, _DECODERS = _codecs()
 for _kind, _layout in COMPACT_LAYOUTS.items():  # the layouts name exactly the kinds' fields
     _named = {n for n, _ in _layout.fixed if n not in ("itemsize", "n")
-              and not n.startswith("len(")} | ({_layout.tail[0]} if _layout.tail else set())
+              and not n.startswith("len(")} | ({_layout.tail[0]} if _layout.tail else set()) \
+        | ({_layout.extension[0]} if _layout.extension else set())
     assert _named == KINDS[_kind]._header_names, _kind
 
 

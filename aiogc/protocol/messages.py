@@ -107,6 +107,21 @@ def _count_list(kind: str, name: str, v: object) -> tuple[int, ...]:
     return tuple(v)  # type: ignore[arg-type]
 
 
+#: Longest ``round_start.orders`` (every worker's order, flattened: the sum of the loads); at
+#: 4 bytes an entry it fits the 1 MiB header limit of an authenticated connection.
+MAX_ORDER_ENTRIES: Final = 1 << 17
+
+
+def _order_list(kind: str, name: str, v: object) -> tuple[int, ...]:
+    # chunk indices 0..MAX_WORKERS - 1, a u32 each on the wire; empty = the static order
+    if type(v) not in (list, tuple) or len(v) > MAX_ORDER_ENTRIES:  # type: ignore[arg-type]
+        raise _fail(kind, name, v, f"list of at most {MAX_ORDER_ENTRIES} ints")
+    for x in v:  # type: ignore[attr-defined]
+        if type(x) is not int or not 0 <= x < MAX_WORKERS:
+            raise _fail(kind, name, x, f"ints in [0, {MAX_WORKERS - 1}]")
+    return tuple(v)  # type: ignore[arg-type]
+
+
 def _delay_list(kind: str, name: str, v: object) -> tuple[float, ...]:
     if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
         raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} floats")
@@ -399,6 +414,7 @@ class Bye(Message):
     delays_s=_delay_list,
     net_delay_s=_float(0.0),
     model=_array,
+    orders=_order_list,
 )
 @dataclass(frozen=True, slots=True, eq=False)
 class RoundStart(Message):
@@ -407,6 +423,8 @@ class RoundStart(Message):
     ``delays_s`` is this worker's materialised compute delay for each chunk position in this
     round (empty = no artificial delay; ``inf`` = the worker is scheduled dead), and
     ``net_delay_s`` the artificial one-way delay it adds to each frame it sends this round.
+    ``orders`` (``ordering="adaptive"`` only; empty otherwise, and then absent on the wire):
+    every worker's processing order for this round, flattened in worker order.
     """
 
     epoch: int
@@ -414,6 +432,7 @@ class RoundStart(Message):
     delays_s: tuple[float, ...]
     net_delay_s: float
     model: np.ndarray
+    orders: tuple[int, ...] = ()
 
 
 @_kind(

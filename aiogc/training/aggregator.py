@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from aiogc.coding.adaptive import unflatten_orders
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import widen
 from aiogc.coding.consistency import (
@@ -92,6 +93,9 @@ class Aggregator:
         self.grad_bound_fn = grad_bound_fn
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
+        #: ordering="adaptive": the run's scheme; ``scheme`` and ``_orders`` follow each work
+        #: item's round orders (:meth:`_use_orders`)
+        self._base_scheme, self._base_orders = scheme, self._orders
         self._sends_when_done = bool(scheme.sends_when_done)
         #: the round whose item runs now (a ``verify_fn`` may read it), -1 before the first
         self.round = -1
@@ -114,11 +118,27 @@ class Aggregator:
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None:
         """Run one work item of the PS core; the answer goes to ``ps.work_done``."""
         self.round = item.record.round
+        if item.orders or self.scheme is not self._base_scheme:
+            self._use_orders(item.orders)
         if type(item) is DecodeRound:
             return self.decode_round(item)
         assert isinstance(item, AnalyseRound)
         self.analyse_round(item)
         return None
+
+    def _use_orders(self, flat: tuple[int, ...]) -> None:
+        """Decode and analyse with the round's orders (``()``: the static ones)."""
+        base = self._base_scheme
+        if not flat:
+            self.scheme, self._orders = base, self._base_orders
+            return
+        orders = unflatten_orders(base.A, flat)
+        sch = base.with_orders(orders)
+        if sch is None:
+            raise ConfigError("ordering", "adaptive", f"a scheme that takes other orders, not "
+                              f"{base.name}")
+        self.scheme = sch
+        self._orders = [o.tolist() for o in orders]
 
     # ------------------------------------------------------------------ stage 1: decode, step
 
