@@ -123,6 +123,14 @@ def test_queue_slack_and_zero_bytes() -> None:
     assert [it for _, it in got] == ["tiny", "big", "close"]
 
 
+def test_queue_release_all_delivers_in_order_at_once() -> None:
+    q, got, _, timers, batches = _queue(1000.0)
+    q.put("a", 100)
+    q.put("b", 100)
+    q.release_all()
+    assert [it for _, it in got] == ["a", "b"] and batches == [2] and timers[0].when is None
+
+
 def test_queue_cancel_drops_the_waiting_items() -> None:
     q, got, _, timers, _ = _queue(1000.0)
     q.put("a", 100)

@@ -47,7 +47,7 @@ from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
 from aiogc.net.loops import _clock, _Timer
-from aiogc.net.shaping import ShapedQueue, ShapedSend, link_for, shaped_send
+from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
 from aiogc.protocol.headers import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
@@ -174,9 +174,7 @@ class PSServer:
         self._loop = loop
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer)
-        if (ingress := link_for(self.ps.config.comm.ps_Bps, self.ps.config.time_scale)):
-            self._ingress = ShapedQueue(ingress, self._ingress_done,
-                                        lambda fire: _Timer(loop, fire), _clock)
+        self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop)
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
@@ -193,6 +191,7 @@ class PSServer:
             server.close()
             self._timer.cancel()
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
+            release_all(self._shaped.values())  # ... without waiting for an emulated link
             await self._flush_and_close()
             await server.wait_closed()
 

@@ -32,7 +32,7 @@ millisecond is small against the emulated round (the fidelity section says when 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
 from aiogc.config import RunConfig
@@ -41,7 +41,8 @@ from aiogc.net.loops import _clock, _Timer
 from aiogc.protocol.messages import Message
 from aiogc.protocol.wire import encode_frame
 
-__all__ = ["SLACK_S", "Link", "ShapedQueue", "ShapedSend", "link_for", "shaped_send"]
+__all__ = ["SLACK_S", "Link", "ShapedQueue", "ShapedSend", "ingress_queue", "link_for",
+           "release_all", "shaped_send"]
 
 #: A frame due this close to now (wall seconds) is released at once (see the module docstring).
 SLACK_S = 5e-4
@@ -155,6 +156,16 @@ class ShapedQueue(Generic[T]):
             self._after()
         self._timer.arm(q[0][0] if q else None)
 
+    def release_all(self) -> None:
+        """Deliver every waiting item now, in order (the run is ending: its last frames, e.g.
+        shutdown, must not wait for a link whose timer will not fire again)."""
+        n = len(self._q)
+        while self._q:
+            self._deliver(self._q.popleft()[1])
+        self._timer.cancel()
+        if n and self._after is not None:
+            self._after()
+
     def cancel(self) -> list[T]:
         """Stop: drop the waiting items (returned) and the timer (a closed connection)."""
         items = [it for _, it in self._q]
@@ -205,6 +216,9 @@ class ShapedSend:
         """Close the connection once every frame handed over before has left."""
         self.link_queue.put((None, None), 0)
 
+    def release_all(self) -> None:
+        self.link_queue.release_all()
+
     def cancel(self) -> None:
         self.link_queue.cancel()
 
@@ -219,3 +233,18 @@ def shaped_send(conn: Any, config: RunConfig | None, direction: str,
     comm = config.comm
     link = link_for(comm.up_Bps if direction == "up" else comm.down_Bps, config.time_scale)
     return None if link is None else ShapedSend(conn, link, loop)
+
+
+def ingress_queue(config: RunConfig, deliver: Callable[[T], None],
+                  loop: Any) -> ShapedQueue[T] | None:
+    """The PS's shared ingress under ``config.bandwidth`` (``ps=``): frames go to
+    ``deliver`` once it has carried them; ``None`` without one."""
+    link = link_for(config.comm.ps_Bps, config.time_scale) if config.bandwidth else None
+    return None if link is None else ShapedQueue(link, deliver, lambda f: _Timer(loop, f), _clock)
+
+
+def release_all(sends: Iterable[ShapedSend | None]) -> None:
+    """:meth:`ShapedSend.release_all` on every shaped connection (the run is ending)."""
+    for s in sends:
+        if s is not None:
+            s.release_all()
