@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Final
 
@@ -29,8 +30,8 @@ from aiogc.coding.registry import (
 )
 from aiogc.errors import ConfigError
 
-__all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "ORDERINGS", "RunConfig",
-           "scheme_digest"]
+__all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "ORDERINGS", "UNITS",
+           "CommModel", "RunConfig", "parse_bandwidth", "scheme_digest"]
 
 MODES = ("exact", "approx")
 DTYPES = ("float64", "float32")
@@ -39,6 +40,89 @@ DTYPES = ("float64", "float32")
 MAX_WORKERS = 4096
 #: Largest time dilation (a 10 ms chunk becomes 10 s).
 MAX_TIME_SCALE = 1000.0
+
+
+# ------------------------------------------------------------------ the bandwidth spec
+
+
+#: Rate units of a bandwidth spec (decimal multiples of bytes per second).
+UNITS: dict[str, float] = {"B/s": 1.0, "KB/s": 1e3, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
+_KEYS = ("worker", "worker_up", "worker_down", "ps")
+_VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]+/s)\s*$")
+#: Smallest / largest rate accepted (bytes per second).
+MIN_RATE, MAX_RATE = 1.0, 1e15
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """Link rates in bytes per second; ``None`` is an unlimited link.
+
+    Attributes
+    ----------
+    up_Bps, down_Bps : float or None
+        Every worker's upload / download rate.
+    ps_Bps : float or None
+        The PS's shared ingress (all uploads cross it).
+    """
+
+    up_Bps: float | None = None
+    down_Bps: float | None = None
+    ps_Bps: float | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any link has a finite rate."""
+        return any(x is not None for x in (self.up_Bps, self.down_Bps, self.ps_Bps))
+
+    def spec(self) -> str:
+        """The canonical spec string (``""`` when unlimited)."""
+        parts = [f"{k}={_fmt_rate(v)}" for k, v in (("worker_up", self.up_Bps),
+                                               ("worker_down", self.down_Bps),
+                                               ("ps", self.ps_Bps)) if v is not None]
+        return ",".join(parts)
+
+
+def _fmt_rate(v: float) -> str:
+    for unit, mult in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if v >= mult:
+            return f"{v / mult:g}{unit}"
+    return f"{v:g}B/s"
+
+
+def _rate(key: str, text: str) -> float:
+    m = _VALUE.match(text)
+    allowed = (f"a rate like 100MB/s: a number in [{MIN_RATE:g}, {MAX_RATE:g}] B/s with unit "
+               "B/s, KB/s, MB/s or GB/s (bytes, decimal; Mb/s bits are not accepted)")
+    if m is None or m.group(2) not in UNITS:  # case matters: Mb/s would be bits
+        raise ConfigError(f"bandwidth.{key}", text, allowed)
+    v = float(m.group(1)) * UNITS[m.group(2)]
+    if not (math.isfinite(v) and MIN_RATE <= v <= MAX_RATE):
+        raise ConfigError(f"bandwidth.{key}", text, allowed)
+    return v
+
+
+def parse_bandwidth(spec: str | None) -> CommModel:
+    """Parse ``worker=100MB/s,ps=1GB/s`` into a :class:`CommModel` (ConfigError naming the
+    field, its value and the allowed range on bad input). ``None``, ``""`` or ``"none"``:
+    unlimited."""
+    if spec is None or not str(spec).strip() or str(spec).strip().lower() == "none":
+        return CommModel()
+    vals: dict[str, float] = {}
+    for part in str(spec).split(","):
+        key, eq, text = part.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in _KEYS:
+            raise ConfigError("bandwidth", part.strip(),
+                              "key=rate pairs with keys " + ", ".join(_KEYS))
+        if key in vals:
+            raise ConfigError("bandwidth", spec, f"each key once ({key} repeated)")
+        vals[key] = _rate(key, text)
+    if "worker" in vals and ("worker_up" in vals or "worker_down" in vals):
+        raise ConfigError("bandwidth", spec, "worker= or worker_up= / worker_down=, not both")
+    return CommModel(up_Bps=vals.get("worker_up", vals.get("worker")),
+                     down_Bps=vals.get("worker_down", vals.get("worker")),
+                     ps_Bps=vals.get("ps"))
+
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:
@@ -83,6 +167,11 @@ class RunConfig:
         approx ends each round at ``deadline_s`` with whatever state the PS has.
     k : int or None
         ignore-stragglers: how many finished workers to wait for (default m - (δ - 1)).
+    bandwidth : str
+        Link rates (:func:`parse_bandwidth`, e.g. ``worker=10MB/s,ps=1GB/s``; ``""``:
+        unlimited), in bytes per *emulated* second. Live runs shape their sends to them
+        (:mod:`aiogc.net.shaping`: a worker its uplink, the PS each downlink and the shared
+        ingress); the simulators charge the same model (:mod:`aiogc.sim.comm`).
     """
 
     scheme: str = "partial"
@@ -112,6 +201,7 @@ class RunConfig:
     join_timeout_s: float = 30.0
     time_scale: float = 1.0
     coded_dtype: str = "same"
+    bandwidth: str = ""
 
     def __post_init__(self) -> None:
         _check_choice("scheme", self.scheme, scheme_names())
@@ -150,6 +240,9 @@ class RunConfig:
             raise ConfigError("time_scale", self.time_scale,
                               f"a number in [1, {MAX_TIME_SCALE:g}]")
         hour = 3600.0 * self.time_scale
+        if type(self.bandwidth) is not str or len(self.bandwidth) > 512:
+            raise ConfigError("bandwidth", self.bandwidth, "a spec string of at most 512 chars")
+        parse_bandwidth(self.bandwidth)  # names the bad key / rate
         _check_float("heartbeat_s", self.heartbeat_s, 0.0, hour, optional=True)
         _check_float("dead_after_s", self.dead_after_s, 0.0, hour, optional=True)
         _check_float("collect_timeout_s", self.collect_timeout_s, 0.0, hour, optional=False)
@@ -194,6 +287,11 @@ class RunConfig:
         if forced is not None:
             return self.replace(scheme=name, n_parts=forced)
         return self.replace(scheme=name)
+
+    @property
+    def comm(self) -> CommModel:
+        """The parsed :attr:`bandwidth` (link rates, bytes per emulated second)."""
+        return parse_bandwidth(self.bandwidth)
 
     @property
     def payload_dtype(self) -> np.dtype:
@@ -255,12 +353,15 @@ class RunConfig:
         """Flat map of scalars for the ``welcome`` message. ``time_scale`` is left out at its
         default 1 (the bytes of a real-time run's welcome are those of protocol v3 before
         time dilation existed); so is ``coded_dtype`` at its default ``same`` (issue 21: the
-        default welcome is byte-identical to the one before compressed payloads)."""
+        default welcome is byte-identical to the one before compressed payloads), and
+        ``bandwidth`` when empty (no traffic shaping)."""
         out = asdict(self)
         if self.time_scale == 1.0:
             del out["time_scale"]
         if self.coded_dtype == "same":
             del out["coded_dtype"]
+        if not self.bandwidth:  # likewise: an unshaped run's welcome is unchanged
+            del out["bandwidth"]
         return out
 
     @classmethod
@@ -270,7 +371,7 @@ class RunConfig:
         unknown = sorted(set(data) - names - {"scheme_digest"})
         if unknown:
             raise ConfigError("config", unknown, "known RunConfig fields")
-        # time_scale, coded_dtype: the fields a default welcome leaves out (see to_wire)
+        # time_scale, coded_dtype, bandwidth: the fields a default welcome leaves out (see to_wire)
         missing = sorted(names - set(data) - _DEFAULTED_ON_WIRE)
         if missing:  # exact schema: a default must not stand in for what the PS meant
             raise ConfigError("config", missing, "every RunConfig field present")
@@ -278,7 +379,7 @@ class RunConfig:
 
 
 #: the fields :meth:`RunConfig.to_wire` leaves out at their defaults
-_DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype"})
+_DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype", "bandwidth"})
 
 #: The timeouts whose default follows the workload (:func:`workload_timeouts`), by flag.
 WORKLOAD_TIMEOUTS = ("round_timeout_s", "collect_timeout_s", "join_timeout_s")

@@ -6,15 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiogc.config import RunConfig
+from aiogc.config import CommModel, RunConfig, parse_bandwidth
 from aiogc.errors import ConfigError
 from aiogc.protocol.messages import ChunkReport, CodedGradient
 from aiogc.sim.comm import (
-    CommModel,
     FrameBytes,
     frame_bytes,
     link_exits,
-    parse_bandwidth,
     ps_ingress,
 )
 from aiogc.sim.engine import SimNetwork

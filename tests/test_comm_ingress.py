@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiogc.config import RunConfig
-from aiogc.sim.comm import parse_bandwidth
+from aiogc.config import RunConfig, parse_bandwidth
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 
 

@@ -262,6 +262,30 @@ def test_training_quick_live_processes_real_data(tmp_path: Path) -> None:
     assert head["partial"]["reached_target"] == "1/1"
 
 
+def test_approx_training_quick_live_real_data(tmp_path: Path) -> None:
+    """Live approximate rounds (deadline 12 ms at K=2) on the shipped breast-cancer data, four
+    schemes: every one logs a loss each round and moves it down from log 2 (w = 0); the
+    reference is exact GD on the same task. No timing is asserted."""
+    head = run_experiment("approx-training", tmp_path, quick=True, seed=1)
+    rows = read_csv(tmp_path / "approx-training.csv")
+    assert {r["scheme"] for r in rows} == {"partial", "original", "uncoded",
+                                            "ignore-stragglers"}
+    assert {r["task"] for r in rows} == {"logreg:breast-cancer"}
+    for name in ("partial", "original", "uncoded", "ignore-stragglers"):
+        sel = [r for r in rows if r["scheme"] == name]
+        assert sel[0]["round"] == -1 and sel[0]["loss"] == pytest.approx(np.log(2))
+        done = [r for r in sel if r["round"] >= 0]
+        assert [r["round"] for r in done] == [0, 1, 2, 3]
+        assert {r["status"] for r in done} <= {"exact", "approximate", "failed"}
+        assert all(np.isfinite(r["loss"]) for r in done)
+        assert done[-1]["loss"] < np.log(2)
+        assert [r["t_s"] for r in done] == sorted(r["t_s"] for r in done)
+    cell = head["T=0.012"]
+    assert cell["exact_gd_final_loss"] < np.log(2)
+    assert set(cell) >= {"partial", "original", "uncoded", "ignore-stragglers"}
+    assert (tmp_path / "approx-training.png").is_file()
+
+
 def test_live_vs_sim_quick_runs_and_itemises(tmp_path: Path) -> None:
     """Loopback run (coroutines) vs the simulator on one schedule: files and bookkeeping only
     (no wall-clock thresholds)."""

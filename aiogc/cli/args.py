@@ -198,6 +198,11 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
                         "in emulated seconds (emulates a machine K times faster); auto "
                         "(aiogc run): the smallest K this machine keeps faithful, from a "
                         "short calibration run (default 1)")
+    g.add_argument("--bandwidth", default=d.bandwidth, metavar="SPEC",
+                   help="shape live traffic to these link rates, e.g. worker=10MB/s,ps=1GB/s "
+                        "(keys worker, worker_up, worker_down, ps; units B/s KB/s MB/s GB/s, "
+                        "decimal; bytes per emulated second; default unlimited): see "
+                        "aiogc simulate --bandwidth")
 
 
 def _spare_wait(s: str) -> float:
@@ -261,6 +266,7 @@ def _config_from_flags(a: argparse.Namespace, scheme: str) -> RunConfig:
         heartbeat_s=a.heartbeat, dead_after_s=a.dead_after,
         join_timeout_s=d.join_timeout_s if a.join_timeout is None else a.join_timeout,
         time_scale=1.0 if a.time_scale == "auto" else float(a.time_scale),
+        bandwidth=getattr(a, "bandwidth", d.bandwidth) or "",
     )
 
 

@@ -150,7 +150,7 @@ def _parse_deadlines(mode: str, text: str | None) -> list[float]:
 
 
 def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, list[float]]:
-    from aiogc.sim.comm import parse_bandwidth
+    from aiogc.config import parse_bandwidth
 
     args.comm = parse_bandwidth(getattr(args, "bandwidth", None))
     schemes = _parse_schemes(args.schemes)
@@ -215,7 +215,7 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  dim: int = 120, comm: Any = None) -> list[dict[str, Any]]:
     """Result rows (one per scheme, or per scheme and deadline in approx mode).
 
-    ``comm``: a :class:`~aiogc.sim.comm.CommModel` (link rates; frames sized at ``dim``).
+    ``comm``: a :class:`~aiogc.config.CommModel` (link rates; frames sized at ``dim``).
     """
     from aiogc.sim.engine import SimNetwork
     from aiogc.sim.fast import (

@@ -9,7 +9,7 @@ repeats over trials *and* over code instances (the assignment draw, Tandon's H, 
 the random order) and reports 95 % percentile-bootstrap intervals that resample instances, then
 trials within them, or min-max ranges where the quantity is a worst case or depends on the
 platform's rounding. Everything except the live halves (``live-vs-sim``, ``latency``'s live
-points, ``training``) is a deterministic function of the grid and the seed.
+points, ``training``, ``approx-training``) is a deterministic function of the grid and the seed.
 
 =============== =================================================================================
 exact-speedup   exact round time vs ℓ, partial vs every baseline, cyclic / regular / fr, three laws
@@ -22,6 +22,7 @@ stability       decode error vs m (float64/float32) and worst-case condition num
 poly-digits     polynomial-code decoding error vs decimal digits of precision, next to partial
 latency         exact speedup vs one-way latency: simulated sweep + live loopback points
 training        live loss / accuracy vs wall time on a real data set, four schemes, seeds
+approx-training live loss vs time at a deadline (approximate mode), four schemes, real data
 live-vs-sim     one schedule live on loopback and in the protocol simulator, gap itemised
 =============== =================================================================================
 """
@@ -36,7 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.errors import ConfigError
-from aiogc.experiments import adaptive, approx, bandwidth, live, ordering, speedup, stability
+from aiogc.experiments import (
+    adaptive,
+    approx,
+    approx_training,
+    bandwidth,
+    live,
+    ordering,
+    speedup,
+    stability,
+)
 from aiogc.experiments._common import PROGRESS_LISTENERS, Experiment, read_csv, write_csv
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
@@ -52,6 +62,7 @@ _ALL: tuple[Experiment, ...] = (
     stability.POLY_DIGITS,
     live.LATENCY,
     live.TRAINING,
+    approx_training.EXPERIMENT,
     live.LIVE_VS_SIM,
 )
 

@@ -63,7 +63,8 @@ def _ells(name: str, delta: int) -> range:
 
 
 def compute(quick: bool, seed: int) -> list[Row]:
-    from aiogc.sim.comm import FrameBytes, parse_bandwidth
+    from aiogc.config import parse_bandwidth
+    from aiogc.sim.comm import FrameBytes
     from aiogc.sim.fast import outcomes, upload_counts
 
     g = grid(quick)

@@ -107,14 +107,11 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
         ``rounds_compared``; ``speedups``: per scheme other than ``partial`` (when both ran)
         ``live``, ``sim``, ``ratio`` (live speedup / simulated speedup of partial over it).
     """
-    from aiogc.sim.fast import build_schemes, simulate_fast
-
     names = [n for n in records if records[n]]
     out: dict[str, Any] = {"schemes": {}, "speedups": {}}
     if not names:
         return out
-    built = build_schemes(config, names)
-    sim = simulate_fast(config, names, schedule=schedule, built=built, mse=False)
+    sim = _replay(config, names, schedule)
     for name in names:
         done = [r for r in _completed(records[name]) if r.round < schedule.rounds]
         live = [r.duration_s / time_scale for r in done]
@@ -134,6 +131,24 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
             out["speedups"][name] = {"live": sp_live, "sim": sp_sim,
                                      "ratio": _div(sp_live, sp_sim)}
     return out
+
+
+def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule) -> dict[str, Any]:
+    """The fast path on ``schedule`` with the run's communication model: a shaped run
+    (``config.bandwidth``, :mod:`aiogc.net.shaping`) is replayed with the same link rates and
+    frames sized at its task's dimension, as ``aiogc simulate --delay replay:RUN/delays.csv
+    --bandwidth SPEC --dim D`` does."""
+    from aiogc.sim.fast import build_schemes, simulate_fast
+
+    built = build_schemes(config, names)
+    comm = config.comm
+    dim = 120  # only sizes frames, and frames are free without a bandwidth
+    if comm.limited:
+        from aiogc.training.tasks import make_task
+
+        dim = int(make_task(config.task, built[names[0]].n_chunks, config.seed).dim)
+    return simulate_fast(config, list(names), schedule=schedule, built=built, mse=False,
+                         dim=dim, comm=comm if comm.limited else None)
 
 
 def _div(a: float, b: float) -> float:
@@ -418,10 +433,7 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
     (K, why)
         ``why`` is recorded in the summary (``why["explanation"]`` is one line).
     """
-    from aiogc.sim.fast import build_schemes, simulate_fast
-
-    built = build_schemes(config, schemes)
-    sim = simulate_fast(config, list(schemes), schedule=schedule, built=built, mse=False)
+    sim = _replay(config, schemes, schedule)
     means = {n: float(np.mean(r.completion_s[np.isfinite(r.completion_s)]))
              for n, r in sim.items() if np.isfinite(r.completion_s).any()}
     round_s = min(means.values()) if means else math.nan

@@ -47,6 +47,7 @@ from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
 from aiogc.net.loops import _clock, _Timer
+from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
 from aiogc.protocol.headers import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
@@ -164,6 +165,10 @@ class PSServer:
         if ps.nonce_fn is None:
             ps.nonce_fn = _nonce16
         self.started = asyncio.Event()
+        # traffic shaping (config.bandwidth, aiogc.net.shaping): the connections past their
+        # welcome -> their shaped downlink (None: unlimited), and the shared ingress
+        self._shaped: dict[FramedConnection, ShapedSend | None] = {}
+        self._ingress: ShapedQueue[tuple[FramedConnection, Message]] | None = None
 
     # ------------------------------------------------------------------ lifetime
 
@@ -173,6 +178,7 @@ class PSServer:
         self._loop = loop
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer)
+        self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop)
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
@@ -189,6 +195,7 @@ class PSServer:
             server.close()
             self._timer.cancel()
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
+            release_all(self._shaped.values())  # ... without waiting for an emulated link
             await self._flush_and_close()
             await server.wait_closed()
 
@@ -254,6 +261,16 @@ class PSServer:
     def _on_message(self, conn: FramedConnection, msg: Message) -> None:
         if self._frame_log is not None:
             self._frame_log("in", conn, msg, conn.last_frame_nbytes)
+        if self._ingress is not None and conn in self._shaped:
+            self._ingress.put((conn, msg), frame_nbytes(msg))  # the shared PS ingress
+            return
+        self._receive(conn, msg)
+
+    def _ingress_done(self, item: tuple[FramedConnection, Message]) -> None:
+        if item[0] in self._conns:  # a frame of a closed connection is dropped with it
+            self._receive(*item)
+
+    def _receive(self, conn: FramedConnection, msg: Message) -> None:
         ps = self.ps
         ps.receive(conn, msg, now=_clock())
         if conn.limits is PREAUTH_LIMITS and ps.is_authenticated(conn):
@@ -266,6 +283,9 @@ class PSServer:
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
         self._conns.discard(conn)
+        shaped = self._shaped.pop(conn, None)
+        if shaped is not None:
+            shaped.cancel()
         if exc is not None:
             log.debug("connection %s closed: %r", conn.peername, exc)
         code = exc.code if isinstance(exc, RemoteProtocolError) else None
@@ -315,11 +335,12 @@ class PSServer:
             conn = out.peer
             assert isinstance(conn, FramedConnection)
             msg = out.message
+            shaped = self._shaped.get(conn) if self._shaped else None
             if msg is not None:
                 hit = encoded.get(id(msg))
                 if hit is None:
                     hit = encoded[id(msg)] = (msg, encode_frame(msg))
-                n = conn.queue(msg, hit[1])
+                n = (conn if shaped is None else shaped).queue(msg, hit[1])
                 touched[id(conn)] = conn
                 if frame_log is not None:
                     frame_log("out", conn, msg, n)
@@ -327,8 +348,10 @@ class PSServer:
                     keys = ps.session_keys(conn)
                     if keys is not None:
                         conn.set_auth(send=keys.ps_to_worker)  # tags start after welcome
+                    if ps.config.bandwidth:  # and shaping (aiogc.net.shaping)
+                        self._shaped[conn] = shaped_send(conn, ps.config, "down", self._loop)
             if out.close:
-                conn.close()
+                (conn if shaped is None else shaped).close()  # shaped: after earlier frames
                 touched.pop(id(conn), None)
         for conn in touched.values():
             conn.flush()
@@ -468,6 +491,7 @@ class WorkerClient:
         self._welcomed = False
         self._preauth_said = False
         self.connections = 0
+        self._uplink: ShapedSend | None = None  # config.bandwidth's worker_up, once welcomed
 
     def _now(self) -> float:
         return _clock()
@@ -551,6 +575,9 @@ class WorkerClient:
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
         if conn is not self._conn:
             return
+        if self._uplink is not None:
+            self._uplink.cancel()
+            self._uplink = None
         self.worker.connection_lost(now=self._now())
         self._pump()
         self._conn = None
@@ -619,11 +646,12 @@ class WorkerClient:
         conn = self._conn
         if conn is None:
             return
+        sink = conn if self._uplink is None else self._uplink  # shaped: aiogc.net.shaping
         for out in outbox:
             if out.message is not None:
-                conn.queue(out.message)
+                sink.queue(out.message)
             if out.close:
-                conn.close()
+                sink.close()
         conn.flush()
 
     def _on_events(self, events: Sequence[Event]) -> bool:
@@ -634,6 +662,9 @@ class WorkerClient:
                 self._shutdown = True
             elif isinstance(ev, Welcomed):
                 self._welcomed = True
+                setup = self.worker.setup
+                self._uplink = shaped_send(self._conn, None if setup is None else setup.config,
+                                           "up", self._loop)
             elif isinstance(ev, ConnectionFailed):
                 if ev.fatal:
                     self._fatal = ev

@@ -1,6 +1,7 @@
 """Communication model of the simulators: per-worker link rates, a shared PS ingress, frame bytes.
 
-A :class:`CommModel` is parsed once from a spec string (:func:`parse_bandwidth`), e.g.
+A :class:`~aiogc.config.CommModel` is parsed once from a spec string
+(:func:`~aiogc.config.parse_bandwidth`, a ``RunConfig.bandwidth`` field), e.g.
 ``worker=100MB/s,ps=1GB/s``. Keys: ``worker`` (upload and download), ``worker_up``,
 ``worker_down``, ``ps`` (the PS's shared ingress). Units ``B/s``, ``KB/s``, ``MB/s``,
 ``GB/s`` (decimal: 1 MB = 10**6 bytes); a key left out is an unlimited link.
@@ -38,108 +39,25 @@ baselines).
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from aiogc.config import CommModel
 from aiogc.errors import ConfigError
 from aiogc.protocol.messages import ChunkReport, CodedGradient, EncodeAndTransmit, RoundStart
 from aiogc.protocol.wire import encode_frame
 
 __all__ = [
-    "UNITS",
-    "CommModel",
     "FrameBytes",
     "engine_ingress",
     "engine_latency",
     "frame_bytes",
     "link_exits",
-    "parse_bandwidth",
     "ps_ingress",
 ]
-
-#: Rate units of a bandwidth spec (decimal multiples of bytes per second).
-UNITS: dict[str, float] = {"B/s": 1.0, "KB/s": 1e3, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
-_KEYS = ("worker", "worker_up", "worker_down", "ps")
-_VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]+/s)\s*$")
-#: Smallest / largest rate accepted (bytes per second).
-MIN_RATE, MAX_RATE = 1.0, 1e15
-
-
-@dataclass(frozen=True)
-class CommModel:
-    """Link rates in bytes per second; ``None`` is an unlimited link.
-
-    Attributes
-    ----------
-    up_Bps, down_Bps : float or None
-        Every worker's upload / download rate.
-    ps_Bps : float or None
-        The PS's shared ingress (all uploads cross it).
-    """
-
-    up_Bps: float | None = None
-    down_Bps: float | None = None
-    ps_Bps: float | None = None
-
-    @property
-    def limited(self) -> bool:
-        """Whether any link has a finite rate."""
-        return any(x is not None for x in (self.up_Bps, self.down_Bps, self.ps_Bps))
-
-    def spec(self) -> str:
-        """The canonical spec string (``""`` when unlimited)."""
-        parts = [f"{k}={_fmt_rate(v)}" for k, v in (("worker_up", self.up_Bps),
-                                               ("worker_down", self.down_Bps),
-                                               ("ps", self.ps_Bps)) if v is not None]
-        return ",".join(parts)
-
-
-def _fmt_rate(v: float) -> str:
-    for unit, mult in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if v >= mult:
-            return f"{v / mult:g}{unit}"
-    return f"{v:g}B/s"
-
-
-def _rate(key: str, text: str) -> float:
-    m = _VALUE.match(text)
-    allowed = (f"a rate like 100MB/s: a number in [{MIN_RATE:g}, {MAX_RATE:g}] B/s with unit "
-               "B/s, KB/s, MB/s or GB/s (bytes, decimal; Mb/s bits are not accepted)")
-    if m is None or m.group(2) not in UNITS:  # case matters: Mb/s would be bits
-        raise ConfigError(f"bandwidth.{key}", text, allowed)
-    v = float(m.group(1)) * UNITS[m.group(2)]
-    if not (math.isfinite(v) and MIN_RATE <= v <= MAX_RATE):
-        raise ConfigError(f"bandwidth.{key}", text, allowed)
-    return v
-
-
-def parse_bandwidth(spec: str | None) -> CommModel:
-    """Parse ``worker=100MB/s,ps=1GB/s`` into a :class:`CommModel` (ConfigError naming the
-    field, its value and the allowed range on bad input). ``None``, ``""`` or ``"none"``:
-    unlimited."""
-    if spec is None or not str(spec).strip() or str(spec).strip().lower() == "none":
-        return CommModel()
-    vals: dict[str, float] = {}
-    for part in str(spec).split(","):
-        key, eq, text = part.partition("=")
-        key = key.strip().lower()
-        if not eq or key not in _KEYS:
-            raise ConfigError("bandwidth", part.strip(),
-                              "key=rate pairs with keys " + ", ".join(_KEYS))
-        if key in vals:
-            raise ConfigError("bandwidth", spec, f"each key once ({key} repeated)")
-        vals[key] = _rate(key, text)
-    if "worker" in vals and ("worker_up" in vals or "worker_down" in vals):
-        raise ConfigError("bandwidth", spec, "worker= or worker_up= / worker_down=, not both")
-    return CommModel(up_Bps=vals.get("worker_up", vals.get("worker")),
-                     down_Bps=vals.get("worker_down", vals.get("worker")),
-                     ps_Bps=vals.get("ps"))
-
 
 def frame_bytes(msg: Any) -> int:
     """Bytes of ``msg`` on the wire (header + array), from the wire codec, untagged."""

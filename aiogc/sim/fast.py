@@ -52,10 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from aiogc.coding.base import Scheme
-from aiogc.config import RunConfig
+from aiogc.config import CommModel, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
-from aiogc.sim.comm import CommModel, FrameBytes, link_exits, ps_ingress
+from aiogc.sim.comm import FrameBytes, link_exits, ps_ingress
 from aiogc.training.delays import materialise
 from aiogc.training.schedule import DelaySchedule
 

@@ -26,11 +26,11 @@ import numpy as np
 
 from aiogc.coding.base import Scheme
 from aiogc.coding.registry import scheme_spec
-from aiogc.config import RunConfig, scheme_digest
+from aiogc.config import CommModel, RunConfig, scheme_digest
 from aiogc.core import ParameterServer, PSOptions, RoundRecord, Setup, Worker, WorkerCache
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
-from aiogc.sim.comm import CommModel, engine_ingress, engine_latency
+from aiogc.sim.comm import engine_ingress, engine_latency
 from aiogc.sim.engine import NO_NETWORK_DELAY, SimNetwork, Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
