@@ -26,10 +26,11 @@ from aiogc.core import (
     RoundRecord,
     ShutdownRequested,
 )
+from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.delays import materialise
-from aiogc.training.locate import LiarLocator
+from aiogc.training.locate import LiarLocator, check_locate
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
@@ -58,6 +59,8 @@ class RunResult:
     out_dir: Path | None = None
     schedule: DelaySchedule | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
+    #: issue 21: workers the PS evicted (summary.json ``evicted``, aiogc.harness.evictions)
+    evicted: list[dict[str, Any]] = field(default_factory=list)
     #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
     end_reasons: dict[str, str] = field(default_factory=dict)
     #: why the whole run ended: "all rounds done", or the first scheme's other reason
@@ -180,6 +183,7 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
         keep_gradients=keep_gradients, guard=guard)
     if locate is not None:
+        check_locate(locate, config)
         aggregator.locator = LiarLocator(
             evict_after=locate,
             eps=None if config.coded_dtype == "same" else config.coded_eps)
@@ -241,6 +245,7 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     if not result.end_reason:
         result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
     result.summary["wall_s"] = result.wall_s
+    result.summary["evicted"] = result.evicted
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
     result.summary.update(result.extra_summary)
@@ -387,6 +392,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         if worst and worst.get("rel_error") is not None:
             lines.append(f"{name}: worst round {worst['round']} "
                          f"(rel decode error {worst['rel_error']:.1e})")
+    lines += eviction_lines(summary)
     lines += _fidelity_lines(summary.get("fidelity"))
     if summary.get("end_reason"):
         lines.append(f"end reason: {summary['end_reason']}")
