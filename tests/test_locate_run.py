@@ -86,8 +86,8 @@ def test_aiogc_run_locate_evicts_one_authenticated_liar(tmp_path: Path, capsys: 
     without it), it is evicted after 3 located rounds, and the run says so everywhere; the
     eviction is not a shrunk run (exit 0 without --allow-shrink)."""
     import aiogc.harness.local as local
+    from aiogc.core import Worker as real
 
-    real = local.Worker
     liars: list[Scale3] = []
 
     def worker(j: int, **kw: Any) -> Any:

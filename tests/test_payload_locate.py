@@ -116,6 +116,28 @@ def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: in
     assert ps._payload_rows.dtype.itemsize == 2
 
 
+@pytest.mark.parametrize("coded", ["same", "bfloat16"])
+def test_summary_has_the_rounding_bound_of_compressed_runs(coded: str) -> None:
+    from aiogc.harness.kit import format_summary
+    from aiogc.harness.summary import summarize
+
+    config = RunConfig(scheme="partial", workers=8, delta=3, rounds=6, seed=3,
+                       task="linreg:samples=240,dim=24", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None, coded_dtype=coded)
+    ps, _, (sim, _) = _rig(config)
+    sim.run()
+    summary = summarize({"partial": ps.records})
+    got = summary["schemes"]["partial"].get("rounding_bound")
+    if coded == "same":  # a default run's summary is unchanged
+        assert got is None and "rounding bound" not in format_summary(summary)
+        return
+    bounds = [r.rounding_bound for r in ps.records]
+    assert got["rounds"] == 6 and got["worst"] == max(bounds)
+    assert got["worst_round"] == bounds.index(max(bounds))
+    assert got["median"] == float(np.median(bounds)) and 0 < got["median"] <= got["worst"]
+    assert f"rounding bound {max(bounds):.1e} worst" in format_summary(summary)
+
+
 def test_rounding_bound_is_tight_to_a_small_factor() -> None:
     rng = np.random.default_rng(1)
     V = rng.standard_normal((6, 400))

@@ -392,6 +392,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         if worst and worst.get("rel_error") is not None:
             lines.append(f"{name}: worst round {worst['round']} "
                          f"(rel decode error {worst['rel_error']:.1e})")
+        rb = s.get("rounding_bound")
+        if rb:  # issue 21: compressed uploads
+            lines.append(f"{name}: 16-bit payload rounding bound {rb['worst']:.1e} worst "
+                         f"(round {rb['worst_round']}), median {rb['median']:.1e} "
+                         f"(absolute, over {rb['rounds']} rounds)")
     lines += eviction_lines(summary)
     lines += _fidelity_lines(summary.get("fidelity"))
     if summary.get("end_reason"):
