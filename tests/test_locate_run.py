@@ -46,6 +46,7 @@ def test_locate_range_is_validated(bad: Any) -> None:
     ({"scheme": "partial"}, "broadcast state"),
     ({"scheme": "uncoded", "n_parts": 1}, "tolerates 0"),
     ({"scheme": "ignore-stragglers"}, "approximately by design"),
+    ({"assignment": "fr"}, "fractional repetition"),
     ({"delta": 2}, "tolerates 1"),                 # cyclic delta=2: one spare at most
     ({"delta": 3, "n_parts": 2}, "tolerates 1"),   # delta - ell = 1
 ])

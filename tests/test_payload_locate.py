@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -256,3 +257,40 @@ def test_evicted_worker_is_refused_on_reconnect_over_loopback() -> None:
     assert 5 in ps.evicted
     st = ps.statistics()
     assert st.get("evicted") == 1 and st.get("closed_evicted", 0) >= 1
+
+
+@pytest.mark.parametrize("assignment, n_parts, delta", [("cyclic", 1, 4), ("cyclic", 2, 4),
+                                                         ("regular", 1, 3), ("fr", 1, 4)])
+def test_one_factorisation_per_subset_locates_as_the_scheme_decoder(assignment: str,
+                                                                    n_parts: int,
+                                                                    delta: int) -> None:
+    """aiogc.coding.leave_one_out against redundancy_check per leave-one-out set: the same
+    failing sets, the same located worker, and the same discrepancy where a lie enters."""
+    from aiogc.coding.consistency import redundancy_check
+    from aiogc.coding.leave_one_out import leave_one_out_values
+    from aiogc.training.locate import LiarLocator
+
+    cfg = RunConfig(scheme="original", workers=16, delta=delta, n_parts=n_parts,
+                    assignment=assignment)
+    scheme = cfg.build_scheme()
+    rng = np.random.default_rng(4)
+    dim = 10
+    G = rng.standard_normal((scheme.n_chunks, dim))
+    state = np.asarray(scheme.loads, dtype=np.int64)
+    rows = np.stack([scheme.encode(j, state, G[scheme.orders[j]]) for j in range(16)])
+    rows[7] *= 3.0
+    rec = list(range(16))
+    fast = leave_one_out_values(scheme, rows, rec, dim)
+    assert fast is not None
+    slow = []
+    for j in rec:
+        v = redundancy_check(scheme, rows, [w for w in rec if w != j], dim)
+        assert v is not None
+        slow.append(v.value if v.ok else math.inf)
+    assert [math.isinf(x) for x in fast] == [math.isinf(x) for x in slow]
+    if assignment == "fr":  # equal vectors per group: no set stands out (--locate refuses fr)
+        assert not any(math.isinf(x) for x in fast)
+        return
+    assert not math.isinf(fast[7]) and sum(math.isinf(x) for x in fast) >= 15 - 2
+    for loc in (LiarLocator(fast=True), LiarLocator(fast=False)):
+        assert loc.locate(scheme, rows, state, dim) == 7

@@ -25,7 +25,8 @@ two more locate one liar). :func:`check_locate` refuses a configuration that can
 (``aiogc run --locate N``, ``aiogc ps --locate N``).
 
 **Cost.** Nothing in an honest round; in a round that fails the redundancy check, one
-redundancy check per received worker (``bench/redteam.py --locate`` reports it at m=64).
+redundancy check per received worker, with one factorisation per decoded subset for a fixed
+code (:mod:`aiogc.coding.leave_one_out`; ``bench/bench_locate.py`` reports it at m=64).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import rounding_bound
 from aiogc.coding.consistency import redundancy_check
+from aiogc.coding.leave_one_out import leave_one_out_values
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 
@@ -66,8 +68,9 @@ def check_locate(locate: int | None, config: RunConfig) -> None:
 
     N is an integer in [0, :data:`MAX_LOCATE`]. Location needs a scheme whose workers send a
     fixed-code vector when done (a subset of them decodes: the original scheme) that decodes
-    exactly, and two spare vectors beyond a decodable set: ``stragglers_tolerated`` (delta - ell
-    for the original scheme) at least 2. ``config`` is one scheme's configuration.
+    exactly, an assignment whose workers' vectors differ (not fractional repetition), and two
+    spare vectors beyond a decodable set: ``stragglers_tolerated`` (delta - ell for the
+    original scheme) at least 2. ``config`` is one scheme's configuration.
     """
     if locate is None:
         return
@@ -84,6 +87,12 @@ def check_locate(locate: int | None, config: RunConfig) -> None:
     if spec.uses_k:
         raise ConfigError("locate", locate, f"a scheme that decodes exactly; {config.scheme} "
                           "decodes approximately by design (no redundancy to cross-check)")
+    if config.assignment == "fr":
+        raise ConfigError("locate", locate, "a cyclic or regular assignment; with fractional "
+                          "repetition (assignment fr) a group's workers send equal vectors, so "
+                          "every two-way decode reads a lying vector with the same weight and "
+                          "no leave-one-out set stands out (measured: tests/"
+                          "test_payload_locate.py)")
     s = config.stragglers_tolerated
     if s < 2:
         raise ConfigError("locate", locate, f"two spare vectors beyond a decodable set, i.e. a "
@@ -153,6 +162,9 @@ class LiarLocator:
 
     evict_after: int = EVICT_AFTER
     eps: float | None = None
+    #: one factorisation per decoded subset for fixed codes (False: the scheme's decoder,
+    #: three solves per subset; kept for the bench's before/after and the equivalence test)
+    fast: bool = True
 
     def __post_init__(self) -> None:
         self.evidence: Counter[int] = Counter()
@@ -177,14 +189,9 @@ class LiarLocator:
         rec = [int(w) for w in np.flatnonzero(np.asarray(state) > 0)]
         if not scheme.sends_when_done or len(rec) < 4:
             return None
-        values: list[tuple[float, int]] = []
-        for j in rec:
-            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
-                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
-                                     eps=self.eps)
-            if v is None:
-                return None  # no spare left without one worker: nothing can be located
-            values.append((v.value if v.ok else math.inf, j))
+        values = self._values(scheme, rows64, rec, dim)
+        if values is None:
+            return None  # no spare left without one worker: nothing can be located
         values.sort()
         (best, j), (second, _) = values[0], values[1]
         # the set without the liar is consistent to its rounding; a set that keeps the liar
@@ -194,6 +201,24 @@ class LiarLocator:
                                     or second > LOCATE_MARGIN * max(best, _TINY)):
             return j
         return None
+
+    def _values(self, scheme: Scheme, rows64: np.ndarray, rec: list[int],
+                dim: int) -> list[tuple[float, int]] | None:
+        """``(discrepancy, j)`` of the redundancy check of ``rec`` without each ``j`` (inf:
+        failed), or None when a set has no spare. A fixed code: one factorisation per decoded
+        subset (:mod:`aiogc.coding.leave_one_out`); else the scheme's own decoder."""
+        if self.fast and scheme.encoding_tensor() is not None:
+            fast = leave_one_out_values(scheme, rows64, rec, dim, eps=self.eps)
+            return None if fast is None else list(zip(fast, rec, strict=True))
+        values: list[tuple[float, int]] = []
+        for j in rec:
+            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
+                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
+                                     eps=self.eps)
+            if v is None:
+                return None
+            values.append((v.value if v.ok else math.inf, j))
+        return values
 
     def record(self, worker: int, round_: int | None = None) -> bool:
         """One located round (``round_``) against ``worker``; True when it is now to be
