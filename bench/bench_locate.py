@@ -9,6 +9,7 @@ the same configuration.
 
     python bench/bench_locate.py                  # m=64, delta=4
     python bench/bench_locate.py --workers 16
+    python bench/bench_locate.py --decoder scheme # before: the scheme's decoder per subset
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def _lie(worker: Worker) -> None:
     worker.poll = poll  # type: ignore[method-assign]
 
 
-def run(cfg: RunConfig, liar: int | None) -> tuple[list[float], int]:
+def run(cfg: RunConfig, liar: int | None, fast: bool = True) -> tuple[list[float], int]:
     schedule = materialise_for(cfg, [cfg.scheme])
     ps, task = make_ps(cfg, schedule=schedule, verify=False, locate=0,
                        options=PSOptions(spare_wait=100.0, spares=2))
     agg = ps.aggregator
+    agg.locator.fast = fast
     times: list[float] = []
     inner = agg.run
 
@@ -83,14 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta", type=int, default=4)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--task", default="linreg:samples=2560,dim=256")
+    p.add_argument("--decoder", choices=("fast", "scheme"), default="fast",
+                   help="fast: one factorisation per decoded subset (aiogc.coding."
+                        "leave_one_out); scheme: redundancy_check per leave-one-out set")
     a = p.parse_args(argv)
     cfg = RunConfig(scheme="original", workers=a.workers, delta=a.delta, rounds=a.rounds, seed=1,
                     task=a.task, delay="exp:0.05", heartbeat_s=None, dead_after_s=None)
     honest, _ = run(cfg, None)
-    lying, located = run(cfg, 3)
+    lying, located = run(cfg, 3, fast=a.decoder == "fast")
     h, l_ = statistics.median(honest) * 1e3, statistics.median(lying) * 1e3
-    print(f"m={a.workers} delta={a.delta} {a.task}: decode+guard per round, median of "
-          f"{a.rounds}: honest {h:.2f} ms, located ({located}/{a.rounds} rounds) {l_:.2f} ms "
+    print(f"m={a.workers} delta={a.delta} {a.task} ({a.decoder}): decode+guard per round, "
+          f"median of {a.rounds}: honest {h:.2f} ms, located ({located}/{a.rounds} rounds) "
+          f"{l_:.2f} ms "
           f"(x{l_ / h:.1f}; max {max(lying) * 1e3:.2f} ms) numpy {np.__version__}")
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,28 @@ def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: in
         w = w - ps.aggregator.learning_rate * r.gradient
     # the uploads were 16-bit on this run's wire type
     assert ps._payload_rows.dtype.itemsize == 2
+
+
+@pytest.mark.parametrize("coded", ["same", "bfloat16"])
+def test_summary_has_the_rounding_bound_of_compressed_runs(coded: str) -> None:
+    from aiogc.harness.kit import format_summary
+    from aiogc.harness.summary import summarize
+
+    config = RunConfig(scheme="partial", workers=8, delta=3, rounds=6, seed=3,
+                       task="linreg:samples=240,dim=24", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None, coded_dtype=coded)
+    ps, _, (sim, _) = _rig(config)
+    sim.run()
+    summary = summarize({"partial": ps.records})
+    got = summary["schemes"]["partial"].get("rounding_bound")
+    if coded == "same":  # a default run's summary is unchanged
+        assert got is None and "rounding bound" not in format_summary(summary)
+        return
+    bounds = [r.rounding_bound for r in ps.records]
+    assert got["rounds"] == 6 and got["worst"] == max(bounds)
+    assert got["worst_round"] == bounds.index(max(bounds))
+    assert got["median"] == float(np.median(bounds)) and 0 < got["median"] <= got["worst"]
+    assert f"rounding bound {max(bounds):.1e} worst" in format_summary(summary)
 
 
 def test_rounding_bound_is_tight_to_a_small_factor() -> None:
@@ -234,3 +257,40 @@ def test_evicted_worker_is_refused_on_reconnect_over_loopback() -> None:
     assert 5 in ps.evicted
     st = ps.statistics()
     assert st.get("evicted") == 1 and st.get("closed_evicted", 0) >= 1
+
+
+@pytest.mark.parametrize("assignment, n_parts, delta", [("cyclic", 1, 4), ("cyclic", 2, 4),
+                                                         ("regular", 1, 3), ("fr", 1, 4)])
+def test_one_factorisation_per_subset_locates_as_the_scheme_decoder(assignment: str,
+                                                                    n_parts: int,
+                                                                    delta: int) -> None:
+    """aiogc.coding.leave_one_out against redundancy_check per leave-one-out set: the same
+    failing sets, the same located worker, and the same discrepancy where a lie enters."""
+    from aiogc.coding.consistency import redundancy_check
+    from aiogc.coding.leave_one_out import leave_one_out_values
+    from aiogc.training.locate import LiarLocator
+
+    cfg = RunConfig(scheme="original", workers=16, delta=delta, n_parts=n_parts,
+                    assignment=assignment)
+    scheme = cfg.build_scheme()
+    rng = np.random.default_rng(4)
+    dim = 10
+    G = rng.standard_normal((scheme.n_chunks, dim))
+    state = np.asarray(scheme.loads, dtype=np.int64)
+    rows = np.stack([scheme.encode(j, state, G[scheme.orders[j]]) for j in range(16)])
+    rows[7] *= 3.0
+    rec = list(range(16))
+    fast = leave_one_out_values(scheme, rows, rec, dim)
+    assert fast is not None
+    slow = []
+    for j in rec:
+        v = redundancy_check(scheme, rows, [w for w in rec if w != j], dim)
+        assert v is not None
+        slow.append(v.value if v.ok else math.inf)
+    assert [math.isinf(x) for x in fast] == [math.isinf(x) for x in slow]
+    if assignment == "fr":  # equal vectors per group: no set stands out (--locate refuses fr)
+        assert not any(math.isinf(x) for x in fast)
+        return
+    assert not math.isinf(fast[7]) and sum(math.isinf(x) for x in fast) >= 15 - 2
+    for loc in (LiarLocator(fast=True), LiarLocator(fast=False)):
+        assert loc.locate(scheme, rows, state, dim) == 7

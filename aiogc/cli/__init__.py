@@ -150,6 +150,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                          address=a.address, worker_hosts=a.worker_hosts,
                          auto_time_scale=a.time_scale == "auto",
                          fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
+                         locate=a.locate,
                          pcap=getattr(a, "pcap", None))
     if options.pcap is not None and a.backend != "local":
         raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "

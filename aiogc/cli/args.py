@@ -313,9 +313,14 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
 
 
 def add_spare_wait_arg(p: argparse.ArgumentParser) -> None:
-    """``--spare-wait F`` (run and ps)."""
-    p.add_argument("--spare-wait", type=_spare_wait, default=0.0, metavar="F",
+    """``--spare-wait F`` and ``--locate N`` (run and ps)."""
+    p.add_argument("--spare-wait", type=_spare_wait, default=None, metavar="F",
                    help="after the vectors decode, wait up to F x the round's elapsed time for "
                         "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (0: off, the paper's protocol; costs ~+22%% round time "
-                        "at F=0.5 on the virtual clock)")
+                        "catch a liar (default 0: off, the paper's protocol; 1 with --locate; "
+                        "costs ~+22%% round time at F=0.5 on the virtual clock)")
+    p.add_argument("--locate", type=int, default=None, metavar="N",
+                   help="locate a lying worker from two spare vectors (original scheme, "
+                        "delta - ell >= 2), decode the round without it, and evict it after N "
+                        "located rounds (0: never evict; implies two spares and --spare-wait 1 "
+                        "unless given; docs/security.md)")

@@ -123,7 +123,7 @@ def _ps_summary(scheme_name: str, records: Any, ended: list[str],
 def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
-    from aiogc.core import PSOptions
+    from aiogc.harness.evictions import eviction_sink, locate_ps_options
     from aiogc.harness.kit import (
         Progress,
         build_manifest,
@@ -146,7 +146,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
-                    options=PSOptions(spare_wait=a.spare_wait))
+                    locate=a.locate, options=locate_ps_options(config, a.locate, a.spare_wait))
     scheme = ps.scheme
     recorder = None
     if a.out:
@@ -161,7 +161,10 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     bar = Progress(config.rounds, a.scheme,
                    enabled=show and not a.quiet and not log.isEnabledFor(logging.INFO))
     k = config.time_scale
-    on_event = _ps_event_handler(a.scheme, scheme, recorder, ended, bar, time_scale=k)
+    evicted: list[dict[str, Any]] = []
+    on_event = eviction_sink(_ps_event_handler(a.scheme, scheme, recorder, ended, bar,
+                                               time_scale=k),
+                             ps, a.scheme, recorder, evicted, time_scale=k)
     # every frame recorded (as `aiogc run` does): the membership columns come from them
     frame_log = None if recorder is None else recorder.frame_logger(
         a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
@@ -195,6 +198,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     finally:
         bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
+        summary["evicted"] = evicted
         end_reason = summary["end_reason"]
         if recorder is not None:
             recorder.close(summary)

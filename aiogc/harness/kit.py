@@ -26,11 +26,12 @@ from aiogc.core import (
     RoundRecord,
     ShutdownRequested,
 )
+from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.approx_bound import gradient_bound_fn
 from aiogc.training.delays import materialise
-from aiogc.training.locate import LiarLocator
+from aiogc.training.locate import LiarLocator, check_locate
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
@@ -59,6 +60,8 @@ class RunResult:
     out_dir: Path | None = None
     schedule: DelaySchedule | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
+    #: issue 21: workers the PS evicted (summary.json ``evicted``, aiogc.harness.evictions)
+    evicted: list[dict[str, Any]] = field(default_factory=list)
     #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
     end_reasons: dict[str, str] = field(default_factory=dict)
     #: why the whole run ended: "all rounds done", or the first scheme's other reason
@@ -183,6 +186,7 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         # no oracle: approximate rounds are bounded by the data instead (issue 18)
         grad_bound_fn=None if verify else gradient_bound_fn(task))
     if locate is not None:
+        check_locate(locate, config)
         aggregator.locator = LiarLocator(
             evict_after=locate,
             eps=None if config.coded_dtype == "same" else config.coded_eps)
@@ -244,6 +248,7 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     if not result.end_reason:
         result.end_reason = run_end_reason(result.end_reasons, interrupted, result.summary)
     result.summary["wall_s"] = result.wall_s
+    result.summary["evicted"] = result.evicted
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
     result.summary.update(result.extra_summary)
@@ -390,6 +395,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         if worst and worst.get("rel_error") is not None:
             lines.append(f"{name}: worst round {worst['round']} "
                          f"(rel decode error {worst['rel_error']:.1e})")
+        rb = s.get("rounding_bound")
+        if rb:  # issue 21: compressed uploads
+            lines.append(f"{name}: 16-bit payload rounding bound {rb['worst']:.1e} worst "
+                         f"(round {rb['worst_round']}), median {rb['median']:.1e} "
+                         f"(absolute, over {rb['rounds']} rounds)")
+    lines += eviction_lines(summary)
     lines += _fidelity_lines(summary.get("fidelity"))
     if summary.get("end_reason"):
         lines.append(f"end reason: {summary['end_reason']}")

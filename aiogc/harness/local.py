@@ -31,12 +31,12 @@ from aiogc.core import (
     Event,
     Finished,
     ParameterServer,
-    PSOptions,
     RoundCompleted,
     RoundRecord,
     Worker,
     WorkerCache,
 )
+from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
 from aiogc.harness.fidelity import (
     LAG_INTERVAL_S,
     CpuSnapshot,
@@ -324,6 +324,8 @@ class SchemeOutcome:
     end_reason: str | None
     #: the PS loop's timer lag samples, wall seconds (:class:`LoopLagMonitor`)
     loop_lag_s: list[float] = field(default_factory=list)
+    #: issue 21: the workers the PS evicted (:mod:`aiogc.harness.evictions`)
+    evicted: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _attach_capture(server: PSServer, path: str | os.PathLike[str] | None) -> Any:
@@ -364,11 +366,14 @@ async def _run_scheme(
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
-                    options=PSOptions(spare_wait=options.spare_wait))
+                    locate=options.locate,
+                    options=locate_ps_options(config, options.locate, options.spare_wait))
     scheme = ps.scheme
     finished: list[str] = []
-    on_event = _scheme_event_handler(config.scheme, scheme, recorder, on_round,
-                                     finished.append, time_scale=k)
+    evicted: list[dict[str, Any]] = []
+    on_event = eviction_sink(_scheme_event_handler(config.scheme, scheme, recorder, on_round,
+                                                   finished.append, time_scale=k),
+                             ps, config.scheme, recorder, evicted, time_scale=k)
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
     lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
@@ -440,7 +445,7 @@ async def _run_scheme(
         for c in watch_ends:
             c.close()
     return SchemeOutcome([emulated(r, k) for r in ps.records],
-                         finished[0] if finished else None, lag.lags)
+                         finished[0] if finished else None, lag.lags, evicted)
 
 
 def _worker_spawns(m: int, worker_hosts: int, secret: bytes | None, port: int, loop_kind: str,
@@ -556,6 +561,7 @@ def run_live(
     options = options if options is not None else RunOptions()
     mode = options.mode
     mode_label = _check_worker_hosts(options.worker_hosts, mode, config.workers)
+    check_run_locate(config, schemes, options.locate, options.spare_wait, options.backend)
     if options.backend == "ray":
         from aiogc.harness.ray_backend import run_ray
 
@@ -597,6 +603,7 @@ def run_live(
             result.wall_s[name] = time.monotonic() - t0
             result.records[name] = outcome.records
             lags += outcome.loop_lag_s
+            result.evicted += outcome.evicted
             result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
                                         else "PS ended without a reason")
             if interrupted:

@@ -82,8 +82,14 @@ class RunOptions:
     fidelity_threshold: float = 0.10
     #: after a decodable set arrived, wait up to this fraction of the round's elapsed time for
     #: one spare coded vector, so the redundancy check can cross-check the original scheme
-    #: (0: off, the paper's protocol; docs/security.md, "The original scheme's spare vector")
-    spare_wait: float = 0.0
+    #: (0: off, the paper's protocol; docs/security.md, "The original scheme's spare vector");
+    #: None: 0, or with ``locate`` :data:`aiogc.training.locate.LOCATE_SPARE_WAIT` (two spares)
+    spare_wait: float | None = None
+    #: issue 21: locate one inconsistent (lying) worker where two spare vectors allow, decode
+    #: the round without it, and evict it after this many located rounds (0: never evict;
+    #: None: off). Implies two spares and a spare wait; refused, naming why, for a scheme that
+    #: cannot locate (:func:`aiogc.training.locate.check_locate`). Local backend only.
+    locate: int | None = None
     #: write the PS's wire bytes to this pcap file (``aiogc.net.pcap``; local backend only):
     #: every scheme's connections, one synthetic TCP flow each
     pcap: str | Path | None = None

@@ -260,6 +260,8 @@ class RunRecorder:
         self._members: dict[str, dict[str, Any]] = {}
         self._left: dict[str, list[list[int]]] = {}
         self._rejoined: dict[str, list[list[int]]] = {}
+        # per scheme: evicted workers (issue 21) -> the round they were evicted in
+        self._evicted: dict[str, dict[int, int]] = {}
         if flush_every_s is not None:
             self._write_progress()
 
@@ -499,7 +501,8 @@ class RunRecorder:
         present = self._starts.pop((scheme, keep.round), None)
         if keep.dropped or self._gone.get(scheme):
             self._membership(scheme, keep, present)
-        self._count_members(scheme, keep.round, m, present)
+        out = self._mark_evicted(scheme, keep)
+        self._count_members(scheme, keep.round, m - out, present)
         if self._trace:
             self._records.setdefault(scheme, []).append(keep)
         self._round_buf.append((scheme, keep, m, tuple(loads), partial,
@@ -541,6 +544,36 @@ class RunRecorder:
                 gone[w] = keep.round
                 self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
 
+    def _mark_evicted(self, scheme: str, keep: RoundRecord) -> int:
+        """Workers evicted before ``keep``'s round (issue 21): their ``workers.csv`` rows say
+        ``absent: evicted in round R``; how many there are (the round is not short of them:
+        the PS refused them on purpose)."""
+        out = self._evicted.get(scheme)
+        if not out:
+            return 0
+        n = 0
+        for w, at in out.items():
+            if at < keep.round:
+                n += 1
+                if w not in keep.arrivals:
+                    keep.dropped[w] = f"absent: evicted in round {at}"
+        return n
+
+    def evicted(self, scheme: str, worker: int, round_: int, *, t_ns: int, reason: str,
+                **extra: Any) -> None:
+        """A ``worker_evicted`` event (issue 21: the PS located ``worker``'s vectors as
+        inconsistent often enough and refuses its key): one ``events.jsonl`` line (``round``
+        and ``worker`` set, ``extra`` such as ``rounds_located``), ``membership`` ->
+        ``evicted``, and its later rounds marked absent rather than short."""
+        self._check_open()
+        self._evicted.setdefault(scheme, {})[int(worker)] = int(round_)
+        line = {"t_ns": int(t_ns), "direction": "event", "kind": "worker_evicted",
+                "scheme": scheme, "round": int(round_), "worker": int(worker), "nbytes": 0,
+                "reason": reason, **to_jsonable(extra)}
+        self._event_buf.append(json.dumps(line, separators=(",", ":")) + "\n")
+        if len(self._event_buf) > self._room:
+            self._spill()
+
     def _count_members(self, scheme: str, round_: int, m: int, present: set[int] | None) -> None:
         s = self._members.setdefault(scheme, {"m": m, "rounds_known": 0, "rounds_short": 0,
                                               "fewest_workers_present": None,
@@ -560,9 +593,13 @@ class RunRecorder:
         """Per scheme: ``m``, ``rounds_known`` (rounds whose members the frames told),
         ``rounds_short`` (rounds the PS started with fewer than m workers),
         ``fewest_workers_present``, ``first_short_round``, ``left`` and ``rejoined``
-        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each)."""
+        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each), and ``evicted``
+        (``[round, worker]``) when the PS evicted anyone: an evicted worker's absence does not
+        make a round short."""
         return {s: {**v, "left": list(self._left.get(s, [])),
-                    "rejoined": list(self._rejoined.get(s, []))}
+                    "rejoined": list(self._rejoined.get(s, [])),
+                    **({"evicted": [[r, w] for w, r in sorted(self._evicted[s].items())]}
+                       if self._evicted.get(s) else {})}
                 for s, v in self._members.items()}
 
     def _member_event(self, t_ns: int, kind: str, scheme: str, round_: int, worker: int,

@@ -66,6 +66,20 @@ def _verification(applied: Sequence[RoundRecord]) -> tuple[int, str | None]:
     return verified, "unverified" if verified == 0 else "partly verified"
 
 
+def _rounding_bound(stepped: Sequence[RoundRecord]) -> dict[str, Any] | None:
+    """Issue 21: the compressed uploads' rounding bound over the rounds that applied a step
+    (:attr:`RoundRecord.rounding_bound`, absolute, in gradient units): ``worst`` and its
+    ``worst_round``, ``median``, ``rounds`` (how many had one). None when no round was
+    compressed (``--payload-dtype same``: the key is left out of the summary)."""
+    pairs = [(float(r.rounding_bound), r.round) for r in stepped
+             if math.isfinite(float(r.rounding_bound))]
+    if not pairs:
+        return None
+    worst = max(pairs)
+    return {"worst": worst[0], "worst_round": worst[1],
+            "median": float(np.median([b for b, _ in pairs])), "rounds": len(pairs)}
+
+
 def summarize(
     records_by_scheme: Mapping[str, Sequence[RoundRecord]],
     *,
@@ -109,7 +123,9 @@ def summarize(
         ``rounds_unverified`` (applied rounds the PS's oracle did / did not vouch for: exact with
         a finite decode error; approximate rounds and every round without ``--verify`` are
         unverified) and ``verification`` (``"verified"``, ``"unverified"``, ``"partly
-        verified"``, or None when no round applied a step).
+        verified"``, or None when no round applied a step); with compressed uploads
+        (``--payload-dtype float16|bfloat16``) also ``rounding_bound`` (``{"worst",
+        "worst_round", "median", "rounds"}``, absolute, of the rounds that applied a step).
         ``speedup`` is the mean round time of ``original`` divided by that of ``partial``
         when both are present; ``speedup_vs_original`` gives the same ratio for every scheme.
         ``failures`` maps every failing scheme to its ``failure``; ``ok`` is True only when
@@ -170,6 +186,9 @@ def summarize(
             "rounds_unverified": len(stepped) - n_verified,
             "verification": verification,
         }
+        bound = _rounding_bound(stepped)
+        if bound is not None:
+            schemes[name]["rounding_bound"] = bound
     orig = schemes.get("original", {}).get("round_time_mean_s")
     part = schemes.get("partial", {}).get("round_time_mean_s")
     vs_orig = {

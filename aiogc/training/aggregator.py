@@ -239,7 +239,7 @@ class Aggregator:
         redo = self.decode_round(item._replace(state=rest))
         if redo.gradient is None:
             return None  # the rest did not pass the guard either: rejected as found
-        evict = self.locator.record(j)
+        evict = self.locator.record(j, item.record.round)
         rec = item.record
         rec.end_detail = self.locator.describe(j)
         return Decoded(redo.model, redo.gradient, (*redo.counters, "located_inconsistent"),

@@ -20,10 +20,13 @@ refused on reconnect for the rest of the run, and an event and a summary line sa
 
 The PS waits for two spare vectors (``PSOptions(spares=2)``, with ``spare_wait`` > 0) so that
 location has the redundancy it needs (cyclic ``delta >= 3``: ``m - delta + 1`` vectors decode,
-two more locate one liar).
+two more locate one liar). :func:`check_locate` refuses a configuration that cannot locate
+(naming why), and :func:`locate_spares` turns ``--locate N`` into those PS options
+(``aiogc run --locate N``, ``aiogc ps --locate N``).
 
 **Cost.** Nothing in an honest round; in a round that fails the redundancy check, one
-redundancy check per received worker (``bench/redteam.py --locate`` reports it at m=64).
+redundancy check per received worker, with one factorisation per decoded subset for a fixed
+code (:mod:`aiogc.coding.leave_one_out`; ``bench/bench_locate.py`` reports it at m=64).
 """
 
 from __future__ import annotations
@@ -31,21 +34,90 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import rounding_bound
 from aiogc.coding.consistency import redundancy_check
+from aiogc.coding.leave_one_out import leave_one_out_values
+from aiogc.config import RunConfig
+from aiogc.errors import ConfigError
 
-__all__ = ["EVICT_AFTER", "LiarLocator", "decoding_coefficients", "payload_rounding_bound"]
+__all__ = ["EVICT_AFTER", "LOCATE_SPARE_WAIT", "MAX_LOCATE", "LiarLocator", "check_locate",
+           "decoding_coefficients", "locate_spares", "payload_rounding_bound"]
 
 #: located rounds against one worker before it is evicted
 EVICT_AFTER = 3
 #: how much more consistent the located leave-one-out set must be than the next best
 LOCATE_MARGIN = 10.0
+#: ``--locate N``: N in [0, MAX_LOCATE] (0: locate and exclude, never evict)
+MAX_LOCATE: Final = 1000
+#: the spare wait ``--locate`` implies when none is given: up to the round's own elapsed time
+#: again (a round that decoded after 40 ms waits at most 40 ms more for its two spares). It
+#: only bounds the wait: a round ends as soon as the two spares are in, so an honest round
+#: costs the gap to the two next finishers, and at most twice its time (docs/security.md)
+LOCATE_SPARE_WAIT: Final = 1.0
 #: discrepancies below this are exact agreement (the margin is not taken of 0)
 _TINY = 1e-300
+
+
+def check_locate(locate: int | None, config: RunConfig) -> None:
+    """Refuse ``--locate N`` where it cannot work, naming the field, the value and why.
+
+    N is an integer in [0, :data:`MAX_LOCATE`]. Location needs a scheme whose workers send a
+    fixed-code vector when done (a subset of them decodes: the original scheme) that decodes
+    exactly, an assignment whose workers' vectors differ (not fractional repetition), and two
+    spare vectors beyond a decodable set: ``stragglers_tolerated`` (delta - ell for the
+    original scheme) at least 2. ``config`` is one scheme's configuration.
+    """
+    if locate is None:
+        return
+    if isinstance(locate, bool) or not isinstance(locate, int) or not 0 <= locate <= MAX_LOCATE:
+        raise ConfigError("locate", locate, f"an integer in [0, {MAX_LOCATE}] (located rounds "
+                          "before eviction; 0: locate and exclude, never evict)")
+    spec = config.spec
+    if not spec.sends_when_done:
+        raise ConfigError("locate", locate, f"schemes whose workers send a fixed-code vector when "
+                          f"done (original); {config.scheme}'s vectors are encoded for the "
+                          "broadcast state, so no subset of them decodes and a leave-one-out "
+                          "check does not exist (its liars are rejected, by --verify's oracle, "
+                          "not located)")
+    if spec.uses_k:
+        raise ConfigError("locate", locate, f"a scheme that decodes exactly; {config.scheme} "
+                          "decodes approximately by design (no redundancy to cross-check)")
+    if config.assignment == "fr":
+        raise ConfigError("locate", locate, "a cyclic or regular assignment; with fractional "
+                          "repetition (assignment fr) a group's workers send equal vectors, so "
+                          "every two-way decode reads a lying vector with the same weight and "
+                          "no leave-one-out set stands out (measured: tests/"
+                          "test_payload_locate.py)")
+    s = config.stragglers_tolerated
+    if s < 2:
+        raise ConfigError("locate", locate, f"two spare vectors beyond a decodable set, i.e. a "
+                          f"code that tolerates >= 2 stragglers; {config.scheme} with "
+                          f"m={config.workers}, delta={config.delta}, ell={config.n_parts} "
+                          f"tolerates {s} (delta - ell >= 2 needed, e.g. "
+                          f"--delta {config.n_parts + 2})")
+
+
+def locate_spares(locate: int | None, spare_wait: float | None) -> tuple[float, int]:
+    """``(spare_wait, spares)`` of the PS (:class:`aiogc.core.PSOptions`).
+
+    Without ``locate``: ``spare_wait`` (None: 0) and one spare. With it: two spares and
+    ``spare_wait``, or :data:`LOCATE_SPARE_WAIT` when None; an explicit 0 cannot locate
+    (no spare is ever waited for) and is refused, naming ``spare_wait``.
+    """
+    if locate is None:
+        return (0.0 if spare_wait is None else float(spare_wait)), 1
+    if spare_wait is None:
+        return LOCATE_SPARE_WAIT, 2
+    if spare_wait <= 0:
+        raise ConfigError("spare_wait", spare_wait, f"a number in (0, 100] with --locate {locate} "
+                          "(locating needs two spare vectors; leave --spare-wait out for the "
+                          f"default {LOCATE_SPARE_WAIT:g})")
+    return float(spare_wait), 2
 
 
 def decoding_coefficients(scheme: Scheme, state: np.ndarray) -> np.ndarray:
@@ -90,9 +162,14 @@ class LiarLocator:
 
     evict_after: int = EVICT_AFTER
     eps: float | None = None
+    #: one factorisation per decoded subset for fixed codes (False: the scheme's decoder,
+    #: three solves per subset; kept for the bench's before/after and the equivalence test)
+    fast: bool = True
 
     def __post_init__(self) -> None:
         self.evidence: Counter[int] = Counter()
+        #: worker -> the rounds it was located in
+        self.rounds: dict[int, list[int]] = {}
         self.evicted: list[int] = []
         #: located rounds in total
         self.located = 0
@@ -112,14 +189,9 @@ class LiarLocator:
         rec = [int(w) for w in np.flatnonzero(np.asarray(state) > 0)]
         if not scheme.sends_when_done or len(rec) < 4:
             return None
-        values: list[tuple[float, int]] = []
-        for j in rec:
-            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
-                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
-                                     eps=self.eps)
-            if v is None:
-                return None  # no spare left without one worker: nothing can be located
-            values.append((v.value if v.ok else math.inf, j))
+        values = self._values(scheme, rows64, rec, dim)
+        if values is None:
+            return None  # no spare left without one worker: nothing can be located
         values.sort()
         (best, j), (second, _) = values[0], values[1]
         # the set without the liar is consistent to its rounding; a set that keeps the liar
@@ -130,10 +202,31 @@ class LiarLocator:
             return j
         return None
 
-    def record(self, worker: int) -> bool:
-        """One located round against ``worker``; True when it is now to be evicted."""
+    def _values(self, scheme: Scheme, rows64: np.ndarray, rec: list[int],
+                dim: int) -> list[tuple[float, int]] | None:
+        """``(discrepancy, j)`` of the redundancy check of ``rec`` without each ``j`` (inf:
+        failed), or None when a set has no spare. A fixed code: one factorisation per decoded
+        subset (:mod:`aiogc.coding.leave_one_out`); else the scheme's own decoder."""
+        if self.fast and scheme.encoding_tensor() is not None:
+            fast = leave_one_out_values(scheme, rows64, rec, dim, eps=self.eps)
+            return None if fast is None else list(zip(fast, rec, strict=True))
+        values: list[tuple[float, int]] = []
+        for j in rec:
+            with np.errstate(over="ignore", invalid="ignore"):  # a blown-up vector: inf
+                v = redundancy_check(scheme, rows64, [w for w in rec if w != j], dim,
+                                     eps=self.eps)
+            if v is None:
+                return None
+            values.append((v.value if v.ok else math.inf, j))
+        return values
+
+    def record(self, worker: int, round_: int | None = None) -> bool:
+        """One located round (``round_``) against ``worker``; True when it is now to be
+        evicted."""
         self.located += 1
         self.evidence[worker] += 1
+        if round_ is not None:
+            self.rounds.setdefault(worker, []).append(int(round_))
         if (self.evict_after > 0 and self.evidence[worker] >= self.evict_after
                 and worker not in self.evicted):
             self.evicted.append(worker)
