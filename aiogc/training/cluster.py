@@ -20,7 +20,15 @@ from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.training.schedule import DelaySchedule
 
-__all__ = ["chunk_factors", "cluster_schedule"]
+__all__ = ["chunk_factors", "cluster_schedule", "slowdown"]
+
+
+def slowdown(config: RunConfig) -> float:
+    """Largest factor a chunk's delay is scaled by (largest normalised size over the
+    slowest speed): a bound the workload timeouts multiply the unit schedule's rounds by."""
+    s, z = config.speeds, config.sizes
+    f = 1.0 if s is None else 1.0 / float(s.min())
+    return f if z is None else f * float(z.max() * z.size / z.sum())
 
 
 def chunk_factors(config: RunConfig, scheme: Scheme) -> np.ndarray | None:
