@@ -24,7 +24,8 @@ The speed-aware assignment (``assignment="speed-aware"``)
 ----------------------------------------------------------
 ``N = m`` chunks, each on exactly ``delta`` distinct workers, as in the cyclic assignment;
 worker ``j`` gets work (the sum of its chunks' sizes) close to its share ``s_j / Σ s`` of the
-total ``delta Σ z``. Construction: walk ``delta`` laps around the ring of chunks (element ``t``
+total ``delta Σ z``, capped at ``Σ z`` (every chunk once; the excess goes to the others in
+proportion to their speeds). Construction: walk ``delta`` laps around the ring of chunks (element ``t``
 of the walk is chunk ``t mod N``) and cut the walk into ``m`` consecutive windows at the
 cumulative work closest to each worker's cumulative target; a window holds at least one and at
 most ``N`` elements, so it never holds a chunk twice and every chunk lands on exactly ``delta``
@@ -179,6 +180,25 @@ def _cuts(work: np.ndarray, targets: np.ndarray, n_chunks: int) -> np.ndarray:
     return b
 
 
+def _capped_shares(speeds: np.ndarray, total: float, cap: float) -> np.ndarray:
+    """Work per worker proportional to its speed, none above ``cap`` (a worker can hold each
+    chunk once): water-filling, the capped workers' excess shared by the others in
+    proportion to their speeds. Shape (m,), sums to ``total`` (``total <= m * cap``)."""
+    w = np.zeros_like(speeds)
+    free = np.ones(speeds.size, dtype=bool)
+    left = total
+    while free.any():
+        share = left * speeds / speeds[free].sum()
+        over = free & (share >= cap)
+        if not over.any():
+            w[free] = share[free]
+            break
+        w[over] = cap
+        free &= ~over
+        left = total - w[~free].sum()
+    return w
+
+
 def speed_aware_assignment(m: int, delta: int, speeds: np.ndarray | None,
                            sizes: np.ndarray | None = None) -> np.ndarray:
     """Assignment giving faster workers more work, every chunk on ``delta`` workers.
@@ -207,7 +227,8 @@ def speed_aware_assignment(m: int, delta: int, speeds: np.ndarray | None,
         return cyclic_assignment(m, delta)
     walk = np.tile(np.arange(m), delta)  # element t is chunk t mod m
     work = z[walk]
-    targets = np.concatenate([[0.0], np.cumsum(s)]) / s.sum() * work.sum()
+    targets = np.concatenate([[0.0], np.cumsum(_capped_shares(s, delta * float(z.sum()),
+                                                                 float(z.sum())))])
     b = _cuts(work, targets, m)
     A = np.zeros((m, m), dtype=bool)
     for j in range(m):
