@@ -25,8 +25,8 @@ The speed-aware assignment (``assignment="speed-aware"``)
 ``N = m`` chunks, each on exactly ``delta`` distinct workers, as in the cyclic assignment;
 worker ``j`` gets work (the sum of its chunks' sizes) close to its share ``s_j / Σ s`` of the
 total ``delta Σ z``, capped at ``Σ z`` (every chunk once; the excess goes to the others in
-proportion to their speeds). Construction: walk ``delta`` laps around the ring of chunks (element ``t``
-of the walk is chunk ``t mod N``) and cut the walk into ``m`` consecutive windows at the
+proportion to their speeds). Construction: walk ``delta`` laps around the ring of chunks
+(element ``t`` of the walk is chunk ``t mod N``) and cut the walk into ``m`` consecutive windows at the
 cumulative work closest to each worker's cumulative target; a window holds at least one and at
 most ``N`` elements, so it never holds a chunk twice and every chunk lands on exactly ``delta``
 distinct workers. Uniform speeds and sizes give the cyclic assignment itself.

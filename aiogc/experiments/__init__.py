@@ -18,6 +18,7 @@ approx-mse      MSE vs deadline T, partial vs original, ℓ ∈ {1, 2, 3}
 approx-tails    MSE vs T under pareto (α ≤ 2), persistent stragglers, failures, and a mix
 ordering        optimal vs random vs natural order, three assignment families, ℓ = 1..δ
 adaptive-order… ``adaptive-ordering``: speed-aware orders vs the static optimum, stragglers / iid
+heterogeneous   speed-aware vs uniform (cyclic) assignment on heterogeneous clusters, sim + live
 stability       decode error vs m (float64/float32) and worst-case condition numbers
 poly-digits     polynomial-code decoding error vs decimal digits of precision, next to partial
 latency         exact speedup vs one-way latency: simulated sweep + live loopback points
@@ -36,7 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.errors import ConfigError
-from aiogc.experiments import adaptive, approx, bandwidth, live, ordering, speedup, stability
+from aiogc.experiments import (
+    adaptive,
+    approx,
+    bandwidth,
+    heterogeneous,
+    live,
+    ordering,
+    speedup,
+    stability,
+)
 from aiogc.experiments._common import PROGRESS_LISTENERS, Experiment, read_csv, write_csv
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
@@ -48,6 +58,7 @@ _ALL: tuple[Experiment, ...] = (
     approx.APPROX_TAILS,
     ordering.EXPERIMENT,
     adaptive.EXPERIMENT,
+    heterogeneous.EXPERIMENT,
     stability.STABILITY,
     stability.POLY_DIGITS,
     live.LATENCY,
