@@ -143,7 +143,7 @@ def test_decode_is_exact_with_non_uniform_chunks_on_the_protocol_engine() -> Non
 @pytest.mark.parametrize("kw", [{}, {"assignment": "cyclic"}, {"n_parts": 2},
                                 {"chunk_sizes": "uniform", "ordering": "natural"},
                                 {"mode": "approx", "deadline_s": 2.0}])
-def test_fast_path_equals_protocol_engine_on_a_heterogeneous_cluster(kw: dict) -> None:
+def test_fast_path_equals_protocol_engine_on_a_heterogeneous_cluster(kw: dict[str, object]) -> None:
     cfg = _cfg(**kw)
     names = ["partial", "uncoded"]
     built = build_schemes(cfg, names)

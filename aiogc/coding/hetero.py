@@ -26,10 +26,10 @@ The speed-aware assignment (``assignment="speed-aware"``)
 worker ``j`` gets work (the sum of its chunks' sizes) close to its share ``s_j / Σ s`` of the
 total ``delta Σ z``, capped at ``Σ z`` (every chunk once; the excess goes to the others in
 proportion to their speeds). Construction: walk ``delta`` laps around the ring of chunks
-(element ``t`` of the walk is chunk ``t mod N``) and cut the walk into ``m`` consecutive windows at the
-cumulative work closest to each worker's cumulative target; a window holds at least one and at
-most ``N`` elements, so it never holds a chunk twice and every chunk lands on exactly ``delta``
-distinct workers. Uniform speeds and sizes give the cyclic assignment itself.
+(element ``t`` of the walk is chunk ``t mod N``) and cut the walk into ``m`` consecutive
+windows at the cumulative work closest to each worker's cumulative target; a window holds at
+least one and at most ``N`` elements, so it never holds a chunk twice and every chunk lands on
+exactly ``delta`` distinct workers. Uniform speeds and sizes give the cyclic assignment itself.
 
 The speed-aware order (what ``ordering="optimal"`` means on a heterogeneous cluster)
 -------------------------------------------------------------------------------------
