@@ -19,6 +19,7 @@ import numpy as np
 
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import CODED_DTYPES, coded_eps, wire_dtype
+from aiogc.coding.hetero import parse_factors
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
@@ -172,6 +173,11 @@ class RunConfig:
         unlimited), in bytes per *emulated* second. Live runs shape their sends to them
         (:mod:`aiogc.net.shaping`: a worker its uplink, the PS each downlink and the shared
         ingress); the simulators charge the same model (:mod:`aiogc.sim.comm`).
+    worker_speeds, chunk_sizes : str
+        A heterogeneous cluster (:mod:`aiogc.coding.hetero`): ``uniform`` (default) or
+        one relative factor per worker / per chunk (``1x6,0.25x2``). A chunk's compute delay
+        is the model's draw times its size over its worker's speed; the task's chunks hold
+        samples in proportion to the sizes; ``assignment="speed-aware"`` uses both.
     """
 
     scheme: str = "partial"
@@ -202,6 +208,8 @@ class RunConfig:
     time_scale: float = 1.0
     coded_dtype: str = "same"
     bandwidth: str = ""
+    worker_speeds: str = "uniform"
+    chunk_sizes: str = "uniform"
 
     def __post_init__(self) -> None:
         _check_choice("scheme", self.scheme, scheme_names())
@@ -214,6 +222,7 @@ class RunConfig:
                 "delta", self.delta, f"a divisor of workers={self.workers} for assignment fr"
             )
         _check_choice("ordering", self.ordering, ORDERINGS)
+        self._check_cluster()
         _check_choice("decoding", self.decoding, DECODINGS)
         if self.k is not None:
             _check_int("k", self.k, 1, self.workers)
@@ -257,7 +266,25 @@ class RunConfig:
 
         check_setup_budget(self.scheme, self.workers, self.delta, self.n_parts)
 
+    def _check_cluster(self) -> None:
+        parse_factors(self.worker_speeds, self.workers, field="worker_speeds")
+        if parse_factors(self.chunk_sizes, self.workers, field="chunk_sizes") is not None \
+                and self.ordering == "adaptive":
+            # the schedule scales delays by the chunk at each position of the static orders
+            raise ConfigError("chunk_sizes", self.chunk_sizes,
+                              "uniform with ordering=adaptive (orders change per round)")
+
     # ------------------------------------------------------------------ derived values
+
+    @property
+    def speeds(self) -> np.ndarray | None:
+        """Relative worker speeds, shape (m,); None when uniform."""
+        return parse_factors(self.worker_speeds, self.workers, field="worker_speeds")
+
+    @property
+    def sizes(self) -> np.ndarray | None:
+        """Relative chunk sizes, shape (m,) (N = m chunks); None when uniform."""
+        return parse_factors(self.chunk_sizes, self.workers, field="chunk_sizes")
 
     @property
     def spec(self) -> SchemeSpec:
@@ -323,7 +350,8 @@ class RunConfig:
             delta=self.delta,
             n_parts=self.n_parts,
             assignment=self.assignment,
-            choices=SchemeChoices(ordering=self.ordering, decoding=self.decoding),
+            choices=SchemeChoices(ordering=self.ordering, decoding=self.decoding,
+                                  speeds=self.speeds, sizes=self.sizes),
             k=self.effective_k if self.spec.uses_k else None,
             rng=rng,
         )
@@ -362,6 +390,9 @@ class RunConfig:
             del out["coded_dtype"]
         if not self.bandwidth:  # likewise: an unshaped run's welcome is unchanged
             del out["bandwidth"]
+        for name in ("worker_speeds", "chunk_sizes"):  # issue 21 item 2: the same
+            if out[name] == "uniform":
+                del out[name]
         return out
 
     @classmethod
@@ -379,7 +410,8 @@ class RunConfig:
 
 
 #: the fields :meth:`RunConfig.to_wire` leaves out at their defaults
-_DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype", "bandwidth"})
+_DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype", "bandwidth", "worker_speeds",
+                                       "chunk_sizes"})
 
 #: The timeouts whose default follows the workload (:func:`workload_timeouts`), by flag.
 WORKLOAD_TIMEOUTS = ("round_timeout_s", "collect_timeout_s", "join_timeout_s")

@@ -14,6 +14,8 @@ from typing import Any
 from aiogc.coding.registry import scheme_names
 from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, workload_timeouts
 from aiogc.errors import ConfigError
+from aiogc.harness.assignment_file import resolve_factor_spec
+from aiogc.training.cluster import slowdown
 
 DEFAULT_OUT = "runs/latest"
 
@@ -173,6 +175,12 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--payload-dtype", default=d.coded_dtype, dest="coded_dtype",
                    help="coded upload type: same (default) | float16 | bfloat16 (workers round "
                         "the coded vector, the PS decodes in float64; docs/coding.md)")
+    g.add_argument("--worker-speeds", default=d.worker_speeds,
+                   help="heterogeneous cluster: uniform | one relative speed per worker, "
+                        "V,V,... or run-length VxK (1x6,0.25x2) | file:PATH (docs/coding.md)")
+    g.add_argument("--chunk-sizes", default=d.chunk_sizes,
+                   help="relative chunk sizes (samples per chunk; same syntax as "
+                        "--worker-speeds); a chunk's delay is its size / its worker's speed")
     g.add_argument("--report-every", type=_positive_int, default=d.report_every,
                    help="report the chunk count after every k chunks")
     g.add_argument("--max-predicted-error", type=float, default=d.max_predicted_error,
@@ -242,7 +250,7 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
     from aiogc.harness.kit import materialise_for
 
     schedule = materialise_for(config, [scheme])
-    derived = workload_timeouts(config, schedule.slowest_round_s())
+    derived = workload_timeouts(config, schedule.slowest_round_s() * slowdown(config))
     return config.replace(**{f: derived[f] for f in unset})
 
 
@@ -259,6 +267,8 @@ def _config_from_flags(a: argparse.Namespace, scheme: str) -> RunConfig:
         mode=a.mode, deadline_s=a.deadline, rounds=a.rounds, seed=a.seed, task=a.task,
         delay=a.delay, latency=a.latency, dtype=a.dtype, report_every=a.report_every,
         coded_dtype=a.coded_dtype,
+        worker_speeds=resolve_factor_spec(a.worker_speeds, field="worker_speeds"),
+        chunk_sizes=resolve_factor_spec(a.chunk_sizes, field="chunk_sizes"),
         max_predicted_error=a.max_predicted_error, on_ill_conditioned=a.on_ill_conditioned,
         learning_rate=a.lr,
         round_timeout_s=d.round_timeout_s if a.round_timeout is None else a.round_timeout,

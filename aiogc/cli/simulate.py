@@ -19,6 +19,7 @@ import numpy as np
 from aiogc.coding.registry import scheme_names, scheme_spec
 from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
 from aiogc.errors import ConfigError
+from aiogc.harness.assignment_file import resolve_factor_spec
 
 __all__ = ["register", "run_simulate", "simulate_summary"]
 
@@ -28,7 +29,8 @@ _FLAGS = {
     "assignment": "--assignment", "ordering": "--ordering", "decoding": "--decoding",
     "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
     "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
-    "coded_dtype": "--payload-dtype",
+    "coded_dtype": "--payload-dtype", "worker_speeds": "--worker-speeds",
+    "chunk_sizes": "--chunk-sizes",
     "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
     "bandwidth": "--bandwidth", "bandwidth.worker": "--bandwidth",
     "bandwidth.worker_up": "--bandwidth", "bandwidth.worker_down": "--bandwidth",
@@ -79,6 +81,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
     p.add_argument("--payload-dtype", default="same", dest="coded_dtype",
                    help="coded upload type: same | float16 | bfloat16 (frame sizes)")
+    p.add_argument("--worker-speeds", default="uniform",
+                   help="relative worker speeds: uniform | V,V,... | VxK,... | file:PATH")
+    p.add_argument("--chunk-sizes", default="uniform",
+                   help="relative chunk sizes (same syntax as --worker-speeds)")
     p.add_argument("--format", default="json", choices=("json", "table"))
     p.set_defaults(func=cmd_simulate)
 
@@ -174,6 +180,8 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
         ordering=args.ordering, decoding=args.decoding, k=args.k, mode=args.mode,
         deadline_s=deadlines[0] if deadlines else None, rounds=args.trials, seed=args.seed,
         delay=str(args.delay), latency=spec, dtype=args.dtype, coded_dtype=args.coded_dtype,
+        worker_speeds=resolve_factor_spec(args.worker_speeds, field="worker_speeds"),
+        chunk_sizes=resolve_factor_spec(args.chunk_sizes, field="chunk_sizes"),
         heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
     )
     for s in schemes:  # validate every scheme's view of the config up front

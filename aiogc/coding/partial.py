@@ -30,6 +30,7 @@ from aiogc.coding.base import (
     used_columns,
 )
 from aiogc.coding.decoding_matrix import decoding_matrix, worst_condition_number
+from aiogc.coding.hetero import hetero_order
 from aiogc.coding.orderings import (
     natural_order,
     optimal_order,
@@ -38,6 +39,7 @@ from aiogc.coding.orderings import (
     validate_orders,
 )
 from aiogc.coding.registry import (
+    ASSIGNMENTS,
     DECODINGS,
     ORDERINGS,
     SchemeParams,
@@ -531,7 +533,8 @@ class PartialScheme(SchemeBase):
 def _build_partial(p: SchemeParams) -> PartialScheme:
     A = build_assignment(p)
     if p.ordering in ("optimal", "adaptive"):  # adaptive starts from the static optimum
-        orders = optimal_order(A, p.n_parts, p.rng)
+        # uniform cluster: optimal_order itself; heterogeneous: the speed-aware candidate too
+        orders = hetero_order(A, p.n_parts, p.rng, p.speeds, p.sizes)
     elif p.ordering == "natural":
         orders = natural_order(A)
     else:
@@ -545,4 +548,5 @@ register_scheme(SchemeSpec(
     waiting="every chunk has ell reported holders (min_i |U_i(c)| >= ell)",
     exactness="exact at the trigger; approximate (projection) at an approx deadline",
     decoder="g^(k) = sum_j B[k, j] v_j with per-chunk pinv(B_U) encoding",
-    orderings=ORDERINGS, decodings=DECODINGS, setup_bytes=PartialScheme.setup_bytes))
+    assignments=ASSIGNMENTS, orderings=ORDERINGS, decodings=DECODINGS,
+    setup_bytes=PartialScheme.setup_bytes))

@@ -36,6 +36,7 @@ from aiogc.errors import CodingError, ConfigError
 
 __all__ = [
     "ASSIGNMENTS",
+    "CLASSIC_ASSIGNMENTS",
     "DECODINGS",
     "ORDERINGS",
     "SETUP_MEMORY_BUDGET",
@@ -55,8 +56,11 @@ __all__ = [
     "unregister_scheme",
 ]
 
-#: Assignment constructions a configuration may name (see :func:`build_assignment`).
-ASSIGNMENTS: tuple[str, ...] = ("cyclic", "fr", "regular")
+#: Assignment constructions of equal loads (every scheme with an assignment accepts them).
+CLASSIC_ASSIGNMENTS: tuple[str, ...] = ("cyclic", "fr", "regular")
+#: Assignment constructions a configuration may name (see :func:`build_assignment`);
+#: ``speed-aware`` (:mod:`aiogc.coding.hetero`) gives faster workers more chunks.
+ASSIGNMENTS: tuple[str, ...] = (*CLASSIC_ASSIGNMENTS, "speed-aware")
 #: Processing orders fixed before training (any scheme that takes an order).
 STATIC_ORDERINGS: tuple[str, ...] = ("optimal", "natural", "random")
 #: Processing orders of the partial scheme: the static ones and ``adaptive`` (speed-aware
@@ -81,6 +85,9 @@ class SchemeParams:
         The only randomness a constructor may use (same seed on every side).
     A : ndarray of bool, shape (N, m), optional
         Explicit assignment overriding ``assignment``.
+    speeds, sizes : ndarray, shape (m,), optional
+        Relative worker speeds and chunk sizes of a heterogeneous cluster
+        (:mod:`aiogc.coding.hetero`); None: uniform.
     """
 
     m: int
@@ -92,6 +99,8 @@ class SchemeParams:
     k: int | None = None
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     A: np.ndarray | None = None
+    speeds: np.ndarray | None = None
+    sizes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ class SchemeSpec:
     exactness: str
     decoder: str
     forced_n_parts: int | None = None
-    assignments: tuple[str, ...] = ASSIGNMENTS
+    assignments: tuple[str, ...] = CLASSIC_ASSIGNMENTS
     orderings: tuple[str, ...] = ()
     decodings: tuple[str, ...] = ()
     uses_k: bool = False
@@ -326,6 +335,10 @@ def build_assignment(p: SchemeParams) -> np.ndarray:
         return fractional_repetition_assignment(p.m, p.delta - 1)
     if p.assignment == "regular":
         return regular_assignment(p.m, p.delta, p.rng)
+    if p.assignment == "speed-aware":
+        from aiogc.coding.hetero import speed_aware_assignment
+
+        return speed_aware_assignment(p.m, p.delta, p.speeds, p.sizes)
     raise ConfigError("assignment", p.assignment, "one of " + ", ".join(ASSIGNMENTS))
 
 
@@ -333,11 +346,14 @@ def build_assignment(p: SchemeParams) -> np.ndarray:
 class SchemeChoices:
     """How :func:`make_scheme` builds a scheme beyond its size and assignment family: the chunk
     ``ordering`` (:data:`ORDERINGS`), the ``decoding`` matrix construction (:data:`DECODINGS`)
-    and an explicit assignment ``A`` (ndarray of bool, shape (N, m); overrides the family)."""
+    and an explicit assignment ``A`` (ndarray of bool, shape (N, m); overrides the family);
+    ``speeds`` / ``sizes`` (shape (m,)) of a heterogeneous cluster, None: uniform."""
 
     ordering: str = "optimal"
     decoding: str = "frame"
     A: np.ndarray | None = None
+    speeds: np.ndarray | None = None
+    sizes: np.ndarray | None = None
 
 
 DEFAULT_CHOICES: Final = SchemeChoices()
@@ -391,7 +407,8 @@ def make_scheme(
         k = _int_field("k", k, 1, m)
     p = SchemeParams(m=m, delta=delta, n_parts=n_parts, assignment=assignment,
                      ordering=choices.ordering, decoding=choices.decoding, k=k,
-                     rng=rng if rng is not None else np.random.default_rng(0), A=choices.A)
+                     rng=rng if rng is not None else np.random.default_rng(0), A=choices.A,
+                     speeds=choices.speeds, sizes=choices.sizes)
     spec.check(p)
     try:
         scheme = spec.build(p)

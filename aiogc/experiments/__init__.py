@@ -18,6 +18,7 @@ approx-mse      MSE vs deadline T, partial vs original, ℓ ∈ {1, 2, 3}
 approx-tails    MSE vs T under pareto (α ≤ 2), persistent stragglers, failures, and a mix
 ordering        optimal vs random vs natural order, three assignment families, ℓ = 1..δ
 adaptive-order… ``adaptive-ordering``: speed-aware orders vs the static optimum, stragglers / iid
+heterogeneous   speed-aware vs uniform (cyclic) assignment on heterogeneous clusters, sim + live
 stability       decode error vs m (float64/float32) and worst-case condition numbers
 poly-digits     polynomial-code decoding error vs decimal digits of precision, next to partial
 latency         exact speedup vs one-way latency: simulated sweep + live loopback points
@@ -42,6 +43,7 @@ from aiogc.experiments import (
     approx,
     approx_training,
     bandwidth,
+    heterogeneous,
     live,
     ordering,
     speedup,
@@ -58,6 +60,7 @@ _ALL: tuple[Experiment, ...] = (
     approx.APPROX_TAILS,
     ordering.EXPERIMENT,
     adaptive.EXPERIMENT,
+    heterogeneous.EXPERIMENT,
     stability.STABILITY,
     stability.POLY_DIGITS,
     live.LATENCY,

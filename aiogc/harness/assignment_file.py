@@ -11,7 +11,27 @@ import numpy as np
 from aiogc.coding.assignments import validate_assignment
 from aiogc.errors import CodingError
 
-__all__ = ["load_assignment"]
+__all__ = ["load_assignment", "resolve_factor_spec"]
+
+
+def resolve_factor_spec(spec: str, *, field: str) -> str:
+    """A ``--worker-speeds`` / ``--chunk-sizes`` value as the configuration carries it:
+    ``file:PATH`` read (numbers separated by commas, blanks or new lines; ``#`` comments) and
+    put in canonical run-length form (:func:`aiogc.coding.hetero.canonical_factors`), so
+    workers never read a file; any other text unchanged."""
+    from aiogc.coding.hetero import canonical_factors, parse_factor_list
+    from aiogc.errors import ConfigError
+
+    text = spec.strip()
+    if not text.startswith("file:"):
+        return spec
+    path = Path(text[5:].strip())
+    try:
+        raw = path.read_text()
+    except OSError as exc:
+        raise ConfigError(field, spec, f"file:PATH with a readable file ({exc})") from None
+    body = "\n".join(line.split("#", 1)[0] for line in raw.splitlines())
+    return canonical_factors(parse_factor_list(body, field=field))
 
 
 def load_assignment(path: str | PathLike[str]) -> np.ndarray:

@@ -43,6 +43,7 @@ import numpy as np
 from aiogc.config import MAX_TIME_SCALE, RunConfig
 from aiogc.core import RoundRecord
 from aiogc.protocol.status import RoundStatus
+from aiogc.training.cluster import cluster_schedule
 from aiogc.training.schedule import DelaySchedule
 
 __all__ = [
@@ -185,7 +186,8 @@ def _pcts(xs: Sequence[float]) -> dict[str, float]:
 
 
 def chunk_lateness(schedule: DelaySchedule, records: Mapping[str, Sequence[RoundRecord]], *,
-                   time_scale: float = 1.0) -> dict[str, float]:
+                   time_scale: float = 1.0, config: RunConfig | None = None
+                   ) -> dict[str, float]:
     """Workers' lateness of reported chunks against the schedule, emulated seconds.
 
     Each accepted report ``(t, worker, count, elapsed_s)`` says when (on the worker's clock,
@@ -195,11 +197,19 @@ def chunk_lateness(schedule: DelaySchedule, records: Mapping[str, Sequence[Round
     Returns
     -------
     dict
-        ``n``, ``p50``, ``p99``, ``max`` (seconds; NaN without reports).
+        ``n``, ``p50``, ``p99``, ``max`` (seconds; NaN without reports). With ``config`` on a
+        heterogeneous cluster, each scheme's schedule is its cluster's
+        (:func:`~aiogc.training.cluster.cluster_schedule`).
     """
     late: list[float] = []
     cum = np.cumsum(schedule.compute_s, axis=2)
-    for recs in records.values():
+    hetero = config is not None and (config.speeds is not None or config.sizes is not None)
+    for name, recs in records.items():
+        if hetero:
+            assert config is not None
+            cfg = config.for_scheme(name)
+            cum = np.cumsum(cluster_schedule(schedule, cfg, cfg.build_scheme()).compute_s,
+                            axis=2)
         for rec in recs:
             if rec.round >= schedule.rounds:
                 continue
@@ -477,7 +487,7 @@ def live_fidelity(config: RunConfig, schedule: DelaySchedule,
     (``loop_lag_s`` is wall time: divided here by the time scale)."""
     k = config.time_scale
     rep = replay_ratios(config, schedule, records)
-    late = chunk_lateness(schedule, records)
+    late = chunk_lateness(schedule, records, config=config)
     return fidelity_report(rep, threshold=threshold, time_scale=k,
                            loop_lag={key: (v / k if key != "n" else v)
                                      for key, v in _pcts(loop_lag_s).items()},

@@ -30,6 +30,7 @@ from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.approx_bound import gradient_bound_fn
+from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
 from aiogc.training.locate import LiarLocator, check_locate
 from aiogc.training.schedule import DelaySchedule
@@ -175,7 +176,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         if opts.auth_deadline_s is None:  # unless the caller chose one
             kwargs["options"] = replace(opts, auth_deadline_s=AUTH_DEADLINE_S * k)
     scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
+    task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
+    if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes (issue 21)
+        schedule = cluster_schedule(schedule, config, scheme)
     model = task.initial_model()
     aggregator = Aggregator(
         config, scheme, model=model,

@@ -56,6 +56,7 @@ from aiogc.config import CommModel, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.sim.comm import FrameBytes, link_exits, ps_ingress
+from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
 from aiogc.training.schedule import DelaySchedule
 
@@ -426,12 +427,13 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     for name in schemes:
         s = sch[name]
         frames = FrameBytes.of(s, dim, config.coded_wire_dtype)
-        trig, end, status, states = outcomes(s, schedule, mode=config.mode,
+        sched_s = cluster_schedule(schedule, config, s)  # heterogeneous cluster (issue 21)
+        trig, end, status, states = outcomes(s, sched_s, mode=config.mode,
                                              deadline_s=config.deadline_s, latency=latency,
                                              comm=comm, frames=frames)
         err = (mse_of_states(s, states, seed=config.seed, dim=dim, dtype=config.dtype)
                if want_mse else None)
-        ups, nbytes = upload_counts(s, schedule, end, states, frames, latency=latency,
+        ups, nbytes = upload_counts(s, sched_s, end, states, frames, latency=latency,
                                     comm=comm)
         out[name] = FastResult(name, config.mode,
                                config.deadline_s if config.mode == "approx" else None,

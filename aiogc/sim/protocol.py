@@ -34,6 +34,7 @@ from aiogc.sim.comm import engine_ingress, engine_latency
 from aiogc.sim.engine import NO_NETWORK_DELAY, SimNetwork, Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
+from aiogc.training.cluster import cluster_schedule
 from aiogc.training.schedule import DelaySchedule
 
 __all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
@@ -99,7 +100,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
     else:
         from aiogc.training.tasks import chunk_grads_fn, make_task
 
-        task = make_task(cfg.task, scheme.n_chunks, cfg.seed)
+        task = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
         model = task.initial_model()
         lr = cfg.learning_rate or task.learning_rate
         loss_fn = task.loss
@@ -193,7 +194,9 @@ def simulate_protocol(
     out: dict[str, list[RoundRecord]] = {}
     for name in schemes:
         cfg = simulation_config(config.for_scheme(name))
-        out[name] = _run_one(cfg, sch[name], schedule, latency=latency,
+        # a heterogeneous cluster: this scheme's chunks on its workers (issue 21)
+        out[name] = _run_one(cfg, sch[name], cluster_schedule(schedule, cfg, sch[name]),
+                             latency=latency,
                              bandwidth_Bps=network.bandwidth_Bps, gradients=gradients, dim=dim,
                              comm=comm)
     return out

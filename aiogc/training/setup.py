@@ -67,7 +67,7 @@ def build_setup(config: RunConfig, policy: TaskPolicy | None = None) -> Setup:
     (policy or TaskPolicy()).check(config.task)
     check_welcome_memory(config)  # scheme + task within this process's budget, before building
     scheme = config.build_scheme()
-    task = make_task(config.task, scheme.n_chunks, config.seed)
+    task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
     return Setup(config, scheme, task.chunk_gradient)
 
 

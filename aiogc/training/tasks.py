@@ -38,9 +38,10 @@ Spec strings (CLI flag ``--task``)
     wraps a plain chunk-gradient function.
 
 Chunking: samples are shuffled once with the seed, then split into ``n_chunks`` contiguous,
-near-equal chunks (sizes differ by at most one). ``chunk_gradient(i, w)`` is the chunk's share of
-the *total* loss's gradient, i.e. scaled by ``1/n`` (not ``1/n_i``), so the chunk gradients add up
-to the full gradient.
+near-equal chunks (sizes differ by at most one), or chunks in proportion to given relative
+sizes (``make_task(..., chunk_sizes=)``, ``--chunk-sizes``). ``chunk_gradient(i, w)`` is the
+chunk's share of the *total* loss's gradient, i.e. scaled by ``1/n`` (not ``1/n_i``), so the
+chunk gradients add up to the full gradient, whatever the sizes.
 
 Known imperfections: data sets are held densely in memory (fine for the small problems gradient
 coding experiments use); the L2 term is spread over chunks in proportion to their sizes.
@@ -160,6 +161,19 @@ def _chunk_bounds(n: int, n_chunks: int) -> np.ndarray:
     return (np.arange(n_chunks + 1) * n) // n_chunks
 
 
+def _sized_bounds(n: int, sizes: np.ndarray) -> np.ndarray:
+    """``len(sizes) + 1`` boundaries of contiguous chunks of ``range(n)`` holding samples in
+    proportion to ``sizes`` (largest remainder; every chunk at least one sample)."""
+    z = np.asarray(sizes, dtype=np.float64)
+    share = z / z.sum() * n
+    counts = np.maximum(1, np.floor(share).astype(np.int64))
+    while counts.sum() < n:  # give the leftovers to the largest remainders
+        counts[int(np.argmax(share - counts))] += 1
+    while counts.sum() > n:  # the floors of 1 overshot: take from the largest chunks
+        counts[int(np.argmax(np.where(counts > 1, counts - share, -np.inf)))] -= 1
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
 def _top_gram_eigenvalue(X: np.ndarray) -> float:
     """Largest eigenvalue of ``X^T X / n`` for X of shape (n, d).
 
@@ -193,6 +207,18 @@ class _DataTask:
         self.dim = int(X.shape[1])
         self.n_chunks = int(n_chunks)
         self.bounds = _chunk_bounds(n, n_chunks)
+
+    def resize_chunks(self, sizes: np.ndarray) -> None:
+        """Chunks holding samples in proportion to ``sizes`` (shape (n_chunks,)), still
+        contiguous: the chunk gradients (scaled by ``1/n``) still add up to the full one."""
+        z = np.asarray(sizes, dtype=np.float64)
+        if z.shape != (self.n_chunks,):
+            raise ConfigError("chunk_sizes", z.shape, f"{self.n_chunks} sizes")
+        self.bounds = _sized_bounds(self.n_samples, z)
+
+    def chunk_sizes(self) -> np.ndarray:
+        """Samples per chunk: shape (n_chunks,) int64."""
+        return np.diff(self.bounds)
 
     def chunk_rows(self, chunk: int) -> slice:
         """Rows of the (shuffled) data that form chunk ``chunk``."""
@@ -587,7 +613,8 @@ def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) ->
     return task
 
 
-def make_task(spec: str, n_chunks: int, seed: int) -> Task:
+def make_task(spec: str, n_chunks: int, seed: int, *,
+              chunk_sizes: np.ndarray | None = None) -> Task:
     """Build a task from its spec string (syntax in the module docstring).
 
     Parameters
@@ -598,6 +625,9 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
         Number of chunks N ``>= 1``.
     seed : int
         ``>= 0``; data generation and the row shuffle depend only on it.
+    chunk_sizes : ndarray, shape (n_chunks,), optional
+        Relative chunk sizes (``RunConfig.sizes``): chunk ``i`` holds about ``z_i / Σ z``
+        of the samples. Data tasks only (a plug-in chooses its own chunks).
 
     Returns
     -------
@@ -624,6 +654,16 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
             "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
         )
     n_chunks, seed = int(n_chunks), int(seed)
+    task = _make(spec, n_chunks, seed)
+    if chunk_sizes is not None:
+        if not isinstance(task, _DataTask):
+            raise ConfigError("chunk_sizes", "non-uniform", f"a data task (linreg, logreg), "
+                              f"not {spec!r}")
+        task.resize_chunks(chunk_sizes)
+    return task
+
+
+def _make(spec: str, n_chunks: int, seed: int) -> Task:
     text = spec.strip()
     name, sep, rest = text.partition(":")
     name = name.strip()

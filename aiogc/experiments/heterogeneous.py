@@ -1,0 +1,173 @@
+"""``heterogeneous``: the speed-aware assignment vs the uniform (cyclic) one on the same
+heterogeneous cluster (issue 21 item 2); simulated (fast path, checked against the protocol
+engine by ``tests/test_hetero.py``) and live (loopback, coroutines).
+
+Three variants of the partial scheme run on each cluster, all on the same unit-chunk delay
+draws (:func:`aiogc.training.cluster.cluster_schedule` scales them by chunk size over worker
+speed per variant), so per-round differences are paired:
+
+* ``cyclic-static``: the paper's cyclic assignment and its static optimal order (the natural
+  order, a proper colouring), blind to the speeds;
+* ``cyclic-aware``: the cyclic assignment with ``ordering=optimal`` on the cluster (the
+  speed-aware order where it lowers the expected cover time, :mod:`aiogc.coding.hetero`);
+* ``speed-aware``: ``assignment=speed-aware`` (faster workers hold more chunks, every chunk
+  still on δ workers) with its speed-aware order.
+
+Intervals: cluster bootstrap over instances (each its own delay draw) and rounds
+(:func:`~aiogc.experiments._common.mean_ci`); live: bootstrap over the rounds of one run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiogc.experiments._common import (
+    Experiment,
+    Row,
+    boot_rng,
+    cells,
+    fmt_ci,
+    mean_ci,
+    plt,
+    save,
+    sim_config,
+)
+
+#: (m, delta, ell) of the simulated grid.
+SHAPES = ((24, 4, 2), (16, 3, 1))
+BASE = "shiftexp:0.01,0.01"
+#: variant -> (assignment, ordering)
+VARIANTS = {"cyclic-static": ("cyclic", "natural"), "cyclic-aware": ("cyclic", "optimal"),
+            "speed-aware": ("speed-aware", "optimal")}
+
+
+def clusters(m: int) -> dict[str, tuple[str, str]]:
+    """Cluster name -> (worker_speeds, chunk_sizes) specs for ``m`` workers."""
+    q = m // 4
+    spread = ",".join(f"{2.0 ** (2 * j / (m - 1) - 1):.3g}" for j in range(m))
+    sizes = ",".join(("2" if i % 3 == 0 else "1") for i in range(m))
+    return {"quarter-slow": (f"1x{m - q},0.25x{q}", "uniform"),  # 1/4 of workers 4x slower
+            "spread": (spread, "uniform"),  # speeds 0.5 .. 2, geometric
+            "spread+sizes": (spread, sizes)}  # every third chunk twice as large
+
+
+def _configs(m: int, delta: int, ell: int, speeds: str, sizes: str, rounds: int,
+             seed: int) -> dict[str, Any]:
+    return {v: sim_config(workers=m, delta=delta, n_parts=ell, delay=BASE, rounds=rounds,
+                          seed=seed, assignment=a, ordering=o, worker_speeds=speeds,
+                          chunk_sizes=sizes)
+            for v, (a, o) in VARIANTS.items()}
+
+
+def _sim_cell(shape: tuple[int, int, int], speeds: str, sizes: str, instances: int,
+              rounds: int, seed: int) -> dict[str, np.ndarray]:
+    """Round times (C, R) of each variant, on shared unit-chunk draws per instance."""
+    from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
+
+    out = {v: np.empty((instances, rounds)) for v in VARIANTS}
+    for c in range(instances):
+        cfgs = _configs(*shape, speeds, sizes, rounds, seed + 1000 * c)
+        built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
+        sched = schedule_for(cfgs["speed-aware"], built)  # wide enough for every variant
+        for v, cfg in cfgs.items():
+            res = simulate_fast(cfg, ["partial"], schedule=sched, built={"partial": built[v]})
+            out[v][c] = res["partial"].completion_s
+    return out
+
+
+def _live_cell(speeds: str, sizes: str, rounds: int, seed: int) -> dict[str, np.ndarray]:
+    from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
+    from aiogc.sim.fast import build_schemes, schedule_for
+
+    out: dict[str, np.ndarray] = {}
+    cfgs = {v: c.replace(task="linreg", heartbeat_s=1.0, dead_after_s=5.0,
+                         round_timeout_s=60.0)
+            for v, c in _configs(16, 3, 1, speeds, sizes, rounds, seed).items()}
+    built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
+    sched = schedule_for(cfgs["speed-aware"], built)
+    for v, cfg in cfgs.items():
+        res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None,
+                                                    verify=False), schedule=sched)
+        out[v] = np.array([r.duration_s for r in res.records["partial"]])
+    n = min(len(x) for x in out.values())
+    return {v: x[:n] for v, x in out.items()}
+
+
+def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.ndarray],
+         rng: np.random.Generator) -> Row:
+    m, delta, ell = shape
+    row: Row = {"kind": kind, "m": m, "delta": delta, "ell": ell, "cluster": cluster,
+                "instances": t["speed-aware"].shape[0], "rounds": t["speed-aware"].shape[1]}
+    for v, x in t.items():
+        e, lo, hi = mean_ci(x, rng=rng)
+        key = v.replace("-", "_")
+        row.update({f"{key}_ms": 1e3 * e, f"{key}_lo": 1e3 * lo, f"{key}_hi": 1e3 * hi})
+    base = t["cyclic-static"]
+    d, dlo, dhi = mean_ci(t["speed-aware"] - base, rng=rng)
+    row.update({"diff_ms": 1e3 * d, "diff_lo": 1e3 * dlo, "diff_hi": 1e3 * dhi,
+                "diff_pct": 100 * d / float(np.mean(base))})
+    return row
+
+
+def compute(quick: bool, seed: int) -> list[Row]:
+    instances, rounds = (2, 60) if quick else (8, 300)
+    live_rounds = 15 if quick else 60
+    shapes = SHAPES[:1] if quick else SHAPES
+    live_clusters = ("quarter-slow",) if quick else ("quarter-slow", "spread")
+    tick = cells(len(shapes) * 3 + len(live_clusters))
+    rows: list[Row] = []
+    for k, shape in enumerate(shapes):
+        for name, (speeds, sizes) in clusters(shape[0]).items():
+            t = _sim_cell(shape, speeds, sizes, instances, rounds, seed)
+            rows.append(_row("simulated", shape, name, t, boot_rng(seed, k, len(rows))))
+            tick()
+    for name in live_clusters:
+        speeds, sizes = clusters(16)[name]
+        t = {v: x[None, :] for v, x in _live_cell(speeds, sizes, live_rounds, seed).items()}
+        rows.append(_row("live", (16, 3, 1), name, t, boot_rng(seed, 99, len(rows))))
+        tick()
+    return rows
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    p = plt()
+    fig, ax = p.subplots(figsize=(9, 4))
+    x = np.arange(len(rows))
+    for off, (v, mark) in zip((-0.2, 0.0, 0.2), (("cyclic_static", "o"), ("cyclic_aware", "s"),
+                                                  ("speed_aware", "^")), strict=True):
+        y = np.array([r[f"{v}_ms"] for r in rows])
+        err = np.array([[r[f"{v}_ms"] - r[f"{v}_lo"] for r in rows],
+                        [r[f"{v}_hi"] - r[f"{v}_ms"] for r in rows]])
+        ax.errorbar(x + off, y, yerr=err, fmt=mark, capsize=3, label=v.replace("_", "-"))
+    ax.set_xticks(x, [f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}"
+                      for r in rows], fontsize=7)
+    ax.set_ylabel("mean round time (ms), 95% CI")
+    ax.set_title("Heterogeneous cluster: speed-aware vs uniform (cyclic) assignment")
+    ax.legend(fontsize=8)
+    save(fig, path)
+
+
+def summarise(rows: list[Row]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in rows:
+        key = f"{r['kind']}|m={r['m']}|delta={r['delta']}|ell={r['ell']}|{r['cluster']}"
+        out[key] = {v: fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
+                    for v in ("cyclic_static", "cyclic_aware", "speed_aware")}
+        out[key]["diff_ms"] = fmt_ci(r["diff_ms"], r["diff_lo"], r["diff_hi"])
+        out[key]["diff_pct"] = round(float(r["diff_pct"]), 2)
+    return out
+
+
+EXPERIMENT = Experiment(
+    "heterogeneous", compute, plot, summarise,
+    "partial, (m, δ, ℓ) ∈ {(24, 4, 2), (16, 3, 1)}; delay shiftexp:0.01,0.01 per unit chunk; "
+    "clusters: a quarter of the workers 4x slower, speeds 0.5..2 geometric, the same with "
+    "every third chunk twice as large; cyclic + static order vs cyclic + speed-aware order "
+    "vs speed-aware assignment + order; 8 instances x 300 rounds simulated, 60 rounds live "
+    "at (16, 3, 1) on two clusters (quick: (24, 4, 2) only, 2 x 60, 15 live on one)")
+
+__all__ = ["EXPERIMENT", "clusters"]

@@ -1,0 +1,159 @@
+"""Heterogeneous clusters (issue 21 item 2): worker speeds, chunk sizes, the speed-aware
+assignment and order, through the config, the task, the fast path and the protocol engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aiogc.coding.assignments import cyclic_assignment
+from aiogc.coding.hetero import (
+    canonical_factors,
+    cover_time,
+    hetero_order,
+    loads_work,
+    parse_factor_list,
+    parse_factors,
+    speed_aware_assignment,
+    speed_aware_order,
+)
+from aiogc.coding.orderings import optimal_order, validate_orders
+from aiogc.config import RunConfig
+from aiogc.errors import ConfigError
+from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
+from aiogc.sim.protocol import record_arrays, simulate_protocol
+from aiogc.training.cluster import cluster_schedule
+from aiogc.training.tasks import make_task
+
+SPEEDS = "1x5,3,0.5,0.25"
+
+
+def test_factor_specs_parse_and_round_trip() -> None:
+    v = parse_factor_list("1x3, 0.5\n2", field="x")
+    assert v.tolist() == [1.0, 1.0, 1.0, 0.5, 2.0]
+    assert canonical_factors(v) == "1.0x3,0.5,2.0"
+    assert parse_factor_list(canonical_factors(v), field="x").tolist() == v.tolist()
+    assert parse_factors("uniform", 4, field="worker_speeds") is None
+    for bad in ("1,2", "1,0,1,1", "1,-1,1,1", "a,1,1,1", "1x0,1x4", "file:x.txt", ""):
+        with pytest.raises(ConfigError):
+            parse_factors(bad, 4, field="worker_speeds")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_speed_aware_assignment_keeps_every_chunks_replication(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(2, 24))
+    delta = int(rng.integers(1, m + 1))
+    speeds = rng.choice([0.25, 0.5, 1.0, 2.0, 4.0], size=m)
+    sizes = rng.choice([0.5, 1.0, 3.0], size=m) if seed % 2 else None
+    A = speed_aware_assignment(m, delta, speeds, sizes)
+    assert A.shape == (m, m) and A.dtype == bool
+    assert (A.sum(axis=1) == delta).all()  # each chunk on exactly delta distinct workers
+    assert (A.sum(axis=0) >= 1).all()
+    if sizes is None and delta < m:  # faster workers never get fewer chunks
+        loads = A.sum(axis=0)
+        order = np.argsort(speeds, kind="stable")
+        assert (np.diff(loads[order]) >= -1).all()
+    work = loads_work(A, sizes)
+    np.testing.assert_allclose(work.sum(), delta * m)
+
+
+def test_uniform_cluster_is_the_papers_scheme() -> None:
+    np.testing.assert_array_equal(speed_aware_assignment(8, 3, None), cyclic_assignment(8, 3))
+    np.testing.assert_array_equal(speed_aware_assignment(8, 3, np.full(8, 2.0)),
+                                  cyclic_assignment(8, 3))
+    A = cyclic_assignment(8, 3)
+    rng = np.random.default_rng(0)
+    for a, b in zip(hetero_order(A, 1, rng, None), optimal_order(A, 1, np.random.default_rng(0)),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    base = RunConfig(workers=8)
+    assert "worker_speeds" not in base.to_wire() and "chunk_sizes" not in base.to_wire()
+    assert RunConfig.from_wire(base.to_wire()) == base
+
+
+def test_speed_aware_order_is_an_order_and_not_worse_on_its_metric() -> None:
+    s = parse_factors(SPEEDS, 8, field="worker_speeds")
+    assert s is not None
+    for A in (speed_aware_assignment(8, 3, s), cyclic_assignment(8, 3)):
+        for ell in (1, 2):
+            o = speed_aware_order(A, ell, s)
+            validate_orders(A, o)
+            h = hetero_order(A, ell, np.random.default_rng(0), s)
+            assert cover_time(A, h, ell, s) <= cover_time(A, optimal_order(A, ell), ell, s)
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base = dict(workers=8, delta=3, assignment="speed-aware", worker_speeds=SPEEDS,
+                chunk_sizes="1x4,2,0.5,3,1", rounds=4, seed=3, delay="exp:1.0",
+                task="linreg:samples=400,dim=6", heartbeat_s=None, dead_after_s=None)
+    base.update(kw)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def test_config_carries_the_cluster_in_welcome() -> None:
+    cfg = _cfg()
+    wire = cfg.to_wire()
+    assert wire["worker_speeds"] == SPEEDS
+    back = RunConfig.from_wire(wire)
+    assert back == cfg
+    sch = cfg.build_scheme()
+    assert (sch.A.sum(axis=1) == 3).all()
+    with pytest.raises(ConfigError):
+        _cfg(ordering="adaptive")  # per-position chunk sizes need static orders
+    with pytest.raises(ConfigError):
+        _cfg(scheme="original")  # original GC keeps the equal-load assignments
+    _cfg(ordering="adaptive", chunk_sizes="uniform")  # speeds alone are fine
+
+
+def test_non_uniform_chunks_still_sum_to_the_full_gradient() -> None:
+    sizes = np.array([1, 1, 1, 1, 2, 0.5, 3, 1.0])
+    t = make_task("linreg:samples=400,dim=6", 8, 0, chunk_sizes=sizes)
+    n = np.diff(t.bounds)  # type: ignore[attr-defined]
+    assert n.sum() == 400 and (n >= 1).all() and n[6] > 2.5 * n[0]
+    w = np.linspace(-1, 1, 6)
+    total = sum(t.chunk_gradient(i, w) for i in range(8))
+    np.testing.assert_allclose(total, t.full_gradient(w), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ConfigError):
+        make_task("linreg", 8, 0, chunk_sizes=np.ones(7))
+
+
+def test_cluster_schedule_scales_by_size_over_speed() -> None:
+    cfg = _cfg()
+    built = build_schemes(cfg, ["partial"])
+    sch = built["partial"]
+    base = schedule_for(cfg, built)
+    got = cluster_schedule(base, cfg, sch).compute_s
+    s, z = cfg.speeds, cfg.sizes
+    assert s is not None and z is not None
+    z = z * (8 / z.sum())
+    for j, o in enumerate(sch.orders):
+        for k, i in enumerate(o):
+            np.testing.assert_allclose(got[:, j, k], base.compute_s[:, j, k] * z[i] / s[j])
+    assert cluster_schedule(base, RunConfig(workers=8), sch) is base
+
+
+def test_decode_is_exact_with_non_uniform_chunks_on_the_protocol_engine() -> None:
+    cfg = _cfg(rounds=6)
+    recs = simulate_protocol(cfg, ["partial"], gradients="task")["partial"]
+    assert [r.status for r in recs] == ["exact"] * 6
+    assert max(r.rel_error_plain for r in recs) < 1e-10
+
+
+@pytest.mark.parametrize("kw", [{}, {"assignment": "cyclic"}, {"n_parts": 2},
+                                {"chunk_sizes": "uniform", "ordering": "natural"},
+                                {"mode": "approx", "deadline_s": 2.0}])
+def test_fast_path_equals_protocol_engine_on_a_heterogeneous_cluster(kw: dict[str, object]) -> None:
+    cfg = _cfg(**kw)
+    names = ["partial", "uncoded"]
+    built = build_schemes(cfg, names)
+    sched = schedule_for(cfg, built)
+    fast = simulate_fast(cfg, names, schedule=sched, built=built, dim=12)
+    proto = simulate_protocol(cfg, names, schedule=sched, built=built, gradients="gaussian",
+                              dim=12)
+    for name in names:
+        f, a = fast[name], record_arrays(proto[name], mode=cfg.mode)
+        np.testing.assert_allclose(a["completion_s"], f.completion_s, rtol=0, atol=1e-9)
+        assert list(a["status"]) == list(f.status)
+        states = np.array([rec.state for rec in proto[name]])
+        np.testing.assert_array_equal(states, f.states)
