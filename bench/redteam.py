@@ -40,6 +40,16 @@ liar, decodes without it and evicts it after N located rounds. Issue 18's accept
     python bench/redteam.py --mode approx --deadline 0.004 --attacks none,scale3,signflip,huge,nudge
     python bench/redteam.py --schemes original --no-verify --spare-wait 1
 
+Issue 18's per-mode table in docs/security.md (exact and approximate, partial and original,
+``--dtype float64`` and ``float32``; ``--repeat 3`` prints the medians of 3 runs; exact rounds
+without the oracle are reported against the truth and their stated bound ``2 B(w)``)::
+
+    python bench/redteam.py --repeat 3 --dtype D
+    python bench/redteam.py --repeat 3 --no-verify --dtype D
+    python bench/redteam.py --repeat 3 --schemes original --no-verify --spare-wait 1 --dtype D
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --dtype D
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify --dtype D
+
 Issue 21's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
 
     python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
