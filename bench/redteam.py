@@ -40,6 +40,16 @@ liar, decodes without it and evicts it after N located rounds. Issue 18's accept
     python bench/redteam.py --mode approx --deadline 0.004 --attacks none,scale3,signflip,huge,nudge
     python bench/redteam.py --schemes original --no-verify --spare-wait 1
 
+Issue 18's per-mode table in docs/security.md (exact and approximate, partial and original,
+``--dtype float64`` and ``float32``; ``--repeat 3`` prints the medians of 3 runs; exact rounds
+without the oracle are reported against the truth and their stated bound ``2 B(w)``)::
+
+    python bench/redteam.py --repeat 3 --dtype D
+    python bench/redteam.py --repeat 3 --no-verify --dtype D
+    python bench/redteam.py --repeat 3 --schemes original --no-verify --spare-wait 1 --dtype D
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --dtype D
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify --dtype D
+
 Issue 21's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
 
     python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
@@ -67,7 +77,7 @@ from aiogc.core import PSOptions, Worker
 from aiogc.harness.kit import make_ps
 from aiogc.net.drivers import PSServer, WorkerClient
 from aiogc.protocol.messages import CodedGradient
-from aiogc.training.approx_bound import decode_gain
+from aiogc.training.approx_bound import decode_gain, model_sent
 from aiogc.training.delays import materialise
 
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
@@ -177,30 +187,37 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
     applied = wrong = approx = 0
     worst = 0.0
     # approximate rounds against the truth: in units of ||sum |g_i| || and of the stated bound
-    # (1 + decode gain) * B(w) (training/approx_bound.py; only without the oracle)
-    worst_truth = worst_vs_bound = 0.0
+    # (1 + decode gain) * B(w) (training/approx_bound.py; only without the oracle); exact
+    # rounds against the truth and, without the oracle, their stated bound 2 B(w)
+    worst_truth = worst_vs_bound = worst_exact = worst_exact_vs_bound = 0.0
     agg = ps.aggregator
+    dt = cfg.payload_dtype
     for rec in run["records"]:
         if rec.status == "failed" or rec.gradient is None:
             continue
         applied += 1
-        G = np.stack([task.chunk_gradient(i, w) for i in range(scheme.n_chunks)])
+        # the workers computed at the model they were sent (w rounded to the payload dtype)
+        w_sent = model_sent(w, dt)
+        G = np.stack([task.chunk_gradient(i, w_sent) for i in range(scheme.n_chunks)])
+        with np.errstate(over="ignore", invalid="ignore"):
+            off = float(np.linalg.norm(rec.gradient - G.sum(axis=0)))
+        off = off if math.isfinite(off) else math.inf
+        absum = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
+        bound = agg.grad_bound_fn(w_sent) if agg.grad_bound_fn is not None else math.nan
         if rec.status == "approximate":
             # the stated bound of an approximate round: the honest estimate of what finished
             st = np.asarray(rec.state, dtype=np.int64)
             true = agg.honest_estimate(st, G, w.size)
             approx += 1
-            with np.errstate(over="ignore", invalid="ignore"):
-                off = float(np.linalg.norm(rec.gradient - G.sum(axis=0)))
-            absum = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
-            worst_truth = max(worst_truth, off / absum if math.isfinite(off) else math.inf)
+            worst_truth = max(worst_truth, off / absum)
             if agg.grad_bound_fn is not None:
                 gain = decode_gain(agg.honest_estimate, st, scheme.n_chunks, scheme.n_parts)
-                stated = (1 + gain) * agg.grad_bound_fn(w)
-                worst_vs_bound = max(worst_vs_bound,
-                                     off / stated if math.isfinite(off) else math.inf)
+                worst_vs_bound = max(worst_vs_bound, off / ((1 + gain) * bound))
         else:
             true = G.sum(axis=0)
+            worst_exact = max(worst_exact, off / absum)
+            if agg.grad_bound_fn is not None:
+                worst_exact_vs_bound = max(worst_exact_vs_bound, off / (2 * bound))
         scale = float(np.linalg.norm(np.abs(G).sum(axis=0))) or 1.0
         with np.errstate(over="ignore", invalid="ignore"):
             err = float(np.linalg.norm(rec.gradient - true)) / scale
@@ -222,6 +239,8 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "worst_rel_error": worst,
         "worst_approx_vs_truth": worst_truth,
         "worst_approx_vs_stated_bound": worst_vs_bound,
+        "worst_exact_vs_truth": worst_exact,
+        "worst_exact_vs_stated_bound": worst_exact_vs_bound,
         "final_loss": final,
         "reasons": sorted({str(r.end_reason) for r in failed}),
         "located": sum("located as inconsistent" in r.end_detail for r in run["records"]),
@@ -229,6 +248,40 @@ def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:
         "wall_s": run["wall_s"],
         "ps_stats": run["stats"],
     }
+
+
+_MEDIAN_FIELDS = ("applied", "unverified", "rounds_lost", "wrong_applied", "worst_rel_error",
+                  "worst_exact_vs_truth", "worst_exact_vs_stated_bound", "worst_approx_vs_truth",
+                  "worst_approx_vs_stated_bound", "final_loss")
+
+
+def _line(row: dict[str, Any]) -> str:
+    rejected = {k[len("rejected_"):]: v for k, v in sorted(row["ps_stats"].items())
+                if k.startswith("rejected_")} if "ps_stats" in row else row.get("rejected", {})
+    return (f"{row['scheme']:>9} {row['attack']:>9}: applied {row['applied']:>5} (unverified "
+            f"{row['unverified']:>5}) lost {row['rounds_lost']:>5} wrong-applied "
+            f"{row['wrong_applied']:>5} worst-rel-err {row['worst_rel_error']:.2e} "
+            f"exact-vs-truth {row['worst_exact_vs_truth']:.3f} vs-stated "
+            f"{row['worst_exact_vs_stated_bound']:.3f} approx-vs-truth "
+            f"{row['worst_approx_vs_truth']:.3f} vs-stated "
+            f"{row['worst_approx_vs_stated_bound']:.3f} final loss {row['final_loss']:.5g} "
+            f"rejected {rejected}")
+
+
+def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric field over repeated runs of one (scheme, attack); the
+    largest stated-bound ratio of any run beside it."""
+    out: dict[str, Any] = {"scheme": reps[0]["scheme"], "attack": reps[0]["attack"],
+                           "repeats": len(reps)}
+    for k in _MEDIAN_FIELDS:
+        out[k] = float(np.median([r[k] for r in reps]))
+    out["max_vs_stated_bound"] = max(max(r["worst_exact_vs_stated_bound"],
+                                         r["worst_approx_vs_stated_bound"]) for r in reps)
+    checks = sorted({k for r in reps for k in r["ps_stats"] if k.startswith("rejected_")})
+    out["rejected"] = {k[len("rejected_"):]: float(np.median([r["ps_stats"].get(k, 0)
+                                                              for r in reps]))
+                       for k in checks}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta", type=int, default=3)
     p.add_argument("--liar", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-6,
-                   help="relative error above which an applied gradient counts as wrong")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="the payload dtype")
+    p.add_argument("--tol", type=float, default=None,
+                   help="relative error above which an applied gradient counts as wrong "
+                        "(default max(1e-6, 1000 eps(dtype)): 1e-6 in float64, 1.2e-4 in "
+                        "float32, the oracle's default tolerance)")
     p.add_argument("--mode", choices=("exact", "approx"), default="exact")
     p.add_argument("--deadline", type=float, default=0.004,
                    help="approx mode: the round deadline in seconds")
@@ -253,40 +310,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--locate", type=int, default=None, metavar="N",
                    help="original scheme (issue 21): wait for two spares, locate the liar, "
                         "decode without it, evict it after N located rounds")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each (scheme, attack); with more than 1, the medians too")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    tol = a.tol if a.tol is not None else max(1e-6, 1000 * float(np.finfo(a.dtype).eps))
     secret = b"redteam-secret-0123456789abcdef!"
-    rows = []
+    rows: list[dict[str, Any]] = []
+    medians: list[dict[str, Any]] = []
     for scheme in a.schemes.split(","):
         n_parts = 2 if scheme == "partial" else 1
         cfg = RunConfig(scheme=scheme, workers=a.workers, delta=a.delta, n_parts=n_parts,
                         rounds=a.rounds, seed=a.seed, task="linreg:samples=800,dim=16",
-                        delay="exp:0.002", join_timeout_s=30.0, mode=a.mode,
+                        delay="exp:0.002", join_timeout_s=30.0, mode=a.mode, dtype=a.dtype,
                         deadline_s=a.deadline if a.mode == "approx" else None)
-        base_lost = None
+        base_lost: list[int] = []
         for attack in a.attacks.split(","):
-            run = asyncio.run(_one_run(cfg, attack, a.liar, secret, verify=a.verify,
-                                       spare_wait=a.spare_wait, locate=a.locate))
-            row = {"scheme": scheme, "attack": attack, **_audit(cfg, run, a.tol)}
-            if attack == "none":
-                base_lost = row["not_applied"]
-            row["rounds_lost"] = row["not_applied"] - (base_lost or 0)
-            rows.append(row)
-            print(f"{scheme:>9} {attack:>9}: rounds {row['rounds']:>3} applied "
-                  f"{row['applied']:>3} (approx {row['approximate']:>3}, unverified "
-                  f"{row['unverified']:>3}) lost {row['rounds_lost']:>3} wrong-applied "
-                  f"{row['wrong_applied']:>3} worst-rel-err {row['worst_rel_error']:.2e} "
-                  f"approx-vs-truth {row['worst_approx_vs_truth']:.3f} vs-stated-bound "
-                  f"{row['worst_approx_vs_stated_bound']:.3f} "
-                  f"final loss {row['final_loss']:.5g} reasons {row['reasons']} located "
-                  f"{row['located']} evicted {row['evicted']}",
-                  flush=True)
+            reps = []
+            for k in range(a.repeat):
+                run = asyncio.run(_one_run(cfg, attack, a.liar, secret, verify=a.verify,
+                                           spare_wait=a.spare_wait, locate=a.locate))
+                row = {"scheme": scheme, "attack": attack, "repeat": k,
+                       **_audit(cfg, run, tol)}
+                if attack == "none":
+                    base_lost.append(row["not_applied"])
+                # against the honest baseline's median (0 when none ran)
+                row["rounds_lost"] = row["not_applied"] - (
+                    int(np.median(base_lost)) if base_lost else 0)
+                reps.append(row)
+                rows.append(row)
+                print(_line(row) + f" located {row['located']} evicted {row['evicted']}",
+                      flush=True)
+            if a.repeat > 1:
+                medians.append(_median_row(reps))
+    if medians:
+        print(f"medians of {a.repeat} runs ({a.mode}, {a.dtype}, "
+              f"{'verify' if a.verify else 'no-verify'}, spare-wait {a.spare_wait}); "
+              "max-vs-stated: the largest stated-bound ratio of any run:")
+        for m in medians:
+            print(_line(m) + f" max-vs-stated {m['max_vs_stated_bound']:.3f}")
     total_wrong = sum(r["wrong_applied"] for r in rows)
-    print(f"wrong gradients applied, all runs: {total_wrong} "
-          f"(python {sys.version.split()[0]}, numpy {np.__version__})")
+    print(f"wrong gradients applied, all runs: {total_wrong} (tol {tol:.3g}; "
+          f"python {sys.version.split()[0]}, numpy {np.__version__})")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2, default=str)
+            json.dump({"rows": rows, "medians": medians} if medians else rows, f, indent=2,
+                      default=str)
     return 0
 
 

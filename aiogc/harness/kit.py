@@ -28,13 +28,12 @@ from aiogc.core import (
 )
 from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
-from aiogc.training.aggregator import Aggregator
-from aiogc.training.approx_bound import gradient_bound_fn
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
 from aiogc.training.locate import LiarLocator, check_locate
+from aiogc.training.ps_aggregator import task_aggregator
 from aiogc.training.schedule import DelaySchedule
-from aiogc.training.tasks import chunk_grads_fn, make_task
+from aiogc.training.tasks import make_task
 
 if TYPE_CHECKING:
     from aiogc.harness.options import RunOptions
@@ -180,14 +179,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes (issue 21)
         schedule = cluster_schedule(schedule, config, scheme)
     model = task.initial_model()
-    aggregator = Aggregator(
-        config, scheme, model=model,
-        learning_rate=config.learning_rate or task.learning_rate,
-        loss_fn=task.loss,
-        verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
-        keep_gradients=keep_gradients, guard=guard,
-        # no oracle: approximate rounds are bounded by the data instead (issue 18)
-        grad_bound_fn=None if verify else gradient_bound_fn(task))
+    # the protocol engine builds its aggregator the same way (training/ps_aggregator.py)
+    aggregator = task_aggregator(config, scheme, task, model=model, verify=verify,
+                                 keep_gradients=keep_gradients, guard=guard)
     if locate is not None:
         check_locate(locate, config)
         aggregator.locator = LiarLocator(

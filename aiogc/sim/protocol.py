@@ -35,9 +35,11 @@ from aiogc.sim.engine import NO_NETWORK_DELAY, SimNetwork, Simulation
 from aiogc.sim.fast import build_schemes, gaussian_chunk_gradients, schedule_for
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.cluster import cluster_schedule
+from aiogc.training.ps_aggregator import task_aggregator
 from aiogc.training.schedule import DelaySchedule
+from aiogc.training.tasks import Task, make_task
 
-__all__ = ["record_arrays", "simulate_protocol", "simulation_config"]
+__all__ = ["record_arrays", "simulate_protocol", "simulation_config", "task_ps"]
 
 GRADIENTS = ("task", "gaussian")
 
@@ -72,21 +74,34 @@ class _GaussianGradients:
         return self._G
 
 
-def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency: float,
-             bandwidth_Bps: float | None, gradients: str, dim: int,
-             comm: CommModel | None = None) -> list[RoundRecord]:
+def task_ps(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *,
+            verify: bool = True) -> tuple[ParameterServer, Task]:
+    """The engine's PS for ``cfg.task``, its aggregator built as a live run's
+    (:func:`aiogc.training.ps_aggregator.task_aggregator`, the builder ``harness/kit.make_ps``
+    uses): the same oracle, or without ``verify`` the same data bound, norm and model guards."""
+    task = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
+    model = task.initial_model()
+    agg = task_aggregator(cfg, scheme, task, model=model, verify=verify)
+    ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
+                         options=PSOptions(nonce_fn=_nonces(1000)))
+    return ps, task
+
+
+def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, network: SimNetwork,
+             gradients: str, dim: int, comm: CommModel | None, verify: bool
+             ) -> list[RoundRecord]:
     m = scheme.m
+    latency, bandwidth_Bps = float(network.latency), network.bandwidth_Bps  # type: ignore[arg-type]
     workers: list[Worker] = []
     # one Setup per worker (its own gradient function) of one scheme: its digest once
     digest = scheme_digest(scheme)
     if gradients == "gaussian":
+        # synthetic per-round gradients, no task: no data bound (as a plug-in task), the
+        # oracle unless verify is off
         gg = _GaussianGradients(cfg.seed, scheme.n_chunks, dim)
-        model = np.zeros(dim)
-        lr = 0.0
-        loss_fn = None
         agg_box: list[Aggregator] = []
 
-        def verify(w: np.ndarray) -> np.ndarray:
+        def oracle(w: np.ndarray) -> np.ndarray:
             # the round of the work item the aggregator runs (decode or analysis)
             return np.asarray(gg.of_round(agg_box[0].round))
 
@@ -96,25 +111,17 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
 
             return lambda c: Setup(c, scheme, chunk_gradient, digest)
 
-        verify_fn: Callable[[np.ndarray], np.ndarray] = verify
+        agg = Aggregator(cfg, scheme, model=np.zeros(dim), learning_rate=0.0,
+                         verify_fn=oracle if verify else None)
+        agg_box.append(agg)
+        ps = ParameterServer(cfg, scheme=scheme, model=np.zeros(dim), aggregator=agg,
+                             schedule=schedule, options=PSOptions(nonce_fn=_nonces(1000)))
     else:
-        from aiogc.training.tasks import chunk_grads_fn, make_task
-
-        task = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
-        model = task.initial_model()
-        lr = cfg.learning_rate or task.learning_rate
-        loss_fn = task.loss
-        verify_fn = chunk_grads_fn(task, cfg.payload_dtype)
+        ps, task = task_ps(cfg, scheme, schedule, verify=verify)
 
         def setup_for(j: int) -> Callable[[RunConfig], Setup]:
             return lambda c: Setup(c, scheme, task.chunk_gradient, digest)
 
-        agg_box = []
-    agg = Aggregator(cfg, scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
-                     verify_fn=verify_fn)
-    ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
-                         options=PSOptions(nonce_fn=_nonces(1000)))
-    agg_box.append(agg)
     cache = WorkerCache()  # what the m workers of this simulation share
     workers.extend(Worker(j, setup=setup_for(j), nonce_fn=_nonces(j), cache=cache)
                    for j in range(m))
@@ -141,6 +148,7 @@ def simulate_protocol(
     dim: int = 120,
     built: dict[str, Scheme] | None = None,
     comm: CommModel | None = None,
+    verify: bool = True,
 ) -> dict[str, list[RoundRecord]]:
     """Simulate ``config.rounds`` rounds of each scheme with the real PS and worker cores.
 
@@ -168,6 +176,10 @@ def simulate_protocol(
         ingress (:func:`aiogc.sim.comm.engine_ingress`, the engine's ``ingress``).
         Streaming schemes (``uploads_per_chunk``) are refused: the core has no multi-message
         upload.
+    verify : bool
+        The PS's oracle (default, as ``aiogc run``; the records carry the decode error). False:
+        as ``--no-verify``, every round is guarded by the task's data bound instead (the live
+        PS's guard: :func:`task_ps`) and ``rel_error`` is NaN.
 
     Returns
     -------
@@ -186,7 +198,6 @@ def simulate_protocol(
     if callable(network.latency) or network.ingress is not None:
         raise ConfigError("network", network, "a float latency and no ingress (comm= models "
                           "the links and the PS ingress)")
-    latency = float(network.latency)
     if schedule is None:
         schedule = schedule_for(config, sch)
     if schedule.rounds < config.rounds:
@@ -196,9 +207,8 @@ def simulate_protocol(
         cfg = simulation_config(config.for_scheme(name))
         # a heterogeneous cluster: this scheme's chunks on its workers (issue 21)
         out[name] = _run_one(cfg, sch[name], cluster_schedule(schedule, cfg, sch[name]),
-                             latency=latency,
-                             bandwidth_Bps=network.bandwidth_Bps, gradients=gradients, dim=dim,
-                             comm=comm)
+                             network=network, gradients=gradients, dim=dim, comm=comm,
+                             verify=verify)
     return out
 
 

@@ -22,12 +22,15 @@ from aiogc.coding.adaptive import unflatten_orders
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import widen
 from aiogc.coding.consistency import (
+    ORACLE_MIN_TOL,
+    ORACLE_SAFETY,
     DecodedStep,
     NormGuard,
     RoundGuard,
     Verdict,
     estimate_check,
     norm_floor,
+    scheme_oracle_tolerance,
 )
 from aiogc.config import RunConfig
 from aiogc.core.attribution import Attribution
@@ -35,7 +38,12 @@ from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
-from aiogc.training.approx_bound import approx_bound_check, decode_gain
+from aiogc.training.approx_bound import (
+    approx_bound_check,
+    decode_gain,
+    exact_bound_check,
+    model_sent,
+)
 from aiogc.training.locate import LiarLocator, payload_rounding_bound, relative
 
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
@@ -67,7 +75,8 @@ class Aggregator:
         ``w -> B(w) >= sum_i ||g_i(w)||`` from the task's data
         (:func:`aiogc.training.approx_bound.gradient_bound_fn`): without ``verify_fn``, an
         approximate decode above what the finished chunks can justify is rejected
-        (``approx_bound``), from round 0 on.
+        (``approx_bound``), from round 0 on, and so is an exact decode above ``B(w)`` (plus
+        its rounding; ``data_bound``).
     """
 
     def __init__(
@@ -200,11 +209,8 @@ class Aggregator:
                 # an approximate round differs from the truth by design, but not from the
                 # estimate honest workers would have produced from the same finished chunks
                 estimate = self._estimate_verdict(item, grad, G, rec.amplification, rounding)
-        elif rec.status != RoundStatus.EXACT and self.grad_bound_fn is not None:
-            bounded = self._approx_bound_verdict(item, grad)
-            if not bounded.ok:  # a bound, not a content check: the round stays unverified
-                self.guard.rejected[bounded.check] = self.guard.rejected.get(bounded.check, 0) + 1
-                return self._reject(item, bounded)
+        elif rec.status != RoundStatus.EXACT and (out := self._data_bound(item, grad)) is not None:
+            return out
         if estimate is not None and not estimate.ok:
             self.guard.rejected[estimate.check] = self.guard.rejected.get(estimate.check, 0) + 1
             return self._reject(item, estimate)
@@ -220,11 +226,16 @@ class Aggregator:
                     return located
             return self._reject(item, bad)
         assert new is not None
+        # an exact round's data bound runs last: a lie the redundancy check sees is the
+        # locator's to exclude, not a lost round
+        if rec.status == RoundStatus.EXACT and (out := self._data_bound(item, grad)) is not None:
+            return out
         self.guard.accept()
         if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
-            # issue 18: say so per round (only norm and model bounds held this step)
+            # issue 18: say so per round (only size bounds held this step)
+            bounds = "norm and model" if self.grad_bound_fn is None else "norm, data and model"
             rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "
-                              "only the norm and model bounds applied")
+                              f"only the {bounds} bounds applied")
         return Decoded(new, grad, ())
 
     def _locate_and_exclude(self, item: DecodeRound, rows: np.ndarray) -> Decoded | None:
@@ -299,13 +310,34 @@ class Aggregator:
         probe = self.scheme.decode_result(np.eye(self.m), state, ell * self.m).gradient
         return np.asarray(probe, dtype=np.float64).reshape(ell, self.m)
 
-    def _approx_bound_verdict(self, item: DecodeRound, grad: np.ndarray) -> Verdict:
-        """Without the oracle: ``||grad|| <= decode gain x B(w)`` (training/approx_bound.py)."""
-        assert self.grad_bound_fn is not None and self.guard is not None
-        gain = decode_gain(self.honest_estimate, item.state, self.scheme.n_chunks,
-                           self.scheme.n_parts)
-        return approx_bound_check(grad, gain, self.grad_bound_fn(item.model),
-                                  floor=self.guard.norms.floor)
+    def _data_bound(self, item: DecodeRound, grad: np.ndarray) -> Decoded | None:
+        """Without the oracle (issue 18): the round rejected if ``||grad||`` exceeds what the
+        finished chunks can justify, ``decode gain x B(w)`` (gain 1 for an exact round) plus
+        the decode's rounding (training/approx_bound.py); None when it passes or no bound
+        applies. A bound on size, not a content check: a passing round stays unverified."""
+        if self.grad_bound_fn is None or self.verify_fn is not None:
+            return None
+        assert self.guard is not None
+        rec, dtype = item.record, self.config.payload_dtype
+        bound = self.grad_bound_fn(model_sent(item.model, dtype))
+        rounding = 2.0 * rec.rounding_bound if self._coded != "same" else 0.0
+        floor = self.guard.norms.floor
+        if rec.status == RoundStatus.EXACT:
+            tol = scheme_oracle_tolerance(self.scheme, dtype, self.predicted_error)
+            rel = tol if tol is not None else max(ORACLE_MIN_TOL,
+                                                  ORACLE_SAFETY * self.predicted_error)
+            verdict = exact_bound_check(grad, bound, rel_tol=rel, floor=floor, abs_tol=rounding)
+        else:
+            gain = decode_gain(self.honest_estimate, item.state, self.scheme.n_chunks,
+                               self.scheme.n_parts)
+            amp = rec.amplification if math.isfinite(rec.amplification) else 1.0
+            rel = max(ORACLE_MIN_TOL, ORACLE_SAFETY * self.predicted_error * max(1.0, amp))
+            verdict = approx_bound_check(grad, gain, bound, floor=floor, rel_tol=rel,
+                                         abs_tol=rounding)
+        if verdict.ok:
+            return None
+        self.guard.rejected[verdict.check] = self.guard.rejected.get(verdict.check, 0) + 1
+        return self._reject(item, verdict)
 
     def _decode(self, rows: np.ndarray, state: np.ndarray, dim: int) -> Any:
         fast = self.scheme.trusted_decoder()

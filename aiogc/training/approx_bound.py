@@ -20,6 +20,16 @@ within ``(1 + Γ) B`` of the true gradient, the same bound an honest approximate
 (``||ĝ_honest - g|| <= ||ĝ_honest|| + ||g|| <= (Γ + 1) B``); a lie can make the step no worse
 than the worst honest approximate step. It does not make a lie *visible* (that is the oracle's
 job, ``--verify``): rounds keep their ``unverified`` marker.
+
+**Exact rounds** get the same data bound with gain 1 (:func:`exact_bound_check`): an honest
+exact decode is the true gradient ``g = sum_i g_i``, whose norm is at most ``sum_i ||g_i|| <=
+B``, up to the decode's rounding (the oracle's own tolerance relative to ``||sum_i |g_i| ||
+<= B``, plus a compressed upload's rounding bound). So under ``--no-verify`` a lie in an exact
+round that passes the redundancy check (or meets none: the partial scheme, the original one
+without a spare) moves the step at most ``2 B`` from the truth.
+
+Both bounds take ``B`` at the model the workers were *sent* (rounded to the payload dtype):
+their chunk gradients are taken there (:func:`model_sent`).
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ import numpy as np
 from aiogc.coding.consistency import Verdict
 from aiogc.training.tasks import LinearRegression, LogisticRegression, Task
 
-__all__ = ["APPROX_BOUND_SLACK", "approx_bound_check", "decode_gain", "gradient_bound_fn"]
+__all__ = ["APPROX_BOUND_SLACK", "approx_bound_check", "decode_gain", "exact_bound_check",
+           "gradient_bound_fn", "model_sent"]
 
 #: relative slack on ``Γ B`` for the rounding of the decode and of the bound itself
 APPROX_BOUND_SLACK = 1e-6
@@ -112,23 +123,55 @@ def decode_gain(estimate: EstimateFn, state: np.ndarray, n_chunks: int, n_parts:
     return float(np.linalg.norm(M, 2))
 
 
+def model_sent(model: np.ndarray, payload_dtype: object) -> np.ndarray:
+    """The model the workers computed on: ``model`` rounded to the payload dtype, as float64.
+
+    ``B`` is evaluated there (the PS broadcasts ``model.astype(payload_dtype)``): in float32,
+    ``||fl32(w)||`` may exceed ``||w||`` by a relative ``2^-24``, which a tight bound must not
+    miss. Shape (d,) in, (d,) out.
+    """
+    w = np.asarray(model)
+    dt = np.dtype(payload_dtype)  # type: ignore[call-overload]
+    return w.astype(dt).astype(np.float64) if dt != np.float64 else w.astype(np.float64)
+
+
 def approx_bound_check(gradient: np.ndarray, gain: float, bound: float, *,
-                       floor: float = 0.0) -> Verdict:
-    """Reject an approximate decode whose norm exceeds ``Γ B`` (with slack and ``floor``).
+                       floor: float = 0.0, rel_tol: float = 0.0, abs_tol: float = 0.0,
+                       check: str = "approx_bound") -> Verdict:
+    """Reject a decode whose norm exceeds ``(gain + rel_tol) B + abs_tol`` (with slack and
+    ``floor``).
 
     Parameters
     ----------
     gradient : ndarray, shape (d,)
     gain, bound : float
-        ``Γ`` (:func:`decode_gain`) and ``B(w)`` (:func:`gradient_bound_fn`).
+        ``Γ`` (:func:`decode_gain`; 1 for an exact round) and ``B(w)``
+        (:func:`gradient_bound_fn`).
     floor : float
         Norms at or below it pass (the round-off floor of the norm guard).
+    rel_tol : float
+        The decode's rounding relative to ``||sum_i |g_i| || <= B`` (the oracle's tolerance
+        for exact rounds, the honest-estimate check's for approximate ones).
+    abs_tol : float
+        A compressed upload's rounding, absolute (:func:`aiogc.coding.compress.rounding_bound`).
+    check : str
+        The verdict's name (``approx_bound``; ``data_bound`` for exact rounds).
     """
     with np.errstate(over="ignore", invalid="ignore"):
         norm = float(np.linalg.norm(np.asarray(gradient, dtype=np.float64)))
-    limit = max(floor, gain * bound * (1 + APPROX_BOUND_SLACK))
+    limit = max(floor, (gain + rel_tol) * bound * (1 + APPROX_BOUND_SLACK) + abs_tol)
     if not (math.isfinite(norm) and norm <= limit):
-        return Verdict(False, "approx_bound",
-                       f"approximate decode norm {norm:.3g} above what the finished chunks can "
+        what = "exact" if check == "data_bound" else "approximate"
+        return Verdict(False, check,
+                       f"{what} decode norm {norm:.3g} above what the finished chunks can "
                        f"justify (gain {gain:.3g} x data bound {bound:.3g})", norm, limit)
-    return Verdict.passed("approx_bound", norm, limit)
+    return Verdict.passed(check, norm, limit)
+
+
+def exact_bound_check(gradient: np.ndarray, bound: float, *, rel_tol: float,
+                      floor: float = 0.0, abs_tol: float = 0.0) -> Verdict:
+    """An exact round: ``||ĝ|| <= (1 + rel_tol) B + abs_tol`` (``data_bound``; see the module
+    docstring). Parameters as :func:`approx_bound_check` with gain 1; ``gradient`` shape (d,).
+    """
+    return approx_bound_check(gradient, 1.0, bound, floor=floor, rel_tol=rel_tol,
+                              abs_tol=abs_tol, check="data_bound")
