@@ -29,6 +29,7 @@ from aiogc.core import (
 from aiogc.protocol.status import describe_end
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.delays import materialise
+from aiogc.training.frameworks import task_stepper
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import chunk_grads_fn, make_task
 
@@ -170,12 +171,11 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed)
     model = task.initial_model()
+    lr = config.learning_rate or task.learning_rate
     aggregator = Aggregator(
-        config, scheme, model=model,
-        learning_rate=config.learning_rate or task.learning_rate,
-        loss_fn=task.loss,
+        config, scheme, model=model, learning_rate=lr, loss_fn=task.loss,
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
-        keep_gradients=keep_gradients, guard=guard)
+        keep_gradients=keep_gradients, guard=guard, stepper=task_stepper(task, lr))
     ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
                          schedule=schedule, **kwargs)
     return ps, task

@@ -83,6 +83,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
         model = np.zeros(dim)
         lr = 0.0
         loss_fn = None
+        stepper = None
         agg_box: list[Aggregator] = []
 
         def verify(w: np.ndarray) -> np.ndarray:
@@ -97,11 +98,13 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
 
         verify_fn: Callable[[np.ndarray], np.ndarray] = verify
     else:
+        from aiogc.training.frameworks import task_stepper
         from aiogc.training.tasks import chunk_grads_fn, make_task
 
         task = make_task(cfg.task, scheme.n_chunks, cfg.seed)
         model = task.initial_model()
         lr = cfg.learning_rate or task.learning_rate
+        stepper = task_stepper(task, lr)
         loss_fn = task.loss
         verify_fn = chunk_grads_fn(task, cfg.payload_dtype)
 
@@ -110,7 +113,7 @@ def _run_one(cfg: RunConfig, scheme: Scheme, schedule: DelaySchedule, *, latency
 
         agg_box = []
     agg = Aggregator(cfg, scheme, model=model, learning_rate=lr, loss_fn=loss_fn,
-                     verify_fn=verify_fn)
+                     verify_fn=verify_fn, stepper=stepper)
     ps = ParameterServer(cfg, scheme=scheme, model=model, aggregator=agg, schedule=schedule,
                          options=PSOptions(nonce_fn=_nonces(1000)))
     agg_box.append(agg)

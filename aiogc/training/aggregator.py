@@ -32,6 +32,7 @@ from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
 from aiogc.protocol.status import EndReason, RoundStatus
+from aiogc.training.frameworks import Stepper
 
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
 _CONTENT_CHECKS = frozenset({"oracle", "redundancy", "estimate"})
@@ -53,6 +54,10 @@ class Aggregator:
         gradients, used to record each round's decode error (see ``_verify``).
     keep_gradients : bool
         Keep each round's decoded gradient in its record.
+    stepper : Stepper, optional
+        The task's own optimizer (a ``torch:`` / ``jax:`` task's, :mod:`.frameworks`): the
+        step is ``stepper.step(w, g)``, committed once the guard accepts it. Default: plain
+        SGD ``w - learning_rate * g``.
     guard : bool
         Check every decoded gradient before applying it (norm guard, two-way redundancy
         decode, the oracle when ``verify_fn`` is set, model bound; see
@@ -71,6 +76,7 @@ class Aggregator:
         verify_fn: Callable[[np.ndarray], np.ndarray] | None = None,
         keep_gradients: bool = False,
         guard: bool = True,
+        stepper: Stepper | None = None,
     ) -> None:
         self.config = config
         self.scheme = scheme
@@ -79,6 +85,7 @@ class Aggregator:
         self.loss_fn = loss_fn
         self.verify_fn = verify_fn
         self.keep_gradients = keep_gradients
+        self.stepper = stepper
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
         self._sends_when_done = bool(scheme.sends_when_done)
@@ -131,6 +138,10 @@ class Aggregator:
         if self.keep_gradients:
             rec.gradient = grad.copy()
         if self.guard is None:
+            if self.stepper is not None:
+                new = self.stepper.step(w_prev, grad)
+                self.stepper.commit()
+                return Decoded(new, grad, ())
             return Decoded(w_prev - self.learning_rate * grad, grad, ())
         return self._guarded_step(item, grad)
 
@@ -154,11 +165,14 @@ class Aggregator:
         bad, new = self.guard.check(
             scheme=self.scheme, coded=item.rows, received=np.flatnonzero(item.state > 0),
             dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error),
-            model=w_prev, learning_rate=self.learning_rate)
+            model=w_prev, learning_rate=self.learning_rate,
+            step=None if self.stepper is None else self.stepper.step)
         if bad is not None:
-            return self._reject(item, bad)
+            return self._reject(item, bad)  # an uncommitted step is undone by the next one
         assert new is not None
         self.guard.accept()
+        if self.stepper is not None:
+            self.stepper.commit()
         if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
             # issue 18: say so per round (only norm and model bounds held this step)
             rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "

@@ -36,6 +36,10 @@ Spec strings (CLI flag ``--task``)
 ``MODULE:ATTR`` (e.g. ``mypkg.mytask:factory`` or ``path/to/file.py:factory``)
     A user plug-in: ``ATTR`` is a callable ``(n_chunks, seed) -> Task``. :class:`FunctionTask`
     wraps a plain chunk-gradient function.
+``torch:MODULE:ATTR[,optimizer=sgd|adam][,lr=F]`` and ``jax:MODULE:ATTR[,...]``
+    A PyTorch or JAX model: ``ATTR`` returns ``(model, loss, (X, y))``; each chunk's gradient is
+    the framework's own autodiff gradient and the PS steps with the framework's optimizer
+    (:mod:`aiogc.training.frameworks`; extras ``aiogc[torch]`` / ``aiogc[jax]``).
 
 Chunking: samples are shuffled once with the seed, then split into ``n_chunks`` contiguous,
 near-equal chunks (sizes differ by at most one). ``chunk_gradient(i, w)`` is the chunk's share of
@@ -546,7 +550,10 @@ def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegr
     return LogisticRegression(X, y, n_chunks, shuffle_seed, canonical, reg=reg)
 
 
-def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) -> Task:
+def load_attr(target: str, attr: str, spec: str) -> object:
+    """``ATTR`` (dotted) of the module ``target`` (a module name or a ``FILE.py``): the one
+    place a task spec imports code (only from the local command line; see
+    :class:`aiogc.training.setup.TaskPolicy`). Raises :class:`ConfigError` naming ``spec``."""
     try:
         if target.endswith(".py"):
             mod_name = f"_aiogc_task_{abs(hash(os.path.abspath(target)))}"
@@ -566,6 +573,11 @@ def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) ->
         if not hasattr(obj, part):
             raise ConfigError("task", spec, f"MODULE:ATTR with ATTR defined in {target}")
         obj = getattr(obj, part)
+    return obj
+
+
+def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) -> Task:
+    obj = load_attr(target, attr, spec)
     if not callable(obj):
         raise ConfigError("task", spec, "ATTR a callable (n_chunks, seed) -> Task")
     try:
@@ -631,6 +643,11 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
         return _make_linreg(rest, spec, n_chunks, seed)
     if name == "logreg":
         return _make_logreg(rest, spec, n_chunks, seed)
+    if name in ("torch", "jax") and sep:
+        # an autodiff framework's model (aiogc.training.frameworks; the extra aiogc[torch|jax])
+        from aiogc.training.frameworks import make_framework_task
+
+        return make_framework_task(name, rest.strip(), text, n_chunks, seed)
     if sep:
         # MODULE:ATTR; a FILE.py path may contain ':' (Windows drive), so split at the last one.
         target, _, attr = text.rpartition(":")
@@ -645,9 +662,9 @@ def task_kind(spec: str) -> tuple[str, str | None]:
     """Classify a task spec without building it: ``(kind, data_path)``.
 
     ``kind`` is ``"linreg"`` (synthetic data from the seed), ``"logreg-builtin"``,
-    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR`` or
-    ``FILE.py:ATTR``: code). Used by workers to decide whether a task received from the PS may
-    be built at all (no code from the wire).
+    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR``,
+    ``FILE.py:ATTR``, ``torch:MODULE:ATTR``, ``jax:MODULE:ATTR``: code). Used by workers to
+    decide whether a task received from the PS may be built at all (no code from the wire).
     """
     text = spec.strip()
     name, _sep, rest = text.partition(":")
