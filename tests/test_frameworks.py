@@ -67,7 +67,8 @@ def _reference_chunk_grad(framework: str, seed: int, n_chunks: int, chunk: int) 
         model, loss, _ = fm.torch_tiny(seed)
         model.zero_grad()
         (loss(model(torch.from_numpy(X[rows])), torch.from_numpy(y[rows])) * share).backward()
-        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().numpy()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        return np.asarray(flat.numpy(), dtype=np.float64)
     import jax
     from jax.flatten_util import ravel_pytree
 

@@ -87,6 +87,8 @@ __all__ = [
 ]
 
 _LINREG_DEFAULTS: Final = {"samples": 2000, "dim": 50, "noise": 0.1}
+_TASK_SYNTAX: Final = ("linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
+                       " | torch:MODULE:ATTR | jax:MODULE:ATTR")
 
 
 @runtime_checkable
@@ -632,9 +634,7 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(
-            "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
-        )
+        raise ConfigError("task", spec, _TASK_SYNTAX)
     n_chunks, seed = int(n_chunks), int(seed)
     text = spec.strip()
     name, sep, rest = text.partition(":")
@@ -647,15 +647,14 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
         # an autodiff framework's model (aiogc.training.frameworks; the extra aiogc[torch|jax])
         from aiogc.training.frameworks import make_framework_task
 
-        return make_framework_task(name, rest.strip(), text, n_chunks, seed)
+        task: Task = make_framework_task(name, rest.strip(), text, n_chunks, seed)
+        return task
     if sep:
         # MODULE:ATTR; a FILE.py path may contain ':' (Windows drive), so split at the last one.
         target, _, attr = text.rpartition(":")
         if target.strip() and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr.strip()):
             return _make_plugin(target.strip(), attr.strip(), text, n_chunks, seed)
-    raise ConfigError(
-        "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
-    )
+    raise ConfigError("task", spec, _TASK_SYNTAX)
 
 
 def task_kind(spec: str) -> tuple[str, str | None]:

@@ -48,7 +48,8 @@ class TorchTask:
         torch.manual_seed(seed)
         model, loss, (X, y) = call_factory(factory, seed, fs.spec)
         if not isinstance(model, torch.nn.Module):
-            raise ConfigError("task", fs.spec, f"a torch.nn.Module model, got {type(model).__name__}")
+            raise ConfigError("task", fs.spec,
+                              f"a torch.nn.Module model, got {type(model).__name__}")
         self.model = model
         self.loss_fn = loss
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -82,7 +83,7 @@ class TorchTask:
     def _flat_params(self) -> np.ndarray:
         with torch.no_grad():
             flat = torch.nn.utils.parameters_to_vector(self.params)
-        return flat.detach().cpu().numpy().astype(np.float64)
+        return np.asarray(flat.detach().cpu().numpy(), dtype=np.float64)
 
     def load(self, w: np.ndarray) -> None:
         """Write the flat model ``w`` (shape (d,)) into the parameters (in their dtype)."""
@@ -103,7 +104,7 @@ class TorchTask:
         grads = torch.autograd.grad(value, self.params, allow_unused=True)
         flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
                           for g, p in zip(grads, self.params, strict=True)])
-        return flat.detach().cpu().numpy().astype(np.float64)
+        return np.asarray(flat.detach().cpu().numpy(), dtype=np.float64)
 
     # ------------------------------------------------------------------ the Task protocol
 
