@@ -42,7 +42,6 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -57,7 +56,6 @@ __all__ = [
     "OptimizerTask",
     "PlainSGD",
     "Stepper",
-    "make_framework_task",
     "parse_framework_spec",
     "task_stepper",
 ]
@@ -201,28 +199,3 @@ def shuffle_order(n: int, seed: int) -> np.ndarray:
     shuffle_seed = int(np.random.SeedSequence(seed).spawn(2)[1].generate_state(1)[0])
     perm: np.ndarray = np.random.default_rng(shuffle_seed).permutation(n)
     return perm
-
-
-def make_framework_task(framework: str, rest: str, spec: str, n_chunks: int,
-                        seed: int) -> Any:
-    """Build a ``torch:`` or ``jax:`` task (the hook :func:`aiogc.training.tasks.make_task`
-    calls). Returns a :class:`aiogc.training.tasks.Task` that is also an
-    :class:`OptimizerTask`."""
-    from aiogc.training.memory import check_task_memory
-    from aiogc.training.tasks import load_attr
-
-    fs = parse_framework_spec(framework, rest, spec)
-    builder: Callable[..., Any]
-    try:
-        if framework == "torch":
-            from aiogc.training.torch_task import TorchTask as builder
-        else:
-            from aiogc.training.jax_task import JaxTask as builder
-    except ImportError as exc:
-        raise ConfigError("task", spec, f"the {framework} package (pip install "
-                          f"'aiogc[{framework}]'): {exc}") from None
-    factory = load_attr(fs.target, fs.attr, spec)
-    task = builder(fs, factory, n_chunks, seed)
-    # the oracle's chunk gradients and the round buffers for its dim are not allocated yet
-    check_task_memory(0, int(task.dim), n_chunks, spec)
-    return task

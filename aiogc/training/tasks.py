@@ -53,12 +53,8 @@ coding experiments use); the L2 term is spread over chunks in proportion to thei
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.resources
-import importlib.util
 import inspect
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol, runtime_checkable
@@ -75,6 +71,7 @@ from aiogc.training.datasets import (
     load_dataset,
 )
 from aiogc.training.memory import _gram_side, check_task_memory
+from aiogc.training.plugins import load_attr
 
 __all__ = [
     "FunctionTask",
@@ -552,32 +549,6 @@ def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegr
     return LogisticRegression(X, y, n_chunks, shuffle_seed, canonical, reg=reg)
 
 
-def load_attr(target: str, attr: str, spec: str) -> object:
-    """``ATTR`` (dotted) of the module ``target`` (a module name or a ``FILE.py``): the one
-    place a task spec imports code (only from the local command line; see
-    :class:`aiogc.training.setup.TaskPolicy`). Raises :class:`ConfigError` naming ``spec``."""
-    try:
-        if target.endswith(".py"):
-            mod_name = f"_aiogc_task_{abs(hash(os.path.abspath(target)))}"
-            mspec = importlib.util.spec_from_file_location(mod_name, target)
-            if mspec is None or mspec.loader is None:
-                raise ImportError(f"cannot load {target}")
-            module = importlib.util.module_from_spec(mspec)
-            mspec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except (ImportError, OSError) as exc:
-        raise ConfigError(
-            "task", spec, f"MODULE:ATTR with an importable MODULE or FILE.py ({exc})"
-        ) from None
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError("task", spec, f"MODULE:ATTR with ATTR defined in {target}")
-        obj = getattr(obj, part)
-    return obj
-
-
 def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) -> Task:
     obj = load_attr(target, attr, spec)
     if not callable(obj):
@@ -597,6 +568,26 @@ def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) ->
         task.spec = spec
     # the plug-in built its own data; the oracle's chunk gradients and the round buffers for
     # its dim are not allocated yet
+    check_task_memory(0, int(task.dim), n_chunks, spec)
+    return task
+
+
+def _make_framework(name: str, rest: str, spec: str, n_chunks: int, seed: int) -> Task:
+    """An autodiff framework's model (:mod:`aiogc.training.frameworks`; extra aiogc[torch|jax])."""
+    from aiogc.training.frameworks import parse_framework_spec
+
+    fs = parse_framework_spec(name, rest, spec)
+    builder: Callable[..., Task]
+    try:
+        if name == "torch":
+            from aiogc.training.torch_task import TorchTask as builder
+        else:
+            from aiogc.training.jax_task import JaxTask as builder
+    except ImportError as exc:
+        raise ConfigError("task", spec, f"the {name} package (pip install 'aiogc[{name}]'): "
+                          f"{exc}") from None
+    task = builder(fs, load_attr(fs.target, fs.attr, spec), n_chunks, seed)
+    # the oracle's chunk gradients and the round buffers for its dim are not allocated yet
     check_task_memory(0, int(task.dim), n_chunks, spec)
     return task
 
@@ -644,11 +635,7 @@ def make_task(spec: str, n_chunks: int, seed: int) -> Task:
     if name == "logreg":
         return _make_logreg(rest, spec, n_chunks, seed)
     if name in ("torch", "jax") and sep:
-        # an autodiff framework's model (aiogc.training.frameworks; the extra aiogc[torch|jax])
-        from aiogc.training.frameworks import make_framework_task
-
-        task: Task = make_framework_task(name, rest.strip(), text, n_chunks, seed)
-        return task
+        return _make_framework(name, rest.strip(), text, n_chunks, seed)
     if sep:
         # MODULE:ATTR; a FILE.py path may contain ':' (Windows drive), so split at the last one.
         target, _, attr = text.rpartition(":")
