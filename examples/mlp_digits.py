@@ -63,3 +63,35 @@ def jax_mlp(seed: int) -> tuple[Any, Any, tuple[np.ndarray, np.ndarray]]:
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
     return (apply, params), loss, digits()
+
+
+def time_to_target(run_dir: str, target: float) -> dict[str, float | None]:
+    """Per scheme of a run directory: seconds from its first round's start to the end of the
+    first round whose loss is <= ``target`` (None if it never got there). The seconds are the
+    run's recorded ones (emulated seconds at ``--time-scale K``)."""
+    import csv
+    from pathlib import Path
+
+    first: dict[str, float] = {}
+    hit: dict[str, float | None] = {}
+    with (Path(run_dir) / "rounds.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            name = row["scheme"]
+            first.setdefault(name, float(row["start_s"]))
+            hit.setdefault(name, None)
+            loss = float(row["loss"]) if row["loss"] else float("nan")
+            if hit[name] is None and loss <= target:
+                hit[name] = float(row["end_s"]) - first[name]
+    return hit
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="time to a target loss per scheme of a run")
+    ap.add_argument("run_dir")
+    ap.add_argument("--target", type=float, default=0.5)
+    args = ap.parse_args()
+    for scheme, t in time_to_target(args.run_dir, args.target).items():
+        print(f"{scheme:>10}: " + ("never" if t is None else f"{t:.2f} s") +
+              f" to loss <= {args.target}")

@@ -235,3 +235,40 @@ def test_short_live_training_run_lowers_the_loss(framework: str, optimizer: str)
     # both schemes decode the same exact gradients from the same model: the same trajectory
     np.testing.assert_allclose([r.loss for r in result.records["partial"]],
                                [r.loss for r in result.records["original"]], rtol=1e-4)
+
+
+# ------------------------------------------------------------------ examples/mlp_digits.py
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mlp_digits.py"
+
+
+def _require_example(framework: str) -> None:
+    _require(framework)
+    if importlib.util.find_spec("sklearn") is None:
+        if os.environ.get("AIOGC_REQUIRE_EXAMPLES") == "1":
+            pytest.fail("AIOGC_REQUIRE_EXAMPLES=1 but scikit-learn is not installed")
+        pytest.skip("scikit-learn is not installed (pip install 'aiogc[examples]')")
+
+
+def test_the_digits_example_builds_for_both_frameworks(framework: str) -> None:
+    _require_example(framework)
+    attr = "torch_mlp" if framework == "torch" else "jax_mlp"
+    task = make_task(f"{framework}:{EXAMPLE}:{attr}", 24, 0)
+    assert task.dim == 64 * 32 + 32 + 32 * 10 + 10  # 64 -> 32 -> 10 MLP
+    w0 = task.initial_model()
+    full = task.full_gradient(w0)
+    G = chunk_gradients(task, range(24), w0)
+    assert np.linalg.norm(G.sum(axis=0) - full) <= 1e-5 * np.linalg.norm(full)
+    assert task.loss(w0) == pytest.approx(np.log(10), rel=0.1)  # ~uniform over 10 classes
+
+
+def test_the_example_reads_time_to_target_from_rounds_csv(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("mlp_digits_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (tmp_path / "rounds.csv").write_text(
+        "scheme,round,start_s,end_s,loss\n"
+        "partial,0,10.0,10.5,2.0\npartial,1,10.5,11.0,0.4\n"
+        "original,0,20.0,21.0,2.0\noriginal,1,21.0,22.0,0.9\n")
+    assert mod.time_to_target(str(tmp_path), 0.5) == {"partial": 1.0, "original": None}
