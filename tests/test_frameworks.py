@@ -272,3 +272,26 @@ def test_the_example_reads_time_to_target_from_rounds_csv(tmp_path: Path) -> Non
         "partial,0,10.0,10.5,2.0\npartial,1,10.5,11.0,0.4\n"
         "original,0,20.0,21.0,2.0\noriginal,1,21.0,22.0,0.9\n")
     assert mod.time_to_target(str(tmp_path), 0.5) == {"partial": 1.0, "original": None}
+
+
+def test_the_ps_steps_with_the_frameworks_optimizer_on_the_virtual_clock(framework: str) -> None:
+    """PS + m workers on the virtual clock (no sockets): each round's loss is the loss after
+    the framework's Adam applied to the full-batch gradient, round after round."""
+    from tests.helpers import build_rig
+
+    spec = SPECS[framework] + ",optimizer=adam,lr=0.05"
+    rig = build_rig(_config(spec, rounds=8, scheme="partial"))
+    rig.sim.run()
+    recs = rig.ps.records
+    assert [r.status for r in recs] == ["exact"] * 8
+    task = make_task(spec, rig.scheme.n_chunks, 5)
+    stepper = task_stepper(task, 0.05)
+    assert stepper is not None
+    w = task.initial_model()
+    expect = []
+    for _ in range(8):
+        w = stepper.step(w, chunk_gradients(task, range(task.n_chunks), w).sum(axis=0))
+        stepper.commit()
+        expect.append(task.loss(w))
+    np.testing.assert_allclose([r.loss for r in recs], expect, rtol=1e-4)
+    assert expect[-1] < expect[0]
