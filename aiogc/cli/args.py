@@ -164,7 +164,8 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
     g.add_argument("--rounds", type=_positive_int, default=d.rounds, help="gradient steps")
     g.add_argument("--seed", type=_positive_int, default=d.seed, help="seed of everything")
     g.add_argument("--task", default=d.task,
-                   help="linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory")
+                   help="linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory "
+                        "| torch:module:factory[,optimizer=sgd|adam][,lr=F] | jax:...")
     g.add_argument("--delay", default=d.delay,
                    help="per-chunk compute delay model, e.g. exp:0.02, shiftexp:0.01,0.02, "
                         "pareto:2.5, lognormal:-4,0.5, straggle:0.25,5,exp:0.02, "
@@ -318,6 +319,8 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
     if kind == "logreg-file" and path is not None and not Path(path).expanduser().is_file():
         raise ConfigError("task", task, "a logreg:PATH whose data file exists on this worker")
     module = task.partition(":")[0].strip()
+    if module in ("torch", "jax"):  # torch:FILE.py:ATTR
+        module = task.partition(":")[2].partition(":")[0].strip()
     if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
         raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -611,6 +611,7 @@ class RoundGuard:
         decoded: DecodedStep,
         model: np.ndarray,
         learning_rate: float,
+        step: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ) -> tuple[Verdict | None, np.ndarray | None]:
         """Run every applicable check; ``(failure, None)`` or ``(None, new_model)``.
 
@@ -625,6 +626,9 @@ class RoundGuard:
         model : ndarray, shape (d,)
             The model before the step (not modified).
         learning_rate : float
+        step : callable ``(model, gradient) -> new model``, optional
+            The task's optimizer (its state is the caller's to commit); default plain SGD
+            ``model - learning_rate * gradient``. The model bound applies to its result.
         """
         self.checked += 1
         exact, rel_error = decoded.exact, decoded.rel_error
@@ -650,7 +654,8 @@ class RoundGuard:
                 return v, None
         self.last_passed = tuple(v.check for v in verdicts if v is not None)
         with np.errstate(over="ignore", invalid="ignore"):
-            new = np.asarray(model, dtype=np.float64) - learning_rate * g
+            new = (np.asarray(model, dtype=np.float64) - learning_rate * g if step is None
+                   else np.asarray(step(model, g), dtype=np.float64))
         mv = model_check(new, self.bound)
         if not mv.ok:
             self.rejected[mv.check] = self.rejected.get(mv.check, 0) + 1

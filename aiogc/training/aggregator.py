@@ -44,6 +44,7 @@ from aiogc.training.approx_bound import (
     exact_bound_check,
     model_sent,
 )
+from aiogc.training.frameworks import Stepper
 from aiogc.training.locate import LiarLocator, payload_rounding_bound, relative
 
 #: checks that vouch for a gradient's content (the norm and model checks only bound its size)
@@ -66,6 +67,10 @@ class Aggregator:
         gradients, used to record each round's decode error (see ``_verify``).
     keep_gradients : bool
         Keep each round's decoded gradient in its record.
+    stepper : Stepper, optional
+        The task's own optimizer (a ``torch:`` / ``jax:`` task's, :mod:`.frameworks`): the
+        step is ``stepper.step(w, g)``, committed once the guard accepts it. Default: plain
+        SGD ``w - learning_rate * g``.
     guard : bool
         Check every decoded gradient before applying it (norm guard, two-way redundancy
         decode, the oracle when ``verify_fn`` is set, model bound; see
@@ -91,6 +96,7 @@ class Aggregator:
         keep_gradients: bool = False,
         guard: bool = True,
         grad_bound_fn: Callable[[np.ndarray], float] | None = None,
+        stepper: Stepper | None = None,
     ) -> None:
         self.config = config
         self.scheme = scheme
@@ -100,6 +106,7 @@ class Aggregator:
         self.verify_fn = verify_fn
         self.keep_gradients = keep_gradients
         self.grad_bound_fn = grad_bound_fn
+        self.stepper = stepper
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
         #: ordering="adaptive": the run's scheme; ``scheme`` and ``_orders`` follow each work
@@ -188,6 +195,10 @@ class Aggregator:
         if self.keep_gradients:
             rec.gradient = grad.copy()
         if self.guard is None:
+            if self.stepper is not None:
+                new = self.stepper.step(w_prev, grad)
+                self.stepper.commit()
+                return Decoded(new, grad, ())
             return Decoded(w_prev - self.learning_rate * grad, grad, ())
         return self._guarded_step(item, grad, rows)
 
@@ -218,19 +229,22 @@ class Aggregator:
             scheme=self.scheme, coded=rows, received=np.flatnonzero(item.state > 0),
             dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error,
                                               rounding),
-            model=w_prev, learning_rate=self.learning_rate)
+            model=w_prev, learning_rate=self.learning_rate,
+            step=None if self.stepper is None else self.stepper.step)
         if bad is not None:
             if self.locator is not None and bad.check != "model":
                 located = self._locate_and_exclude(item, rows)
                 if located is not None:
                     return located
-            return self._reject(item, bad)
+            return self._reject(item, bad)  # an uncommitted step is undone by the next one
         assert new is not None
         # an exact round's data bound runs last: a lie the redundancy check sees is the
         # locator's to exclude, not a lost round
         if rec.status == RoundStatus.EXACT and (out := self._data_bound(item, grad)) is not None:
             return out
         self.guard.accept()
+        if self.stepper is not None:
+            self.stepper.commit()
         if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
             # issue 18: say so per round (only size bounds held this step)
             bounds = "norm and model" if self.grad_bound_fn is None else "norm, data and model"

@@ -15,6 +15,7 @@ from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.approx_bound import gradient_bound_fn
+from aiogc.training.frameworks import task_stepper
 from aiogc.training.tasks import Task, chunk_grads_fn
 
 __all__ = ["task_aggregator"]
@@ -41,10 +42,13 @@ def task_aggregator(config: RunConfig, scheme: Scheme, task: Task, *,
         As :class:`~aiogc.training.aggregator.Aggregator` (``verify``: the oracle is on).
     """
     w0 = task.initial_model() if model is None else model
+    lr = config.learning_rate or task.learning_rate
     return Aggregator(
         config, scheme, model=w0,
-        learning_rate=config.learning_rate or task.learning_rate,
+        learning_rate=lr,
         loss_fn=task.loss,
+        # a torch:/jax: task steps with its framework's optimizer (None: plain SGD)
+        stepper=task_stepper(task, lr),
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
         keep_gradients=keep_gradients, guard=guard,
         # no oracle: every decode is bounded by the data instead (issue 18)

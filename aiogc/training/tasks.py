@@ -36,6 +36,10 @@ Spec strings (CLI flag ``--task``)
 ``MODULE:ATTR`` (e.g. ``mypkg.mytask:factory`` or ``path/to/file.py:factory``)
     A user plug-in: ``ATTR`` is a callable ``(n_chunks, seed) -> Task``. :class:`FunctionTask`
     wraps a plain chunk-gradient function.
+``torch:MODULE:ATTR[,optimizer=sgd|adam][,lr=F]`` and ``jax:MODULE:ATTR[,...]``
+    A PyTorch or JAX model: ``ATTR`` returns ``(model, loss, (X, y))``; each chunk's gradient is
+    the framework's own autodiff gradient and the PS steps with the framework's optimizer
+    (:mod:`aiogc.training.frameworks`; extras ``aiogc[torch]`` / ``aiogc[jax]``).
 
 Chunking: samples are shuffled once with the seed, then split into ``n_chunks`` contiguous,
 near-equal chunks (sizes differ by at most one), or chunks in proportion to given relative
@@ -50,12 +54,8 @@ coding experiments use); the L2 term is spread over chunks in proportion to thei
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.resources
-import importlib.util
 import inspect
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol, runtime_checkable
@@ -72,6 +72,7 @@ from aiogc.training.datasets import (
     load_dataset,
 )
 from aiogc.training.memory import _gram_side, check_task_memory
+from aiogc.training.plugins import load_attr
 
 __all__ = [
     "FunctionTask",
@@ -84,6 +85,8 @@ __all__ = [
 ]
 
 _LINREG_DEFAULTS: Final = {"samples": 2000, "dim": 50, "noise": 0.1}
+_TASK_SYNTAX: Final = ("linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
+                       " | torch:MODULE:ATTR | jax:MODULE:ATTR")
 
 
 @runtime_checkable
@@ -573,25 +576,7 @@ def _make_logreg(rest: str, spec: str, n_chunks: int, seed: int) -> LogisticRegr
 
 
 def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) -> Task:
-    try:
-        if target.endswith(".py"):
-            mod_name = f"_aiogc_task_{abs(hash(os.path.abspath(target)))}"
-            mspec = importlib.util.spec_from_file_location(mod_name, target)
-            if mspec is None or mspec.loader is None:
-                raise ImportError(f"cannot load {target}")
-            module = importlib.util.module_from_spec(mspec)
-            mspec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except (ImportError, OSError) as exc:
-        raise ConfigError(
-            "task", spec, f"MODULE:ATTR with an importable MODULE or FILE.py ({exc})"
-        ) from None
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError("task", spec, f"MODULE:ATTR with ATTR defined in {target}")
-        obj = getattr(obj, part)
+    obj = load_attr(target, attr, spec)
     if not callable(obj):
         raise ConfigError("task", spec, "ATTR a callable (n_chunks, seed) -> Task")
     try:
@@ -609,6 +594,26 @@ def _make_plugin(target: str, attr: str, spec: str, n_chunks: int, seed: int) ->
         task.spec = spec
     # the plug-in built its own data; the oracle's chunk gradients and the round buffers for
     # its dim are not allocated yet
+    check_task_memory(0, int(task.dim), n_chunks, spec)
+    return task
+
+
+def _make_framework(name: str, rest: str, spec: str, n_chunks: int, seed: int) -> Task:
+    """An autodiff framework's model (:mod:`aiogc.training.frameworks`; extra aiogc[torch|jax])."""
+    from aiogc.training.frameworks import parse_framework_spec
+
+    fs = parse_framework_spec(name, rest, spec)
+    builder: Callable[..., Task]
+    try:
+        if name == "torch":
+            from aiogc.training.torch_task import TorchTask as builder
+        else:
+            from aiogc.training.jax_task import JaxTask as builder
+    except ImportError as exc:
+        raise ConfigError("task", spec, f"the {name} package (pip install 'aiogc[{name}]'): "
+                          f"{exc}") from None
+    task = builder(fs, load_attr(fs.target, fs.attr, spec), n_chunks, seed)
+    # the oracle's chunk gradients and the round buffers for its dim are not allocated yet
     check_task_memory(0, int(task.dim), n_chunks, spec)
     return task
 
@@ -650,9 +655,7 @@ def make_task(spec: str, n_chunks: int, seed: int, *,
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(
-            "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
-        )
+        raise ConfigError("task", spec, _TASK_SYNTAX)
     n_chunks, seed = int(n_chunks), int(seed)
     task = _make(spec, n_chunks, seed)
     if chunk_sizes is not None:
@@ -671,23 +674,23 @@ def _make(spec: str, n_chunks: int, seed: int) -> Task:
         return _make_linreg(rest, spec, n_chunks, seed)
     if name == "logreg":
         return _make_logreg(rest, spec, n_chunks, seed)
+    if name in ("torch", "jax") and sep:
+        return _make_framework(name, rest.strip(), text, n_chunks, seed)
     if sep:
         # MODULE:ATTR; a FILE.py path may contain ':' (Windows drive), so split at the last one.
         target, _, attr = text.rpartition(":")
         if target.strip() and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr.strip()):
             return _make_plugin(target.strip(), attr.strip(), text, n_chunks, seed)
-    raise ConfigError(
-        "task", spec, "linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
-    )
+    raise ConfigError("task", spec, _TASK_SYNTAX)
 
 
 def task_kind(spec: str) -> tuple[str, str | None]:
     """Classify a task spec without building it: ``(kind, data_path)``.
 
     ``kind`` is ``"linreg"`` (synthetic data from the seed), ``"logreg-builtin"``,
-    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR`` or
-    ``FILE.py:ATTR``: code). Used by workers to decide whether a task received from the PS may
-    be built at all (no code from the wire).
+    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR``,
+    ``FILE.py:ATTR``, ``torch:MODULE:ATTR``, ``jax:MODULE:ATTR``: code). Used by workers to
+    decide whether a task received from the PS may be built at all (no code from the wire).
     """
     text = spec.strip()
     name, _sep, rest = text.partition(":")
