@@ -107,14 +107,11 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
         ``rounds_compared``; ``speedups``: per scheme other than ``partial`` (when both ran)
         ``live``, ``sim``, ``ratio`` (live speedup / simulated speedup of partial over it).
     """
-    from aiogc.sim.fast import build_schemes, simulate_fast
-
     names = [n for n in records if records[n]]
     out: dict[str, Any] = {"schemes": {}, "speedups": {}}
     if not names:
         return out
-    built = build_schemes(config, names)
-    sim = simulate_fast(config, names, schedule=schedule, built=built, mse=False)
+    sim = _simulated(config, names, schedule)
     for name in names:
         done = [r for r in _completed(records[name]) if r.round < schedule.rounds]
         live = [r.duration_s / time_scale for r in done]
@@ -134,6 +131,23 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
             out["speedups"][name] = {"live": sp_live, "sim": sp_sim,
                                      "ratio": _div(sp_live, sp_sim)}
     return out
+
+
+def _simulated(config: RunConfig, names: Sequence[str], schedule: DelaySchedule
+               ) -> dict[str, Any]:
+    """The fast path's results of ``names`` on ``schedule``; under ``ordering="adaptive"``
+    (exact mode) the partial scheme's round times are those of the adaptive order policy
+    (:func:`aiogc.sim.adaptive.adaptive_times`), not of the static order it starts from."""
+    from aiogc.sim.fast import build_schemes, simulate_fast
+
+    built = build_schemes(config, names)
+    sim = simulate_fast(config, names, schedule=schedule, built=built, mse=False)
+    if config.ordering == "adaptive" and config.mode == "exact" and "partial" in sim:
+        from aiogc.sim.adaptive import adaptive_times
+
+        end = adaptive_times(built["partial"], schedule)[1]
+        sim["partial"] = replace(sim["partial"], completion_s=end)
+    return sim
 
 
 def _div(a: float, b: float) -> float:
@@ -418,10 +432,7 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
     (K, why)
         ``why`` is recorded in the summary (``why["explanation"]`` is one line).
     """
-    from aiogc.sim.fast import build_schemes, simulate_fast
-
-    built = build_schemes(config, schemes)
-    sim = simulate_fast(config, list(schemes), schedule=schedule, built=built, mse=False)
+    sim = _simulated(config, list(schemes), schedule)
     means = {n: float(np.mean(r.completion_s[np.isfinite(r.completion_s)]))
              for n, r in sim.items() if np.isfinite(r.completion_s).any()}
     round_s = min(means.values()) if means else math.nan
