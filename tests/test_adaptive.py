@@ -167,3 +167,17 @@ def test_one_outlier_round_moves_no_plan_and_a_move_is_not_followed_stale() -> N
     pol.estimator.observe(now)
     follow = pol.orders()
     assert plugin_trigger_time(A, follow, now) <= plugin_trigger_time(A, pol.base, now)
+
+
+def test_fidelity_replays_the_adaptive_policy_not_the_static_order() -> None:
+    from aiogc.harness.fidelity import replay_ratios
+
+    cfg = RunConfig(workers=16, delta=4, n_parts=2, ordering="adaptive",
+                    delay="straggle:0.25,5,exp:0.02", rounds=25, seed=2)
+    built = build_schemes(cfg, ["partial"])
+    sched = schedule_for(cfg, built)
+    recs = simulate_protocol(cfg, ["partial"], schedule=sched, built=built)["partial"]
+    got = replay_ratios(cfg, sched, {"partial": recs})["schemes"]["partial"]
+    assert got["ratio"] == pytest.approx(1.0, abs=1e-9)
+    static = float(np.mean(exact_times(built["partial"], sched)[1]))
+    assert got["sim_mean_s"] != pytest.approx(static)  # the static order's time differs
