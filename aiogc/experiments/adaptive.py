@@ -5,8 +5,9 @@ and i.i.d. delays; simulated (fast path, checked against the protocol engine by
 
 Both orderings of a cell share the code instance (assignment, B) and the delay schedule, so
 the per-round difference ``adaptive - static`` is paired. Intervals: cluster bootstrap over
-instances (each a different straggler draw) and rounds (:func:`mean_ci`); live: bootstrap
-over rounds of one run each.
+instances (each a different straggler draw) and rounds (:func:`mean_ci`); live: the same
+over the interleaved pairs of runs (:func:`_live_cell`), each run judged by its own fidelity
+section (live against the simulated run of its own ordering).
 """
 
 from __future__ import annotations
@@ -70,22 +71,50 @@ def _sim_cell(m: int, delta: int, ell: int, delay: str, instances: int, rounds: 
     return st, ad, used
 
 
-def _live_cell(delay: str, rounds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from aiogc.config import RunConfig
+def _live_run(cfg: Any, sched: Any, auto: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """One live run (loopback, coroutines): round times (emulated s) and its fidelity."""
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
+
+    res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None, verify=False,
+                                                auto_time_scale=auto), schedule=sched)
+    fid = res.extra_summary.get("fidelity", {})
+    return np.array([r.duration_s for r in res.records["partial"]]), fid
+
+
+def _live_cell(delay: str, rounds: int, seed: int, pairs: int
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """(static, adaptive) round times (pairs, rounds) and the fidelity of the runs.
+
+    Pair ``p`` is one code instance and delay draw (seed ``seed + 1000 p``) run once per
+    ordering on the same materialised schedule, the two runs back to back and in alternating
+    order (static first in even pairs), so that the machine's drift cancels in the paired
+    difference. The time scale K is chosen once per cell by ``--time-scale auto`` (the first
+    run's calibration) and used by every run of the cell; each run's own fidelity verdict
+    (live against the simulated run of its own ordering) is kept.
+    """
+    from aiogc.config import RunConfig
     from aiogc.sim.fast import build_schemes, schedule_for
 
-    out = []
-    for ordering in ("optimal", "adaptive"):
-        cfg = RunConfig(workers=24, delta=6, n_parts=3, rounds=rounds, delay=delay, seed=seed,
-                        ordering=ordering, task="linreg")
-        sched = schedule_for(cfg, build_schemes(cfg, ["partial"]))
-        res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None,
-                                                    verify=False), schedule=sched)
-        out.append(np.array([r.duration_s for r in res.records["partial"]]))
-    n = min(len(out[0]), len(out[1]))
-    return out[0][:n], out[1][:n]
+    out: dict[str, list[np.ndarray]] = {"optimal": [], "adaptive": []}
+    fids: list[dict[str, Any]] = []
+    k: float | None = None
+    for p in range(pairs):
+        base = RunConfig(workers=24, delta=6, n_parts=3, rounds=rounds, delay=delay,
+                         seed=seed + 1000 * p, task="linreg")
+        sched = schedule_for(base, build_schemes(base, ["partial"]))
+        for ordering in (("optimal", "adaptive") if p % 2 == 0 else ("adaptive", "optimal")):
+            cfg = base.replace(ordering=ordering, time_scale=k if k is not None else 1.0)
+            times, fid = _live_run(cfg, sched, auto=k is None)
+            k = float(fid.get("time_scale", 1.0)) if k is None else k
+            out[ordering].append(times)
+            fids.append(fid)
+    n = min(len(t) for ts in out.values() for t in ts)
+    faithful = sum(f.get("verdict") == "faithful" for f in fids)
+    worst = max((float(f.get("worst_ratio", float("nan"))) for f in fids), default=float("nan"))
+    return (np.array([t[:n] for t in out["optimal"]]), np.array([t[:n] for t in out["adaptive"]]),
+            {"time_scale": k, "faithful_runs": faithful, "runs": len(fids),
+             "worst_ratio": worst})
 
 
 def _row(kind: str, shape: tuple[int, int, int], pattern: str, st: np.ndarray,
@@ -108,7 +137,7 @@ def compute(quick: bool, seed: int, where: Path | None = None) -> list[Row]:
     tmp = tempfile.TemporaryDirectory() if where is None else None
     base = Path(tmp.name) if tmp is not None else Path(where)  # type: ignore[arg-type]
     instances, rounds = (2, 60) if quick else (8, 200)
-    live_rounds = 12 if quick else 40
+    live_rounds, pairs = (12, 1) if quick else (30, 2)
     shapes = SHAPES[:1] if quick else SHAPES
     tick = cells(len(shapes) * 3 + 3)
     rows: list[Row] = []
@@ -120,9 +149,9 @@ def compute(quick: bool, seed: int, where: Path | None = None) -> list[Row]:
                                  boot_rng(seed, k, len(rows)), adopted=used))
                 tick()
         for pattern, spec in _delays(24, base).items():
-            st1, ad1 = _live_cell(spec, live_rounds, seed)
-            rows.append(_row("live", (24, 6, 3), pattern, st1[None, :], ad1[None, :],
-                             boot_rng(seed, 99, len(rows))))
+            st1, ad1, fid = _live_cell(spec, live_rounds, seed, pairs)
+            rows.append(_row("live", (24, 6, 3), pattern, st1, ad1,
+                             boot_rng(seed, 99, len(rows)), **fid))
             tick()
     finally:
         if tmp is not None:
@@ -162,7 +191,8 @@ EXPERIMENT = Experiment(
     "adaptive-ordering", compute, plot, summarise,
     "partial, cyclic (m, δ, ℓ) ∈ {(24, 6, 3), (32, 4, 2)}; delays exp:0.02 (iid), "
     "straggle:0.25,5,exp:0.02, a fail-slow trace moving between workers (factor 5); static "
-    "optimal vs adaptive order, 8 instances x 200 rounds simulated, 40 rounds live at "
-    "(24, 6, 3) (quick: (24, 6, 3) only, 2 x 60, 12 live)")
+    "optimal vs adaptive order, 8 instances x 200 rounds simulated; live at (24, 6, 3): 2 "
+    "instances x 30 rounds, the two orderings' runs interleaved, K from --time-scale auto "
+    "(quick: (24, 6, 3) only, 2 x 60 simulated, 1 x 12 live)")
 
 __all__ = ["EXPERIMENT", "moving_trace"]
