@@ -226,7 +226,8 @@ def _hostile(run: Runner, payload: Any, *, m: int = 6) -> tuple[list[Any], Event
         await task
         return _records(rest), log
 
-    return run(scenario)
+    out: tuple[list[Any], EventLog] = run(scenario)
+    return out
 
 
 def _error_of(records: list[Any]) -> Error:
@@ -274,7 +275,7 @@ def test_a_hello_for_another_worker_closes_the_host(run: Runner) -> None:
         writer.write(encode_preamble(0, 2, 2) + encode_control(OPEN, 0))
         await writer.drain()
         dec = MuxFrameDecoder(lambda d, s: None, plain_first=True)
-        challenge = None
+        challenge: Any = None
         while challenge is None:
             chunk = await reader.read(65536)
             assert chunk
@@ -382,7 +383,7 @@ def test_mux_decoder_delivers_records_in_order() -> None:
     for step in (1, 2, 5, len(frames)):
         seen.clear()
         dec = MuxFrameDecoder(select)
-        out = []
+        out: list[Any] = []
         for i in range(0, len(frames), step):
             out.extend(dec.feed(frames[i:i + step]))
         assert out[0] == Preamble(1, 7, 3)

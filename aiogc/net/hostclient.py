@@ -6,7 +6,9 @@
 control records), one loop timer driven by a heap of the workers' deadlines
 (:class:`HostScheduler`), and one write per wake-up: every frame the workers produce while
 handling one read of the connection, or the timers due at one wake-up, leaves in one
-``transport.write``.
+``transport.write`` (unless the batch runs longer than
+:data:`~aiogc.net.hostlink.BATCH_WINDOW_S`: then every such window's frames leave together, so
+that batching never delays a frame by more than that).
 
 Each worker keeps its own core, keys, handshake and reconnect backoff: a worker's session is
 driven by a :class:`~aiogc.net.drivers.WorkerClient` whose connection is a :class:`HostSlot`
@@ -31,6 +33,7 @@ from aiogc.core.common import Backoff
 from aiogc.errors import ConfigError, MalformedFrame, RemoteProtocolError
 from aiogc.net.drivers import DEFAULT_CLIENT_OPTIONS, ClientOptions, EventSink, WorkerClient
 from aiogc.net.framing import FramedConnection
+from aiogc.net.hostlink import BATCH_WINDOW_S
 from aiogc.net.loops import _clock, _Timer
 from aiogc.protocol.headers import DEFAULT_LIMITS
 from aiogc.protocol.hostmux import (
@@ -222,6 +225,7 @@ class HostClient:
         self._accepted = False
         self._in_batch = False
         self._dirty = False
+        self._dirty_since = 0.0
         #: host connections made; reason of the last refusal by the PS (an error frame)
         self.connections = 0
         self.last_refusal: str | None = None
@@ -320,7 +324,6 @@ class HostClient:
         st.state = _State.OPEN
         st.rounds_before = st.client.worker.rounds_ended
         conn.queue_raw(encode_control(1, i))  # OPEN
-        self._dirty = True
         st.client.connections += 1
         st.client._conn_made(ep)  # type: ignore[arg-type]
         self.flush()
@@ -339,6 +342,7 @@ class HostClient:
         if conn is not self.conn:
             return
         self._in_batch = True
+        self._window()
         kind = type(msg)
         if kind is Preamble:
             if msg.role != ROLE_PS or (msg.first, msg.count) != (self.first, self.count):
@@ -372,7 +376,7 @@ class HostClient:
         if st.state is _State.OPEN:  # the PS ended the session: answer
             assert self.conn is not None
             self.conn.queue_raw(encode_control(CLOSE, c.slot))
-            self._dirty = True
+            self.flush()
             ep, st.state = st.ep, _State.CLOSED
             st.client._on_close(ep, None)  # type: ignore[arg-type]
         st.state, st.ep = _State.CLOSED, None
@@ -433,7 +437,9 @@ class HostClient:
 
     def flush(self) -> None:
         if self._in_batch:
-            self._dirty = True
+            if not self._dirty:
+                self._dirty = True
+                self._dirty_since = _clock()
         elif self.conn is not None:
             self.writes += 1
             self.conn.flush()
@@ -449,4 +455,13 @@ class HostClient:
         slots = self.slots
         for i in due:
             slots[i].client._on_timer()
+            self._window()
         self._end_batch()
+
+    def _window(self) -> None:
+        """Write what the batch queued once its first frame waited ``BATCH_WINDOW_S``."""
+        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S \
+                and self.conn is not None:
+            self._dirty = False
+            self.writes += 1
+            self.conn.flush()

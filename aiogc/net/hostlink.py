@@ -12,7 +12,9 @@ before authentication a message naming another worker closes the whole host conn
 
 Batching: the frames of one read are delivered one by one (the core may change a slot's limits
 or keys between two frames), but everything they cause the PS to send to this host leaves in
-one write at the end of the read.
+one write at the end of the read, or once the first of them has waited :data:`BATCH_WINDOW_S`
+(a read of a thousand reports takes the PS milliseconds; a trigger's broadcast must not wait
+for the end of it).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ from aiogc.protocol.tags import FrameAuth
 from aiogc.protocol.wire import encode_frame
 
 log = logging.getLogger("aiogc.net")
+
+#: Longest a frame waits in a batch (a read, a host's timer wake-up) for the batch's other
+#: frames before it is written anyway: coalescing writes must not add more latency than this.
+BATCH_WINDOW_S = 0.0005
 
 __all__ = ["HostLink", "SlotEndpoint"]
 
@@ -149,6 +155,7 @@ class HostLink:
         self._slots: list[SlotEndpoint | None] = []
         self._in_read = False
         self._dirty = False
+        self._dirty_since = 0.0
 
     @classmethod
     def adopt(cls, server: _Server, conn: FramedConnection, rest: bytes, m: int) -> HostLink:
@@ -177,6 +184,9 @@ class HostLink:
 
     def _on_message(self, conn: FramedConnection, msg: Any) -> None:
         self._in_read = True
+        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
+            self._dirty = False
+            conn.flush()  # the frames queued by this read's first messages waited long enough
         kind = type(msg)
         if kind is Preamble:
             self._on_preamble(msg)
@@ -218,7 +228,7 @@ class HostLink:
         self._slots = [None] * pre.count
         self.conn.set_error_prefix(slot_prefix(HOST_SLOT))
         self.conn.queue_raw(encode_preamble(ROLE_PS, pre.first, pre.count))
-        self._dirty = True
+        self.flush()
 
     def _on_control(self, c: Control) -> None:
         if not 0 <= c.slot < self.count:
@@ -239,7 +249,7 @@ class HostLink:
             if not ep.closed:  # the host ended the session: answer, tell the PS
                 ep.closed = True
                 self.conn.queue_raw(encode_control(CLOSE, c.slot))
-                self._dirty = True
+                self.flush()
                 self.server._on_close(ep, None)
             # else: the answer to our own CLOSE; the slot is free again
         else:
@@ -264,7 +274,9 @@ class HostLink:
 
     def flush(self) -> None:
         if self._in_read:
-            self._dirty = True  # the end of the read writes it all at once
+            if not self._dirty:  # the end of the read writes it all at once
+                self._dirty = True
+                self._dirty_since = _clock()
         else:
             self.conn.flush()
 
