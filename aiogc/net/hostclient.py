@@ -218,6 +218,7 @@ class HostClient:
             rng = random.Random(secrets.randbits(64))
         self.backoff = Backoff(options.backoff_s[0], options.backoff_s[1], rng)
         self._sleep = options.sleep if options.sleep is not None else asyncio.sleep
+        self._live = len(self.slots)  # workers not done
         self.conn: FramedConnection | None = None
         self._closed: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -243,13 +244,13 @@ class HostClient:
             st.client._loop = loop
             st.client._timer = _SlotTimer(sched, i)  # type: ignore[assignment]
         try:
-            while not all(st.done for st in self.slots):
+            while self._live:
                 try:
                     async with asyncio.timeout(self._connect_timeout):
                         await loop.create_connection(self._protocol, self.host, self.port)
                 except (OSError, TimeoutError) as exc:
                     self._give_up_slots(str(exc), exc)
-                    if not all(st.done for st in self.slots):
+                    if self._live:
                         await self._backoff_sleep()
                     continue
                 self.connections += 1
@@ -259,7 +260,7 @@ class HostClient:
                 if sum(st.client.worker.rounds_ended for st in self.slots) > rounds:
                     self.backoff.reset()  # a round completed on it: start over from the base
                 self._give_up_slots("host connection closed", None)
-                if not all(st.done for st in self.slots):
+                if self._live:
                     await self._backoff_sleep()
         finally:
             sched.cancel()
@@ -290,7 +291,8 @@ class HostClient:
 
     def _finish_slot(self, st: _Slot, result: BaseException | None) -> None:
         st.done, st.result = True, result
-        if all(s.done for s in self.slots) and self.conn is not None:
+        self._live -= 1
+        if not self._live and self.conn is not None:
             self.conn.close()
 
     # -- the host connection ----------------------------------------------------------------
