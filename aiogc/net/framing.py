@@ -323,6 +323,10 @@ class FramedConnection(asyncio.BufferedProtocol):
             self.buffer_updated(k)
             src = src[k:]
 
+    def set_max_pending_bytes(self, n: int) -> None:
+        """Replace the slow-consumer cut-off (a host connection carries many workers' frames)."""
+        self._max_pending = n
+
     def set_error_prefix(self, prefix: bytes) -> None:
         self._error_prefix = prefix
 

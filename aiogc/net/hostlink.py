@@ -59,6 +59,7 @@ class _Server(Protocol):
 
     ps: Any
     _loop: Any
+    _max_pending: int
 
     def _conn_made(self, conn: Any) -> None: ...
     def _on_message(self, conn: Any, msg: Message) -> None: ...
@@ -227,6 +228,8 @@ class HostLink:
         self.first, self.count = pre.first, pre.count
         self._slots = [None] * pre.count
         self.conn.set_error_prefix(slot_prefix(HOST_SLOT))
+        # the slow-consumer cut-off of one worker's connection, for each worker it carries
+        self.conn.set_max_pending_bytes(pre.count * self.server._max_pending)
         self.conn.queue_raw(encode_preamble(ROLE_PS, pre.first, pre.count))
         self.flush()
 
