@@ -49,7 +49,7 @@ log = logging.getLogger("aiogc.net")
 
 #: Longest a frame waits in a batch (a read, a host's timer wake-up) for the batch's other
 #: frames before it is written anyway: coalescing writes must not add more latency than this.
-BATCH_WINDOW_S = 0.0005
+BATCH_WINDOW_S = 0.0002
 
 __all__ = ["HostLink", "SlotEndpoint"]
 
