@@ -162,6 +162,7 @@ class HostSlot:
         st = self._host.slots[self.slot]
         if conn is None or st.ep is not self or st.state is not _State.OPEN:
             return 0
+        self._host.frames_out += 1
         return conn.queue_record(self._prefix, parts or encode_frame(msg), self.send_auth)
 
     def flush(self) -> None:
@@ -230,8 +231,10 @@ class HostClient:
         #: host connections made; reason of the last refusal by the PS (an error frame)
         self.connections = 0
         self.last_refusal: str | None = None
-        #: writes to the host connection (one per read or wake-up that produced frames)
+        #: writes to the host connection (one per read or wake-up that produced frames, or per
+        #: BATCH_WINDOW_S of a long one), and the workers' frames they carried
         self.writes = 0
+        self.frames_out = 0
 
     # -- lifetime ---------------------------------------------------------------------------
 
