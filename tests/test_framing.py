@@ -227,7 +227,7 @@ GARBAGE = [
     (bytes.fromhex("16030100f4010000f00303") + b"\xab" * 64, "header_too_large"),
     (b"\x00\x00\x00\x00", "empty_header"),
     (b"\x00\x00\x00\x02\xc1\xc1", "bad_version"),  # v3: the first header byte is the version
-    (b"\x00\x00\x00\x03\x03\x0b\xc1", "bad_msgpack"),  # v3, bye (a msgpack kind), bad map
+    (b"\x00\x00\x00\x03\x04\x0b\xc1", "bad_msgpack"),  # v4, bye (a msgpack kind), bad map
     (encode_frame_bytes(CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"",
                                       compute_s=0.0, payload=np.ones(4))), "array_too_large"),
     (b"\x00\x00\x02\x01" + b"\x00" * 513, "header_too_large"),

@@ -159,6 +159,17 @@ def test_vectors_decode_back() -> None:
         assert back.kind == msg.kind and back.header_fields() == msg.header_fields()
 
 
+def test_host_example_bytes_are_the_code() -> None:
+    """§2.6's example: a host of workers 4..5 opening both slots."""
+    from aiogc.protocol.hostmux import OPEN, encode_control, encode_preamble
+
+    doc = _doc()
+    assert f"{encode_preamble(0, 4, 2).hex(' ')}      preamble: AGCH, version " \
+        f"{PROTOCOL_VERSION}, role 0, first 4, count 2" in doc
+    assert f"{encode_control(OPEN, 0).hex(' ')}                        OPEN slot 0" in doc
+    assert f"{encode_control(OPEN, 1).hex(' ')}                        OPEN slot 1" in doc
+
+
 def test_every_kind_has_a_code_in_the_doc_table() -> None:
     table = kind_table()
     for kind in KINDS:

@@ -547,7 +547,7 @@ def test_kind_codes_are_fixed() -> None:
         "challenge": 1, "hello": 2, "welcome": 3, "ready": 4, "round_start": 5,
         "chunk_report": 6, "encode_and_transmit": 7, "coded_gradient": 8, "resume": 9,
         "round_end": 10, "bye": 11, "error": 12, "shutdown": 13, "ping": 14, "pong": 15}
-    assert PROTOCOL_VERSION == 3
+    assert PROTOCOL_VERSION == 4
 
 
 @pytest.mark.parametrize("itemsize", [0, 1, 2, 3, 5, 16, 255])

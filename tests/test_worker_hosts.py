@@ -117,3 +117,33 @@ def test_local_workers_yield_the_cpu_to_the_ps(env: str, added: int) -> None:
                          capture_output=True, text=True, check=True).stdout
     base, delta = (int(x) for x in out.split())
     assert delta == min(added, 19 - base)  # niceness saturates at 19
+
+
+@pytest.mark.parametrize("hosts", [0, 1])
+def test_join_deadline_starts_when_the_workers_are_launched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: int) -> None:
+    """The runner's PS defers its first join deadline (``join_clock=False``) and starts it
+    once the workers exist: after the worker-host processes were started (a slow fork must
+    not eat the join timeout), or after the coroutine workers were created."""
+    import multiprocessing
+
+    seen: list[tuple[bool, int]] = []
+
+    class Recording(runner.PSServer):  # type: ignore[misc, name-defined]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            seen.append((kw.get("join_clock", True), -1))
+            super().__init__(*args, **kw)
+
+        def workers_launched(self) -> None:
+            seen.append((True, len(multiprocessing.active_children())))
+            super().workers_launched()
+
+    monkeypatch.setattr(runner, "PSServer", Recording)
+    cfg = RunConfig(**{**SMALL, "rounds": 1})
+    res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None, plots=False,
+                   loop="asyncio", worker_hosts=hosts))
+    assert len(res.records["partial"]) == 1
+    assert seen[0] == (False, -1)  # built with the join clock deferred
+    assert len(seen) == 2  # ... and started exactly once
+    if hosts:
+        assert seen[1][1] >= hosts  # the host processes were running already

@@ -30,7 +30,7 @@
 --   frame layer   dissect_frame: prefix, preamble, header by kind, body, tag
 --   kind layer    COMPACT (layout tables) and dissect_msgpack_map
 
-local PROTOCOL_VERSION = 3        -- the one constant to change when the version is bumped
+local PROTOCOL_VERSION = 4        -- the one constant to change when the version is bumped
 local TAG_BYTES = 16
 local MUX_PREFIX_BYTES = 0        -- framing-level prefix before each frame (v3: none)
 local MAX_HEADER_BYTES = 1048576  -- DEFAULT_LIMITS.max_header_bytes (headers.py)

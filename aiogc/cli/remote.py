@@ -246,6 +246,9 @@ def add_worker_parser(sub: Any) -> None:
     p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
     p.add_argument("--give-up-after", type=float, default=30.0,
                    help="seconds without reaching the PS before exiting with an error")
+    p.add_argument("--connection-per-worker", action="store_true",
+                   help="with a range of ids: one connection per worker instead of one "
+                        "worker-host connection for the whole range (docs/protocol.md §2.6)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -292,6 +295,7 @@ def _worker_cores(a: argparse.Namespace, ids: list[int]) -> list[Any]:
 def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import ExitReason
     from aiogc.net.drivers import ClientOptions, WorkerClient
+    from aiogc.net.hostclient import HostClient
     from aiogc.net.loops import run_on
 
     host, _, port = a.connect.rpartition(":")
@@ -308,15 +312,22 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
     setups = SetupCache(policy)  # one scheme and task for every worker of this process
     whys = [ExitReason() for _ in ids]
-    clients = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
-                            setups=setups, on_event=why,
-                            options=ClientOptions(progress_events=False))
-               for w, why in zip(_worker_cores(a, ids), whys, strict=True)]
+    opts = ClientOptions(progress_events=False)
+    cores = _worker_cores(a, ids)
+    runs: list[Callable[[], Any]]
+    if len(ids) > 1 and not a.connection_per_worker:  # one worker-host connection
+        host_client = HostClient(cores, host, int(port), give_up_after_s=a.give_up_after,
+                                 setups=setups, on_events=whys, options=opts)
+        runs = [host_client.run]
+    else:
+        runs = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
+                             setups=setups, on_event=why, options=opts).run
+                for w, why in zip(cores, whys, strict=True)]
     stopped: list[str] = []
 
     async def main() -> list[BaseException | None]:
         loop = asyncio.get_running_loop()
-        tasks = [asyncio.create_task(c.run()) for c in clients]
+        tasks = [asyncio.create_task(run()) for run in runs]
 
         def on_signal(name: str) -> None:
             stopped.append(name)
@@ -325,7 +336,11 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        if len(runs) == 1 and len(ids) > 1:  # the host: one result per worker
+            res = out[0]
+            return res if isinstance(res, list) else [res] * len(ids)
+        return out
 
     results = run_on(a.loop, main())
     if stopped:

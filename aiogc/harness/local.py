@@ -61,6 +61,7 @@ from aiogc.harness.kit import (
 )
 from aiogc.harness.options import RunOptions
 from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
+from aiogc.net.hostclient import HostClient
 from aiogc.net.loops import loop_factory, run_on
 from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
@@ -182,13 +183,15 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     setups = SetupCache(TaskPolicy(task=task))
     cache = WorkerCache()  # and what the workers validate, once per host
     whys = [ExitReason() for _ in worker_ids]
-    clients = [WorkerClient(Worker(j, worker_key=k, cache=cache), host, port, setups=setups,
-                            on_event=why, options=ClientOptions(progress_events=False))
-               for j, k, why in zip(worker_ids, worker_keys, whys, strict=True)]
+    # one connection for the whole block (docs/protocol.md §2.6), one timer heap
+    client = HostClient([Worker(j, worker_key=k, cache=cache)
+                         for j, k in zip(worker_ids, worker_keys, strict=True)],
+                        host, port, setups=setups, on_events=whys,
+                        options=ClientOptions(progress_events=False))
     died: list[bool] = []
 
     async def run_all() -> list[BaseException | None]:
-        return await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
+        return await client.run()
 
     async def watched() -> list[BaseException | None]:
         if parent_alive is None:
@@ -376,7 +379,9 @@ async def _run_scheme(
                              ps, config.scheme, recorder, evicted, time_scale=k)
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
     lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
-    server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event)
+    # the join deadline starts when the workers are launched, not at listen
+    server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event,
+                      join_clock=False)
     capture = _attach_capture(server, options.pcap)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
@@ -413,6 +418,7 @@ async def _run_scheme(
                         "127.0.0.1", server.port, setups=setups)))
                     for j in range(scheme.m)
                 ]
+                server.workers_launched()
                 await serving
                 # workers exit on the PS's shutdown; one that cannot (it never joined) is
                 # cancelled after the grace period rather than left reconnecting
@@ -432,6 +438,7 @@ async def _run_scheme(
                         p.start()
                         procs.append(p)
                 parent_alive.close()  # the workers have their copies
+                server.workers_launched()
     except BaseException:
         server.stop("runner interrupted")
         raise

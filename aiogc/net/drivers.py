@@ -46,6 +46,7 @@ from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
+from aiogc.net.hostlink import HostLink
 from aiogc.net.loops import _clock, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
 from aiogc.protocol.headers import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits
@@ -240,9 +241,13 @@ class PSServer:
     def _protocol(self) -> FramedConnection:
         conn = FramedConnection(self._on_message, self._on_close, limits=PREAUTH_LIMITS,
                                 on_made=self._conn_made, conn_alloc=self._alloc,
-                                max_pending_bytes=self._max_pending)
+                                max_pending_bytes=self._max_pending, on_host=self._on_host)
         conn.tap = self.tap
         return conn
+
+    def _on_host(self, conn: FramedConnection, rest: bytes) -> None:
+        # a worker host: its workers' sessions are peers of their own (net/hostlink.py)
+        HostLink.adopt(self, conn, rest, self.ps.m)
 
     def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
                dtype: np.dtype, n: int) -> Any:
@@ -329,11 +334,10 @@ class PSServer:
         """Queue every frame (a message sent to many peers is encoded once: ``encoded`` maps
         its id to its frame and keeps it alive), then one write per peer."""
         ps = self.ps
-        touched: dict[int, FramedConnection] = {}
+        touched: dict[int, Any] = {}
         frame_log = self._frame_log
         for out in outbox:
-            conn = out.peer
-            assert isinstance(conn, FramedConnection)
+            conn: Any = out.peer  # a FramedConnection or a host's SlotEndpoint
             msg = out.message
             shaped = self._shaped.get(conn) if self._shaped else None
             if msg is not None:

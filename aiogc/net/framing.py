@@ -50,7 +50,7 @@ from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.protocol.headers import DEFAULT_LIMITS, FrameLimits
 from aiogc.protocol.messages import Error, Message
 from aiogc.protocol.tags import TAG_BYTES, FrameAuth
-from aiogc.protocol.wire import AllocFn, FrameDecoder, encode_frame
+from aiogc.protocol.wire import AllocFn, FrameDecoder, HostPreamble, encode_frame
 
 __all__ = ["FramedConnection", "WriteFlow"]
 
@@ -87,6 +87,9 @@ _MAX_REASON: Final = 200
 OnMessage = Callable[["FramedConnection", Message], None]
 OnClose = Callable[["FramedConnection", "BaseException | None"], None]
 OnMade = Callable[["FramedConnection"], None]
+#: ``on_host(conn, rest)``: the peer opened with a worker host's preamble (``rest``: the bytes
+#: buffered from it on); the callee takes the connection over with :meth:`FramedConnection.adopt`
+OnHost = Callable[["FramedConnection", bytes], None]
 #: ``alloc(conn, kind, header_fields, dtype, n)``: like :data:`~aiogc.protocol.wire.AllocFn`,
 #: with the
 #: connection passed in (so that no per-connection closure is needed)
@@ -107,6 +110,8 @@ class FramedConnection(asyncio.BufferedProtocol):
     on_made : called as ``on_made(conn)`` once the transport is up (no subclass needed).
     conn_alloc : like ``alloc``, called with the connection first.
     flow : write-buffer marks and close timeout (default :class:`WriteFlow`\ ``()``).
+    on_host : called as ``on_host(conn, rest)`` when the peer's first bytes are a worker host's
+        preamble (aiogc.protocol.hostmux); None: such bytes are ``header_too_large``.
 
     Memory: one instance per connection, no class per connection, and every reference cycle
     through the connection (decoder -> allocator -> connection) is broken when it is lost, so
@@ -125,6 +130,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         on_made: OnMade | None = None,
         conn_alloc: ConnAllocFn | None = None,
         flow: WriteFlow | None = None,
+        on_host: OnHost | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_close = on_close
@@ -136,6 +142,12 @@ class FramedConnection(asyncio.BufferedProtocol):
                 return ca(self, kind, header, dtype, n)  # cycle broken in connection_lost
 
         self._decoder = FrameDecoder(limits, alloc)
+        self._on_host = on_host
+        self._decoder.accept_host = on_host is not None
+        #: called at the end of every read (a host link writes what the read's frames caused)
+        self._after_read: Callable[[], None] | None = None
+        #: written before the Error frame of a close (a host connection's host slot)
+        self._error_prefix = b""
         self._max_pending = max_pending_bytes
         flow = flow if flow is not None else WriteFlow()
         self._high, self._low = flow.high_water, flow.low_water
@@ -208,8 +220,14 @@ class FramedConnection(asyncio.BufferedProtocol):
                 if self._closing:
                     return
                 msg = dec.next_message()
+        except HostPreamble as exc:
+            on_host, self._on_host = self._on_host, None
+            assert on_host is not None  # the decoder raises it only with on_host set
+            on_host(self, exc.rest)
         except MalformedFrame as exc:
             self._fail(exc)
+        if self._after_read is not None:
+            self._after_read()
 
     def eof_received(self) -> bool:
         if not self._closing and not self._decoder.at_frame_boundary():
@@ -271,6 +289,62 @@ class FramedConnection(asyncio.BufferedProtocol):
             n += TAG_BYTES
         self.frames_out += 1
         return n
+
+    def queue_record(self, prefix: bytes, parts: list[bytes | memoryview],
+                     auth: FrameAuth | None) -> int:
+        """Queue ``prefix`` then one frame tagged by ``auth`` (its own session's: the tag covers
+        the frame, not the prefix), for a worker host's slot; returns the frame's wire size
+        (without the prefix). A no-op once closing."""
+        t = self._transport
+        if self._closing or t is None or t.is_closing():
+            return 0
+        wq = self._wq
+        wq.append(prefix)
+        wq += parts
+        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if auth is not None:
+            wq.append(auth.tag(parts))
+            n += TAG_BYTES
+        self.frames_out += 1
+        return n
+
+    def queue_raw(self, data: bytes) -> None:
+        """Queue bytes that are not a frame (a host connection's preamble, control records)."""
+        if not self._closing and self._transport is not None:
+            self._wq.append(data)
+
+    def adopt(self, decoder: FrameDecoder, on_message: OnMessage, on_close: OnClose, *,
+              rest: bytes = b"", after_read: Callable[[], None] | None = None,
+              error_prefix: bytes = b"") -> None:
+        """Take this connection over (a worker host's link): decode with ``decoder`` from
+        now on, deliver to ``on_message`` / ``on_close``, call ``after_read`` after every read,
+        put ``error_prefix`` before the Error frame of a close; then decode ``rest`` (bytes
+        already received), one message at a time as any read."""
+        self._decoder = decoder
+        self._on_message = on_message
+        self._on_close = on_close
+        self._after_read = after_read
+        self._error_prefix = error_prefix
+        src = memoryview(rest)
+        while src and not self._closing:
+            buf = self.get_buffer(len(src))
+            k = min(len(buf), len(src))
+            buf[:k] = src[:k]
+            del buf
+            self.bytes_in -= k  # counted when they arrived
+            self.buffer_updated(k)
+            src = src[k:]
+
+    def set_max_pending_bytes(self, n: int) -> None:
+        """Replace the slow-consumer cut-off (a host connection carries many workers' frames)."""
+        self._max_pending = n
+
+    def set_error_prefix(self, prefix: bytes) -> None:
+        self._error_prefix = prefix
+
+    @property
+    def decoder(self) -> FrameDecoder:
+        return self._decoder
 
     def flush(self) -> None:
         """Write everything queued: small parts joined into one write, each large array part
@@ -406,6 +480,8 @@ class FramedConnection(asyncio.BufferedProtocol):
                                                       reason=reason[:_MAX_REASON]))
                 if self._send_auth is not None:
                     parts.append(self._send_auth.tag(parts))
+                if self._error_prefix:
+                    self._wq.append(self._error_prefix)
                 self._wq.extend(parts)
                 self.frames_out += 1
         self._flush_quietly(t)

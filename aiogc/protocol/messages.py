@@ -28,7 +28,7 @@ import numpy as np
 from aiogc.errors import MalformedFrame
 
 #: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 #: Largest integer accepted in any int field: fits every language's int64 with margin.
 MAX_INT: Final = 2**53

@@ -1,6 +1,6 @@
 """Message <-> bytes: length prefix, version, per-kind header codecs, limits, frame tags. Sans-IO.
 
-Frame format (version 3)
+Frame format (version 4)
 ------------------------
 A frame is up to four consecutive parts, with nothing between frames::
 
@@ -16,7 +16,7 @@ A frame is up to four consecutive parts, with nothing between frames::
   delivered.
 * ``H`` is the length of the header in bytes, ``2 <= H <= limits.max_header_bytes`` (``H == 0``:
   ``empty_header``; ``H == 1``: ``bad_header``), checked before a single header byte is buffered.
-* The header starts with two bytes, the version (``PROTOCOL_VERSION`` = 3, else
+* The header starts with two bytes, the version (``PROTOCOL_VERSION`` = 4, else
   ``bad_version``) and the kind's code (:data:`~aiogc.protocol.headers.KIND_CODES`, else
   ``unknown_kind``); the rest depends on the kind (encoders and validating decoders:
   :mod:`aiogc.protocol.headers`):
@@ -85,8 +85,10 @@ from aiogc.protocol.messages import Message
 from aiogc.protocol.tags import ONESHOT_BELOW, TAG_BYTES, FrameAuth
 
 __all__ = [
+    "HOST_MAGIC",
     "AllocFn",
     "FrameDecoder",
+    "HostPreamble",
     "decode_frame_bytes",
     "encode_frame",
     "encode_frame_bytes",
@@ -94,6 +96,21 @@ __all__ = [
 
 #: Initial size of the decoder's header buffer: many small frames per read, one page-ish alloc.
 _READ_CHUNK: Final = 64 * 1024
+
+#: The first four bytes of a worker host's connection (b"AGCH" as a u32 prefix): larger than
+#: any header limit, so a plain decoder would refuse it as ``header_too_large``; a PS decoder
+#: with ``accept_host`` raises :class:`HostPreamble` instead (docs/protocol.md §2.6).
+HOST_MAGIC: Final = 0x41474348
+
+
+class HostPreamble(MalformedFrame):
+    """The connection is a worker host's (its first bytes are :data:`HOST_MAGIC`): ``rest``
+    holds every byte buffered from the magic on, for the host decoder that takes over."""
+
+    def __init__(self, rest: bytes) -> None:
+        super().__init__("a worker host's preamble", code="host_preamble")
+        self.rest = rest
+
 
 #: ``alloc(kind, header_fields, dtype, n)`` -> destination array of shape (n,) and that dtype,
 #: C-contiguous and writable, or None for a fresh ``np.empty``. It may raise MalformedFrame to
@@ -188,6 +205,11 @@ class FrameDecoder:
         self._body_pos = 0
         self._error: MalformedFrame | None = None
         self.frames_decoded = 0
+        #: a worker host's connection may start here (:class:`HostPreamble`; the PS's side)
+        self.accept_host = False
+        #: bytes that must be buffered before :meth:`_read_prefix` (a host decoder reads a
+        #: slot number or a preamble first)
+        self._prefix_need = PREFIX_BYTES
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -317,10 +339,14 @@ class FrameDecoder:
                 return self._tag_from_buffer()
             avail = self._end - self._start
             if state == _PREFIX_STATE:
-                if avail < PREFIX_BYTES:
-                    self._need = PREFIX_BYTES - avail
+                need = self._prefix_need
+                if avail < need:
+                    self._need = need - avail
                     return None
-                self._read_prefix()
+                special = self._read_prefix()
+                if special is not None:  # a host decoder's preamble or control record
+                    return special  # type: ignore[no-any-return]
+                avail = self._end - self._start
             total = PREFIX_BYTES + self._hlen
             if avail < total:
                 self._need = total - avail  # the next get_buffer makes room for the rest
@@ -330,15 +356,20 @@ class FrameDecoder:
                 return msg
             # else a tag is awaited and not yet buffered (_TAG_STATE): loop to check
 
-    def _read_prefix(self) -> None:
+    def _read_prefix(self) -> Any:
+        """Read the u32 prefix at ``_start`` (the header follows); returns None (a host decoder
+        returns its preamble or control records instead, see aiogc.protocol.hostmux)."""
         (h,) = PREFIX.unpack_from(self._buf, self._start)
         if h == 0:
             raise MalformedFrame("zero-length header", code="empty_header")
         if h > self.limits.max_header_bytes:
+            if h == HOST_MAGIC and self.accept_host and self.frames_decoded == 0:
+                raise HostPreamble(bytes(self._buf[self._start:self._end]))
             raise FrameTooLarge(f"header of {h} bytes exceeds {self.limits.max_header_bytes}",
                                 code="header_too_large")
         self._hlen = h
         self._state = _HEADER_STATE
+        return None
 
     def _read_header(self) -> Message | None:
         """The whole prefix + header is buffered at ``_start``: validate it, then deliver the
