@@ -20,6 +20,7 @@ from aiogc.experiments._common import (
     write_csv,
 )
 from aiogc.experiments.stability import partial_decode_error, poly_decode_error
+from aiogc.protocol.status import EndReason
 
 NEW_FIVE = ("training", "latency", "approx-tails", "ordering", "poly-digits")
 
@@ -277,12 +278,20 @@ def test_approx_training_quick_live_real_data(tmp_path: Path) -> None:
         done = [r for r in sel if r["round"] >= 0]
         assert [r["round"] for r in done] == [0, 1, 2, 3]
         assert {r["status"] for r in done} <= {"exact", "approximate", "failed"}
+        # every round says why it ended, with a code of the closed vocabulary
+        assert all(EndReason.parse(r["end_reason"]) for r in done)
         assert all(np.isfinite(r["loss"]) for r in done)
         assert done[-1]["loss"] < np.log(2)
         assert [r["t_s"] for r in done] == sorted(r["t_s"] for r in done)
     cell = head["T=0.012"]
     assert cell["exact_gd_final_loss"] < np.log(2)
     assert set(cell) >= {"partial", "original", "uncoded", "ignore-stragglers"}
+    for name in ("partial", "original", "uncoded", "ignore-stragglers"):
+        sel = [r for r in rows if r["scheme"] == name and r["round"] >= 0]
+        # the summary's tallies are the CSV's: every round once, failed ones by reason
+        assert sum(cell[name]["end_reasons"].values()) == len(sel)
+        assert sum(cell[name]["failed_reasons"].values()) == sum(
+            r["status"] == "failed" for r in sel)
     assert (tmp_path / "approx-training.png").is_file()
 
 

@@ -20,8 +20,10 @@ import pytest
 from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
+from aiogc.harness.kit import materialise_for
 from aiogc.harness.loaders import load_run
 from aiogc.protocol.auth import derive_worker_key
+from aiogc.sim.fast import simulate_fast
 from tests.helpers import pinned_trigger_schedule
 
 if os.environ.get("AIOGC_REQUIRE_RAY") == "1":
@@ -144,6 +146,40 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
     for r in nodes:
         assert r["node_id"] and r["node_ip"] and int(r["pid"]) > 0 and r["incarnation"] == "1"
         assert r["loop"] == "uvloop"  # --loop's default, which is also Ray's
+
+
+def test_ray_backend_run_with_bandwidth_is_shaped(local_ray: Path, tmp_path: Path) -> None:
+    """`aiogc run --backend ray --bandwidth worker=20KB/s,ps=20KB/s --time-scale 10`, 4 workers
+    x 4 rounds of partial: the actors shape their links as a loopback run does. The run's own
+    fidelity section replays its schedule through the fast path with the same links, and
+    live / simulated must lie in the loopback test's bound, [0.97, 1.6) (test_shaping.py). The
+    bound means something: the same schedule without the links simulates to under half the
+    shaped time, so a run whose actors did not shape would land near 0.15. No wall time is
+    asserted."""
+    bw = "worker=20KB/s,ps=20KB/s"
+    cfg = RunConfig(workers=4, delta=2, rounds=4, delay="exp:0.02", seed=1, task="linreg",
+                    time_scale=10.0, bandwidth=bw)
+    schedule = materialise_for(cfg, ["partial"])
+    delays = tmp_path / "delays_in.csv"
+    schedule.to_csv(delays)
+    dim = 50  # linreg's default dimension: it sizes the frames
+    free = simulate_fast(cfg, ["partial"], schedule=schedule, dim=dim)["partial"]
+    shaped = simulate_fast(cfg, ["partial"], schedule=schedule, dim=dim,
+                           comm=cfg.comm)["partial"]
+    assert shaped.completion_s.mean() > 2.0 * free.completion_s.mean()
+    out = tmp_path / "ray"
+    assert main(["run", "--backend", "ray", "--out", str(out), "--workers", "4", "--delta", "2",
+                 "--rounds", "4", "--schemes", "partial", "--delay", f"replay:{delays}",
+                 "--seed", "1", "--task", "linreg", "--bandwidth", bw, "--time-scale", "10",
+                 "--no-plots", "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    part = summary["fidelity"]["schemes"]["partial"]
+    assert part["rounds_compared"] == 4
+    assert part["sim_mean_s"] == pytest.approx(shaped.completion_s.mean(), rel=1e-9)
+    assert 0.97 <= part["ratio"] < 1.6, part
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mode"] == "ray" and manifest["config"]["bandwidth"] == bw
+    assert all_placement_groups_removed()
 
 
 def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path: Path,

@@ -66,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--bandwidth", default=None,
                    help="link rates, e.g. worker=100MB/s,ps=1GB/s (keys worker, worker_up, "
                    "worker_down, ps; units B/s KB/s MB/s GB/s, decimal; default unlimited). "
-                   "Frames are counted at their wire size with --dim values; ps= (shared PS "
-                   "ingress) needs --engine fast")
+                   "Frames are counted at their wire size with --dim values; both engines run "
+                   "every key (ps=: the shared PS ingress)")
     p.add_argument("--trials", type=int, default=500, help="rounds simulated (default 500)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mode", default="exact", help="exact or approx")

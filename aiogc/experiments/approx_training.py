@@ -7,7 +7,8 @@ that the run keeps its schedule; its own fidelity section says whether it did), 
 Wisconsin breast-cancer data: partial (ℓ=1), the original scheme (Tandon, approximate decoding
 from the finished workers), ignore-stragglers (the k fastest, rescaled by N/k at the
 deadline) and uncoded (the chunks that arrived, rescaled likewise). The loss is the one the
-live PS logged after each step; times are emulated seconds (wall / K) since round 0 started.
+live PS logged after each step, and every round's end reason (``EndReason`` code) is in the
+CSV beside its status; times are emulated seconds (wall / K) since round 0 started.
 """
 
 from __future__ import annotations
@@ -76,17 +77,35 @@ def compute(quick: bool, seed: int) -> list[Row]:
                         "delta": g["delta"], "ell": g["ell"], "delay": g["delay"],
                         "task": TASK, "rounds": g["rounds"], "time_scale": g["time_scale"],
                         "fidelity_ratio": fid.get(name, {}).get("ratio", float("nan"))}
-                rows.append({**base, "round": -1, "status": "initial", "t_s": 0.0,
-                             "loss": ref[0], "exact_gd_loss": ref[0],
+                rows.append({**base, "round": -1, "status": "initial", "end_reason": "",
+                             "t_s": 0.0, "loss": ref[0], "exact_gd_loss": ref[0],
                              "rel_error": float("nan")})
                 for rec in recs:
                     end = rec.t_end if rec.t_end is not None else rec.t_start
                     rows.append({**base, "round": rec.round, "status": rec.status,
+                                 "end_reason": _reason(rec.end_reason),
                                  "t_s": end - t0, "loss": rec.loss,
                                  "exact_gd_loss": ref[min(rec.round + 1, len(ref) - 1)],
                                  "rel_error": rec.rel_error_plain})
             tick()
     return rows
+
+
+def _reason(reason: object) -> str:
+    """A round's end reason as its code (``EndReason`` value; "" if the PS gave none)."""
+    return "" if reason is None else str(reason)
+
+
+def _reasons(rounds: list[Row], status: str | None = None) -> dict[str, int]:
+    """How many of ``rounds`` ended for each reason, most frequent first: keys are the reason
+    codes of the rounds with ``status``, or ``"status:reason"`` over all rounds (``None``)."""
+    out: dict[str, int] = {}
+    for r in rounds:
+        if status is None or r["status"] == status:
+            reason = r.get("end_reason") or "unrecorded"  # a CSV from before the column
+            key = reason if status is not None else f"{r['status']}:{reason}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _loss_at(rows: list[Row], t: np.ndarray) -> np.ndarray:
@@ -148,15 +167,18 @@ def _scheme_head(rows: list[Row], T: float, name: str, budget: float) -> dict[st
         "final_t_s_median": float(np.median([f["t_s"] for f in finals])),
         "exact_rounds": sum(r["status"] == "exact" for r in done) / n,
         "failed_rounds": sum(r["status"] == "failed" for r in done) / n,
+        "failed_reasons": _reasons(done, "failed"),
+        "end_reasons": _reasons(done),
         "fidelity_ratio_range": [float(min(fid)), float(max(fid))] if fid else None,
     }
 
 
 def summarise(rows: list[Row]) -> dict[str, Any]:
     """Per deadline and scheme: the loss at a time budget (median and min-max over seeds), the
-    final loss and when it was reached, the share of rounds that decoded exactly / failed, and
-    the live runs' fidelity ratios; ``exact_gd_final_loss``: exact GD after the same number of
-    rounds."""
+    final loss and when it was reached, the share of rounds that decoded exactly / failed, the
+    failed rounds counted by end reason (``failed_reasons``) and every round by
+    ``"status:reason"`` (``end_reasons``), and the live runs' fidelity ratios;
+    ``exact_gd_final_loss``: exact GD after the same number of rounds."""
     r0 = rows[0]
     quick = int(r0["rounds"]) < 10
     budget = grid(quick)["budget_s"]

@@ -30,11 +30,13 @@ Timing model (the same in the fast path and, for the per-worker links, the proto
   headers have fixed sizes); without frame authentication (the simulators run none; a live
   authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
 
-Rounds are independent in the fast path: every link is idle when a round starts. That holds
-in the protocol engine for partial and uncoded (nothing is in flight when the PS starts the
-next round); for original and ignore-stragglers a straggler's late vector may still occupy its
-uplink into the next round, which the fast path does not charge (optimistic for those
-baselines).
+Links carry from round to round, as live and in the protocol engine: for partial and
+uncoded nothing is in flight when the PS starts the next round, but in the other
+send-when-done schemes (original, ignore-stragglers) a straggler whose chunks were done before
+the next round start reached it has sent its vector, which still occupies its uplink and the
+shared ingress; the fast path walks the rounds in order for them
+(:mod:`aiogc.sim.carry`). A straggler still computing when the round start arrives sends
+nothing. (stream-chunks, fast path only, still starts every round with idle links.)
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ sends):
   contributor's vector arrives, ``trigger + max_{contributors}(L + net_j + L)`` (``= trigger``
   with zero latency);
 * **send-when-done schemes** (original, uncoded, ignore-stragglers): worker ``j``'s vector
-  arrives at ``a[j, load_j - 1]``; the round ends at the trigger;
+  arrives at ``a[j, load_j - 1]``; the round ends at the trigger. Under a limited
+  communication model a straggler's late vector still occupies its uplink and the shared
+  ingress into the next round (:mod:`aiogc.sim.carry`), so these rounds are computed in
+  order, each from the links the previous one left;
 * **status**: exact when the trigger fired and ``scheme.exact_states`` says the decode from
   that state is exact (ignore-stragglers: only with every worker);
 * **approximate mode** with deadline ``T``: if the exact rule fires by ``T`` the round is exact as
@@ -55,6 +58,7 @@ from aiogc.coding.base import Scheme
 from aiogc.config import CommModel, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
+from aiogc.sim.carry import carried_vector_arrivals
 from aiogc.sim.comm import FrameBytes, link_exits, ps_ingress
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
@@ -285,6 +289,24 @@ class FastResult:
     upload_bytes: np.ndarray | None = None
 
 
+def _carried(scheme: Scheme, schedule: DelaySchedule, a: np.ndarray, mode: str,
+             deadline_s: float | None, latency: float, comm: CommModel,
+             frames: FrameBytes) -> np.ndarray:
+    """``a`` with the send-when-done vectors' links carried from round to round
+    (:mod:`aiogc.sim.carry`: a straggler's late vector still occupies its uplink and the
+    shared ingress when the next round starts)."""
+    T = float("inf") if mode == "exact" or deadline_s is None else float(deadline_s)
+
+    def end_of(a_r: np.ndarray) -> float:
+        return min(float(np.asarray(scheme.decode_times(a_r), dtype=np.float64)[0]), T)
+
+    t_rs = latency + (frames.round_start / comm.down_Bps if comm.down_Bps is not None
+                      else np.zeros(scheme.m))
+    S = _send_times(scheme, schedule, latency, comm, frames)
+    return carried_vector_arrivals(a, S, schedule.network_s, t_rs, np.asarray(scheme.loads),
+                                   frames.vector, comm, latency, end_of)
+
+
 def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
              deadline_s: float | None = None, latency: float = 0.0,
              comm: CommModel | None = None, frames: FrameBytes | None = None,
@@ -298,14 +320,18 @@ def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
     """
     if mode not in ("exact", "approx"):
         raise ConfigError("mode", mode, "exact or approx")
+    if mode == "approx" and deadline_s is None:
+        raise ConfigError("deadline_s", None, "a positive number when mode=approx")
     a = arrival_times(scheme, schedule, latency=latency, comm=comm, frames=frames)
+    if (comm is not None and comm.limited and frames is not None and scheme.sends_when_done
+            and not scheme.uploads_per_chunk):
+        a = _carried(scheme, schedule, a, mode, deadline_s, latency, comm, frames)
     t_ex = np.asarray(scheme.decode_times(a), dtype=np.float64)
     if mode == "exact":
         hit = np.isfinite(t_ex)
         trig = t_ex
     else:
-        if deadline_s is None:
-            raise ConfigError("deadline_s", None, "a positive number when mode=approx")
+        assert deadline_s is not None
         hit = t_ex <= deadline_s
         trig = np.where(hit, t_ex, float(deadline_s))
     states = scheme.states_at(a, trig)
