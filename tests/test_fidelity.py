@@ -14,6 +14,7 @@ import pytest
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
 from aiogc.harness.fidelity import (
+    ROBUST_MIN_ROUNDS,
     Calibration,
     CpuSnapshot,
     LoopLagMonitor,
@@ -102,6 +103,26 @@ def test_chosen_scale_keeps_the_predicted_overhead_under_a_quarter_of_the_thresh
     k0, _ = auto_time_scale(cfg, SCHEMES, schedule, {}, threshold=0.1,
                             model=Calibration(0.0, 0.0))
     assert k0 == 1.0
+
+
+def test_one_stalled_calibration_round_does_not_choose_the_scale(engine_run: Run) -> None:
+    """K from the second-worst calibration round once there are ROBUST_MIN_ROUNDS of them
+    (a one-off 1.1 s stall at m=1024 once chose K=1000); from the worst below that."""
+    cfg, schedule, records = engine_run
+    steady = _stretched(records, 1.0, 0.002)  # 2 ms over the simulator in every round
+    stalled = {n: list(recs) for n, recs in steady.items()}
+    r0 = stalled["partial"][0]
+    assert r0.t_end is not None
+    stalled["partial"][0] = dataclasses.replace(r0, t_end=r0.t_end + 0.5)
+    k_steady, _ = auto_time_scale(cfg, SCHEMES, schedule, steady, threshold=0.1)
+    k, why = auto_time_scale(cfg, SCHEMES, schedule, stalled, threshold=0.1)
+    assert k == k_steady and "set aside" in why["overhead_source"]
+    assert why["overhead_s_per_round"] == pytest.approx(0.002, abs=1e-9)
+    # too few rounds to call one an outlier: the worst counts
+    few = {"partial": stalled["partial"][:ROBUST_MIN_ROUNDS - 1]}
+    k_few, why_few = auto_time_scale(cfg, ["partial"], schedule, few, threshold=0.1)
+    assert why_few["overhead_s_per_round"] == pytest.approx(0.502, abs=1e-9)
+    assert k_few > 10 * k
 
 
 def test_loop_lag_monitor_and_cpu_snapshot() -> None:
