@@ -417,6 +417,38 @@ _DEFAULTED_ON_WIRE: Final = frozenset({"time_scale", "coded_dtype", "bandwidth",
 WORKLOAD_TIMEOUTS = ("round_timeout_s", "collect_timeout_s", "join_timeout_s")
 
 
+def wire_round_s(config: RunConfig, dim: int) -> float:
+    """An upper estimate of the seconds one round's bytes need on ``config``'s links (emulated
+    seconds; 0 when every link is unlimited): the model down one worker's downlink, its
+    uploads up its uplink (``delta`` full gradients for stream-chunks, one full one for the
+    uncoded baselines, ``ceil(d / ell)`` values otherwise), and all m workers' uploads through
+    the shared PS ingress, each at the payload's item size. A guard, not a prediction: it
+    overstates (no overlap, stream-chunks' worst case) rather than understates.
+
+    Parameters
+    ----------
+    config : RunConfig
+    dim : int
+        The model's length d.
+    """
+    comm = config.comm
+    if not comm.limited:
+        return 0.0
+    item = np.dtype(config.dtype).itemsize
+    coded_item = 2 if config.coded_dtype != "same" else item
+    full = config.scheme in ("uncoded", "ignore-stragglers", "stream-chunks")
+    per_upload = dim * (item if full else coded_item) / (1 if full else config.n_parts)
+    uploads = config.delta if config.scheme == "stream-chunks" else 1
+    t = 0.0
+    if comm.down_Bps is not None:
+        t += dim * item / comm.down_Bps
+    if comm.up_Bps is not None:
+        t += uploads * per_upload / comm.up_Bps
+    if comm.ps_Bps is not None:
+        t += config.workers * uploads * per_upload / comm.ps_Bps
+    return t
+
+
 def workload_timeouts(config: RunConfig, slowest_round_s: float) -> dict[str, float]:
     """Defaults of the timeouts that guard waits on the workload, in emulated seconds (the
     time scale multiplies them later, :meth:`RunConfig.dilated`). One documented hierarchy
@@ -428,7 +460,8 @@ def workload_timeouts(config: RunConfig, slowest_round_s: float) -> dict[str, fl
       is the slowest worker's whole round in the run's schedule (its 99th percentile over the
       rounds, every chunk of its load): a round that cannot decode is given ten times what the
       slowest honest round takes, a broadcast twice its whole round (each capped at its
-      field's maximum: 1e6 s, collect 3600 s).
+      field's maximum: 1e6 s, collect 3600 s). With ``--bandwidth``, ``S`` includes the
+      round's bytes on the links (:func:`wire_round_s`): a slow link is workload too.
 
     Heartbeat (1 s), dead-after (5 s), the PS's authentication deadline (1.9 s) and the
     worker's handshake timeout (10 s) guard liveness, not the workload: fixed, times K.

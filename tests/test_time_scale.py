@@ -187,3 +187,38 @@ def test_aiogc_ps_records_emulated_seconds() -> None:
     rec = RoundRecord(round=0, scheme="partial", t_start=8.0, t_trigger=9.0, t_end=12.0)
     handler(RoundCompleted(rec))
     assert got[0].t_start == 8.0 / K and got[0].duration_s == pytest.approx(4.0 / K)
+
+
+def test_slow_links_are_workload_for_the_timeouts() -> None:
+    """With --bandwidth the round's bytes count in S (config.wire_round_s): at 10 KB/s a
+    linreg:dim=10000 float64 upload alone takes 8 s, longer than the 5 s collect default."""
+    from aiogc.cli import build_parser, config_from_args
+    from aiogc.config import wire_round_s
+
+    p = build_parser()
+    base = ["run", "--workers", "6", "--delta", "3", "--delay", "const:0.01",
+            "--task", "linreg:dim=10000"]
+    free = config_from_args(p.parse_args(base), "partial")
+    slow = config_from_args(p.parse_args([*base, "--bandwidth", "worker=10KB/s"]), "partial")
+    wire = wire_round_s(slow, 10000)
+    assert wire == pytest.approx(2 * 10000 * 8 / 10e3)  # the model down, one coded vector up
+    assert wire_round_s(free, 10000) == 0.0
+    assert slow.collect_timeout_s == pytest.approx(2 * (3 * 0.01 + wire))
+    assert slow.collect_timeout_s > 2 * 8.0 and free.collect_timeout_s == 5.0
+    # the shared ingress carries all m uploads; stream-chunks uploads delta full gradients
+    ing = slow.replace(bandwidth="ps=10KB/s")
+    assert wire_round_s(ing, 10000) == pytest.approx(6 * 10000 * 8 / 10e3)
+    assert wire_round_s(ing.replace(scheme="stream-chunks"), 10000) == pytest.approx(
+        6 * 3 * 10000 * 8 / 10e3)
+
+
+def test_protocol_engine_completes_rounds_whose_uploads_outlast_the_collect_default() -> None:
+    """The engine has no wall clock to guard: collect waits as long as the fast path (which
+    has no such timer) -- an 8 s upload at 10 KB/s once failed every round (workers_gone)."""
+    from aiogc.sim.protocol import simulate_protocol
+
+    cfg = _cfg(workers=6, delta=3, rounds=2, delay="const:0.01", bandwidth="worker=10KB/s")
+    recs = simulate_protocol(cfg, ["partial"], gradients="gaussian", dim=10000,
+                             comm=cfg.comm)["partial"]
+    assert [r.status for r in recs] == ["exact", "exact"]
+    assert all(r.duration_s > 8.0 for r in recs)

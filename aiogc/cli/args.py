@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.coding.registry import scheme_names
-from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, workload_timeouts
+from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, wire_round_s, workload_timeouts
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 from aiogc.training.cluster import slowdown
@@ -251,7 +251,13 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
     from aiogc.harness.kit import materialise_for
 
     schedule = materialise_for(config, [scheme])
-    derived = workload_timeouts(config, schedule.slowest_round_s() * slowdown(config))
+    slowest = schedule.slowest_round_s() * slowdown(config)
+    if config.comm.limited:  # the round's bytes on the links are workload too
+        from aiogc.training.tasks import make_task
+
+        dim = int(make_task(config.task, config.build_scheme().n_chunks, config.seed).dim)
+        slowest += wire_round_s(config, dim)
+    derived = workload_timeouts(config, slowest)
     return config.replace(**{f: derived[f] for f in unset})
 
 

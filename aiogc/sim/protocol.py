@@ -8,8 +8,10 @@ PS's per-round :class:`~aiogc.core.RoundRecord` list of every scheme.
 
 Simulation settings. The engine's clock is virtual, so the wall-clock safety timers of a live run
 would only truncate heavy-tailed rounds: :func:`simulation_config` switches heartbeats off
-(``heartbeat_s = dead_after_s = None``) and raises ``round_timeout_s`` to its maximum (1e6 s).
-Everything else (trigger, encoding, decoding, faults) is the live system's code.
+(``heartbeat_s = dead_after_s = None``) and raises ``round_timeout_s`` and
+``collect_timeout_s`` to their maxima (1e6 s, 3600 s: a bandwidth-limited upload may take
+longer than the 5 s default, and the fast path has no such timer). Everything else
+(trigger, encoding, decoding, faults) is the live system's code.
 
 Gradients: ``"task"`` uses the configured learning task (``config.task``); ``"gaussian"`` gives
 i.i.d. ``N(0, I_dim)`` chunk gradients keyed by (seed, round) via
@@ -46,7 +48,8 @@ GRADIENTS = ("task", "gaussian")
 
 def simulation_config(config: RunConfig) -> RunConfig:
     """``config`` with the wall-clock safety timers off (see the module docstring)."""
-    return config.replace(heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6)
+    return config.replace(heartbeat_s=None, dead_after_s=None, round_timeout_s=1e6,
+                          collect_timeout_s=3600.0)
 
 
 def _nonces(salt: int) -> Callable[[], bytes]:
