@@ -157,3 +157,38 @@ def test_fast_path_equals_protocol_engine_on_a_heterogeneous_cluster(kw: dict[st
         assert list(a["status"]) == list(f.status)
         states = np.array([rec.state for rec in proto[name]])
         np.testing.assert_array_equal(states, f.states)
+
+
+def test_live_points_alternate_and_take_every_runs_verdict() -> None:
+    from aiogc.experiments.heterogeneous import LIVE_VARIANTS, block_order, point_fidelity
+
+    # the order flips block by block, so a drifting load weighs on every variant alike
+    assert block_order(LIVE_VARIANTS, 0) == LIVE_VARIANTS
+    assert block_order(LIVE_VARIANTS, 1) == LIVE_VARIANTS[::-1]
+    assert block_order(LIVE_VARIANTS, 2) == LIVE_VARIANTS
+    ok = {"verdict": "faithful", "worst_ratio": 1.03, "time_scale": 3.0, "reasons": []}
+    bad = {"verdict": "unfaithful", "worst_ratio": 1.4, "time_scale": 3.0,
+           "reasons": ["partial rounds took 1.40x their simulated time"]}
+    p = point_fidelity([ok, ok])
+    assert p["fidelity"] == "faithful" and p["runs_faithful"] == "2/2"
+    assert p["worst_ratio"] == 1.03 and p["time_scale"] == 3.0 and p["reasons"] == ""
+    p = point_fidelity([ok, bad, ok])
+    assert p["fidelity"] == "unfaithful" and p["runs_faithful"] == "2/3"
+    assert p["worst_ratio"] == 1.4 and "1.40x" in p["reasons"]
+    assert point_fidelity([])["fidelity"] == "unfaithful"  # no run: nothing to vouch for
+
+
+def test_an_unfaithful_live_point_is_not_presented_as_a_result() -> None:
+    from aiogc.experiments.heterogeneous import summarise
+
+    row = {"kind": "live", "m": 16, "delta": 3, "ell": 1, "cluster": "spread",
+           "diff_ms": -1.0, "diff_lo": -2.0, "diff_hi": 0.0, "diff_pct": -3.0,
+           "fidelity": "unfaithful", "runs_faithful": "5/6", "worst_ratio": 1.3,
+           "time_scale": 2.0, "reasons": "r", "cyclic_aware_live": "ran"}
+    for v in ("cyclic_static", "cyclic_aware", "speed_aware"):
+        row.update({f"{v}_ms": 30.0, f"{v}_lo": 29.0, f"{v}_hi": 31.0})
+    cell = summarise([row])["live|m=16|delta=3|ell=1|spread"]
+    assert "speed_aware" not in cell and "diff_ms" not in cell
+    assert cell["fidelity"] == "unfaithful" and "speed_aware" in cell["unfaithful_not_a_result"]
+    row["fidelity"] = "faithful"
+    assert summarise([row])["live|m=16|delta=3|ell=1|spread"]["speed_aware"] == "30 [29, 31]"

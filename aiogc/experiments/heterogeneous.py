@@ -13,12 +13,20 @@ speed per variant), so per-round differences are paired:
 * ``speed-aware``: ``assignment=speed-aware`` (faster workers hold more chunks, every chunk
   still on δ workers) with its speed-aware order.
 
-Intervals: cluster bootstrap over instances (each its own delay draw) and rounds
-(:func:`~aiogc.experiments._common.mean_ci`); live: bootstrap over the rounds of one run.
+Live points run at a time scale chosen by ``--time-scale auto`` (the first run; the rest keep
+its K) and interleaved: each block draws one schedule and runs every variant on it, in
+alternating order (:func:`block_order`), so load drift on the shared machine weighs on every
+variant alike. Every run's own fidelity section is kept; a point is faithful only when every
+one of its runs is (:func:`point_fidelity`), and an unfaithful point is marked in the CSV,
+the summary and the plot, not presented as a result.
+
+Intervals: cluster bootstrap over instances (each its own delay draw; live: each block) and
+rounds (:func:`~aiogc.experiments._common.mean_ci`).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -78,23 +86,87 @@ def _sim_cell(shape: tuple[int, int, int], speeds: str, sizes: str, instances: i
     return out
 
 
-def _live_cell(speeds: str, sizes: str, rounds: int, seed: int) -> dict[str, np.ndarray]:
+#: Live variants, run in alternating order block by block (cyclic-aware only where its orders
+#: differ from cyclic-static's: the same scheme would run twice).
+LIVE_VARIANTS = ("cyclic-static", "cyclic-aware", "speed-aware")
+
+
+def block_order(variants: tuple[str, ...], block: int) -> tuple[str, ...]:
+    """The order the live variants run in within ``block``: forward in even blocks, reversed
+    in odd ones, so a load that drifts over the experiment weighs on every variant alike."""
+    return variants if block % 2 == 0 else variants[::-1]
+
+
+def point_fidelity(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A live point's verdict from its runs' ``fidelity`` sections: faithful only when every
+    run was (an unfaithful run measured Python, not the schedule, and its pair with it).
+
+    Returns
+    -------
+    dict
+        ``fidelity`` ("faithful" / "unfaithful"), ``runs_faithful`` ("n/N"), ``worst_ratio``
+        (the largest live / simulated round-time ratio, or its inverse, over the runs),
+        ``time_scale`` (the largest K used) and ``reasons`` (the unfaithful runs' reasons).
+    """
+    ok = [f.get("verdict") == "faithful" for f in runs]
+    reasons = [r for f in runs for r in f.get("reasons", [])]
+    return {"fidelity": "faithful" if runs and all(ok) else "unfaithful",
+            "runs_faithful": f"{sum(ok)}/{len(runs)}",
+            "worst_ratio": max((float(f.get("worst_ratio", math.inf)) for f in runs),
+                               default=math.nan),
+            "time_scale": max((float(f.get("time_scale", 1.0)) for f in runs),
+                              default=math.nan),
+            "reasons": "; ".join(dict.fromkeys(reasons))}
+
+
+def _live_cell(speeds: str, sizes: str, blocks: int, rounds: int,
+               seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Round times (blocks, rounds) of each live variant, and the point's fidelity.
+
+    Block ``b`` materialises one schedule (seed ``seed + 1000 b``, as the simulated
+    instances) and runs every variant on it, in :func:`block_order`; the first run chooses
+    the time scale (``--time-scale auto`` on the speed-aware variant, whose rounds are the
+    shortest, so the largest K), and every other run keeps that K so the pairs differ in the
+    assignment only. Each run's own fidelity section is kept (:func:`point_fidelity`).
+    """
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
     from aiogc.sim.fast import build_schemes, schedule_for
 
-    out: dict[str, np.ndarray] = {}
-    cfgs = {v: c.replace(task="linreg", heartbeat_s=1.0, dead_after_s=5.0,
-                         round_timeout_s=60.0)
-            for v, c in _configs(16, 3, 1, speeds, sizes, rounds, seed).items()}
-    built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
-    sched = schedule_for(cfgs["speed-aware"], built)
-    for v, cfg in cfgs.items():
-        res = run_live(cfg, ["partial"], RunOptions(mode="coroutines", out_dir=None,
-                                                    verify=False), schedule=sched)
-        out[v] = np.array([r.duration_s for r in res.records["partial"]])
-    n = min(len(x) for x in out.values())
-    return {v: x[:n] for v, x in out.items()}
+    out: dict[str, list[np.ndarray]] = {v: [] for v in LIVE_VARIANTS}
+    fids: list[dict[str, Any]] = []
+    k: float | None = None
+    ran_aware = False
+    first = ("speed-aware", *[v for v in LIVE_VARIANTS if v != "speed-aware"])
+    for b in range(blocks):
+        cfgs = {v: c.replace(task="linreg", heartbeat_s=1.0, dead_after_s=5.0,
+                             round_timeout_s=60.0)
+                for v, c in _configs(16, 3, 1, speeds, sizes, rounds, seed + 1000 * b).items()}
+        built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
+        same = all(np.array_equal(a, c) for a, c in zip(built["cyclic-aware"].orders,
+                                                         built["cyclic-static"].orders,
+                                                         strict=True))
+        sched = schedule_for(cfgs["speed-aware"], built)  # wide enough for every variant
+        order = first if b == 0 else block_order(LIVE_VARIANTS, b)
+        for v in order:
+            if v == "cyclic-aware" and same:
+                continue  # the same scheme as cyclic-static: its rounds are copied below
+            cfg = cfgs[v] if k is None else cfgs[v].replace(time_scale=k)
+            res = run_live(cfg, ["partial"], RunOptions(
+                mode="coroutines", out_dir=None, verify=False, auto_time_scale=k is None),
+                schedule=sched)
+            fid = res.summary.get("fidelity", {})
+            fids.append(fid)
+            k = float(fid.get("time_scale", cfg.time_scale)) if k is None else k
+            out[v].append(np.array([r.duration_s for r in res.records["partial"]]))
+        if same:
+            out["cyclic-aware"].append(out["cyclic-static"][-1])
+        ran_aware = ran_aware or not same
+    n = min(x.size for xs in out.values() for x in xs)
+    times = {v: np.stack([x[:n] for x in xs]) for v, xs in out.items()}
+    info = point_fidelity(fids)
+    info["cyclic_aware_live"] = "ran" if ran_aware else "same orders as cyclic-static"
+    return times, info
 
 
 def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.ndarray],
@@ -115,9 +187,9 @@ def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.n
 
 def compute(quick: bool, seed: int) -> list[Row]:
     instances, rounds = (2, 60) if quick else (8, 300)
-    live_rounds = 15 if quick else 60
+    blocks, live_rounds = (2, 8) if quick else (6, 20)
     shapes = SHAPES[:1] if quick else SHAPES
-    live_clusters = ("quarter-slow",) if quick else ("quarter-slow", "spread")
+    live_clusters = ("quarter-slow",) if quick else tuple(clusters(16))
     tick = cells(len(shapes) * 3 + len(live_clusters))
     rows: list[Row] = []
     for k, shape in enumerate(shapes):
@@ -127,8 +199,9 @@ def compute(quick: bool, seed: int) -> list[Row]:
             tick()
     for name in live_clusters:
         speeds, sizes = clusters(16)[name]
-        t = {v: x[None, :] for v, x in _live_cell(speeds, sizes, live_rounds, seed).items()}
-        rows.append(_row("live", (16, 3, 1), name, t, boot_rng(seed, 99, len(rows))))
+        t, info = _live_cell(speeds, sizes, blocks, live_rounds, seed)
+        rows.append({**_row("live", (16, 3, 1), name, t, boot_rng(seed, 99, len(rows))),
+                     **info})
         tick()
     return rows
 
@@ -143,22 +216,38 @@ def plot(rows: list[Row], path: Path) -> None:
         err = np.array([[r[f"{v}_ms"] - r[f"{v}_lo"] for r in rows],
                         [r[f"{v}_hi"] - r[f"{v}_ms"] for r in rows]])
         ax.errorbar(x + off, y, yerr=err, fmt=mark, capsize=3, label=v.replace("_", "-"))
-    ax.set_xticks(x, [f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}"
-                      for r in rows], fontsize=7)
+    ax.set_xticks(x, [_label(r) for r in rows], fontsize=7)
     ax.set_ylabel("mean round time (ms), 95% CI")
     ax.set_title("Heterogeneous cluster: speed-aware vs uniform (cyclic) assignment")
     ax.legend(fontsize=8)
     save(fig, path)
 
 
+def _label(r: Row) -> str:
+    """A plot label; an unfaithful live point says so (its numbers are not a result)."""
+    mark = "" if r.get("fidelity", "faithful") == "faithful" else "\nUNFAITHFUL"
+    return f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}{mark}"
+
+
 def summarise(rows: list[Row]) -> dict[str, Any]:
+    """Per point: each variant's mean round time with its interval and the difference
+    speed-aware - cyclic-static; live points add their fidelity (verdict, faithful runs, worst
+    ratio, K). An unfaithful live point keeps its numbers under ``unfaithful_not_a_result``
+    instead of as the point's figures."""
     out: dict[str, Any] = {}
     for r in rows:
         key = f"{r['kind']}|m={r['m']}|delta={r['delta']}|ell={r['ell']}|{r['cluster']}"
-        out[key] = {v: fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
-                    for v in ("cyclic_static", "cyclic_aware", "speed_aware")}
-        out[key]["diff_ms"] = fmt_ci(r["diff_ms"], r["diff_lo"], r["diff_hi"])
-        out[key]["diff_pct"] = round(float(r["diff_pct"]), 2)
+        cell: dict[str, Any] = {v: fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
+                                for v in ("cyclic_static", "cyclic_aware", "speed_aware")}
+        cell["diff_ms"] = fmt_ci(r["diff_ms"], r["diff_lo"], r["diff_hi"])
+        cell["diff_pct"] = round(float(r["diff_pct"]), 2)
+        if r["kind"] == "live":
+            fid = {f: r.get(f) for f in ("fidelity", "runs_faithful", "worst_ratio",
+                                         "time_scale", "cyclic_aware_live")}
+            if fid["fidelity"] != "faithful":
+                cell = {"unfaithful_not_a_result": cell, "reasons": r.get("reasons")}
+            cell.update(fid)
+        out[key] = cell
     return out
 
 
@@ -167,7 +256,8 @@ EXPERIMENT = Experiment(
     "partial, (m, δ, ℓ) ∈ {(24, 4, 2), (16, 3, 1)}; delay shiftexp:0.01,0.01 per unit chunk; "
     "clusters: a quarter of the workers 4x slower, speeds 0.5..2 geometric, the same with "
     "every third chunk twice as large; cyclic + static order vs cyclic + speed-aware order "
-    "vs speed-aware assignment + order; 8 instances x 300 rounds simulated, 60 rounds live "
-    "at (16, 3, 1) on two clusters (quick: (24, 4, 2) only, 2 x 60, 15 live on one)")
+    "vs speed-aware assignment + order; 8 instances x 300 rounds simulated; live at (16, 3, 1) "
+    "on the three clusters, 6 interleaved blocks x 20 rounds per variant, --time-scale auto, "
+    "each point's fidelity verdict (quick: (24, 4, 2) only, 2 x 60, live 2 x 8 on one)")
 
 __all__ = ["EXPERIMENT", "clusters"]
