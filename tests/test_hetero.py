@@ -192,3 +192,18 @@ def test_an_unfaithful_live_point_is_not_presented_as_a_result() -> None:
     assert cell["fidelity"] == "unfaithful" and "speed_aware" in cell["unfaithful_not_a_result"]
     row["fidelity"] = "faithful"
     assert summarise([row])["live|m=16|delta=3|ell=1|spread"]["speed_aware"] == "30 [29, 31]"
+
+
+def test_training_replay_cuts_the_data_by_the_clusters_chunk_sizes() -> None:
+    # experiments/live.py rebuilds each round's model from the records and checks every loss
+    # against the one the PS logged: with --chunk-sizes the replay must cut the data the same
+    # way as the workers did (it raised on the first round before the sizes were threaded)
+    from aiogc.experiments.live import _replay
+
+    # approximate rounds: an exact decode is the full gradient however the data is cut
+    cfg = _cfg(rounds=6, task="logreg:breast-cancer", mode="approx", deadline_s=1.0)
+    recs = simulate_protocol(cfg, ["partial"], gradients="task")["partial"]
+    assert all(np.isfinite(r.loss) for r in recs)
+    assert any(r.status == "approximate" for r in recs)
+    path = _replay(cfg, recs)
+    assert len(path) == 7 and path[-1][0] < path[0][0]
