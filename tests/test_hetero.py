@@ -207,3 +207,32 @@ def test_training_replay_cuts_the_data_by_the_clusters_chunk_sizes() -> None:
     assert any(r.status == "approximate" for r in recs)
     path = _replay(cfg, recs)
     assert len(path) == 7 and path[-1][0] < path[0][0]
+
+
+def test_stream_chunks_runs_on_the_speed_aware_assignment() -> None:
+    # streaming needs every chunk on some holder, nothing of the cyclic structure: the same
+    # assignment and (ell = 1) order as partial, and with free communication the same
+    # completion as partial's ell = 1 trigger, round by round, on the same cluster
+    cfg = _cfg(n_parts=1, rounds=40)
+    names = ["partial", "stream-chunks"]
+    built = build_schemes(cfg, names)
+    p, s = built["partial"], built["stream-chunks"]
+    np.testing.assert_array_equal(s.A, p.A)
+    assert (s.A.sum(axis=1) == 3).all() and len(set(s.loads.tolist())) > 1
+    for a, b in zip(s.orders, p.orders, strict=True):
+        np.testing.assert_array_equal(a, b)
+    fast = simulate_fast(cfg, names, schedule=schedule_for(cfg, built), built=built)
+    np.testing.assert_allclose(fast["stream-chunks"].completion_s, fast["partial"].trigger_s,
+                               rtol=0, atol=1e-12)
+    assert set(fast["stream-chunks"].status) == {"exact"}
+
+
+def test_original_refuses_the_speed_aware_assignment_and_says_why() -> None:
+    with pytest.raises(ConfigError) as err:
+        _cfg(scheme="original").build_scheme()
+    msg = str(err.value)
+    assert "speed-aware" in msg and "equal loads" in msg and "cyclic" in msg
+    assert "stream-chunks" in msg  # what to use instead
+    with pytest.raises(ConfigError) as err:
+        _cfg(scheme="original", assignment="nope").build_scheme()
+    assert "equal loads" not in str(err.value)  # the reason is the speed-aware one only

@@ -13,6 +13,12 @@ speed per variant), so per-round differences are paired:
 * ``speed-aware``: ``assignment=speed-aware`` (faster workers hold more chunks, every chunk
   still on δ workers) with its speed-aware order.
 
+Simulated only (``stream-chunks`` has no live form), the streaming baseline on the same
+cluster and draws: ``stream-cyclic`` / ``stream-aware``, stream-chunks on the cyclic / the
+speed-aware assignment (every finished chunk gradient uploaded; done once every chunk arrived
+from some holder; ℓ = 1 and free communication, so its price, the uploads, is reported
+beside the times).
+
 Live points run at a time scale chosen by ``--time-scale auto`` (the first run; the rest keep
 its K) and interleaved: each block draws one schedule and runs every variant on it, in
 alternating order (:func:`block_order`), so load drift on the shared machine weighs on every
@@ -50,6 +56,10 @@ BASE = "shiftexp:0.01,0.01"
 #: variant -> (assignment, ordering)
 VARIANTS = {"cyclic-static": ("cyclic", "natural"), "cyclic-aware": ("cyclic", "optimal"),
             "speed-aware": ("speed-aware", "optimal")}
+#: The streaming baselines (simulated only: stream-chunks has no live form), variant ->
+#: (assignment, ordering) of ``stream-chunks``: every finished chunk gradient uploaded, done
+#: once every chunk arrived from some holder; exact, ell = 1, on the same cluster and draws.
+STREAM = {"stream-cyclic": ("cyclic", "optimal"), "stream-aware": ("speed-aware", "optimal")}
 
 
 def clusters(m: int) -> dict[str, tuple[str, str]]:
@@ -70,20 +80,41 @@ def _configs(m: int, delta: int, ell: int, speeds: str, sizes: str, rounds: int,
             for v, (a, o) in VARIANTS.items()}
 
 
+def _mean(x: np.ndarray | None) -> float:
+    return math.nan if x is None else float(np.mean(x))
+
+
 def _sim_cell(shape: tuple[int, int, int], speeds: str, sizes: str, instances: int,
-              rounds: int, seed: int) -> dict[str, np.ndarray]:
-    """Round times (C, R) of each variant, on shared unit-chunk draws per instance."""
+              rounds: int, seed: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Round times (C, R) of each variant and of the streaming baselines (:data:`STREAM`),
+    on shared unit-chunk draws per instance; and the mean vector uploads per round of the
+    speed-aware variant and its streaming baseline."""
     from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 
-    out = {v: np.empty((instances, rounds)) for v in VARIANTS}
+    out = {v: np.empty((instances, rounds)) for v in (*VARIANTS, *STREAM)}
+    ups: dict[str, list[float]] = {"speed-aware": [], "stream-aware": []}
     for c in range(instances):
         cfgs = _configs(*shape, speeds, sizes, rounds, seed + 1000 * c)
         built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
+        # streaming is ell = 1 whatever the shape: same draws, same cluster, its own scheme
+        s_cfgs = {v: cfgs["speed-aware"].replace(scheme="stream-chunks", n_parts=1,
+                                                 assignment=a, ordering=o)
+                  for v, (a, o) in STREAM.items()}
+        s_built = {v: build_schemes(cfg, ["stream-chunks"])["stream-chunks"]
+                   for v, cfg in s_cfgs.items()}
         sched = schedule_for(cfgs["speed-aware"], built)  # wide enough for every variant
         for v, cfg in cfgs.items():
             res = simulate_fast(cfg, ["partial"], schedule=sched, built={"partial": built[v]})
             out[v][c] = res["partial"].completion_s
-    return out
+            if v == "speed-aware":
+                ups[v].append(_mean(res["partial"].uploads))
+        for v, cfg in s_cfgs.items():
+            res = simulate_fast(cfg, ["stream-chunks"], schedule=sched,
+                                built={"stream-chunks": s_built[v]})
+            out[v][c] = res["stream-chunks"].completion_s
+            if v == "stream-aware":
+                ups[v].append(_mean(res["stream-chunks"].uploads))
+    return out, {v: float(np.mean(x)) for v, x in ups.items()}
 
 
 #: Live variants, run in alternating order block by block (cyclic-aware only where its orders
@@ -182,20 +213,27 @@ def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.n
     d, dlo, dhi = mean_ci(t["speed-aware"] - base, rng=rng)
     row.update({"diff_ms": 1e3 * d, "diff_lo": 1e3 * dlo, "diff_hi": 1e3 * dhi,
                 "diff_pct": 100 * d / float(np.mean(base))})
+    if "stream-aware" in t:  # the streaming baseline against partial, same assignment
+        d, dlo, dhi = mean_ci(t["stream-aware"] - t["speed-aware"], rng=rng)
+        row.update({"stream_diff_ms": 1e3 * d, "stream_diff_lo": 1e3 * dlo,
+                    "stream_diff_hi": 1e3 * dhi})
     return row
 
 
 def compute(quick: bool, seed: int) -> list[Row]:
     instances, rounds = (2, 60) if quick else (8, 300)
-    blocks, live_rounds = (2, 8) if quick else (6, 20)
+    blocks, live_rounds = (2, 8) if quick else (4, 15)
     shapes = SHAPES[:1] if quick else SHAPES
     live_clusters = ("quarter-slow",) if quick else tuple(clusters(16))
     tick = cells(len(shapes) * 3 + len(live_clusters))
     rows: list[Row] = []
     for k, shape in enumerate(shapes):
         for name, (speeds, sizes) in clusters(shape[0]).items():
-            t = _sim_cell(shape, speeds, sizes, instances, rounds, seed)
-            rows.append(_row("simulated", shape, name, t, boot_rng(seed, k, len(rows))))
+            t, ups = _sim_cell(shape, speeds, sizes, instances, rounds, seed)
+            row = _row("simulated", shape, name, t, boot_rng(seed, k, len(rows)))
+            row.update({"speed_aware_uploads": ups["speed-aware"],
+                        "stream_aware_uploads": ups["stream-aware"]})
+            rows.append(row)
             tick()
     for name in live_clusters:
         speeds, sizes = clusters(16)[name]
@@ -210,12 +248,17 @@ def plot(rows: list[Row], path: Path) -> None:
     p = plt()
     fig, ax = p.subplots(figsize=(9, 4))
     x = np.arange(len(rows))
-    for off, (v, mark) in zip((-0.2, 0.0, 0.2), (("cyclic_static", "o"), ("cyclic_aware", "s"),
-                                                  ("speed_aware", "^")), strict=True):
-        y = np.array([r[f"{v}_ms"] for r in rows])
-        err = np.array([[r[f"{v}_ms"] - r[f"{v}_lo"] for r in rows],
-                        [r[f"{v}_hi"] - r[f"{v}_ms"] for r in rows]])
-        ax.errorbar(x + off, y, yerr=err, fmt=mark, capsize=3, label=v.replace("_", "-"))
+    for off, (v, mark) in zip((-0.3, -0.1, 0.1, 0.3),
+                              (("cyclic_static", "o"), ("cyclic_aware", "s"),
+                               ("speed_aware", "^"), ("stream_aware", "v")), strict=True):
+        have = [i for i, r in enumerate(rows) if r.get(f"{v}_ms") is not None]
+        if not have:
+            continue
+        y = np.array([rows[i][f"{v}_ms"] for i in have])
+        err = np.array([[rows[i][f"{v}_ms"] - rows[i][f"{v}_lo"] for i in have],
+                        [rows[i][f"{v}_hi"] - rows[i][f"{v}_ms"] for i in have]])
+        ax.errorbar(x[have] + off, y, yerr=err, fmt=mark, capsize=3,
+                    label=v.replace("_", "-") + (" (sim only)" if v == "stream_aware" else ""))
     ax.set_xticks(x, [_label(r) for r in rows], fontsize=7)
     ax.set_ylabel("mean round time (ms), 95% CI")
     ax.set_title("Heterogeneous cluster: speed-aware vs uniform (cyclic) assignment")
@@ -241,6 +284,16 @@ def summarise(rows: list[Row]) -> dict[str, Any]:
                                 for v in ("cyclic_static", "cyclic_aware", "speed_aware")}
         cell["diff_ms"] = fmt_ci(r["diff_ms"], r["diff_lo"], r["diff_hi"])
         cell["diff_pct"] = round(float(r["diff_pct"]), 2)
+        for v in ("stream_cyclic", "stream_aware"):
+            if r.get(f"{v}_ms") is not None:
+                cell[v] = fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
+        if r.get("stream_diff_ms") is not None:
+            cell["stream_minus_speed_aware_ms"] = fmt_ci(r["stream_diff_ms"],
+                                                         r["stream_diff_lo"],
+                                                         r["stream_diff_hi"])
+        if r.get("stream_aware_uploads") is not None:
+            cell["uploads_per_round"] = {"speed_aware": round(r["speed_aware_uploads"], 2),
+                                         "stream_aware": round(r["stream_aware_uploads"], 2)}
         if r["kind"] == "live":
             fid = {f: r.get(f) for f in ("fidelity", "runs_faithful", "worst_ratio",
                                          "time_scale", "cyclic_aware_live")}
@@ -256,8 +309,9 @@ EXPERIMENT = Experiment(
     "partial, (m, δ, ℓ) ∈ {(24, 4, 2), (16, 3, 1)}; delay shiftexp:0.01,0.01 per unit chunk; "
     "clusters: a quarter of the workers 4x slower, speeds 0.5..2 geometric, the same with "
     "every third chunk twice as large; cyclic + static order vs cyclic + speed-aware order "
-    "vs speed-aware assignment + order; 8 instances x 300 rounds simulated; live at (16, 3, 1) "
-    "on the three clusters, 6 interleaved blocks x 20 rounds per variant, --time-scale auto, "
+    "vs speed-aware assignment + order, and stream-chunks (cyclic / speed-aware, simulated "
+    "only); 8 instances x 300 rounds simulated; live at (16, 3, 1) "
+    "on the three clusters, 4 interleaved blocks x 15 rounds per variant, --time-scale auto, "
     "each point's fidelity verdict (quick: (24, 4, 2) only, 2 x 60, live 2 x 8 on one)")
 
 __all__ = ["EXPERIMENT", "clusters"]
