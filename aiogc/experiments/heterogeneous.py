@@ -222,7 +222,7 @@ def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.n
 
 def compute(quick: bool, seed: int) -> list[Row]:
     instances, rounds = (2, 60) if quick else (8, 300)
-    blocks, live_rounds = (2, 8) if quick else (4, 15)
+    blocks, live_rounds = (2, 8) if quick else (6, 15)
     shapes = SHAPES[:1] if quick else SHAPES
     live_clusters = ("quarter-slow",) if quick else tuple(clusters(16))
     tick = cells(len(shapes) * 3 + len(live_clusters))
@@ -311,7 +311,7 @@ EXPERIMENT = Experiment(
     "every third chunk twice as large; cyclic + static order vs cyclic + speed-aware order "
     "vs speed-aware assignment + order, and stream-chunks (cyclic / speed-aware, simulated "
     "only); 8 instances x 300 rounds simulated; live at (16, 3, 1) "
-    "on the three clusters, 4 interleaved blocks x 15 rounds per variant, --time-scale auto, "
+    "on the three clusters, 6 interleaved blocks x 15 rounds per variant, --time-scale auto, "
     "each point's fidelity verdict (quick: (24, 4, 2) only, 2 x 60, live 2 x 8 on one)")
 
 __all__ = ["EXPERIMENT", "clusters"]
