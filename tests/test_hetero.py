@@ -236,3 +236,13 @@ def test_original_refuses_the_speed_aware_assignment_and_says_why() -> None:
     with pytest.raises(ConfigError) as err:
         _cfg(scheme="original", assignment="nope").build_scheme()
     assert "equal loads" not in str(err.value)  # the reason is the speed-aware one only
+
+
+def test_only_an_unfaithful_live_point_is_labelled_so() -> None:
+    from aiogc.experiments.heterogeneous import _label
+
+    base = {"m": 16, "delta": 3, "ell": 1, "cluster": "spread"}
+    # simulated rows read back from the CSV have an empty fidelity column: not a verdict
+    assert "UNFAITHFUL" not in _label({**base, "kind": "simulated", "fidelity": None})
+    assert "UNFAITHFUL" not in _label({**base, "kind": "live", "fidelity": "faithful"})
+    assert "UNFAITHFUL" in _label({**base, "kind": "live", "fidelity": "unfaithful"})

@@ -246,7 +246,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
 
 def plot(rows: list[Row], path: Path) -> None:
     p = plt()
-    fig, ax = p.subplots(figsize=(9, 4))
+    fig, ax = p.subplots(figsize=(max(9.0, 1.3 * len(rows)), 4))
     x = np.arange(len(rows))
     for off, (v, mark) in zip((-0.3, -0.1, 0.1, 0.3),
                               (("cyclic_static", "o"), ("cyclic_aware", "s"),
@@ -268,7 +268,8 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def _label(r: Row) -> str:
     """A plot label; an unfaithful live point says so (its numbers are not a result)."""
-    mark = "" if r.get("fidelity", "faithful") == "faithful" else "\nUNFAITHFUL"
+    live_bad = r["kind"] == "live" and r.get("fidelity") != "faithful"
+    mark = "\nUNFAITHFUL" if live_bad else ""
     return f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}{mark}"
 
 
