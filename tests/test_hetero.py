@@ -157,3 +157,92 @@ def test_fast_path_equals_protocol_engine_on_a_heterogeneous_cluster(kw: dict[st
         assert list(a["status"]) == list(f.status)
         states = np.array([rec.state for rec in proto[name]])
         np.testing.assert_array_equal(states, f.states)
+
+
+def test_live_points_alternate_and_take_every_runs_verdict() -> None:
+    from aiogc.experiments.heterogeneous import LIVE_VARIANTS, block_order, point_fidelity
+
+    # the order flips block by block, so a drifting load weighs on every variant alike
+    assert block_order(LIVE_VARIANTS, 0) == LIVE_VARIANTS
+    assert block_order(LIVE_VARIANTS, 1) == LIVE_VARIANTS[::-1]
+    assert block_order(LIVE_VARIANTS, 2) == LIVE_VARIANTS
+    ok = {"verdict": "faithful", "worst_ratio": 1.03, "time_scale": 3.0, "reasons": []}
+    bad = {"verdict": "unfaithful", "worst_ratio": 1.4, "time_scale": 3.0,
+           "reasons": ["partial rounds took 1.40x their simulated time"]}
+    p = point_fidelity([ok, ok])
+    assert p["fidelity"] == "faithful" and p["runs_faithful"] == "2/2"
+    assert p["worst_ratio"] == 1.03 and p["time_scale"] == 3.0 and p["reasons"] == ""
+    p = point_fidelity([ok, bad, ok])
+    assert p["fidelity"] == "unfaithful" and p["runs_faithful"] == "2/3"
+    assert p["worst_ratio"] == 1.4 and "1.40x" in p["reasons"]
+    assert point_fidelity([])["fidelity"] == "unfaithful"  # no run: nothing to vouch for
+
+
+def test_an_unfaithful_live_point_is_not_presented_as_a_result() -> None:
+    from aiogc.experiments.heterogeneous import summarise
+
+    row = {"kind": "live", "m": 16, "delta": 3, "ell": 1, "cluster": "spread",
+           "diff_ms": -1.0, "diff_lo": -2.0, "diff_hi": 0.0, "diff_pct": -3.0,
+           "fidelity": "unfaithful", "runs_faithful": "5/6", "worst_ratio": 1.3,
+           "time_scale": 2.0, "reasons": "r", "cyclic_aware_live": "ran"}
+    for v in ("cyclic_static", "cyclic_aware", "speed_aware"):
+        row.update({f"{v}_ms": 30.0, f"{v}_lo": 29.0, f"{v}_hi": 31.0})
+    cell = summarise([row])["live|m=16|delta=3|ell=1|spread"]
+    assert "speed_aware" not in cell and "diff_ms" not in cell
+    assert cell["fidelity"] == "unfaithful" and "speed_aware" in cell["unfaithful_not_a_result"]
+    row["fidelity"] = "faithful"
+    assert summarise([row])["live|m=16|delta=3|ell=1|spread"]["speed_aware"] == "30 [29, 31]"
+
+
+def test_training_replay_cuts_the_data_by_the_clusters_chunk_sizes() -> None:
+    # experiments/live.py rebuilds each round's model from the records and checks every loss
+    # against the one the PS logged: with --chunk-sizes the replay must cut the data the same
+    # way as the workers did (it raised on the first round before the sizes were threaded)
+    from aiogc.experiments.live import _replay
+
+    # approximate rounds: an exact decode is the full gradient however the data is cut
+    cfg = _cfg(rounds=6, task="logreg:breast-cancer", mode="approx", deadline_s=1.0)
+    recs = simulate_protocol(cfg, ["partial"], gradients="task")["partial"]
+    assert all(np.isfinite(r.loss) for r in recs)
+    assert any(r.status == "approximate" for r in recs)
+    path = _replay(cfg, recs)
+    assert len(path) == 7 and path[-1][0] < path[0][0]
+
+
+def test_stream_chunks_runs_on_the_speed_aware_assignment() -> None:
+    # streaming needs every chunk on some holder, nothing of the cyclic structure: the same
+    # assignment and (ell = 1) order as partial, and with free communication the same
+    # completion as partial's ell = 1 trigger, round by round, on the same cluster
+    cfg = _cfg(n_parts=1, rounds=40)
+    names = ["partial", "stream-chunks"]
+    built = build_schemes(cfg, names)
+    p, s = built["partial"], built["stream-chunks"]
+    np.testing.assert_array_equal(s.A, p.A)
+    assert (s.A.sum(axis=1) == 3).all() and len(set(s.loads.tolist())) > 1
+    for a, b in zip(s.orders, p.orders, strict=True):
+        np.testing.assert_array_equal(a, b)
+    fast = simulate_fast(cfg, names, schedule=schedule_for(cfg, built), built=built)
+    np.testing.assert_allclose(fast["stream-chunks"].completion_s, fast["partial"].trigger_s,
+                               rtol=0, atol=1e-12)
+    assert set(fast["stream-chunks"].status) == {"exact"}
+
+
+def test_original_refuses_the_speed_aware_assignment_and_says_why() -> None:
+    with pytest.raises(ConfigError) as err:
+        _cfg(scheme="original").build_scheme()
+    msg = str(err.value)
+    assert "speed-aware" in msg and "equal loads" in msg and "cyclic" in msg
+    assert "stream-chunks" in msg  # what to use instead
+    with pytest.raises(ConfigError) as err:
+        _cfg(scheme="original", assignment="nope").build_scheme()
+    assert "equal loads" not in str(err.value)  # the reason is the speed-aware one only
+
+
+def test_only_an_unfaithful_live_point_is_labelled_so() -> None:
+    from aiogc.experiments.heterogeneous import _label
+
+    base = {"m": 16, "delta": 3, "ell": 1, "cluster": "spread"}
+    # simulated rows read back from the CSV have an empty fidelity column: not a verdict
+    assert "UNFAITHFUL" not in _label({**base, "kind": "simulated", "fidelity": None})
+    assert "UNFAITHFUL" not in _label({**base, "kind": "live", "fidelity": "faithful"})
+    assert "UNFAITHFUL" in _label({**base, "kind": "live", "fidelity": "unfaithful"})

@@ -151,7 +151,8 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
                    help="chunks per worker δ (default %(default)s)")
     g.add_argument("--ell", type=_positive_int, default=d.n_parts,
                    help="communication split ℓ, 1 <= ℓ <= δ (default %(default)s)")
-    g.add_argument("--assignment", default=d.assignment, help="cyclic | fr | regular")
+    g.add_argument("--assignment", default=d.assignment,
+                   help="cyclic | fr | regular | speed-aware (faster workers hold more chunks)")
     g.add_argument("--ordering", default=d.ordering,
                    help="optimal | natural | random | adaptive (partial: speed-aware orders "
                    "chosen by the PS each round)")

@@ -487,7 +487,11 @@ register_scheme(SchemeSpec(
     exactness="exact once decodable; least-squares optimal (Glasgow-Wootters) before",
     decoder="fr: one finished worker per group; tandon / polynomial: the construction's "
     "decoder from m - s workers, least squares from fewer",
-    min_redundancy=1, setup_bytes=OriginalScheme.setup_bytes))
+    min_redundancy=1, setup_bytes=OriginalScheme.setup_bytes,
+    assignment_refusals=(("speed-aware", (
+        "original is built here for equal loads (Tandon's code needs the cyclic assignment, "
+        "fr the fractional-repetition one); unequal loads would leave only its polynomial "
+        "construction, not enabled for speed-aware: use partial or stream-chunks")),)))
 register_scheme(SchemeSpec(
     name="uncoded", build=_build_uncoded, sends_when_done=True,
     waiting="all m workers finished", exactness="exact only with every worker",

@@ -144,6 +144,9 @@ class SchemeSpec:
     live : bool
         Whether the protocol core can run it (live runs, the protocol engine); False for a
         scheme only the fast path models (``stream-chunks``: no multi-message upload yet).
+    assignment_refusals : tuple of (str, str)
+        (assignment, why) pairs: a known construction this scheme refuses, and the reason
+        the refusal names (``original`` and ``speed-aware``).
     """
 
     name: str
@@ -161,6 +164,7 @@ class SchemeSpec:
     min_finished: Callable[[SchemeParams], int] = lambda p: p.m - (p.delta - p.n_parts)
     setup_bytes: Callable[[int, int, int], int] = SchemeBase.setup_bytes
     live: bool = True
+    assignment_refusals: tuple[tuple[str, str], ...] = ()
 
     def check(self, p: SchemeParams) -> None:
         """Raise :class:`ConfigError` (naming the field) if ``p`` is not valid for this scheme."""
@@ -171,8 +175,10 @@ class SchemeSpec:
                               f"<= delta - {self.min_redundancy} = "
                               f"{p.delta - self.min_redundancy} for scheme {self.name}")
         if self.assignments and p.A is None and p.assignment not in self.assignments:
+            why = dict(self.assignment_refusals).get(p.assignment)
             raise ConfigError("assignment", p.assignment,
-                              f"one of {', '.join(self.assignments)} for scheme {self.name}")
+                              f"one of {', '.join(self.assignments)} for scheme {self.name}"
+                              + (f": {why}" if why else ""))
         for fname, allowed in (("ordering", self.orderings), ("decoding", self.decodings)):
             value = getattr(p, fname)
             if allowed and value not in allowed:

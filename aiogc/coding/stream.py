@@ -1,7 +1,8 @@
 """Chunk streaming: every worker uploads each finished chunk's gradient as it finishes.
 
 The natural competitor of the partial scheme (issue 19): no coding, the same replicated
-assignment and processing orders (partial's ``optimal`` ordering at ``ell = 1``, drawn from the
+assignment (any construction, ``speed-aware`` included: streaming only needs every chunk on
+some holder) and processing orders (partial's ``optimal`` ordering at ``ell = 1``, drawn from the
 same seed, so with free communication its completion time equals partial's ``ell = 1``
 trigger, trial by trial). The PS completes as soon as every chunk has arrived from *some*
 holder; the decode is exact (the sum of one copy of every chunk). The price is traffic: up to
@@ -27,8 +28,10 @@ import numpy as np
 
 from aiogc.coding.assignments import validate_assignment
 from aiogc.coding.base import DecodeResult, SchemeBase, combine
-from aiogc.coding.orderings import natural_order, optimal_order, q_max, random_order
+from aiogc.coding.hetero import hetero_order
+from aiogc.coding.orderings import natural_order, q_max, random_order
 from aiogc.coding.registry import (
+    ASSIGNMENTS,
     STATIC_ORDERINGS,
     SchemeParams,
     SchemeSpec,
@@ -144,7 +147,9 @@ class StreamChunksScheme(SchemeBase):
 def _build_stream(p: SchemeParams) -> StreamChunksScheme:
     A = build_assignment(p)
     if p.ordering == "optimal":
-        orders = optimal_order(A, 1, p.rng)
+        # partial's ell = 1 order: the static optimum on a uniform cluster (bit for bit), the
+        # speed-aware candidate too on a heterogeneous one (coding/hetero.py)
+        orders = hetero_order(A, 1, p.rng, p.speeds, p.sizes)
     elif p.ordering == "natural":
         orders = natural_order(A)
     else:
@@ -157,4 +162,4 @@ register_scheme(SchemeSpec(
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    orderings=STATIC_ORDERINGS, live=False))
+    assignments=ASSIGNMENTS, orderings=STATIC_ORDERINGS, live=False))

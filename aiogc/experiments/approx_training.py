@@ -43,7 +43,7 @@ def exact_gd_losses(cfg: RunConfig, rounds: int) -> list[float]:
     from aiogc.training.tasks import chunk_gradients, make_task
 
     scheme: Any = cfg.build_scheme()
-    task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed)
+    task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
     lr = cfg.learning_rate or task.learning_rate
     w = np.asarray(task.initial_model(), dtype=np.float64).copy()
     out = [float(task.loss(w))]

@@ -329,7 +329,9 @@ def _replay(cfg: RunConfig, records: list[Any]) -> list[tuple[float, float]]:
     from aiogc.training.tasks import chunk_gradients, make_task
 
     scheme: Any = cfg.build_scheme()
-    task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed)
+    # the live PS and workers cut the data by the cluster's chunk sizes (--chunk-sizes): the
+    # replay must cut it the same way, or its losses are another model's
+    task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
     lr = cfg.learning_rate or task.learning_rate
     w = np.asarray(task.initial_model(), dtype=np.float64).copy()
     dim = w.size
