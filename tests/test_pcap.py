@@ -528,3 +528,50 @@ def test_worker_hosts_run_capture(tmp_path: Path) -> None:
         == list(range(m))
     assert _tshark_run(pcap, "-Y", "aiogc.tag")  # the run has a secret: tagged frames
     assert _malformed(pcap) == []
+
+
+def test_standalone_ps_capture(tmp_path: Path) -> None:
+    """``aiogc ps --pcap`` (loopback, port 0) with a worker host (``--id 0-2``) and a plain
+    worker (``--id 3``): one capture holds both kinds of connection, and the dissected frames
+    are those the PS recorded, worker by worker."""
+    import re as re_
+    import sys
+
+    _tshark()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
+         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+         "--pcap", str(pcap)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        assert ps.stderr is not None
+        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
+        match = re_.search(r"listening on ([\d.]+):(\d+)", line)
+        assert match, line
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "aiogc", "worker", "--connect",
+             f"{match[1]}:{match[2]}", "--id", ids, "--secret-file", str(secret)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for ids in ("0-2", "3")]
+        _, ps_err = ps.communicate(timeout=120)  # hang guard only
+        for w in workers:
+            w.communicate(timeout=120)
+    finally:
+        for p in [ps, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    kinds = _check_against_events(pcap, out, ["partial"])
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "coded_gradient",
+            "shutdown"} <= set(kinds)
+    infos = [i for _, _, i in _pdus(pcap)]
+    assert any(i.startswith("w2 hello(") for i in infos)  # the host's records
+    assert any(i.startswith("hello(") and "worker=3" in i for i in infos)  # the plain one
+    assert _malformed(pcap) == []
