@@ -6,6 +6,9 @@ count the bytes of each direction). With ``tshark`` (Debian's package; .ci/run i
 and the tests fail rather than skip under CI when it is missing): a synthetic capture of
 every one of the 15 kinds, tagged and untagged, and the capture of a real live run, whose
 dissected frames must be exactly the frames the PS recorded in events.jsonl, kind by kind.
+Worker hosts (§2.6): a synthetic host connection (preambles, the stray challenge, control
+records, per-session tags, a refusal) and a real ``--worker-hosts 2`` run, whose capture is
+also decoded in Python (the tap must hold every byte once) and dissected worker by worker.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -23,7 +27,20 @@ import numpy as np
 import pytest
 
 from aiogc.net.pcap import LINKTYPE_RAW, MAX_SEGMENT, PcapWriter, _checksum
-from aiogc.protocol.headers import KIND_CODES
+from aiogc.protocol.headers import DEFAULT_LIMITS, KIND_CODES
+from aiogc.protocol.hostmux import (
+    CLOSE,
+    HOST_SLOT,
+    OPEN,
+    ROLE_HOST,
+    ROLE_PS,
+    Control,
+    MuxFrameDecoder,
+    Preamble,
+    encode_control,
+    encode_preamble,
+    slot_prefix,
+)
 from aiogc.protocol.messages import (
     Bye,
     Challenge,
@@ -42,7 +59,7 @@ from aiogc.protocol.messages import (
     Welcome,
     state_digest,
 )
-from aiogc.protocol.wire import encode_frame_bytes
+from aiogc.protocol.wire import HOST_MAGIC, encode_frame_bytes
 
 LUA = Path(__file__).resolve().parent.parent / "tools" / "aiogc.lua"
 
@@ -179,6 +196,97 @@ def test_dissector_names_every_kind(tmp_path: Path, tagged: bool) -> None:
     assert errors == []
 
 
+#: What a worker sends unprompted: a capture may hold some that the PS read but did not decode
+#: (in flight when it closed the session after its last round: §2.3's lingering close reads
+#: and discards, a host's closed slot drops them), which events.jsonl therefore lacks.
+_UNPROMPTED = {"chunk_report", "coded_gradient"}
+
+
+def _pdus(pcap: Path) -> list[tuple[int, int, str]]:
+    """``(source port, destination port, summary)`` of every aiogc PDU, in capture order."""
+    lines = _tshark_run(pcap, "-Y", "aiogc", "-T", "fields", "-e", "tcp.srcport",
+                        "-e", "tcp.dstport", "-e", "_ws.col.Info")
+    out = []
+    for line in lines:
+        sport, dport, info = line.split("\t")
+        out += [(int(sport), int(dport), item) for item in info.split("; ")]
+    return out
+
+
+def _named_worker(fields: str) -> int:
+    match = re.search(r"\bworker=(\d+)", fields)
+    assert match is not None, fields
+    return int(match[1])
+
+
+_Sent = collections.Counter[tuple[str, str, "int | None"]]
+_Received = dict[tuple[str, "int | None"], list[str]]
+
+
+def _by_worker(pdus: list[tuple[int, int, str]], scheme_of: dict[int, str]
+               ) -> tuple[collections.Counter[str], _Sent, _Received]:
+    """The dissected frames' kinds; ``(scheme, kind, worker)`` of the frames the PS sent; the
+    kinds each ``(scheme, worker)`` sent, in order. A plain connection's worker is its hello's,
+    a host record's first + slot (``wN``); None for challenge and hello (as events.jsonl)."""
+    stream_worker: dict[tuple[str, int], int] = {}
+    kinds: collections.Counter[str] = collections.Counter()
+    sent: _Sent = collections.Counter()
+    received: _Received = collections.defaultdict(list)
+    for sport, dport, info in pdus:
+        head, _, fields = info.partition("(")
+        if head in ("OPEN", "CLOSE", "host preamble"):
+            continue
+        from_ps = sport in scheme_of
+        scheme, client = (scheme_of[sport], dport) if from_ps else (scheme_of[dport], sport)
+        who, _, kind = head.rpartition(" ")
+        kinds[kind] += 1
+        worker: int | None
+        if who:  # a host connection's record
+            assert who.startswith("w"), info
+            worker = int(who[1:])
+            if kind in ("hello", "welcome"):
+                assert _named_worker(fields) == worker, info  # the slot is the named worker's
+        else:
+            if kind == "hello":
+                stream_worker[(scheme, client)] = _named_worker(fields)
+            worker = stream_worker.get((scheme, client))
+        if kind in ("challenge", "hello"):
+            worker = None  # the PS names a worker once it is authenticated
+        if from_ps:
+            sent[(scheme, kind, worker)] += 1
+        else:
+            received[(scheme, worker)].append(kind)
+    return kinds, sent, received
+
+
+def _check_against_events(pcap: Path, run_dir: Path,
+                          schemes: list[str]) -> collections.Counter[str]:
+    """The dissected capture against the PS's events.jsonl, scheme by scheme (one PS port
+    each) and worker by worker: every frame the PS sent, per kind; and per worker the frames
+    the PS received, in order, plus at most frames that were in flight when the PS closed the
+    session. Returns the dissected frames' kinds."""
+    pdus = _pdus(pcap)
+    ps_ports: list[int] = []
+    for sport, _, info in pdus:  # every connection starts with the PS's challenge
+        if info.startswith("challenge(") and sport not in ps_ports:
+            ps_ports.append(sport)
+    assert len(ps_ports) == len(schemes)
+    kinds, sent, received = _by_worker(pdus, dict(zip(ps_ports, schemes, strict=True)))
+    events = [e for e in map(json.loads, (run_dir / "events.jsonl").open())
+              if e["direction"] in ("in", "out")]
+    assert sent == collections.Counter((e["scheme"], e["kind"], e["worker"]) for e in events
+                                       if e["direction"] == "out")
+    recorded: _Received = collections.defaultdict(list)
+    for e in events:
+        if e["direction"] == "in":
+            recorded[(e["scheme"], e["worker"])].append(e["kind"])
+    assert set(received) == set(recorded)
+    for key, seq in recorded.items():
+        assert received[key][:len(seq)] == seq, key
+        assert set(received[key][len(seq):]) <= _UNPROMPTED, key
+    return kinds
+
+
 def test_live_run_capture_is_dissected(tmp_path: Path) -> None:
     """A real run (coroutines on loopback, port 0, with a secret: tagged frames) captured
     with --pcap: tshark finds exactly the frames the PS recorded, kind by kind."""
@@ -193,10 +301,277 @@ def test_live_run_capture_is_dissected(tmp_path: Path) -> None:
     run_live(cfg, ["partial", "original"], RunOptions(
         mode="coroutines", out_dir=tmp_path / "run", plots=False, loop="asyncio", pcap=pcap))
     kinds, errors = _dissect(pcap)
-    recorded = collections.Counter(
-        e["kind"] for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
-        if e["direction"] in ("in", "out"))
-    assert collections.Counter(kinds) == recorded
+    # the frames the PS recorded, kind by kind and worker by worker (plus frames read after
+    # its last shutdown, which it discards unread)
+    assert collections.Counter(kinds) == _check_against_events(
+        pcap, tmp_path / "run", ["partial", "original"])
     assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
             "encode_and_transmit", "coded_gradient", "shutdown"} <= set(kinds)
     assert errors == []
+
+
+# ---------------------------------------------------------------------------- worker hosts
+
+
+def _tshark_run(pcap: Path, *args: str) -> list[str]:
+    out = subprocess.run(
+        [_tshark(), "-n", "-o", "tcp.try_heuristic_first:TRUE", "-X", f"lua_script:{LUA}",
+         "-r", str(pcap), *args],
+        capture_output=True, text=True, check=True, timeout=300,
+        env={**os.environ, "HOME": str(pcap.parent)})
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def _infos(pcap: Path, two_pass: bool = False) -> list[str]:
+    """The dissector's one-line summaries (Info column), PDU by PDU, in capture order."""
+    lines = _tshark_run(pcap, *(["-2"] if two_pass else []), "-Y", "aiogc",
+                        "-T", "fields", "-e", "_ws.col.Info")
+    return [item for line in lines for item in line.split("; ")]
+
+
+def _malformed(pcap: Path) -> list[str]:
+    """Packets with the dissector's malformed expert, a malformed or a Lua error."""
+    return _tshark_run(pcap, "-Y", "aiogc.malformed || _ws.malformed || _ws.lua")
+
+
+def _host_frames(from_ps: bool, kinds: list[tuple[int, Any]], tagged: set[int]) -> bytes:
+    """Records of ``(slot, message)``; a slot in ``tagged`` gets a (dummy) tag."""
+    out = b""
+    for slot, msg in kinds:
+        out += slot_prefix(slot) + encode_frame_bytes(msg)
+        if slot in tagged and msg.kind not in ("challenge", "hello", "welcome"):
+            out += bytes(range(16))
+    return out
+
+
+def test_dissector_follows_a_host_connection(tmp_path: Path) -> None:
+    """§2.6 by hand: the stray challenge, both preambles, OPEN / CLOSE, per-session tags
+    (worker 4 has a secret, worker 5's reopened session has none), a record split over
+    writes, the host slot's error; and a refused host (a plain error instead of the PS's
+    preamble). Every PDU is named with its worker id, nothing is malformed, a second pass
+    (Wireshark's revisits) dissects alike."""
+    ch = Challenge(nonce=b"n" * 16, epoch=3)
+    model = np.linspace(-1, 1, 5)
+    secret, plain = {0, 1}, {0}
+    with PcapWriter(tmp_path / "host.pcap") as cap:
+        conn = _Conn(50010)
+        cap.tap(conn, True, encode_frame_bytes(ch))  # sent at accept, before the preamble
+        cap.tap(conn, False, encode_preamble(ROLE_HOST, 4, 2) + encode_control(OPEN, 0)
+                + encode_control(OPEN, 1))
+        cap.tap(conn, True, encode_preamble(ROLE_PS, 4, 2) + _host_frames(
+            True, [(0, ch), (1, ch)], set()))
+        cap.tap(conn, False, _host_frames(False, [
+            (0, Hello(worker=4, nonce=b"w" * 16, mac=b"m" * 32, epoch=3)),
+            (1, Hello(worker=5, nonce=b"w" * 16, mac=b"m" * 32, epoch=3))], set()))
+        cap.tap(conn, True, _host_frames(True, [
+            (s, Welcome(epoch=3, worker=4 + s, mac=b"p" * 32, config={"workers": 6}))
+            for s in (0, 1)], set()))
+        cap.tap(conn, False, _host_frames(False, [(1, Ready(epoch=3)), (0, Ready(epoch=3))],
+                                          secret))
+        cap.tap(conn, True, _host_frames(True, [(0, RoundStart(
+            epoch=3, round=0, delays_s=(0.5,), net_delay_s=0.0, model=model))], secret))
+        grad = _host_frames(False, [(1, CodedGradient(
+            epoch=3, round=0, attempt=0, state_digest=b"", compute_s=0.5,
+            payload=model.astype(np.float32)))], secret)
+        cap.tap(conn, False, grad[:9])
+        cap.tap(conn, False, grad[9:])
+        cap.tap(conn, True, _host_frames(True, [(1, Error(code="stale", reason="x"))], secret)
+                + encode_control(CLOSE, 1))
+        cap.tap(conn, False, encode_control(CLOSE, 1) + encode_control(OPEN, 1))
+        cap.tap(conn, True, _host_frames(True, [(1, ch)], set()))
+        cap.tap(conn, False, _host_frames(False, [
+            (1, Hello(worker=5, nonce=b"w" * 16, mac=b"", epoch=3))], set()))
+        cap.tap(conn, True, _host_frames(True, [
+            (1, Welcome(epoch=3, worker=5, mac=b"", config={})), (0, Ping(seq=1)),
+            (1, Ping(seq=2))], plain))
+        cap.tap(conn, True, slot_prefix(HOST_SLOT) + encode_frame_bytes(
+            Error(code="bad_tag", reason="host")))
+        refused = _Conn(50011)
+        cap.tap(refused, True, encode_frame_bytes(ch))
+        cap.tap(refused, False, encode_preamble(ROLE_HOST, 0, 9))
+        cap.tap(refused, True, encode_frame_bytes(Error(code="bad_block", reason="0..8")))
+    infos = _infos(tmp_path / "host.pcap")
+    names = [i.split("(")[0] for i in infos]
+    assert names == [
+        "challenge", "host preamble", "OPEN", "OPEN", "host preamble", "w4 challenge",
+        "w5 challenge", "w4 hello", "w5 hello", "w4 welcome", "w5 welcome", "w5 ready",
+        "w4 ready", "w4 round_start", "w5 coded_gradient", "w5 error", "CLOSE", "CLOSE", "OPEN",
+        "w5 challenge", "w5 hello", "w5 welcome", "w4 ping", "w5 ping", "host error",
+        "challenge", "host preamble", "error"]
+    assert infos[2] == "OPEN(slot=0, worker=4)" and infos[16] == "CLOSE(slot=1, worker=5)"
+    assert infos[1] == "host preamble(host, workers 4..5)"
+    assert infos[4] == "host preamble(PS, workers 4..5)"
+    tags = _tshark_run(tmp_path / "host.pcap", "-T", "fields", "-e", "aiogc.tag")
+    assert sum(len(line.split(",")) for line in tags) == 6  # the secret session's frames
+    assert _malformed(tmp_path / "host.pcap") == []
+    assert _infos(tmp_path / "host.pcap", two_pass=True) == infos
+
+
+def test_dissector_flags_a_bad_control_record(tmp_path: Path) -> None:
+    """The malformed check of the tests below does find a malformed record."""
+    with PcapWriter(tmp_path / "bad.pcap") as cap:
+        conn = _Conn(50012)
+        cap.tap(conn, False, encode_preamble(ROLE_HOST, 0, 2) + encode_control(7, 0))
+    assert len(_malformed(tmp_path / "bad.pcap")) == 1
+
+
+def _streams(pcap: Path) -> dict[tuple[int, int], bytes]:
+    """Every direction's reassembled TCP payload, keyed by (source port, destination port)."""
+    out: dict[tuple[int, int], bytes] = collections.defaultdict(bytes)
+    for p in _records(pcap)[1]:
+        out[struct.unpack(">HH", p[20:24])] += p[40:]
+    return out
+
+
+class _AnyTag:
+    """Accepts every tag: the capture is decoded without the session keys."""
+
+    def verify(self, parts: Any, tag: bytes) -> bool:
+        return True
+
+    def verify_one(self, frame: Any, tag: bytes) -> bool:
+        return True
+
+
+def _decode_host_stream(data: bytes, secret: bool) -> list[tuple[int | None, Any]]:
+    """A host connection's direction as aiogc decodes it: ``(slot, message)`` (slot None: a
+    plain frame, a preamble or a control record). With a ``secret``, a session's frames are
+    tagged after its hello (host to PS) or welcome (PS to host), §2.5."""
+    from_ps = data[:4] != HOST_MAGIC.to_bytes(4, "big")
+    tagged: set[int] = set()
+
+    def select(dec: MuxFrameDecoder, slot: int) -> None:
+        dec.limits = DEFAULT_LIMITS
+        dec.auth = _AnyTag() if slot in tagged else None  # type: ignore[assignment]
+
+    dec = MuxFrameDecoder(select, plain_first=from_ps)
+    out: list[tuple[int | None, Any]] = []
+    src = memoryview(data)
+    while src:  # one message at a time, as the connection does: a hello changes the state
+        buf = dec.get_buffer(len(src))
+        k = min(len(buf), len(src))
+        buf[:k] = src[:k]
+        del buf
+        src = src[k:]
+        batch = dec.buffer_updated(k, max_messages=1)
+        msg = batch[0] if batch else None
+        while msg is not None:
+            if isinstance(msg, Preamble | Control):
+                out.append((None, msg))
+            else:
+                slot = dec.slot
+                out.append((slot, msg))
+                if slot is not None and msg.kind in ("challenge", "hello", "welcome"):
+                    tagged.discard(slot)  # a new session's handshake
+                    if secret and msg.kind == ("welcome" if from_ps else "hello"):
+                        tagged.add(slot)
+            msg = dec.next_message()
+    assert dec.at_frame_boundary()
+    return out
+
+
+def test_worker_hosts_run_capture(tmp_path: Path) -> None:
+    """A real ``--worker-hosts 2`` run (two host processes on loopback, port 0, with a secret),
+    captured with --pcap. Decoded in Python, the host connections hold the frames the PS
+    recorded in events.jsonl (the tap sees a host's first read once, though the host link
+    re-feeds it to its own decoder); dissected by tshark, every PDU is named, slot frames carry
+    their worker id (first + slot), and they are the frames events.jsonl records, worker by
+    worker; the dissector and aiogc's decoder agree frame for frame; nothing is malformed."""
+    _tshark()
+    from aiogc.config import RunConfig
+    from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
+
+    m, schemes = 4, ["partial", "original"]
+    cfg = RunConfig(workers=m, delta=2, rounds=3, seed=1, task="linreg:samples=200,dim=8",
+                    delay="exp:0.002")
+    pcap = tmp_path / "hosts.pcap"
+    run_live(cfg, schemes, RunOptions(
+        mode="coroutines", out_dir=tmp_path / "run", plots=False, loop="asyncio", pcap=pcap,
+        worker_hosts=2))
+    events = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
+              if e["direction"] in ("in", "out")]
+
+    # 1. the tap: aiogc's own host decoder reads every direction to its end
+    decoded = {True: collections.Counter[str](), False: collections.Counter[str]()}
+    opened: collections.Counter[int] = collections.Counter()
+    firsts = {}
+    for (sport, _), data in _streams(pcap).items():
+        host_side = data[:4] == HOST_MAGIC.to_bytes(4, "big")
+        for slot, msg in _decode_host_stream(data, secret=True):
+            if isinstance(msg, Preamble):
+                firsts[sport] = msg.first
+            elif isinstance(msg, Control):
+                if msg.op == OPEN:
+                    opened[firsts[sport] + msg.slot] += 1
+            else:
+                assert slot != HOST_SLOT
+                decoded[not host_side][msg.kind] += 1
+    sent = collections.Counter(e["kind"] for e in events if e["direction"] == "out")
+    got = collections.Counter(e["kind"] for e in events if e["direction"] == "in")
+    assert decoded[True] == sent
+    assert decoded[False] - got <= collections.Counter(
+        dict.fromkeys(_UNPROMPTED, 2 * m)) and not got - decoded[False]
+    assert sorted(opened) == list(range(m)) and sum(opened.values()) == got["hello"]
+
+    # 2. the dissector
+    kinds = _check_against_events(pcap, tmp_path / "run", schemes)
+    assert kinds == decoded[True] + decoded[False]
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "shutdown"} <= set(kinds)
+    # one challenge per session, and one per host connection (sent before the PS knew)
+    assert kinds["challenge"] == got["hello"] + 2 * len(schemes)
+    infos = [i for _, _, i in _pdus(pcap)]
+    assert sum(i.startswith("host preamble(host") for i in infos) == 2 * len(schemes)
+    assert sum(i.startswith("host preamble(PS") for i in infos) == 2 * len(schemes)
+    assert sorted({int(i.split(" ")[0][1:]) for i in infos if i.startswith("w")}) \
+        == list(range(m))
+    assert _tshark_run(pcap, "-Y", "aiogc.tag")  # the run has a secret: tagged frames
+    assert _malformed(pcap) == []
+
+
+def test_standalone_ps_capture(tmp_path: Path) -> None:
+    """``aiogc ps --pcap`` (loopback, port 0) with a worker host (``--id 0-2``) and a plain
+    worker (``--id 3``): one capture holds both kinds of connection, and the dissected frames
+    are those the PS recorded, worker by worker."""
+    import re as re_
+    import sys
+
+    _tshark()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
+         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+         "--pcap", str(pcap)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        assert ps.stderr is not None
+        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
+        match = re_.search(r"listening on ([\d.]+):(\d+)", line)
+        assert match, line
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "aiogc", "worker", "--connect",
+             f"{match[1]}:{match[2]}", "--id", ids, "--secret-file", str(secret)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for ids in ("0-2", "3")]
+        _, ps_err = ps.communicate(timeout=120)  # hang guard only
+        for w in workers:
+            w.communicate(timeout=120)
+    finally:
+        for p in [ps, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    kinds = _check_against_events(pcap, out, ["partial"])
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "coded_gradient",
+            "shutdown"} <= set(kinds)
+    infos = [i for _, _, i in _pdus(pcap)]
+    assert any(i.startswith("w2 hello(") for i in infos)  # the host's records
+    assert any(i.startswith("hello(") and "worker=3" in i for i in infos)  # the plain one
+    assert _malformed(pcap) == []

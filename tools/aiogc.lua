@@ -22,18 +22,34 @@
 -- A stream picked up mid-way (no handshake seen) guesses per frame: tagged if a frame header
 -- (or the end of the data) follows 16 bytes after the frame.
 --
+-- Worker hosts (§2.6: `aiogc worker --id A-B`, `aiogc run --worker-hosts N`): a host connection
+-- is recognised by its 12-byte "AGCH" preamble (the host's, role 0, first on the stream; the
+-- PS's, role 1, after the plain `challenge` the PS sent at accept, before it knew it was a
+-- host; a refusal is a plain `error` instead). After a direction's preamble, its PDUs are
+-- records: a 2-byte slot and one frame of worker `first + slot` (shown as aiogc.slot and
+-- aiogc.worker_id), a 6-byte control record (OPEN / CLOSE, aiogc.ctrl_op), or slot 0xFFFE and
+-- a plain `error` about the host connection itself. Tags follow each worker session's own
+-- handshake (per slot; an OPEN starts a new session).
+--
 -- Layering, so that a framing-level change stays local:
---   stream layer  aiogc.dissector / pdu_length: TCP reassembly, one PDU after the other
---   framing layer MUX_PREFIX_BYTES / dissect_mux_prefix: bytes before each frame (none in
---                 protocol version 3; a per-host multiplexed connection format adds its
---                 channel prefix there and nothing else changes)
+--   stream layer  aiogc.dissector / next_pdu: TCP reassembly, one PDU after the other; every
+--                 PDU's type and length are remembered on the first pass, so a revisit (a
+--                 click in Wireshark) dissects as the first pass did
+--   framing layer next_pdu / dissect_preamble / dissect_control / dissect_record_prefix:
+--                 plain frames, or a host connection's preamble and records
 --   frame layer   dissect_frame: prefix, preamble, header by kind, body, tag
 --   kind layer    COMPACT (layout tables) and dissect_msgpack_map
 
 local PROTOCOL_VERSION = 4        -- the one constant to change when the version is bumped
 local TAG_BYTES = 16
-local MUX_PREFIX_BYTES = 0        -- framing-level prefix before each frame (v3: none)
 local MAX_HEADER_BYTES = 1048576  -- DEFAULT_LIMITS.max_header_bytes (headers.py)
+-- worker hosts (hostmux.py)
+local HOST_MAGIC = 0x41474348     -- "AGCH"
+local PREAMBLE_BYTES = 12         -- magic u32 | version u8 | role u8 | first u32 | count u16
+local SLOT_BYTES = 2
+local CTRL_BYTES = 6              -- 0xFFFF | op u16 | slot u16
+local CTRL_SLOT, HOST_SLOT = 0xFFFF, 0xFFFE
+local OPEN, CLOSE = 1, 2
 
 local KINDS = {
   [1] = "challenge", [2] = "hello", [3] = "welcome", [4] = "ready", [5] = "round_start",
@@ -98,6 +114,16 @@ local F = {
   field = ProtoField.string("aiogc.field", "field"),
   body = ProtoField.bytes("aiogc.body", "array body"),
   tag = ProtoField.bytes("aiogc.tag", "frame tag (GMAC, not verified)"),
+  -- worker hosts
+  magic = ProtoField.string("aiogc.magic", "Host preamble magic"),
+  role = ProtoField.uint8("aiogc.role", "Role", base.DEC, { [0] = "host", [1] = "PS" }),
+  first = ProtoField.uint32("aiogc.first", "First worker id"),
+  slots = ProtoField.uint16("aiogc.slots", "Workers in the block (count)"),
+  slot = ProtoField.uint16("aiogc.slot", "Slot", base.DEC,
+                           { [CTRL_SLOT] = "control", [HOST_SLOT] = "host connection" }),
+  worker_id = ProtoField.uint32("aiogc.worker_id", "Worker id (first + slot)"),
+  ctrl_op = ProtoField.uint16("aiogc.ctrl_op", "Control operation", base.DEC,
+                              { [OPEN] = "OPEN", [CLOSE] = "CLOSE" }),
 }
 local field_list = {}
 for _, f in pairs(F) do field_list[#field_list + 1] = f end
@@ -116,16 +142,25 @@ aiogc.prefs.tags = Pref.enum("Frame tags", 0, "whether frames carry a 16-byte ta
 
 -- ---------------------------------------------------------------------------- stream state
 
--- per TCP stream: ps_port (sender of challenge), secret (hello's mac non-empty),
--- w_tagged / ps_tagged (the direction's frames after the handshake carry tags)
+-- per TCP stream:
+--   ps_port          the PS's port (the sender of challenge, or from a host preamble's role)
+--   secret, w_tagged, ps_tagged   a plain connection's tagging state (§2.1): hello's mac is
+--                    non-empty; the direction's frames after the handshake carry tags
+--   host             { first, count } once a host preamble was seen (§2.6)
+--   rec[dir]         that direction's PDUs are records (its preamble was seen)
+--   slots[s]         slot s's worker session: secret, w_tagged, ps_tagged as a plain
+--                    connection's (reset by OPEN: a new session)
+--   pdus[key]        { type, len, slot } of every PDU dissected on the first pass
+-- (keyed by the two endpoints, not tcp.stream: a field is not extracted on a first pass
+-- without a tree, Wireshark's and `tshark -2`'s)
 local streams = {}
-local f_tcp_stream = Field.new("tcp.stream")
 
 local function stream_state(pinfo)
-  local fi = f_tcp_stream()
-  local key = fi and fi.value or -1
+  local a = tostring(pinfo.src) .. ":" .. tostring(pinfo.src_port)
+  local b = tostring(pinfo.dst) .. ":" .. tostring(pinfo.dst_port)
+  local key = a < b and a .. "-" .. b or b .. "-" .. a
   local st = streams[key]
-  if st == nil then st = {}; streams[key] = st end
+  if st == nil then st = { rec = {}, slots = {}, pdus = {} }; streams[key] = st end
   return st
 end
 
@@ -138,10 +173,13 @@ local function from_ps(st, pinfo)
   return pinfo.src_port == st.ps_port
 end
 
+local function dir_key(pinfo)
+  return tostring(pinfo.src) .. ":" .. tostring(pinfo.src_port)
+end
+
 -- ---------------------------------------------------------------------------- frame layer
 
 local function looks_like_frame(tvb, off)
-  off = off + MUX_PREFIX_BYTES
   if tvb:len() < off + 6 then return false end
   local h = tvb(off, 4):uint()
   local ver = tvb(off + 4, 1):uint()
@@ -149,49 +187,141 @@ local function looks_like_frame(tvb, off)
   return h >= 2 and h <= MAX_HEADER_BYTES and ver == PROTOCOL_VERSION and KINDS[kind] ~= nil
 end
 
--- Whether the frame of kind `kind` at [off, off + base) carries a tag: the stream's state
--- when the handshake was seen, else a guess from what follows.
-local function has_tag(tvb, off, base_len, kind, st, pinfo)
+local function looks_like_preamble(tvb, off)
+  return tvb:len() >= off + 6 and tvb(off, 4):uint() == HOST_MAGIC
+         and tvb(off + 4, 1):uint() == PROTOCOL_VERSION and tvb(off + 5, 1):uint() <= 1
+end
+
+-- A record of a host connection at `off`: a control record, or a slot and a frame.
+local function looks_like_record(tvb, off)
+  if tvb:len() < off + SLOT_BYTES then return false end
+  if tvb(off, 2):uint() == CTRL_SLOT then
+    if tvb:len() < off + CTRL_BYTES then return false end
+    local op = tvb(off + 2, 2):uint()
+    return op == OPEN or op == CLOSE
+  end
+  return looks_like_frame(tvb, off + SLOT_BYTES)
+end
+
+-- The tagging state of the session a frame belongs to: the stream's (plain connection) or
+-- its slot's (host connection); nil for the host connection's own frames (never tagged).
+local function session(st, slot)
+  if slot == nil then return st end
+  if slot == HOST_SLOT then return nil end
+  local ss = st.slots[slot]
+  if ss == nil then ss = {}; st.slots[slot] = ss end
+  return ss
+end
+
+-- Whether the frame of kind `kind` at [off, off + base) carries a tag: the session's state
+-- when its handshake was seen, else a guess from what follows (a frame, or on a host
+-- connection a record).
+local function has_tag(tvb, off, base_len, kind, st, pinfo, slot)
   if kind == K_CHALLENGE or kind == K_HELLO or kind == K_WELCOME then return false end
+  local ss = session(st, slot)
+  if ss == nil then return false end
   local mode = aiogc.prefs.tags
   if mode == 2 then return false end
   if mode == 1 then return true end
   local ps = from_ps(st, pinfo)
-  if ps ~= nil and st.secret ~= nil then
-    if ps then return st.ps_tagged == true else return st.w_tagged == true end
+  if ps ~= nil and ss.secret ~= nil then
+    if ps then return ss.ps_tagged == true else return ss.w_tagged == true end
   end
+  local looks = slot == nil and looks_like_frame or looks_like_record
   local after = off + base_len
   if tvb:len() == after + TAG_BYTES then return true end
   if tvb:len() == after then return false end
-  if looks_like_frame(tvb, after) then return false end
-  return looks_like_frame(tvb, after + TAG_BYTES)
+  if looks(tvb, after) then return false end
+  return looks(tvb, after + TAG_BYTES)
 end
 
--- Bytes of the PDU at `off` (mux prefix + frame + tag), or nil if more data is needed to say.
-local function pdu_length(tvb, off, st, pinfo)
+-- Bytes of the frame at `off` (frame + tag), or nil if more data is needed to say.
+local function frame_length(tvb, off, st, pinfo, slot)
   local avail = tvb:len() - off
-  local p = MUX_PREFIX_BYTES
-  if avail < p + 6 then return nil end
-  local h = tvb(off + p, 4):uint()
-  if avail < p + 4 + h then return p + 4 + h end  -- at least this much; asked for again later
-  local kind = tvb(off + p + 5, 1):uint()
+  if avail < 6 then return nil end
+  local h = tvb(off, 4):uint()
+  if avail < 4 + h then return nil end  -- one more segment (an estimate would be revised:
+                                         -- a second pass then misses the PDU)
+  local kind = tvb(off + 5, 1):uint()
   local body = 0
   local at = ARRAY_AT[kind]
   if at ~= nil and h >= at[2] + 8 then
-    local hdr = off + p + 4
+    local hdr = off + 4
     local itemsize = tvb(hdr + at[1], 1):uint()
     local n = tvb(hdr + at[2], 8):uint64():tonumber()
     body = n * itemsize
   end
-  local base_len = p + 4 + h + body
-  if has_tag(tvb, off, base_len, kind, st, pinfo) then return base_len + TAG_BYTES end
+  local base_len = 4 + h + body
+  if has_tag(tvb, off, base_len, kind, st, pinfo, slot) then return base_len + TAG_BYTES end
   return base_len
 end
 
--- Framing-level prefix before each frame: none in protocol version 3. A multiplexed
--- per-host connection format dissects its channel prefix here (and sets MUX_PREFIX_BYTES).
-local function dissect_mux_prefix(tvb, off, tree)
-  return off + MUX_PREFIX_BYTES
+-- ---------------------------------------------------------------------------- framing layer
+
+-- The PDU at `off`: its type ("frame": a plain connection's frame, or a host connection's
+-- frames before its preamble; "preamble"; "control"; "record": a slot and a frame), its
+-- length (nil: more data is needed to say; beyond the data: at least that much is needed)
+-- and for a record its slot.
+local function next_pdu(tvb, off, st, pinfo)
+  if tvb:len() - off < 6 then return nil end
+  if st.rec[dir_key(pinfo)] then
+    local slot = tvb(off, 2):uint()
+    if slot == CTRL_SLOT then return "control", CTRL_BYTES end
+    local n = frame_length(tvb, off + SLOT_BYTES, st, pinfo, slot)
+    if n == nil then return nil end
+    return "record", SLOT_BYTES + n, slot
+  end
+  if tvb(off, 4):uint() == HOST_MAGIC then return "preamble", PREAMBLE_BYTES end
+  return "frame", frame_length(tvb, off, st, pinfo, nil)
+end
+
+local function dissect_preamble(tvb, off, tree, st, pinfo)
+  local version = tvb(off + 4, 1):uint()
+  local role = tvb(off + 5, 1):uint()
+  local first = tvb(off + 6, 4):uint()
+  local count = tvb(off + 10, 2):uint()
+  local pt = tree:add(aiogc, tvb(off, PREAMBLE_BYTES))
+  pt:add(F.magic, tvb(off, 4))
+  pt:add(F.version, tvb(off + 4, 1))
+  pt:add(F.role, tvb(off + 5, 1))
+  pt:add(F.first, tvb(off + 6, 4))
+  pt:add(F.slots, tvb(off + 10, 2))
+  local who = role == 0 and "host" or role == 1 and "PS" or ("role " .. role)
+  local info = string.format("host preamble(%s, workers %d..%d)", who, first, first + count - 1)
+  pt:set_text("aiogc " .. info)
+  if version ~= PROTOCOL_VERSION or role > 1 or count == 0 then
+    pt:add_proto_expert_info(e_malformed, "bad host preamble (version, role or count)")
+  end
+  if not pinfo.visited then
+    st.host = { first = first, count = count }
+    st.rec[dir_key(pinfo)] = true
+    if role == 0 then st.ps_port = pinfo.dst_port elseif role == 1 then
+      st.ps_port = pinfo.src_port end
+  end
+  return info
+end
+
+local function worker_of(st, slot)
+  if st.host == nil or slot >= HOST_SLOT then return nil end
+  return st.host.first + slot
+end
+
+local function dissect_control(tvb, off, tree, st, pinfo)
+  local op = tvb(off + 2, 2):uint()
+  local slot = tvb(off + 4, 2):uint()
+  local ct = tree:add(aiogc, tvb(off, CTRL_BYTES))
+  ct:add(F.ctrl_op, tvb(off + 2, 2))
+  ct:add(F.slot, tvb(off + 4, 2))
+  local w = worker_of(st, slot)
+  if w ~= nil then ct:add(F.worker_id, tvb(off + 4, 2), w):set_generated() end
+  local name = op == OPEN and "OPEN" or op == CLOSE and "CLOSE" or ("control op " .. op)
+  local info = string.format("%s(slot=%d%s)", name, slot, w and (", worker=" .. w) or "")
+  ct:set_text("aiogc " .. info)
+  if (op ~= OPEN and op ~= CLOSE) or (st.host ~= nil and slot >= st.host.count) then
+    ct:add_proto_expert_info(e_malformed, "bad control record (op or slot)")
+  end
+  if op == OPEN and not pinfo.visited then st.slots[slot] = {} end  -- a new session
+  return info
 end
 
 -- ---------------------------------------------------------------------------- msgpack
@@ -347,28 +477,48 @@ local function summary(kind, values)
   return KINDS[kind] .. "(" .. table.concat(parts, ", ") .. ")"
 end
 
--- What a kind means for the stream's tagging state (§2.1).
-local function track(kind, values, st, pinfo)
-  if kind == K_CHALLENGE then
-    st.ps_port = pinfo.src_port
-  elseif kind == K_HELLO then
+-- What a kind means for its session's tagging state (§2.1).
+local function track(kind, values, st, pinfo, slot)
+  if pinfo.visited then return end
+  if kind == K_CHALLENGE and st.ps_port == nil then st.ps_port = pinfo.src_port end
+  local ss = session(st, slot)
+  if ss == nil then return end
+  if kind == K_HELLO then
     local mac = values.mac
-    st.secret = mac ~= nil and type(mac) == "table" and mac.len > 0
-    st.w_tagged = st.secret
+    ss.secret = mac ~= nil and type(mac) == "table" and mac.len > 0
+    ss.w_tagged = ss.secret
   elseif kind == K_WELCOME then
-    st.ps_tagged = st.secret == true
+    ss.ps_tagged = ss.secret == true
   end
 end
 
--- One frame at `off` (its PDU is `len` bytes); returns the info text.
-local function dissect_frame(tvb, off, len, tree, st, pinfo)
-  local pos = dissect_mux_prefix(tvb, off, tree)
+-- One frame at `off` (its PDU is `len` bytes; `slot`: a host connection's record, whose
+-- 2-byte slot comes first); returns the info text.
+local function dissect_frame(tvb, off, len, tree, st, pinfo, slot)
+  local pos = off
+  local ft = tree:add(aiogc, tvb(off, len))
+  local who = ""
+  if slot ~= nil then
+    ft:add(F.slot, tvb(off, SLOT_BYTES))
+    local w = worker_of(st, slot)
+    if w ~= nil then
+      ft:add(F.worker_id, tvb(off, SLOT_BYTES), w):set_generated()
+      who = "w" .. w .. " "
+    elseif slot == HOST_SLOT then
+      who = "host "
+    else
+      who = "slot " .. slot .. " "
+    end
+    if st.host ~= nil and slot ~= HOST_SLOT and slot >= st.host.count then
+      ft:add_proto_expert_info(e_malformed, "slot beyond the host's block")
+    end
+    pos = off + SLOT_BYTES
+  end
   local h = tvb(pos, 4):uint()
   local hdr = pos + 4
   local kind = tvb(hdr + 1, 1):uint()
   local name = KINDS[kind] or ("unknown kind " .. kind)
-  local ft = tree:add(aiogc, tvb(off, len))
-  ft:set_text("aiogc " .. name)
+  ft:set_text("aiogc " .. who .. name)
   ft:add(F.header_len, tvb(pos, 4))
   ft:add(F.version, tvb(hdr, 1))
   ft:add(F.kind, tvb(hdr + 1, 1))
@@ -401,9 +551,9 @@ local function dissect_frame(tvb, off, len, tree, st, pinfo)
     after = after + nbytes
   end
   if off + len - after == TAG_BYTES then ft:add(F.tag, tvb(after, TAG_BYTES)) end
-  track(kind, values, st, pinfo)
-  local info = summary(kind, values)
-  ft:append_text(": " .. info)
+  track(kind, values, st, pinfo, slot)
+  local info = who .. summary(kind, values)
+  ft:append_text(": " .. summary(kind, values))
   return info
 end
 
@@ -414,11 +564,27 @@ function aiogc.dissector(tvb, pinfo, tree)
   local off = 0
   local st = stream_state(pinfo)
   local infos = {}
+  -- the first pass's PDUs of this call (a packet may be dissected in several calls: its own
+  -- bytes, a reassembled PDU, the bytes after it)
+  local key = string.format("%d:%d:%d", pinfo.number, tvb:offset(), len)
+  local seen = st.pdus[key]
+  if seen == nil then seen = {}; if not pinfo.visited then st.pdus[key] = seen end end
   while off < len do
-    if not looks_like_frame(tvb, off) and len - off >= 6 + MUX_PREFIX_BYTES then
-      return 0  -- not (or no longer) aiogc: leave the bytes to others
+    local pdu = seen[off]
+    local typ, need, slot
+    if pdu ~= nil then
+      typ, need, slot = pdu[1], pdu[2], pdu[3]
+    else
+      typ, need, slot = next_pdu(tvb, off, st, pinfo)
+      if typ == "frame" and not looks_like_frame(tvb, off) then
+        return 0  -- not (or no longer) aiogc: leave the bytes to others
+      end
+      if typ == "record" and not looks_like_frame(tvb, off + SLOT_BYTES) then
+        local t = tree:add(aiogc, tvb(off, len - off))
+        t:add_proto_expert_info(e_malformed, "host connection record without a frame")
+        return len
+      end
     end
-    local need = pdu_length(tvb, off, st, pinfo)
     if need == nil then
       pinfo.desegment_offset = off
       pinfo.desegment_len = DESEGMENT_ONE_MORE_SEGMENT
@@ -429,7 +595,14 @@ function aiogc.dissector(tvb, pinfo, tree)
       pinfo.desegment_len = off + need - len
       break
     end
-    infos[#infos + 1] = dissect_frame(tvb, off, need, tree, st, pinfo)
+    seen[off] = { typ, need, slot }
+    if typ == "preamble" then
+      infos[#infos + 1] = dissect_preamble(tvb, off, tree, st, pinfo)
+    elseif typ == "control" then
+      infos[#infos + 1] = dissect_control(tvb, off, tree, st, pinfo)
+    else
+      infos[#infos + 1] = dissect_frame(tvb, off, need, tree, st, pinfo, slot)
+    end
     off = off + need
   end
   if #infos > 0 then
@@ -440,7 +613,8 @@ function aiogc.dissector(tvb, pinfo, tree)
 end
 
 local function heuristic(tvb, pinfo, tree)
-  if not aiogc.prefs.heuristic or not looks_like_frame(tvb, 0) then return false end
+  if not aiogc.prefs.heuristic then return false end
+  if not looks_like_frame(tvb, 0) and not looks_like_preamble(tvb, 0) then return false end
   pinfo.conversation = aiogc
   aiogc.dissector(tvb, pinfo, tree)
   return true

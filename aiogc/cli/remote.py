@@ -58,6 +58,9 @@ def add_ps_parser(sub: Any) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="one progress line on stderr (default: when stderr is a terminal; "
                         "-v logs every round instead)")
+    p.add_argument("--pcap", default=None, metavar="FILE",
+                   help="write the PS's wire bytes to FILE (pcap, synthetic TCP/IPv4 flows, "
+                        "overwritten; decode with tools/aiogc.lua)")
     p.add_argument("--allow-shrink", action="store_true",
                    help="exit 0 even if some rounds ran with fewer than m workers (the summary "
                         "and stderr still say so; default: exit 5)")
@@ -169,6 +172,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     frame_log = None if recorder is None else recorder.frame_logger(
         a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event, frame_log=frame_log)
+    close_capture = _open_capture(server, a.pcap)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -196,6 +200,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             run_on(a.loop, main())
     finally:
+        close_capture()
         bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
         summary["evicted"] = evicted
@@ -212,6 +217,23 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     if not run_complete(summary, config.rounds, mode=config.mode):
         return EXIT_INCOMPLETE
     return _shrink_exit(summary, a.allow_shrink)
+
+
+def _open_capture(server: Any, path: str | None) -> Callable[[], None]:
+    """``--pcap``: a fresh :class:`aiogc.net.pcap.PcapWriter` tapping the PS's connections;
+    returns what closes it."""
+    if path is None:
+        return lambda: None
+    from aiogc.net.pcap import PcapWriter
+
+    try:
+        Path(path).unlink(missing_ok=True)  # the writer appends; a PS run starts a fresh file
+        capture = PcapWriter(path)
+    except OSError as exc:
+        raise ConfigError("pcap", path, f"a file this process can write ({exc.strerror or exc})"
+                          ) from None
+    server.tap = capture.tap
+    return capture.close
 
 
 def _shrink_exit(summary: dict[str, Any], allow: bool) -> int:

@@ -328,6 +328,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         src = memoryview(rest)
         while src and not self._closing:
             buf = self.get_buffer(len(src))
+            self._tap_view = None  # the capture saw these bytes when they arrived
             k = min(len(buf), len(src))
             buf[:k] = src[:k]
             del buf
