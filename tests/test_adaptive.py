@@ -4,6 +4,7 @@ round_start extension, and the protocol engine against the fast path (virtual cl
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,3 +182,48 @@ def test_fidelity_replays_the_adaptive_policy_not_the_static_order() -> None:
     assert got["ratio"] == pytest.approx(1.0, abs=1e-9)
     static = float(np.mean(exact_times(built["partial"], sched)[1]))
     assert got["sim_mean_s"] != pytest.approx(static)  # the static order's time differs
+
+
+def test_static_rounds_of_an_adaptive_run_send_the_static_round_start_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the rounds where the policy keeps the static order carry no `orders` field: their
+    # round_start frames are the static ordering's byte for byte, so workers and aggregator
+    # stay on their static path
+    from aiogc.sim.engine import Simulation
+
+    sent: list[tuple[int, RoundStart]] = []
+    route = Simulation._route_down
+
+    def spy(self: Simulation, out: Any, now: float) -> None:
+        if isinstance(out.message, RoundStart):
+            sent.append((out.peer[0], out.message))
+        route(self, out, now)
+
+    monkeypatch.setattr(Simulation, "_route_down", spy)
+    msgs: dict[str, dict[tuple[int, int], RoundStart]] = {}
+    for ordering in ("optimal", "adaptive"):
+        cfg = RunConfig(workers=16, delta=4, n_parts=2, ordering=ordering,
+                        delay="straggle:0.25,5,exp:0.02", rounds=25, seed=2)
+        built = build_schemes(cfg, ["partial"])
+        sched = schedule_for(cfg, built)
+        sent.clear()
+        simulate_protocol(cfg, ["partial"], schedule=sched, built=built)
+        msgs[ordering] = {(m.round, w): m for w, m in sent}  # peers: (worker, generation)
+    adopted = adaptive_times(built["partial"], sched)[2]
+    assert adopted.any() and not adopted.all()
+    first = int(np.argmax(adopted))
+    static, adaptive = msgs["optimal"], msgs["adaptive"]
+    assert static.keys() == adaptive.keys() and len(static) == 16 * 25
+    for (r, w), got in adaptive.items():
+        b, want = encode_frame_bytes(got), static[r, w]
+        if adopted[r]:
+            assert got.orders and b != encode_frame_bytes(want)
+            continue
+        if r <= first:  # the same model so far: the very same frame
+            assert b == encode_frame_bytes(want), (r, w)
+        # later the models differ by the rounding of decodes with other orders (the wire has
+        # nothing to do with it): the frame is the static one's at this model
+        np.testing.assert_allclose(got.model, want.model, rtol=1e-9, atol=1e-12)
+        same = RoundStart(epoch=want.epoch, round=want.round, delays_s=want.delays_s,
+                          net_delay_s=want.net_delay_s, model=got.model)
+        assert b == encode_frame_bytes(same), (r, w)

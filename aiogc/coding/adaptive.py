@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from statistics import median
 
 import numpy as np
 from scipy.sparse import csr_array
@@ -272,7 +273,9 @@ class SpeedEstimator:
         Each worker's median; those within a factor ``distinct`` (default: the estimator's)
         of the median of all workers (and the workers never observed) are set to that median.
         """
-        med = np.array([float(np.median(h)) if h else np.nan for h in self._hist])
+        # statistics.median of <= WINDOW floats: np.median's value, without its ~15 us a call
+        # (m calls per round on the critical path between decode and round_start)
+        med = np.array([median(h) if h else np.nan for h in self._hist], dtype=np.float64)
         return self._snap(med, self.distinct if distinct is None else distinct)
 
     def latest(self) -> np.ndarray | None:

@@ -254,10 +254,13 @@ class RoundMachine(Endpoint):
         rec = RoundRecord(round=r, scheme=self.scheme.name, t_start=now)
         if self._order_policy is not None:
             orders = self._order_policy.orders()
-            sch = self.scheme.with_orders(orders)
+            # the static order goes without `orders`: the static ordering's round_start frame,
+            # and workers and aggregator stay on their static path
+            static = orders is self._order_policy.base
+            sch = self.scheme if static else self.scheme.with_orders(orders)
             assert sch is not None  # policy_for checked the capability
             self._round_scheme = sch
-            self._round_orders = flatten_orders(orders)
+            self._round_orders = () if static else flatten_orders(orders)
         cover = None if self._sends_when_done else self._round_scheme.progress_tracker()
         cfg = self.config
         rs = self._round = _RoundState(
