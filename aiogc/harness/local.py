@@ -45,6 +45,7 @@ from aiogc.harness.fidelity import (
     emulated,
     live_fidelity,
 )
+from aiogc.harness.inproc import in_process_workers
 from aiogc.harness.kit import (
     BLAS_ENV,
     PROCESS_GRACE_S,
@@ -310,14 +311,6 @@ def _reap(procs: list[Any], grace_s: float) -> list[int | None]:
 # ------------------------------------------------------------------ one scheme, live
 
 
-async def _guarded(client: WorkerClient) -> None:
-    """Run an in-process worker; a worker that cannot reach the PS is reported, not fatal."""
-    try:
-        await client.run()
-    except ConnectionError as exc:
-        print(f"aiogc: {exc}", file=sys.stderr)
-
-
 @dataclass(frozen=True)
 class SchemeOutcome:
     """What one scheme's live run returns: the PS's round records and why it finished (None
@@ -406,18 +399,10 @@ async def _run_scheme(
             await _started(server, serving)
             lag.start()
             if mode == "coroutines" and not worker_hosts:
-                from aiogc.training.setup import SetupCache, TaskPolicy
-
-                # one scheme + task for all in-process workers, built once (off the loop)
-                setups = SetupCache(TaskPolicy(task=config.task))
-                cache = WorkerCache()
-                clients = [
-                    tg.create_task(_guarded(WorkerClient(
-                        Worker(j, worker_key=None if secret is None
-                               else derive_worker_key(secret, j), cache=cache),
-                        "127.0.0.1", server.port, setups=setups)))
-                    for j in range(scheme.m)
-                ]
+                # one host connection for all of them, or one each (--connection-per-worker)
+                clients = [tg.create_task(c) for c in in_process_workers(
+                    scheme.m, server.port, secret, config.task,
+                    connection_per_worker=options.connection_per_worker)]
                 server.workers_launched()
                 await serving
                 # workers exit on the PS's shutdown; one that cannot (it never joined) is
