@@ -3,8 +3,9 @@ baseline:
 
 * ``floor_round_vs_sim_m64`` / ``_m256``: the protocol-free floor (bench/floor.py) against the
   simulator on its own schedule: the honest lower bound of a single Python loop here, now;
-* ``loop_cpu_vs_floor_m64``: CPU per round of an aiogc coroutine run / the floor's, both as the
-  difference of a long and a short run (setup cancels), same m, schedule law and rounds;
+* ``loop_cpu_vs_floor_m64`` (``_per_conn_m64``): CPU per round of an aiogc coroutine run / the
+  one-connection (per-connection) floor's, each as the difference of a long and a short run
+  after a warm-up (setup cancels), same m, schedule law and rounds, medians of 3 interleaved;
 * ``round_vs_sim_m256_auto``, ``round_vs_sim_m1024_auto`` (``--worker-hosts 2``),
   ``speedup_vs_sim_m256_auto``: ``aiogc run --time-scale auto`` against the simulator replaying
   the run's delays.csv (the bench's own replay, independent of the run's fidelity section);
@@ -26,16 +27,20 @@ THRESHOLD = 0.10
 AGREE = 0.05
 
 
-def floor_ratio(m: int, rounds: int, trials: int, seed0: int = 1) -> dict[str, Any]:
-    """Median floor live/sim over ``trials`` seeds."""
+def floor_ratio(m: int, rounds: int, trials: int, seed0: int = 1, *,
+                mux: bool = False) -> dict[str, Any]:
+    """Median floor live/sim over ``trials`` seeds (``mux``: the one-connection floor)."""
     from floor import floor_round_vs_sim
 
-    runs = [floor_round_vs_sim(m, rounds=rounds, seed=seed0 + i) for i in range(trials)]
+    runs = [floor_round_vs_sim(m, rounds=rounds, seed=seed0 + i, mux=mux)
+            for i in range(trials)]
     return {"ratio": statistics.median(r["ratio"] for r in runs), "runs": runs}
 
 
 def _cpu_per_round(fn: Any, short: int, long: int) -> float:
-    """CPU seconds per round: (cpu(long) - cpu(short)) / (long - short)."""
+    """CPU seconds per round: (cpu(long) - cpu(short)) / (long - short), after a warm-up run
+    (lazy imports and first-use caches would otherwise land in the short run)."""
+    fn(short)
     cpu = []
     for n in (short, long):
         t0 = time.process_time()
@@ -44,9 +49,10 @@ def _cpu_per_round(fn: Any, short: int, long: int) -> float:
     return (cpu[1] - cpu[0]) / (long - short)
 
 
-def loop_cpu_ratio(m: int, rounds: int) -> dict[str, Any]:
-    """aiogc's CPU per partial round (coroutines on one loop, verify on, no records) over the
-    floor's, same m, delta 4, exp:0.01, seed."""
+def loop_cpu_ratio(m: int, rounds: int, trials: int = 3) -> dict[str, Any]:
+    """aiogc's CPU per partial round (coroutines on one loop, verify on, no records; its
+    default in-process path, one host connection) over each floor's, same m, delta 4,
+    exp:0.01, seed: medians of ``trials`` interleaved measurements of all three."""
     from floor import floor_round_vs_sim
 
     from aiogc.config import RunConfig
@@ -57,14 +63,21 @@ def loop_cpu_ratio(m: int, rounds: int) -> dict[str, Any]:
         cfg = RunConfig(workers=m, delta=4, n_parts=1, delay="exp:0.01", rounds=n, seed=1)
         run_live(cfg, ["partial"], RunOptions(mode="coroutines", plots=False))
 
-    def floor_run(n: int) -> None:
-        floor_round_vs_sim(m, rounds=n, seed=1)
+    def floor_run(n: int, mux: bool) -> None:
+        floor_round_vs_sim(m, rounds=n, seed=1, mux=mux)
 
     short = max(2, rounds // 5)
-    a = _cpu_per_round(aiogc_run, short, rounds)
-    f = _cpu_per_round(floor_run, short, rounds)
-    return {"aiogc_cpu_s_per_round": a, "floor_cpu_s_per_round": f,
-            "ratio": a / f if f > 0 else math.nan, "rounds": (short, rounds)}
+    a, f, fm = [], [], []
+    for _ in range(trials):
+        a.append(_cpu_per_round(aiogc_run, short, rounds))
+        f.append(_cpu_per_round(lambda n: floor_run(n, False), short, rounds))
+        fm.append(_cpu_per_round(lambda n: floor_run(n, True), short, rounds))
+    am, fmed, fmm = statistics.median(a), statistics.median(f), statistics.median(fm)
+    return {"aiogc_cpu_s_per_round": am, "floor_per_conn_cpu_s_per_round": fmed,
+            "floor_mux_cpu_s_per_round": fmm,
+            "ratio_per_conn": am / fmed if fmed > 0 else math.nan,
+            "ratio_mux": am / fmm if fmm > 0 else math.nan, "rounds": (short, rounds),
+            "trials": trials, "runs_s": {"aiogc": a, "floor_per_conn": f, "floor_mux": fm}}
 
 
 def agreement(trial: dict[str, Any], *, expect: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from aiogc.core import (
     Welcomed,
     WorkerDropped,
 )
-from aiogc.harness import local as runner
+from aiogc.harness import spawn as runner  # the worker-process entry points
 from aiogc.net.drivers import PSServer
 from aiogc.protocol.messages import ChunkReport, EncodeAndTransmit, Message
 from aiogc.protocol.status import EndReason

@@ -86,7 +86,7 @@ def test_aiogc_run_locate_evicts_one_authenticated_liar(tmp_path: Path, capsys: 
     its coded vector every round. Every round completes exactly (the liar's rounds decoded
     without it), it is evicted after 3 located rounds, and the run says so everywhere; the
     eviction is not a shrunk run (exit 0 without --allow-shrink)."""
-    import aiogc.harness.local as local
+    import aiogc.harness.inproc as local  # where the in-process workers are made
     from aiogc.core import Worker as real
 
     liars: list[Scale3] = []

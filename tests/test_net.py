@@ -780,7 +780,7 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
 def test_limits_after_auth_follow_the_run() -> None:
     """The post-auth header cap fits the largest legal worker header (an error with two
     MAX_TEXT strings) and nothing much larger; the send-queue cap follows the model size."""
-    from aiogc.net.drivers import WORKER_MAX_HEADER, send_queue_cap
+    from aiogc.net.limits import WORKER_MAX_HEADER, send_queue_cap
     from aiogc.protocol.messages import MAX_TEXT
     from aiogc.protocol.wire import encode_frame
 

@@ -137,7 +137,7 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
     cfg = RunConfig(workers=3, delta=1, rounds=2, task="linreg:samples=30,dim=3",
                     delay="exp:0.001", join_timeout_s=0.5)
     # a wrong secret for every worker: they connect (starting the join timer) but never join
-    import aiogc.harness.local as runner
+    import aiogc.harness.inproc as runner  # where the in-process workers are made
     from aiogc.core import Worker
 
     class WrongSecret(Worker):

@@ -16,8 +16,10 @@ from aiogc.cli import main
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness import local as runner
-from aiogc.harness.local import host_blocks, run_live
+from aiogc.harness import spawn
+from aiogc.harness.local import run_live
 from aiogc.harness.options import RunOptions
+from aiogc.harness.spawn import host_blocks
 
 SMALL: dict[str, Any] = dict(workers=5, delta=3, rounds=3, seed=11,
                              task="linreg:samples=300,dim=10", delay="exp:0.004")
@@ -74,16 +76,16 @@ def test_worker_host_exits_when_the_runner_dies() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         port = silent.getsockname()[1]
-        ctx = runner._mp_context()
+        ctx = spawn._mp_context()
         parent_alive, keep_alive = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=runner._worker_host_process,
+        p = ctx.Process(target=spawn._worker_host_process,
                         args=([0, 1], "127.0.0.1", port, [None, None], "asyncio", None,
                               parent_alive), daemon=True)
         p.start()
         parent_alive.close()
         keep_alive.close()  # the "runner" is gone
         p.join(60)  # hang guard only: the host sees EOF on its next loop iteration
-        assert p.exitcode == runner.EXIT_PARENT_DIED
+        assert p.exitcode == spawn.EXIT_PARENT_DIED
 
 
 @pytest.mark.parametrize(("ids", "extra", "field"), [
@@ -107,10 +109,10 @@ def test_worker_key_file_serves_one_id(tmp_path: Path,
     assert "worker-key-file=" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("env", "added"), [("5", 5), ("0", 0), ("junk", runner.WORKER_NICE)])
+@pytest.mark.parametrize(("env", "added"), [("5", 5), ("0", 0), ("junk", spawn.WORKER_NICE)])
 def test_local_workers_yield_the_cpu_to_the_ps(env: str, added: int) -> None:
     """Worker processes lower their priority by AIOGC_WORKER_NICE (default WORKER_NICE)."""
-    code = ("import os; from aiogc.harness.local import _yield_cpu_to_ps as f; "
+    code = ("import os; from aiogc.harness.spawn import _yield_cpu_to_ps as f; "
             "b = os.nice(0); f(); "
             "print(b, os.nice(0) - b)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "AIOGC_WORKER_NICE": env},

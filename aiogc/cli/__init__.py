@@ -92,6 +92,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="with --as coroutines: run the workers in N worker-host processes "
                         "(coroutines sharing one loop each) instead of beside the PS on its "
                         "loop (default 0)")
+    p.add_argument("--connection-per-worker", action="store_true",
+                   help="with --as coroutines and no --worker-hosts: one connection and loop "
+                        "timer per worker, instead of one shared connection for all of them "
+                        "(docs/protocol.md 2.6)")
     p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
     p.add_argument("--pcap", default=None, metavar="FILE",
                    help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
@@ -148,6 +152,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
                          progress=progress, argv=argv, plots=a.plots, backend=a.backend,
                          address=a.address, worker_hosts=a.worker_hosts,
+                         connection_per_worker=getattr(a, "connection_per_worker", False),
                          auto_time_scale=a.time_scale == "auto",
                          fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
                          locate=a.locate,

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing as mp
 import os
 import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiogc.config import RunConfig
 from aiogc.core import (
@@ -33,8 +32,6 @@ from aiogc.core import (
     ParameterServer,
     RoundCompleted,
     RoundRecord,
-    Worker,
-    WorkerCache,
 )
 from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
 from aiogc.harness.fidelity import (
@@ -45,10 +42,9 @@ from aiogc.harness.fidelity import (
     emulated,
     live_fidelity,
 )
+from aiogc.harness.inproc import in_process_workers
 from aiogc.harness.kit import (
-    BLAS_ENV,
     PROCESS_GRACE_S,
-    ExitReason,
     Progress,
     RunInterrupted,
     RunResult,
@@ -60,262 +56,13 @@ from aiogc.harness.kit import (
     scheme_config,
 )
 from aiogc.harness.options import RunOptions
-from aiogc.net.drivers import ClientOptions, PSServer, WorkerClient
-from aiogc.net.hostclient import HostClient
+from aiogc.harness.spawn import _mp_context, _reap, _single_thread_blas_env, _worker_spawns
+from aiogc.net.drivers import PSServer
 from aiogc.net.loops import loop_factory, run_on
-from aiogc.protocol.auth import derive_worker_key
 from aiogc.protocol.messages import Message
 from aiogc.training.schedule import DelaySchedule
 
-if TYPE_CHECKING:
-    pass
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------------ worker processes
-
-
-#: Exit status of a worker process whose runner died (it stops instead of reconnecting).
-EXIT_PARENT_DIED = 4
-
-
-
-
-
-
-async def _watched(client: WorkerClient, parent_alive: Any, died: list[bool]) -> None:
-    """Run ``client`` until it returns or the runner dies (see :func:`_watch_parent`)."""
-    await _watch_parent(client.run(), parent_alive, died)
-
-
-async def _watch_parent(coro: Coroutine[Any, Any, None], parent_alive: Any,
-                        died: list[bool]) -> None:
-    """Run ``coro`` until it returns or the runner dies.
-
-    ``parent_alive`` is the read end of a pipe whose only write end the runner holds: it
-    becomes readable (EOF) exactly when the runner exits, however it exits (SIGKILL
-    included), so a worker never outlives its runner by more than one loop iteration.
-    """
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(coro)
-    fd = parent_alive.fileno()
-
-    def on_parent_gone() -> None:
-        died.append(True)
-        task.cancel()
-
-    loop.add_reader(fd, on_parent_gone)
-    try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    finally:
-        loop.remove_reader(fd)
-
-
-def _say(line: str) -> None:
-    """One line on stderr in one write: many worker processes share the runner's stderr."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | None,
-                    loop_kind: str, task: str | None = None, parent_alive: Any = None) -> None:
-    """Entry point of one worker process (module-level so forkserver can import it).
-
-    ``worker_key`` is this worker's own key k_j (never the run's master secret); ``task`` the
-    task its operator (the runner) allows it to build. Prints why it exits on stderr: the PS's
-    shutdown reason, an unreachable PS (exit 3) or a dead runner (exit
-    :data:`EXIT_PARENT_DIED`).
-    """
-    from aiogc.training.setup import TaskPolicy
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
-    _yield_cpu_to_ps()
-    worker = Worker(worker_id, worker_key=worker_key)
-    why = ExitReason()
-    client = WorkerClient(worker, host, port, policy=TaskPolicy(task=task), on_event=why,
-                          options=ClientOptions(progress_events=False))
-    died: list[bool] = []
-    try:
-        if parent_alive is None:
-            run_on(loop_kind, client.run())
-        else:
-            run_on(loop_kind, _watched(client, parent_alive, died))
-    except ConnectionError as exc:
-        _say(f"aiogc worker {worker_id}: exiting: {exc}")
-        sys.exit(3)
-    if died:
-        _say(f"aiogc worker {worker_id}: exiting: parent process died")
-        sys.exit(EXIT_PARENT_DIED)
-    if why.early:
-        _say(f"aiogc worker {worker_id}: exiting: {why.describe()}")
-
-
-def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
-                         worker_keys: Sequence[bytes | None], loop_kind: str,
-                         task: str | None = None, parent_alive: Any = None) -> None:
-    """Entry point of one worker-host process: the workers ``worker_ids`` as coroutines on
-    this process's loop, sharing one scheme and task (``--worker-hosts``).
-
-    ``worker_keys[i]`` is worker ``worker_ids[i]``'s own key k_j. Exits like
-    :func:`_worker_process`: 3 if a worker could not reach the PS, :data:`EXIT_PARENT_DIED`
-    when the runner died; a worker that stopped early says why on stderr.
-    """
-    from aiogc.training.setup import SetupCache, TaskPolicy
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
-    _yield_cpu_to_ps()
-    setups = SetupCache(TaskPolicy(task=task))
-    cache = WorkerCache()  # and what the workers validate, once per host
-    whys = [ExitReason() for _ in worker_ids]
-    # one connection for the whole block (docs/protocol.md §2.6), one timer heap
-    client = HostClient([Worker(j, worker_key=k, cache=cache)
-                         for j, k in zip(worker_ids, worker_keys, strict=True)],
-                        host, port, setups=setups, on_events=whys,
-                        options=ClientOptions(progress_events=False))
-    died: list[bool] = []
-
-    async def run_all() -> list[BaseException | None]:
-        return await client.run()
-
-    async def watched() -> list[BaseException | None]:
-        if parent_alive is None:
-            return await run_all()
-        outcome: list[list[BaseException | None]] = []
-
-        async def keep() -> None:
-            outcome.append(await run_all())
-
-        await _watch_parent(keep(), parent_alive, died)
-        return outcome[0] if outcome else []
-
-    results = run_on(loop_kind, watched())
-    if died:
-        _say(f"aiogc worker host {worker_ids[0]}..{worker_ids[-1]}: exiting: parent process died")
-        sys.exit(EXIT_PARENT_DIED)
-    unreachable = False
-    for j, res, why in zip(worker_ids, results, whys, strict=False):
-        if isinstance(res, ConnectionError):
-            _say(f"aiogc worker {j}: exiting: {res}")
-            unreachable = True
-        elif isinstance(res, BaseException):
-            _say(f"aiogc worker {j}: exiting: {type(res).__name__}: {res}")
-        elif why.early:
-            _say(f"aiogc worker {j}: exiting: {why.describe()}")
-    if unreachable:
-        sys.exit(3)
-
-
-def host_blocks(m: int, hosts: int) -> list[list[int]]:
-    """Worker ids ``0..m-1`` split into ``hosts`` contiguous, near-equal blocks (no empty one).
-
-    >>> host_blocks(5, 2)
-    [[0, 1, 2], [3, 4]]
-    """
-    hosts = max(1, min(hosts, m))
-    size, extra = divmod(m, hosts)
-    out, start = [], 0
-    for h in range(hosts):
-        n = size + (1 if h < extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
-#: Niceness added to local worker processes (``AIOGC_WORKER_NICE`` overrides; 0 disables).
-WORKER_NICE = 10
-
-
-def _yield_cpu_to_ps() -> None:
-    """Lower this worker process's scheduling priority below the PS's.
-
-    On a real cluster every worker has its own CPU and never delays the PS; on one machine m
-    worker processes share its cores with the PS, and when they are all runnable (a broadcast
-    has just reached them) a fair scheduler gives the PS one share in m+1, so its reads,
-    decode and next broadcast wait behind work that a cluster would run elsewhere. With a
-    higher nice value the workers still get every cycle the PS leaves idle.
-    """
-    try:
-        nice = int(os.environ.get("AIOGC_WORKER_NICE", WORKER_NICE))
-    except ValueError:
-        nice = WORKER_NICE
-    if nice > 0:
-        with contextlib.suppress(OSError):
-            os.nice(nice)
-
-
-def _mp_context(start_method: str = "forkserver") -> Any:
-    methods = mp.get_all_start_methods()
-    if start_method not in ("forkserver", "spawn"):
-        from aiogc.errors import ConfigError
-
-        raise ConfigError("start_method", start_method, "forkserver or spawn")
-    if start_method == "forkserver" and "forkserver" in methods:
-        ctx = mp.get_context("forkserver")
-        # preloaded once in the fork server, shared copy-on-write by every worker;
-        # aiogc.coding too: build_scheme imports it lazily, which otherwise blocks each worker's
-        # loop for ~0.1 s (seconds on a loaded machine) when the welcome arrives
-        ctx.set_forkserver_preload(["aiogc.harness.local", "aiogc.coding", "numpy", "scipy.linalg",
-                                    "msgpack"])
-        return ctx
-    return mp.get_context("spawn")  # pragma: no cover - platforms without forkserver
-
-
-@contextlib.contextmanager
-def _single_thread_blas_env() -> Any:
-    """Children inherit one-thread BLAS (the parent's already-loaded BLAS is unaffected)."""
-    old = {k: os.environ.get(k) for k in BLAS_ENV}
-    for k in BLAS_ENV:
-        os.environ[k] = "1"
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _reap(procs: list[Any], grace_s: float) -> list[int | None]:
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(1.0)
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-    return [p.exitcode for p in procs]
-
-
 # ------------------------------------------------------------------ one scheme, live
-
-
-async def _guarded(client: WorkerClient) -> None:
-    """Run an in-process worker; a worker that cannot reach the PS is reported, not fatal."""
-    try:
-        await client.run()
-    except ConnectionError as exc:
-        print(f"aiogc: {exc}", file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -406,18 +153,10 @@ async def _run_scheme(
             await _started(server, serving)
             lag.start()
             if mode == "coroutines" and not worker_hosts:
-                from aiogc.training.setup import SetupCache, TaskPolicy
-
-                # one scheme + task for all in-process workers, built once (off the loop)
-                setups = SetupCache(TaskPolicy(task=config.task))
-                cache = WorkerCache()
-                clients = [
-                    tg.create_task(_guarded(WorkerClient(
-                        Worker(j, worker_key=None if secret is None
-                               else derive_worker_key(secret, j), cache=cache),
-                        "127.0.0.1", server.port, setups=setups)))
-                    for j in range(scheme.m)
-                ]
+                # one host connection for all of them, or one each (--connection-per-worker)
+                clients = [tg.create_task(c) for c in in_process_workers(
+                    scheme.m, server.port, secret, config.task,
+                    connection_per_worker=options.connection_per_worker)]
                 server.workers_launched()
                 await serving
                 # workers exit on the PS's shutdown; one that cannot (it never joined) is
@@ -453,23 +192,6 @@ async def _run_scheme(
             c.close()
     return SchemeOutcome([emulated(r, k) for r in ps.records],
                          finished[0] if finished else None, lag.lags, evicted)
-
-
-def _worker_spawns(m: int, worker_hosts: int, secret: bytes | None, port: int, loop_kind: str,
-                   task: str | None, parent_alive: Any
-                   ) -> list[tuple[str, Callable[..., None], tuple[Any, ...]]]:
-    """``(process name, target, args)`` of every worker process: one per worker, or with
-    ``worker_hosts`` > 0 that many hosts, each running a block of workers as coroutines."""
-    def key(j: int) -> bytes | None:
-        return None if secret is None else derive_worker_key(secret, j)
-
-    if not worker_hosts:
-        return [(f"aiogc-worker-{j}", _worker_process,
-                 (j, "127.0.0.1", port, key(j), loop_kind, task, parent_alive))
-                for j in range(m)]
-    return [(f"aiogc-worker-host-{ids[0]}-{ids[-1]}", _worker_host_process,
-             (ids, "127.0.0.1", port, [key(j) for j in ids], loop_kind, task, parent_alive))
-            for ids in host_blocks(m, worker_hosts)]
 
 
 def _scheme_event_handler(
@@ -632,8 +354,6 @@ def run_live(
     return result
 
 
-
-
 #: Rounds of the K = 1 calibration run behind ``--time-scale auto``.
 CALIBRATION_ROUNDS = 5
 
@@ -704,17 +424,5 @@ def _check_worker_hosts(worker_hosts: int, mode: str, m: int) -> str:
         raise ConfigError("worker_hosts", worker_hosts,
                           "0 unless --as coroutines (processes mode has one process per worker)")
     return f"coroutines, {worker_hosts} worker-host processes" if worker_hosts else mode
-
-
-
-
-
-
-
-
-
-
-
-
 
 

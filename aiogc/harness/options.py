@@ -73,6 +73,10 @@ class RunOptions:
     backend: str = "local"
     address: str | None = None
     worker_hosts: int = 0
+    #: coroutines mode without ``worker_hosts``: give every in-process worker its own
+    #: connection and loop timer (the path before protocol v4) instead of one shared host
+    #: connection with one timer heap (:mod:`aiogc.harness.inproc`)
+    connection_per_worker: bool = False
     #: choose the time scale K before the run (``--time-scale auto``): a short calibration
     #: run at K = 1 measures this machine's overhead per round, then K is the smallest that
     #: keeps the predicted overhead under a quarter of ``fidelity_threshold``

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import secrets
 import time
@@ -47,9 +46,17 @@ from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import HostLink
+from aiogc.net.limits import (
+    OUTBOX_SLICE,
+    WORKER_MAX_HEADER,
+    _nonce16,
+    frame_nbytes,
+    is_loopback,
+    send_queue_cap,
+)
 from aiogc.net.loops import _clock, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
-from aiogc.protocol.headers import DEFAULT_LIMITS, MAX_STR_BYTES, PREAUTH_LIMITS, FrameLimits
+from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
@@ -57,50 +64,8 @@ from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 log = logging.getLogger("aiogc.net")
 _INF = float("inf")
 
-#: Header bound after authentication: the largest header is round_start with a delay row or
-#: encode_and_transmit with a state vector (<= 9 bytes per entry); 1 MiB covers 65536 entries.
-POSTAUTH_MAX_HEADER = 1 << 20
-
-#: Header bound for frames *from* an authenticated worker: the largest legal worker header is
-#: an ``error`` / ``bye`` with a reason of MAX_TEXT characters (4 UTF-8 bytes each) plus a
-#: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed (a 1 MiB
-#: header cost the PS ~100 ms of CPU).
-WORKER_MAX_HEADER = 2 * MAX_STR_BYTES + 512
-
-
-#: Frames the PS writes per slice of a large outbox (a round_start or encode_and_transmit
-#: broadcast to m peers). Between slices the loop polls its sockets, so a chunk report that
-#: arrives during a broadcast to 1024 workers waits for one slice (~1 ms of writes and tags),
-#: not for the whole broadcast (~15 ms); outboxes up to this size are written at once.
-OUTBOX_SLICE = 64
-
-
-def send_queue_cap(frame_bytes: int) -> int:
-    """Slow-consumer cut-off for a connection whose largest frame is ``frame_bytes``: two of
-    them (one still draining while the next is queued) plus 1 MiB of small frames."""
-    return 2 * frame_bytes + (1 << 20)
-
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
-
-
-def frame_nbytes(msg: Message) -> int:
-    """Bytes the frame occupies on the wire without tag (prefix + header + array); encodes
-    it (the drivers report the size of frames they actually sent or received instead)."""
-    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in encode_frame(msg))
-
-
-def _nonce16() -> bytes:
-    return secrets.token_bytes(16)
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class PSServer:

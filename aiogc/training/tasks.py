@@ -210,6 +210,7 @@ class _DataTask:
         self.dim = int(X.shape[1])
         self.n_chunks = int(n_chunks)
         self.bounds = _chunk_bounds(n, n_chunks)
+        self._blocks: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def resize_chunks(self, sizes: np.ndarray) -> None:
         """Chunks holding samples in proportion to ``sizes`` (shape (n_chunks,)), still
@@ -218,6 +219,7 @@ class _DataTask:
         if z.shape != (self.n_chunks,):
             raise ConfigError("chunk_sizes", z.shape, f"{self.n_chunks} sizes")
         self.bounds = _sized_bounds(self.n_samples, z)
+        self._blocks = None
 
     def chunk_sizes(self) -> np.ndarray:
         """Samples per chunk: shape (n_chunks,) int64."""
@@ -228,6 +230,18 @@ class _DataTask:
         if not 0 <= chunk < self.n_chunks:
             raise IndexError(f"chunk {chunk} out of range 0..{self.n_chunks - 1}")
         return slice(int(self.bounds[chunk]), int(self.bounds[chunk + 1]))
+
+    def _block(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(X_i, y_i)``, views of chunk ``chunk``'s rows, made once: a chunk gradient is a
+        few microseconds of BLAS on ~30 rows, and slicing them afresh was a third of it."""
+        blocks = self._blocks
+        if blocks is None:
+            X, y = self.X, self.y
+            blocks = self._blocks = [(X[r], y[r]) for r in map(self.chunk_rows,
+                                                                 range(self.n_chunks))]
+        if not 0 <= chunk < self.n_chunks:
+            raise IndexError(f"chunk {chunk} out of range 0..{self.n_chunks - 1}")
+        return blocks[chunk]
 
     def _check_w(self, w: np.ndarray) -> np.ndarray:
         w = np.asarray(w, dtype=np.float64)
@@ -328,9 +342,10 @@ class LinearRegression(_DataTask):
 
     def chunk_gradient(self, chunk: int, w: np.ndarray) -> np.ndarray:
         """``X_i^T (X_i w - y_i) / n`` over the chunk's rows: shape ``(dim,)``."""
-        rows = self.chunk_rows(chunk)
-        Xi = self.X[rows]
-        g: np.ndarray = Xi.T @ (Xi @ self._check_w(w) - self.y[rows]) / self.n_samples
+        Xi, yi = self._block(chunk)
+        # ndarray.dot, not ``@``: the same two gemv calls and bits, without the matmul ufunc's
+        # overhead (~2 µs a call, most of the cost on a chunk of ~30 rows of 50)
+        g: np.ndarray = (Xi.dot(self._check_w(w)) - yi).dot(Xi) / self.n_samples
         return g
 
 
