@@ -67,3 +67,12 @@ def test_cli_connection_per_worker_flag(tmp_path: Path) -> None:
     assert a.connection_per_worker is True
     a = build_parser().parse_args(["run", "--as", "coroutines", "--out", str(tmp_path)])
     assert a.connection_per_worker is False
+
+
+@pytest.mark.parametrize("opts", [dict(mode="processes"), dict(mode="coroutines", worker_hosts=2)])
+def test_connection_per_worker_is_refused_where_it_would_be_ignored(opts: dict[str, Any]) -> None:
+    from aiogc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="connection_per_worker"):
+        run_live(RunConfig(**SMALL), ["partial"],
+                 RunOptions(plots=False, connection_per_worker=True, **opts))

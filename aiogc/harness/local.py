@@ -33,6 +33,7 @@ from aiogc.core import (
     RoundCompleted,
     RoundRecord,
 )
+from aiogc.errors import ConfigError
 from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
 from aiogc.harness.fidelity import (
     LAG_INTERVAL_S,
@@ -289,7 +290,8 @@ def run_live(
     """
     options = options if options is not None else RunOptions()
     mode = options.mode
-    mode_label = _check_worker_hosts(options.worker_hosts, mode, config.workers)
+    mode_label = _check_worker_hosts(options.worker_hosts, mode, config.workers,
+                                     options.connection_per_worker)
     check_run_locate(config, schemes, options.locate, options.spare_wait, options.backend)
     if options.backend == "ray":
         from aiogc.harness.ray_backend import run_ray
@@ -395,16 +397,12 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
 
 def _check_ray_mode(mode: str) -> None:
     if mode == "coroutines":
-        from aiogc.errors import ConfigError
-
         raise ConfigError("as", mode, "processes with --backend ray (each worker is a Ray "
                                       "actor process)")
 
 
 def _check_local_args(backend: str, address: str | None, mode: str) -> None:
     """The local backend's options: ``backend``, ``address`` (none) and ``mode``."""
-    from aiogc.errors import ConfigError
-
     if backend != "local":
         raise ConfigError("backend", backend, "local or ray")
     if address is not None:
@@ -413,16 +411,20 @@ def _check_local_args(backend: str, address: str | None, mode: str) -> None:
         raise ConfigError("as", mode, "processes or coroutines")
 
 
-def _check_worker_hosts(worker_hosts: int, mode: str, m: int) -> str:
-    """Validate ``worker_hosts``; the run's mode as the manifest records it."""
-    from aiogc.errors import ConfigError
-
+def _check_worker_hosts(worker_hosts: int, mode: str, m: int,
+                        connection_per_worker: bool = False) -> str:
+    """Validate ``worker_hosts`` (and ``connection_per_worker``, which only the in-process
+    coroutine workers have a choice of); the run's mode as the manifest records it."""
     if isinstance(worker_hosts, bool) or not isinstance(worker_hosts, int) \
             or not 0 <= worker_hosts <= m:
         raise ConfigError("worker_hosts", worker_hosts, f"an integer in [0, m={m}]")
     if worker_hosts and mode != "coroutines":
         raise ConfigError("worker_hosts", worker_hosts,
                           "0 unless --as coroutines (processes mode has one process per worker)")
+    if connection_per_worker and (mode != "coroutines" or worker_hosts):
+        raise ConfigError("connection_per_worker", True,
+                          "only with --as coroutines and no --worker-hosts (worker processes "
+                          "always have one connection each; a worker host shares one)")
     return f"coroutines, {worker_hosts} worker-host processes" if worker_hosts else mode
 
 
