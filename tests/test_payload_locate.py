@@ -294,3 +294,20 @@ def test_one_factorisation_per_subset_locates_as_the_scheme_decoder(assignment: 
     assert not math.isinf(fast[7]) and sum(math.isinf(x) for x in fast) >= 15 - 2
     for loc in (LiarLocator(fast=True), LiarLocator(fast=False)):
         assert loc.locate(scheme, rows, state, dim) == 7
+
+
+def test_simulated_round_start_carries_the_model_in_the_payload_dtype() -> None:
+    """The fast path's round_start bytes are the real frame's: the PS sends the model in
+    ``payload_dtype`` (a float32 run's model is 4 bytes a value, not a float64's 8)."""
+    from aiogc.protocol.messages import RoundStart
+    from aiogc.sim.comm import FrameBytes, frame_bytes
+
+    d = 1000
+    for dtype in ("float32", "float64"):
+        cfg = RunConfig(workers=8, delta=3, dtype=dtype, coded_dtype="float16", seed=1)
+        s = cfg.build_scheme()
+        fb = FrameBytes.of(s, d, cfg.coded_wire_dtype, cfg.payload_dtype)
+        for j, n in enumerate(s.loads):
+            real = frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
+                                          net_delay_s=0.0, model=np.zeros(d, cfg.payload_dtype)))
+            assert fb.round_start[j] == real
