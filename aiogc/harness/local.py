@@ -36,6 +36,7 @@ from aiogc.core import (
     Worker,
     WorkerCache,
 )
+from aiogc.errors import EvictedError
 from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
 from aiogc.harness.fidelity import (
     LAG_INTERVAL_S,
@@ -156,6 +157,9 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
             run_on(loop_kind, client.run())
         else:
             run_on(loop_kind, _watched(client, parent_alive, died))
+    except EvictedError as exc:  # issue 21: the PS evicted it; EXIT_EVICTED of cli/args.py
+        _say(f"aiogc worker {worker_id}: exiting: evicted by the PS ({exc})")
+        sys.exit(4)
     except ConnectionError as exc:
         _say(f"aiogc worker {worker_id}: exiting: {exc}")
         sys.exit(3)
@@ -208,17 +212,28 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     if died:
         _say(f"aiogc worker host {worker_ids[0]}..{worker_ids[-1]}: exiting: parent process died")
         sys.exit(EXIT_PARENT_DIED)
-    unreachable = False
+    code = _host_exit_code(worker_ids, results, whys)
+    if code:
+        sys.exit(code)
+
+
+def _host_exit_code(worker_ids: Sequence[int], results: Sequence[Any],
+                    whys: Sequence[Any]) -> int:
+    """Say why each worker of a host process ended; its exit code: 3 if one was unreachable,
+    else 4 if one was evicted (issue 21; EXIT_EVICTED of cli/args.py), else 0."""
+    unreachable = evicted = False
     for j, res, why in zip(worker_ids, results, whys, strict=False):
-        if isinstance(res, ConnectionError):
+        if isinstance(res, EvictedError):
+            _say(f"aiogc worker {j}: exiting: evicted by the PS ({res})")
+            evicted = True
+        elif isinstance(res, ConnectionError):
             _say(f"aiogc worker {j}: exiting: {res}")
             unreachable = True
         elif isinstance(res, BaseException):
             _say(f"aiogc worker {j}: exiting: {type(res).__name__}: {res}")
         elif why.early:
             _say(f"aiogc worker {j}: exiting: {why.describe()}")
-    if unreachable:
-        sys.exit(3)
+    return 3 if unreachable else 4 if evicted else 0
 
 
 def host_blocks(m: int, hosts: int) -> list[list[int]]:
