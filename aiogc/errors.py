@@ -38,6 +38,12 @@ class ProtocolError(AiogcError):
         super().__init__(f"{self.code}: {reason}")
 
 
+class EvictedError(ConnectionError):
+    """The PS evicted this worker (an authenticated ``error`` with code ``evicted``, issue 21):
+    its key is refused for the rest of the run, so the worker ends instead of reconnecting
+    (``aiogc worker`` exits 4)."""
+
+
 class LocalProtocolError(ProtocolError):
     """We tried to do something the protocol does not allow (caller bug)."""
 

@@ -24,11 +24,11 @@ import statistics
 import numpy as np
 
 from aiogc.coding.compress import to_coded
-from aiogc.config import RunConfig
+from aiogc.config import RunConfig, parse_bandwidth
 from aiogc.core import PSOptions, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.protocol.messages import CodedGradient
-from aiogc.sim.comm import frame_bytes, parse_bandwidth
+from aiogc.sim.comm import frame_bytes
 from aiogc.sim.engine import Simulation
 from aiogc.sim.fast import simulate_fast
 

@@ -37,6 +37,7 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
     assert "exit codes:" in text
     from aiogc.cli import (
         EXIT_CONFIG,
+        EXIT_EVICTED,
         EXIT_INCOMPLETE,
         EXIT_OK,
         EXIT_SHRUNK,
@@ -45,8 +46,8 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
         EXIT_UNREACHABLE,
     )
 
-    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_SHRUNK,
-             EXIT_UNFAITHFUL, EXIT_STOPPED}
+    codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_EVICTED,
+             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:

@@ -129,3 +129,22 @@ def test_aiogc_run_locate_evicts_one_authenticated_liar(tmp_path: Path, capsys: 
              if w["worker"] == 5 and w["round"] > ev["round"]]
     assert later and all(w["dropped_reason"] == f"absent: evicted in round {ev['round']}"
                          for w in later)
+
+
+def test_an_evicted_worker_exits_4_saying_so(capsys: Any) -> None:
+    """``aiogc worker``'s exit path: the driver's EvictedError (an authenticated
+    error(evicted)) is exit 4 with a line naming the eviction, not 3 (unreachable)."""
+    from aiogc.cli import EXIT_EVICTED, EXIT_UNREACHABLE
+    from aiogc.cli.remote import _worker_exit
+    from aiogc.errors import EvictedError
+    from aiogc.harness.kit import ExitReason
+
+    why = "worker 5: evicted: PS closed the connection: its vectors were located as " \
+          "inconsistent (round 2)"
+    assert EXIT_EVICTED == 4
+    assert _worker_exit([5], [EvictedError(why)], [ExitReason()]) == EXIT_EVICTED
+    err = capsys.readouterr().err
+    assert "aiogc worker 5: exiting: evicted by the PS" in err and "round 2" in err
+    assert "key is refused" in err
+    assert _worker_exit([5], [ConnectionError("unreachable")], [ExitReason()]) == \
+        EXIT_UNREACHABLE

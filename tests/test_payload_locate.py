@@ -224,7 +224,7 @@ def test_honest_run_with_locate_on_is_unchanged() -> None:
     assert not ps.evicted
 
 
-def test_evicted_worker_is_refused_on_reconnect_over_loopback() -> None:
+def test_evicted_worker_ends_over_loopback() -> None:
     from aiogc.net.drivers import PSServer, WorkerClient
 
     config = RunConfig(**{**LOCATE_CFG, "delay": "exp:0.002", "rounds": 12})
@@ -247,10 +247,15 @@ def test_evicted_worker_is_refused_on_reconnect_over_loopback() -> None:
         await serving
         for c in clients:
             c.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
-        return ps, server
+        return ps, await asyncio.gather(*clients, return_exceptions=True)
 
-    ps, _ = asyncio.run(main())
+    ps, results = asyncio.run(main())
+    # the authenticated error(evicted) ended the liar's client (no reconnects until give-up)
+    from aiogc.errors import EvictedError
+
+    assert isinstance(results[5], EvictedError), results[5]
+    assert "its vectors were located as inconsistent" in str(results[5])
+    assert not any(isinstance(r, EvictedError) for j, r in enumerate(results) if j != 5)
     recs = ps.records
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs), [(r.round, r.end_detail) for r in recs]
@@ -294,3 +299,90 @@ def test_one_factorisation_per_subset_locates_as_the_scheme_decoder(assignment: 
     assert not math.isinf(fast[7]) and sum(math.isinf(x) for x in fast) >= 15 - 2
     for loc in (LiarLocator(fast=True), LiarLocator(fast=False)):
         assert loc.locate(scheme, rows, state, dim) == 7
+
+
+def test_simulated_round_start_carries_the_model_in_the_payload_dtype() -> None:
+    """The fast path's round_start bytes are the real frame's: the PS sends the model in
+    ``payload_dtype`` (a float32 run's model is 4 bytes a value, not a float64's 8)."""
+    from aiogc.protocol.messages import RoundStart
+    from aiogc.sim.comm import FrameBytes, frame_bytes
+
+    d = 1000
+    for dtype in ("float32", "float64"):
+        cfg = RunConfig(workers=8, delta=3, dtype=dtype, coded_dtype="float16", seed=1)
+        s = cfg.build_scheme()
+        fb = FrameBytes.of(s, d, cfg.coded_wire_dtype, cfg.payload_dtype)
+        for j, n in enumerate(s.loads):
+            real = frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
+                                          net_delay_s=0.0, model=np.zeros(d, cfg.payload_dtype)))
+            assert fb.round_start[j] == real
+
+
+# ---------------------------------------------------- an eviction ends the worker (authenticated)
+
+
+def _failures(worker: Worker) -> list[Any]:
+    """Collects ``worker``'s ConnectionFailed events (wraps its poll, as Scale3 does)."""
+    from aiogc.core.common import ConnectionFailed
+
+    seen: list[Any] = []
+    polled = worker.poll
+
+    def poll() -> Any:
+        events, work, out, when = polled()
+        seen.extend(e for e in events or () if isinstance(e, ConnectionFailed))
+        return events, work, out, when
+
+    worker.poll = poll  # type: ignore[method-assign]
+    return seen
+
+
+def test_authenticated_eviction_is_fatal_for_the_worker() -> None:
+    """The PS's ``error(evicted)`` reaches the liar inside its authenticated session (phase
+    open, after the welcome): the worker core marks it fatal, so the driver ends it (exit 4)
+    instead of reconnecting until --give-up-after."""
+    from aiogc.core.common import FATAL_CODES
+
+    assert "evicted" in FATAL_CODES
+    config = RunConfig(**LOCATE_CFG)
+    ps, _, (sim, _) = _rig(config, spare_wait=2.0, spares=2, locate=3, liar=5)
+    liar = sim.workers[5]
+    assert liar.key is not None  # a keyed worker: its session is authenticated
+    seen = _failures(liar)
+    sim.run()
+    assert 5 in ps.evicted
+    assert (seen[0].code, seen[0].fatal) == ("evicted", True)
+    assert "located as inconsistent" in seen[0].reason
+    # the simulator reconnects every closed worker whatever the fatality (a driver would not):
+    # each later attempt is refused at its hello, unauthenticated, never fatal
+    assert {(f.code, f.fatal) for f in seen[1:]} <= {("preauth_evicted", False)}
+
+
+def test_unauthenticated_evicted_before_the_handshake_is_not_fatal() -> None:
+    """An evicted worker that reconnects is refused at its hello, before any welcome: that
+    ``error(evicted)`` is unauthenticated (anyone on the path could send it), so it only closes
+    the connection and the worker retries (docs/protocol.md §7.7)."""
+    from aiogc.core import PS_PEER
+
+    config = RunConfig(**LOCATE_CFG)
+    ps, _, _ = _rig(config, spare_wait=2.0, spares=2, locate=3)
+    ps.start(now=0.0)
+    ps.evicted[5] = "its vectors were located as inconsistent (round 3)"
+    w = Worker(5, secret=SECRET, nonce_fn=_counter_nonces(5))
+    seen = _failures(w)
+    peer = "p5"
+    w.connection_made(now=0.0)
+    ps.connection_made(peer, now=0.0)
+    for _ in range(4):  # challenge -> hello -> error(evicted): a few hops back to back
+        out, _ev, _t = ps.poll()
+        for o in out:
+            if o.peer == peer and o.message is not None:
+                w.receive(PS_PEER, o.message, now=0.0)
+        _e, _w, wout, _t2 = w.poll()
+        for o in wout:
+            if o.message is not None:
+                ps.receive(peer, o.message, now=0.0)
+        if seen:
+            break
+    assert [(f.code, f.fatal) for f in seen] == [("preauth_evicted", False)]
+    assert w.stats["preauth_evicted"] == 1

@@ -14,6 +14,9 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
   file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
 * 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
   (wrong secret, config mismatch, task not allowed); the message says which.
+* 4 -- ``worker``: the PS evicted it (issue 21, ``--locate N``: its coded vectors were located as
+  inconsistent in N rounds; an authenticated ``error`` ``evicted``, its key refused for the rest
+  of the run): ``aiogc worker J: exiting: evicted by the PS (...)``.
 * 5 -- ``run``: every round completed, but some ran with fewer than m workers (a worker left
   or never joined; ``summary.json`` ``shrunk`` / ``membership`` and a stderr line say which);
   ``--allow-shrink`` accepts that (exit 0).
@@ -52,6 +55,7 @@ from aiogc.cli.args import (
 # Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
 # scripts use (they moved to cli/args.py and cli/remote.py).
 from aiogc.cli.args import EXIT_CODES as EXIT_CODES
+from aiogc.cli.args import EXIT_EVICTED as EXIT_EVICTED
 from aiogc.cli.args import EXIT_STOPPED as EXIT_STOPPED
 from aiogc.cli.args import EXIT_UNREACHABLE as EXIT_UNREACHABLE
 from aiogc.cli.remote import _ps_event_handler as _ps_event_handler
@@ -65,7 +69,8 @@ from aiogc.config import MAX_WORKERS
 from aiogc.errors import AiogcError, ConfigError
 
 #: What ``from aiogc.cli import ...`` keeps offering since the split (tests and scripts use these).
-__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_SHRUNK", "EXIT_STOPPED",
+__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT_OK",
+           "EXIT_SHRUNK", "EXIT_STOPPED",
            "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
            "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
            "setup_logging"]

@@ -23,6 +23,8 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+#: worker: the PS evicted it (issue 21: its vectors located as inconsistent; its key refused)
+EXIT_EVICTED = 4
 EXIT_SHRUNK = 5
 #: --fidelity strict: the run completed but its fidelity verdict is "unfaithful" (its round
 #: times or speedups differ from the simulator's replay of its own schedule by more than the
@@ -44,6 +46,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_CONFIG, "bad configuration or usage (the message names the flag, value and range)"),
     (EXIT_UNREACHABLE, "worker: the PS was unreachable for --give-up-after seconds or refused "
                        "it for good"),
+    (EXIT_EVICTED, "worker: the PS evicted it (its coded vectors were located as inconsistent, "
+                   "--locate; its key is refused for the rest of the run)"),
     (EXIT_SHRUNK, "run: every round completed, but some with fewer than m workers "
                   "(--allow-shrink accepts that)"),
     (EXIT_UNFAITHFUL, "run --fidelity strict: every round completed, but the fidelity verdict "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiogc.cli.args import (
+    EXIT_EVICTED,
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SHRUNK,
@@ -31,7 +32,7 @@ from aiogc.cli.args import (
 )
 from aiogc.coding.registry import scheme_names
 from aiogc.config import MAX_WORKERS
-from aiogc.errors import ConfigError
+from aiogc.errors import ConfigError, EvictedError
 
 # ------------------------------------------------------------------ ps / worker
 
@@ -376,7 +377,11 @@ def _worker_exit(ids: list[int], results: list[BaseException | None], whys: list
     code = EXIT_OK
     for j, res, why in zip(ids, results, whys, strict=True):
         me = f"aiogc worker {j}"
-        if isinstance(res, ConnectionError):
+        if isinstance(res, EvictedError):  # issue 21: ends the worker, not a retry
+            print(f"{me}: exiting: evicted by the PS ({res}); its key is refused for the rest "
+                  f"of the run", file=sys.stderr)
+            code = EXIT_EVICTED
+        elif isinstance(res, ConnectionError):
             print(f"{me}: exiting: {res}", file=sys.stderr)
             code = EXIT_UNREACHABLE
         elif isinstance(res, BaseException):

@@ -19,9 +19,12 @@ from aiogc.core.attribution import Attribution
 from aiogc.protocol.messages import Message, slot_constructor
 from aiogc.protocol.status import EndReason, RoundStatus
 
-#: Close codes after which a worker does not reconnect: retrying cannot succeed.
+#: Close codes after which a worker does not reconnect: retrying cannot succeed. Only in an
+#: authenticated frame (or from the worker core's own checks): before the handshake every code
+#: is a retry (docs/protocol.md §7.7). ``evicted`` (issue 21): the PS located this worker's
+#: vectors as inconsistent and refuses its key for the rest of the run.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
-                         "bad_version", "task_not_allowed"})
+                         "bad_version", "task_not_allowed", "evicted"})
 
 #: Seconds a new connection has to authenticate before it is closed (the default of the PS's
 #: ``auth_deadline_s``). Every bad connection should be closed within 2 s; timer latency adds

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiogc.core import Worker, WorkerCache
+from aiogc.errors import EvictedError
 from aiogc.harness.kit import BLAS_ENV, ExitReason
 from aiogc.net.drivers import ClientOptions, WorkerClient
 from aiogc.net.hostclient import HostClient
@@ -27,7 +28,12 @@ from aiogc.net.loops import run_on
 from aiogc.protocol.auth import derive_worker_key
 
 #: Exit status of a worker process whose runner died (it stops instead of reconnecting).
-EXIT_PARENT_DIED = 4
+#: Internal to the local runner (not one of ``aiogc --help``'s codes): 7, so that it does not
+#: read as the 4 of an evicted worker.
+EXIT_PARENT_DIED = 7
+#: Exit status of a worker (or worker-host) process the PS evicted: ``aiogc worker``'s
+#: EXIT_EVICTED (issue 21; the CLI's code list lives above this wing, in cli/args.py).
+EXIT_EVICTED = 4
 
 
 
@@ -92,6 +98,9 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
             run_on(loop_kind, client.run())
         else:
             run_on(loop_kind, _watched(client, parent_alive, died))
+    except EvictedError as exc:  # issue 21: the PS evicted it
+        _say(f"aiogc worker {worker_id}: exiting: evicted by the PS ({exc})")
+        sys.exit(EXIT_EVICTED)
     except ConnectionError as exc:
         _say(f"aiogc worker {worker_id}: exiting: {exc}")
         sys.exit(3)
@@ -144,17 +153,28 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
     if died:
         _say(f"aiogc worker host {worker_ids[0]}..{worker_ids[-1]}: exiting: parent process died")
         sys.exit(EXIT_PARENT_DIED)
-    unreachable = False
+    code = _host_exit_code(worker_ids, results, whys)
+    if code:
+        sys.exit(code)
+
+
+def _host_exit_code(worker_ids: Sequence[int], results: Sequence[Any],
+                    whys: Sequence[Any]) -> int:
+    """Say why each worker of a host process ended; its exit code: 3 if one was unreachable,
+    else :data:`EXIT_EVICTED` if one was evicted (issue 21), else 0."""
+    unreachable = evicted = False
     for j, res, why in zip(worker_ids, results, whys, strict=False):
-        if isinstance(res, ConnectionError):
+        if isinstance(res, EvictedError):
+            _say(f"aiogc worker {j}: exiting: evicted by the PS ({res})")
+            evicted = True
+        elif isinstance(res, ConnectionError):
             _say(f"aiogc worker {j}: exiting: {res}")
             unreachable = True
         elif isinstance(res, BaseException):
             _say(f"aiogc worker {j}: exiting: {type(res).__name__}: {res}")
         elif why.early:
             _say(f"aiogc worker {j}: exiting: {why.describe()}")
-    if unreachable:
-        sys.exit(3)
+    return 3 if unreachable else EXIT_EVICTED if evicted else 0
 
 
 def host_blocks(m: int, hosts: int) -> list[list[int]]:

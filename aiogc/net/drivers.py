@@ -43,7 +43,7 @@ from aiogc.core import (
 )
 from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
-from aiogc.errors import ConfigError, RemoteProtocolError
+from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import HostLink
 from aiogc.net.limits import (
@@ -386,6 +386,13 @@ class ClientOptions:
 DEFAULT_CLIENT_OPTIONS: Final = ClientOptions()
 
 
+def fatal_error(worker_id: int, ev: ConnectionFailed) -> ConnectionError:
+    """The exception a worker ends with after the fatal close ``ev``: :class:`EvictedError`
+    for ``evicted`` (issue 21, exit 4), else ``ConnectionError`` (exit 3)."""
+    cls = EvictedError if ev.code == "evicted" else ConnectionError
+    return cls(f"worker {worker_id}: {ev.code}: {ev.reason}")
+
+
 class WorkerClient:
     """Run one :class:`Worker` against a PS: connect, reconnect with backoff, stop on shutdown.
 
@@ -489,9 +496,7 @@ class WorkerClient:
                 if self.worker.rounds_ended > rounds_before:
                     self.backoff.reset()  # a round completed: start over from the base
                 if self._fatal is not None:
-                    raise ConnectionError(
-                        f"worker {self.worker.worker_id}: {self._fatal.code}: {self._fatal.reason}"
-                    )
+                    raise fatal_error(self.worker.worker_id, self._fatal)
                 if not self._shutdown:
                     self._check_give_up(last_ok, "connections closed before authentication",
                                         None)

@@ -31,7 +31,13 @@ from typing import Any
 from aiogc.core import Worker
 from aiogc.core.common import Backoff
 from aiogc.errors import ConfigError, MalformedFrame, RemoteProtocolError
-from aiogc.net.drivers import DEFAULT_CLIENT_OPTIONS, ClientOptions, EventSink, WorkerClient
+from aiogc.net.drivers import (
+    DEFAULT_CLIENT_OPTIONS,
+    ClientOptions,
+    EventSink,
+    WorkerClient,
+    fatal_error,
+)
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import BATCH_WINDOW_S
 from aiogc.net.loops import _clock, _Timer
@@ -413,8 +419,7 @@ class HostClient:
         if c._shutdown:
             self._finish_slot(st, None)
         elif c._fatal is not None:
-            self._finish_slot(st, ConnectionError(
-                f"worker {c.worker.worker_id}: {c._fatal.code}: {c._fatal.reason}"))
+            self._finish_slot(st, fatal_error(c.worker.worker_id, c._fatal))
         elif reopen:
             self._give_up_slots("sessions closed before authentication", None)
             if not st.done:

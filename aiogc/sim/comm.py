@@ -73,7 +73,8 @@ class FrameBytes:
     Attributes
     ----------
     round_start : ndarray of int64, shape (m,)
-        The round-start broadcast (model of ``dim`` float64, the worker's ``load`` scheduled
+        The round-start broadcast (model of ``dim`` values of ``model_dtype``, the PS sends it
+        in the payload dtype; the worker's ``load`` scheduled
         delays).
     report, encode : int
         A chunk report; an encode_and_transmit (state of length m).
@@ -90,8 +91,11 @@ class FrameBytes:
     chunk_vector: int
 
     @classmethod
-    def of(cls, scheme: Any, dim: int, dtype: Any = "float64") -> FrameBytes:
-        """Measure every frame kind on representative messages of ``scheme`` at ``dim``.
+    def of(cls, scheme: Any, dim: int, dtype: Any = "float64",
+           model_dtype: Any = "float64") -> FrameBytes:
+        """Measure every frame kind on representative messages of ``scheme`` at ``dim``
+        (coded vectors of ``dtype``, the model in ``model_dtype``: ``RunConfig.payload_dtype``,
+        which the PS's round_start carries; a float32 run's model is half a float64's bytes).
 
         The compact headers have a fixed size whatever the array length, so each kind is
         encoded once with a one-value array and the other ``n - 1`` values are added
@@ -100,9 +104,11 @@ class FrameBytes:
         dt = np.dtype(dtype)
         m, d = int(scheme.m), int(dim)
         loads = np.asarray(scheme.loads, dtype=np.int64)
-        one = np.zeros(1)
+        mdt = np.dtype(model_dtype)
+        one = np.zeros(1, dtype=mdt)
         by_load = {int(n): frame_bytes(RoundStart(epoch=1, round=1, delays_s=(0.5,) * int(n),
-                                                  net_delay_s=0.0, model=one)) + 8 * (d - 1)
+                                                  net_delay_s=0.0, model=one))
+                   + mdt.itemsize * (d - 1)
                    for n in np.unique(loads)}
         rs = np.array([by_load[int(n)] for n in loads], dtype=np.int64)
         rep = frame_bytes(ChunkReport(epoch=1, round=1, count=1, t_worker=1.0, elapsed_s=1.0))

@@ -452,7 +452,7 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     out: dict[str, FastResult] = {}
     for name in schemes:
         s = sch[name]
-        frames = FrameBytes.of(s, dim, config.coded_wire_dtype)
+        frames = FrameBytes.of(s, dim, config.coded_wire_dtype, config.payload_dtype)
         sched_s = cluster_schedule(schedule, config, s)  # heterogeneous cluster (issue 21)
         trig, end, status, states = outcomes(s, sched_s, mode=config.mode,
                                              deadline_s=config.deadline_s, latency=latency,
