@@ -353,7 +353,8 @@ class HostClient:
         if conn is not self.conn:
             return
         self._in_batch = True
-        self._window()
+        if self._dirty:  # _window() only matters then; this runs for every frame read
+            self._window()
         kind = type(msg)
         if kind is Preamble:
             if msg.role != ROLE_PS or (msg.first, msg.count) != (self.first, self.count):
@@ -465,7 +466,8 @@ class HostClient:
         slots = self.slots
         for i in due:
             slots[i].client._on_timer()
-            self._window()
+            if self._dirty:
+                self._window()
         self._end_batch()
 
     def _window(self) -> None:

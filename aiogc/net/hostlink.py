@@ -154,6 +154,8 @@ class HostLink:
         self.first = 0
         self.count = 0
         self._slots: list[SlotEndpoint | None] = []
+        #: the connection's decoder once adopted (read per frame: no property, no isinstance)
+        self._dec = MuxFrameDecoder(self._select)
         self._in_read = False
         self._dirty = False
         self._dirty_since = 0.0
@@ -164,7 +166,7 @@ class HostLink:
         discarded by the host), the rest of the stream is decoded as a host's."""
         server.ps.connection_lost(conn, now=_clock())
         link = cls(server, conn, m)
-        conn.adopt(MuxFrameDecoder(link._select), link._on_message, link._on_close, rest=rest,
+        conn.adopt(link._dec, link._on_message, link._on_close, rest=rest,
                    after_read=link._after_read)
         return link
 
@@ -181,7 +183,7 @@ class HostLink:
             raise MalformedFrame(f"frame on slot {slot}, which is not open", code="slot_closed")
         dec.auth = ep.recv_auth
         dec.limits = ep.limits
-        dec.set_alloc(ep.alloc)
+        dec._alloc = ep.alloc  # set_alloc(), without a call per frame
 
     def _on_message(self, conn: FramedConnection, msg: Any) -> None:
         self._in_read = True
@@ -195,7 +197,7 @@ class HostLink:
         if kind is Control:
             self._on_control(msg)
             return
-        slot = self._decoder().slot
+        slot = self._dec.slot
         if slot is None or slot == HOST_SLOT:
             # the host reports a problem with the connection itself: it is ending it
             log.debug("worker host %s: %s", conn.peername, getattr(msg, "reason", msg))
@@ -212,11 +214,6 @@ class HostLink:
                     f"slot {slot} carries worker {ep.worker_id}, not {named}",
                     code="slot_mismatch")
         self.server._on_message(ep, msg)
-
-    def _decoder(self) -> MuxFrameDecoder:
-        dec = self.conn.decoder
-        assert isinstance(dec, MuxFrameDecoder)
-        return dec
 
     def _on_preamble(self, pre: Preamble) -> None:
         if pre.role != ROLE_HOST:

@@ -155,7 +155,7 @@ class MuxFrameDecoder(FrameDecoder):
                 return pre
             self.slot = None
             self._select(self, HOST_SLOT)
-            return super()._read_prefix()
+            return FrameDecoder._read_prefix(self)
         (slot,) = _SLOT.unpack_from(buf, start)
         if slot == CTRL_SLOT:
             _, op, arg = _CTRL.unpack_from(buf, start)
@@ -164,4 +164,4 @@ class MuxFrameDecoder(FrameDecoder):
         self._start = start + _SLOT.size
         self.slot = slot
         self._select(self, slot)
-        return super()._read_prefix()
+        return FrameDecoder._read_prefix(self)  # not super(): no proxy object per frame
