@@ -46,23 +46,27 @@ def build_rig(
                        options=PSOptions(nonce_fn=_counter_nonces()))
     scheme = ps.scheme
 
+    ws = worker_secret if worker_secret is not None else secret
+    workers = task_workers(task, scheme.m, secret=ws)
+    sim = Simulation(ps, workers, network=SimNetwork(latency=latency))
+    assert isinstance(ps.aggregator, Aggregator)
+    return Rig(config, scheme, task, schedule, ps, workers, sim, ps.aggregator)
+
+
+def task_workers(task: Any, m: int, *, secret: bytes | None = None) -> list[Worker]:
+    """m worker cores computing ``task``'s chunk gradients, with one Setup per configuration
+    and one WorkerCache shared by all of them (as a real driver's process shares them), and
+    deterministic nonces."""
     built: dict[RunConfig, Setup] = {}
 
     def setup(cfg: RunConfig) -> Setup:
-        # one Setup per configuration, shared by every worker (as the real drivers do)
         if cfg not in built:
             built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
         return built[cfg]
 
-    ws = worker_secret if worker_secret is not None else secret
-    cache = WorkerCache()  # shared by the workers, as a driver's process shares one
-    workers = [
-        Worker(j, secret=ws, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
-        for j in range(scheme.m)
-    ]
-    sim = Simulation(ps, workers, network=SimNetwork(latency=latency))
-    assert isinstance(ps.aggregator, Aggregator)
-    return Rig(config, scheme, task, schedule, ps, workers, sim, ps.aggregator)
+    cache = WorkerCache()
+    return [Worker(j, secret=secret, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
+            for j in range(m)]
 
 
 def _counter_nonces(salt: int = 1000) -> Any:

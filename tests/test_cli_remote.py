@@ -27,7 +27,10 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     ps = subprocess.Popen(
         [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
          "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
-         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio"],
+         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
+         # the join clock starts at listen, before the worker processes exist: a hang guard
+         # far beyond their start-up on a busy machine, not a race against it
+         "--join-timeout", "600"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     workers: list[subprocess.Popen[str]] = []
     try:

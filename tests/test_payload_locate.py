@@ -14,14 +14,14 @@ import pytest
 
 from aiogc.coding.compress import rounding_bound, to_coded, unit_roundoff, widen
 from aiogc.config import RunConfig
-from aiogc.core import PSOptions, Setup, Worker, WorkerCache
+from aiogc.core import PSOptions, Worker
 from aiogc.errors import MalformedFrame
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.protocol.headers import FrameLimits
 from aiogc.protocol.messages import CodedGradient
 from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
 from aiogc.sim.engine import Simulation
-from tests.helpers import _counter_nonces
+from tests.helpers import _counter_nonces, task_workers
 
 SECRET = b"payload-test-secret-0123456789ab"
 
@@ -74,16 +74,7 @@ def _rig(config: RunConfig, *, spare_wait: float = 0.0, spares: int = 1,
                        secret=SECRET, locate=locate,
                        options=PSOptions(nonce_fn=_counter_nonces(), spare_wait=spare_wait,
                                          spares=spares))
-    built: dict[RunConfig, Setup] = {}
-
-    def setup(cfg: RunConfig) -> Setup:
-        if cfg not in built:
-            built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
-        return built[cfg]
-
-    cache = WorkerCache()
-    workers = [Worker(j, secret=SECRET, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
-               for j in range(ps.m)]
+    workers = task_workers(task, ps.m, secret=SECRET)
     tamper = None
     if liar is not None:
         tamper = Scale3(workers[liar])

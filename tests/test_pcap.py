@@ -546,7 +546,10 @@ def test_standalone_ps_capture(tmp_path: Path) -> None:
         [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
          "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
          "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
-         "--pcap", str(pcap)],
+         "--pcap", str(pcap),
+         # the join clock starts at listen, before the worker processes exist: a hang guard
+         # far beyond their start-up on a busy machine, not a race against it
+         "--join-timeout", "600"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     workers: list[subprocess.Popen[str]] = []
     try:

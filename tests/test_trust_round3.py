@@ -21,11 +21,9 @@ from aiogc.config import RunConfig
 from aiogc.core import (
     ConnectionFailed,
     PSOptions,
-    Setup,
     ShutdownRequested,
     Welcomed,
     Worker,
-    WorkerCache,
 )
 from aiogc.core.common import UNVERIFIED, Backoff
 from aiogc.harness.kit import make_ps as kit_make_ps
@@ -35,7 +33,7 @@ from aiogc.protocol.messages import Challenge, CodedGradient, Error, Shutdown
 from aiogc.protocol.wire import encode_frame_bytes
 from aiogc.sim.engine import Simulation
 from aiogc.training.schedule import DelaySchedule
-from tests.helpers import _counter_nonces, build_rig
+from tests.helpers import _counter_nonces, build_rig, task_workers
 from tests.test_net import (
     FAST_BACKOFF,
     HOST,
@@ -436,16 +434,7 @@ def _swd_rig(config: RunConfig, *, spare_wait: float, verify: bool,
     ps, task = kit_make_ps(config, schedule=schedule, verify=verify, keep_gradients=True,
                            secret=SECRET,
                            options=PSOptions(nonce_fn=_counter_nonces(), spare_wait=spare_wait))
-    built: dict[RunConfig, Setup] = {}
-
-    def setup(cfg: RunConfig) -> Setup:
-        if cfg not in built:
-            built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
-        return built[cfg]
-
-    cache = WorkerCache()
-    workers = [Worker(j, secret=SECRET, setup=setup, nonce_fn=_counter_nonces(j), cache=cache)
-               for j in range(ps.m)]
+    workers = task_workers(task, ps.m, secret=SECRET)
     tamper = None
     if liar is not None:
         tamper = _Tamper(attack)
