@@ -227,3 +227,26 @@ def test_static_rounds_of_an_adaptive_run_send_the_static_round_start_bytes(
         same = RoundStart(epoch=want.epoch, round=want.round, delays_s=want.delays_s,
                           net_delay_s=want.net_delay_s, model=got.model)
         assert b == encode_frame_bytes(same), (r, w)
+
+
+def test_simulate_fast_walks_the_adaptive_policy() -> None:
+    """`aiogc simulate --ordering adaptive` (the fast path) once reported the static order's
+    times; it now runs the policy, round for round as the protocol engine, and says when it
+    cannot (approximate mode, shaped links)."""
+    from aiogc.errors import ConfigError
+    from aiogc.sim.fast import simulate_fast
+
+    cfg = RunConfig(workers=16, delta=4, n_parts=2, ordering="adaptive",
+                    delay="straggle:0.25,5,exp:0.02", rounds=25, seed=2)
+    built = build_schemes(cfg, ["partial"])
+    sched = schedule_for(cfg, built)
+    fast = simulate_fast(cfg, ["partial"], schedule=sched, built=built)["partial"]
+    trig, end, adopted = adaptive_times(built["partial"], sched)
+    assert adopted.any()
+    np.testing.assert_array_equal(fast.completion_s, end)
+    np.testing.assert_array_equal(fast.trigger_s, trig)
+    static = simulate_fast(cfg.replace(ordering="optimal"), ["partial"], schedule=sched)
+    assert not np.array_equal(static["partial"].completion_s, fast.completion_s)
+    with pytest.raises(ConfigError, match="ordering"):
+        simulate_fast(cfg.replace(mode="approx", deadline_s=0.05), ["partial"], schedule=sched,
+                      built=built)

@@ -42,6 +42,7 @@ import numpy as np
 
 from aiogc.config import MAX_TIME_SCALE, RunConfig
 from aiogc.core import RoundRecord
+from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.schedule import DelaySchedule
@@ -138,8 +139,8 @@ def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule) ->
     """The fast path on ``schedule`` with the run's communication model: a shaped run
     (``config.bandwidth``, :mod:`aiogc.net.shaping`) is replayed with the same link rates and
     frames sized at its task's dimension, as ``aiogc simulate --delay replay:RUN/delays.csv
-    --bandwidth SPEC --dim D`` does; under ``ordering="adaptive"`` (exact mode, free links)
-    the partial scheme's round times are those of the adaptive order policy."""
+    --bandwidth SPEC --dim D`` does (``ordering="adaptive"`` included, where the fast path
+    can walk it)."""
     from aiogc.sim.fast import build_schemes, simulate_fast
 
     built = build_schemes(config, names)
@@ -149,18 +150,18 @@ def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule) ->
         from aiogc.training.tasks import make_task
 
         dim = int(make_task(config.task, built[names[0]].n_chunks, config.seed).dim)
-    sim = simulate_fast(config, list(names), schedule=schedule, built=built, mse=False,
-                        dim=dim, comm=comm if comm.limited else None)
-    if (config.ordering == "adaptive" and config.mode == "exact" and "partial" in sim
-            and not comm.limited):
-        # the adaptive order policy's round times, not the static order's it starts from
-        # (aiogc.sim.adaptive models free links only: a shaped adaptive run keeps the
-        # static replay, and its verdict says so through a larger ratio)
-        from aiogc.sim.adaptive import adaptive_times
-
-        end = adaptive_times(built["partial"], schedule)[1]
-        sim["partial"] = replace(sim["partial"], completion_s=end)
-    return sim
+    try:  # under ordering="adaptive" the fast path walks the PS's own order policy
+        return simulate_fast(config, list(names), schedule=schedule, built=built, mse=False,
+                             dim=dim, comm=comm if comm.limited else None)
+    except ConfigError:
+        if config.ordering != "adaptive":
+            raise
+    # an adaptive run the fast path cannot walk (approximate mode, or shaped links): replayed
+    # on the static optimal order the policy starts from, as before the fast path learned
+    # adaptive orders; its ratio then carries the policy's effect too (docs/experiments.md)
+    static = config.replace(ordering="optimal")
+    return simulate_fast(static, list(names), schedule=schedule, mse=False, dim=dim,
+                         comm=comm if comm.limited else None)
 
 
 def _div(a: float, b: float) -> float:

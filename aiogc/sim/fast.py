@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aiogc.coding.adaptive import AdaptiveOrdering, policy_for
 from aiogc.coding.base import Scheme
 from aiogc.config import CommModel, RunConfig
 from aiogc.errors import ConfigError
@@ -416,6 +417,57 @@ def mse_of_states(scheme: Scheme, states: np.ndarray, *, seed: int, dim: int = 1
     return out
 
 
+def adaptive_outcomes(scheme: Scheme, schedule: DelaySchedule, *, latency: float = 0.0,
+                      policy: AdaptiveOrdering | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exact-mode (trigger, end, states, adopted) per round under ``ordering="adaptive"``:
+    the rounds in sequence, each on the orders the PS core's own
+    :class:`~aiogc.coding.adaptive.AdaptiveOrdering` chose from the reports of the rounds
+    before (module docstring of :mod:`aiogc.sim.adaptive`).
+
+    Returns
+    -------
+    trigger, end : ndarray of float64, shape (R,)
+        Seconds from round start.
+    states : ndarray of int64, shape (R, m)
+        The reports the PS held at each trigger.
+    adopted : ndarray of bool, shape (R,)
+        Whether round ``r`` ran on speed-aware orders (else the static ones).
+    """
+    pol = policy if policy is not None else policy_for(scheme, "adaptive")
+    if pol is None:
+        raise ConfigError("scheme", scheme.name, "a trigger scheme that can take other orders")
+    a = arrival_times(scheme, schedule, latency=latency)  # (R, m, K)
+    R, m, K = a.shape
+    elapsed = np.cumsum(schedule.compute_s[:, :, :K], axis=2)
+    trig = np.empty(R)
+    states = np.zeros((R, m), dtype=np.int64)
+    adopted = np.zeros(R, dtype=bool)
+    everyone = range(m)
+    for r in range(R):
+        sch = scheme.with_orders(pol.orders())
+        assert sch is not None  # policy_for checked the capability
+        adopted[r] = pol.last is not None and pol.last[2]
+        t = float(sch.decode_times(a[r:r + 1])[0])
+        trig[r] = t
+        got = a[r] <= t  # (m, K): the reports the PS holds at the trigger
+        states[r] = got.sum(axis=1)
+        jj, kk = np.nonzero(got)
+        reports = zip(a[r, jj, kk].tolist(), jj.tolist(), (kk + 1).tolist(),
+                      elapsed[r, jj, kk].tolist(), strict=True)
+        pol.observe(sorted(reports), 0.0, t if np.isfinite(t) else float(a[r][np.isfinite(
+            a[r])].max(initial=0.0)), everyone)
+    end = _trigger_end(scheme, trig, states, schedule, latency)
+    return trig, end, states, adopted
+
+
+def _adaptive_supported(config: RunConfig, comm: CommModel | None) -> None:
+    """The fast path walks adaptive orders in exact mode on free links only."""
+    if config.mode != "exact" or (comm is not None and comm.limited):
+        raise ConfigError("ordering", "adaptive", "exact mode without --bandwidth in the fast "
+                          "path (--engine protocol simulates the other cases)")
+
+
 def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
                   schedule: DelaySchedule | None = None, latency: float = 0.0,
                   dim: int = 120, mse: bool | None = None,
@@ -454,9 +506,15 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
         s = sch[name]
         frames = FrameBytes.of(s, dim, config.coded_wire_dtype, config.payload_dtype)
         sched_s = cluster_schedule(schedule, config, s)  # heterogeneous cluster (issue 21)
-        trig, end, status, states = outcomes(s, sched_s, mode=config.mode,
-                                             deadline_s=config.deadline_s, latency=latency,
-                                             comm=comm, frames=frames)
+        if config.ordering == "adaptive" and policy_for(s, "adaptive") is not None:
+            _adaptive_supported(config, comm)
+            trig, end, states, _ = adaptive_outcomes(s, sched_s, latency=latency)
+            status = np.where(np.isfinite(end), RoundStatus.EXACT.value,
+                              RoundStatus.FAILED.value)
+        else:
+            trig, end, status, states = outcomes(s, sched_s, mode=config.mode,
+                                                 deadline_s=config.deadline_s,
+                                                 latency=latency, comm=comm, frames=frames)
         err = (mse_of_states(s, states, seed=config.seed, dim=dim, dtype=config.dtype)
                if want_mse else None)
         ups, nbytes = upload_counts(s, sched_s, end, states, frames, latency=latency,
