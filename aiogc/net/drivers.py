@@ -45,7 +45,7 @@ from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
-from aiogc.net.hostlink import HostLink
+from aiogc.net.hostlink import BATCH_WINDOW_S, HostLink, SlotEndpoint
 from aiogc.net.limits import (
     OUTBOX_SLICE,
     WORKER_MAX_HEADER,
@@ -128,6 +128,10 @@ class PSServer:
         # the core's queued work (analytics after a round_start) waits until the frames queued
         # before it have all left, as it did when every outbox was written at once
         self._run_after_outq = False
+        # the frames of a host link's read are received one by one but polled once, at the
+        # end of the read (_read_done) or once the first of them has waited BATCH_WINDOW_S:
+        # when that first frame arrived, None when nothing is waiting for a poll
+        self._poll_due: float | None = None
         if ps.nonce_fn is None:
             ps.nonce_fn = _nonce16
         self.started = asyncio.Event()
@@ -228,28 +232,48 @@ class PSServer:
         self._pump()
         self._conns_changed.set()
 
-    def _on_message(self, conn: FramedConnection, msg: Message) -> None:
+    def _on_message(self, conn: FramedConnection | SlotEndpoint, msg: Message) -> None:
         if self._frame_log is not None:
             self._frame_log("in", conn, msg, conn.last_frame_nbytes)
         if self._ingress is not None and conn in self._shaped:
             self._ingress.put((conn, msg), frame_nbytes(msg))  # the shared PS ingress
             return
+        if type(conn) is SlotEndpoint:
+            # within a host link's read: the link calls _read_done at its end
+            now = _clock()
+            self._take(conn, msg, now)
+            due = self._poll_due
+            if due is None:
+                self._poll_due = now
+            elif now - due > BATCH_WINDOW_S:
+                self._pump()
+                conn.flush_now()  # they waited long enough already: not another window
+            return
         self._receive(conn, msg)
+
+    def _read_done(self) -> None:
+        """A host link's read ended: poll the core once for all of its frames."""
+        if self._poll_due is not None:
+            self._pump()
 
     def _ingress_done(self, item: tuple[FramedConnection, Message]) -> None:
         if item[0] in self._conns:  # a frame of a closed connection is dropped with it
             self._receive(*item)
 
-    def _receive(self, conn: FramedConnection, msg: Message) -> None:
+    def _receive(self, conn: Any, msg: Message) -> None:
+        self._take(conn, msg, _clock())
+        self._pump()
+
+    def _take(self, conn: Any, msg: Message, now: float) -> None:
+        # feed the core; limits and keys change before the connection's next frame is parsed
         ps = self.ps
-        ps.receive(conn, msg, now=_clock())
+        ps.receive(conn, msg, now=now)
         if conn.limits is PREAUTH_LIMITS and ps.is_authenticated(conn):
             conn.set_limits(self._post_auth)
             keys = ps.session_keys(conn)
             if keys is not None:
                 # every frame after hello is tagged (the welcome we send is not: see _pump)
                 conn.set_auth(recv=keys.worker_to_ps)
-        self._pump()
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
         self._conns.discard(conn)
@@ -327,6 +351,7 @@ class PSServer:
 
     def _pump(self) -> None:
         ps = self.ps
+        self._poll_due = None
         while True:
             # one poll per stage; decode / analytics run after the frames above left (the next
             # round_start first), then the events and the timer deadline come with the poll

@@ -64,6 +64,7 @@ class _Server(Protocol):
     def _conn_made(self, conn: Any) -> None: ...
     def _on_message(self, conn: Any, msg: Message) -> None: ...
     def _on_close(self, conn: Any, exc: BaseException | None) -> None: ...
+    def _read_done(self) -> None: ...
     def _alloc(self, conn: Any, kind: str, header: dict[str, Any], dtype: np.dtype,
                n: int) -> Any: ...
 
@@ -103,6 +104,12 @@ class SlotEndpoint:
 
     def flush(self) -> None:
         self._link.flush()
+
+    def flush_now(self) -> None:
+        """Write the host connection's queue now, even within a read (the PS's late poll)."""
+        link = self._link
+        link._dirty = False
+        link.conn.flush()
 
     def close(self, code: str | None = None, reason: str = "") -> None:
         """End this session (the host connection stays): an optional Error frame, then CLOSE;
@@ -256,6 +263,7 @@ class HostLink:
             raise RemoteProtocolError(f"unknown control operation {c.op}", code="bad_control")
 
     def _after_read(self) -> None:
+        self.server._read_done()  # the PS polls once per read; its frames join this write
         self._in_read = False
         if self._dirty:
             self._dirty = False
