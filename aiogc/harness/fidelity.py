@@ -222,14 +222,17 @@ def chunk_lateness(schedule: DelaySchedule, records: Mapping[str, Sequence[Round
             cfg = config.for_scheme(name)
             cum = np.cumsum(cluster_schedule(schedule, cfg, cfg.build_scheme()).compute_s,
                             axis=2)
-        for rec in recs:
-            if rec.round >= schedule.rounds:
-                continue
-            for _t, w, count, elapsed in rec.reports:
-                if 0 < count <= cum.shape[2] and 0 <= w < cum.shape[1]:
-                    due = float(cum[rec.round, w, count - 1])
-                    if math.isfinite(due):
-                        late.append(elapsed / time_scale - due)
+        # every report of the scheme at once (one fancy index, not a numpy scalar per report)
+        rep = [(rec.round, w, count, elapsed) for rec in recs if rec.round < schedule.rounds
+               for _t, w, count, elapsed in rec.reports]
+        if not rep:
+            continue
+        r, w, count = (np.array([x[i] for x in rep], dtype=np.int64) for i in range(3))
+        elapsed = np.array([x[3] for x in rep], dtype=np.float64)
+        ok = (count > 0) & (count <= cum.shape[2]) & (w >= 0) & (w < cum.shape[1])
+        due = cum[r[ok], w[ok], count[ok] - 1]
+        fin = np.isfinite(due)
+        late.extend((elapsed[ok][fin] / time_scale - due[fin]).tolist())
     return _pcts(late)
 
 

@@ -241,7 +241,9 @@ class PSServer:
         if type(conn) is SlotEndpoint:
             # within a host link's read: the link calls _read_done at its end
             now = _clock()
-            self._take(conn, msg, now)
+            self.ps.receive(conn, msg, now=now)  # as _receive does, without its pump
+            if conn.limits is PREAUTH_LIMITS:
+                self._authenticated(conn)
             due = self._poll_due
             if due is None:
                 self._poll_due = now
@@ -261,14 +263,16 @@ class PSServer:
             self._receive(*item)
 
     def _receive(self, conn: Any, msg: Message) -> None:
-        self._take(conn, msg, _clock())
+        # feed the core; limits and keys change before the connection's next frame is parsed
+        self.ps.receive(conn, msg, now=_clock())
+        if conn.limits is PREAUTH_LIMITS:
+            self._authenticated(conn)
         self._pump()
 
-    def _take(self, conn: Any, msg: Message, now: float) -> None:
-        # feed the core; limits and keys change before the connection's next frame is parsed
+    def _authenticated(self, conn: Any) -> None:
+        # a peer past its handshake: raised limits, and tagged frames from it when keyed
         ps = self.ps
-        ps.receive(conn, msg, now=now)
-        if conn.limits is PREAUTH_LIMITS and ps.is_authenticated(conn):
+        if ps.is_authenticated(conn):
             conn.set_limits(self._post_auth)
             keys = ps.session_keys(conn)
             if keys is not None:
