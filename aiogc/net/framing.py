@@ -61,7 +61,7 @@ MAX_PENDING_BYTES: Final = 2 * DEFAULT_LIMITS.max_array_bytes + (1 << 20)
 #: Frames up to this size are joined into one write (header + array): a copy of a few KiB
 #: is cheaper than a second syscall and wake-up; larger payloads are written from a memoryview.
 JOIN_BELOW_BYTES: Final = 64 * 1024
-#: Frames up to this size are copied into the batch's write buffer and tagged in one call.
+#: Frames up to this size are queued as one buffer and tagged in one call.
 _SMALL_FRAME: Final = min(JOIN_BELOW_BYTES, ONESHOT_BELOW)
 #: Write-buffer high-water mark: pause_writing above it (drain() then waits).
 WRITE_HIGH_WATER: Final = 256 * 1024
@@ -164,10 +164,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._scratch = bytearray(4096)  # sink for bytes that arrive after a close decision
         self._send_auth: FrameAuth | None = None
-        self._wq: list[bytes | bytearray | memoryview] = []  # queued, not yet written (before _wb)
-        #: the small frames queued after ``_wq``, already joined (written as one buffer; a
-        #: fresh one after every flush: the transport may keep a written one)
-        self._wb = bytearray()
+        self._wq: list[bytes | memoryview] = []  # queued, not yet written
         self.peername: Any = None
         self.sockname: Any = None
         #: wire capture (``aiogc.net.pcap``): ``tap(conn, outgoing, data)`` sees every byte
@@ -256,7 +253,6 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._close_exc = None
         self._decoder.release()
         self._wq = []
-        self._wb = bytearray()
         self._on_made = None
         self._transport = None
 
@@ -289,44 +285,38 @@ class FramedConnection(asyncio.BufferedProtocol):
         the frame, not the prefix), for a worker host's slot; returns the frame's wire size
         (without the prefix). A no-op once closing.
 
-        A small frame is copied into the batch's one buffer and tagged there (one buffer for
-        the tag, one write for the batch); a large one is queued as its parts (the array
-        written from its memoryview, the tag streamed over it)."""
+        A small tagged frame is queued as one buffer (its parts joined: the copy flush makes
+        anyway) and tagged in one call; a large one as its parts (the array written from its
+        memoryview, the tag streamed over it)."""
         t = self._transport
         if self._closing or t is None or t.is_closing():
             return 0
         self.frames_out += 1
-        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
-        if n > _SMALL_FRAME:
-            return self._queue_parts(prefix, parts, auth, n)
-        wb = self._wb
-        wb += prefix
-        start = len(wb)
-        for part in parts:
-            wb += part
-        if auth is None:
-            return n
-        wb += auth.tag_one(wb[start:])
-        return n + TAG_BYTES
-
-    def _queue_parts(self, prefix: bytes, parts: list[bytes | memoryview],
-                     auth: FrameAuth | None, n: int) -> int:
         wq = self._wq
-        if self._wb:
-            wq.append(self._wb)
-            self._wb = bytearray()
         if prefix:
             wq.append(prefix)
-        wq += parts
-        if auth is not None:
+        if auth is None:
+            wq += parts
+            return len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        frame: bytes | memoryview | None
+        if len(parts) == 1:
+            frame = parts[0]
+            n = len(frame)
+        else:
+            n = sum(map(len, parts))
+            frame = b"".join(parts) if n <= _SMALL_FRAME else None
+        if frame is None or n > _SMALL_FRAME:
+            wq += parts
             wq.append(auth.tag(parts))
-            n += TAG_BYTES
-        return n
+        else:
+            wq.append(frame)
+            wq.append(auth.tag_one(frame))
+        return n + TAG_BYTES
 
     def queue_raw(self, data: bytes) -> None:
         """Queue bytes that are not a frame (a host connection's preamble, control records)."""
         if not self._closing and self._transport is not None:
-            self._wb += data
+            self._wq.append(data)
 
     def adopt(self, decoder: FrameDecoder, on_message: OnMessage, on_close: OnClose, *,
               rest: bytes = b"", after_read: Callable[[], None] | None = None,
@@ -366,34 +356,24 @@ class FramedConnection(asyncio.BufferedProtocol):
         """Write everything queued: small parts joined into one write, each large array part
         written from its memoryview (one write per part, not writelines: on the 3.11 default
         loop writelines joins the parts into a new bytes object, i.e. copies the payload)."""
-        wq, wb = self._wq, self._wb
-        if not wb and not wq:
+        wq = self._wq
+        if not wq:
             return
-        if wq:
-            if wb:
-                wq.append(wb)
-            self._wq = []
-        self._wb = bytearray()
+        self._wq = []
         t = self._transport
         # is_closing: a write that failed (peer reset) closed uvloop's handle before the loop
         # delivers connection_lost, and every later write raises RuntimeError; what was
         # queued for a closing connection is dropped, as queue() drops what comes after
         if t is None or self._lost or t.is_closing():
             return
-        if not wq:  # the common case: small frames only, already in one buffer
-            self.bytes_out += len(wb)
-            if self.tap is not None:
-                self.tap(self, True, bytes(wb))
-            t.write(wb)
+        total = sum(map(len, wq))
+        self.bytes_out += total
+        if self.tap is not None:
+            self.tap(self, True, b"".join(wq))
+        if total <= JOIN_BELOW_BYTES:  # the common case: a few small frames, one write
+            t.write(wq[0] if len(wq) == 1 else b"".join(wq))
         else:
-            total = sum(map(len, wq))
-            self.bytes_out += total
-            if self.tap is not None:
-                self.tap(self, True, b"".join(wq))
-            if total <= JOIN_BELOW_BYTES:
-                t.write(wq[0] if len(wq) == 1 else b"".join(wq))
-            else:
-                self._write_runs(t, wq)
+            self._write_runs(t, wq)
         pending = t.get_write_buffer_size()
         if pending > self._max_pending:
             exc = RemoteProtocolError(
@@ -401,8 +381,8 @@ class FramedConnection(asyncio.BufferedProtocol):
             self._close(exc, abort=True)
 
     @staticmethod
-    def _write_runs(t: asyncio.Transport, wq: list[bytes | bytearray | memoryview]) -> None:
-        run: list[bytes | bytearray | memoryview] = []
+    def _write_runs(t: asyncio.Transport, wq: list[bytes | memoryview]) -> None:
+        run: list[bytes | memoryview] = []
         for part in wq:
             if len(part) <= JOIN_BELOW_BYTES:
                 run.append(part)
@@ -507,9 +487,8 @@ class FramedConnection(asyncio.BufferedProtocol):
                 if self._send_auth is not None:
                     parts.append(self._send_auth.tag(parts))
                 if self._error_prefix:
-                    self._wb += self._error_prefix
-                for part in parts:
-                    self._wb += part
+                    self._wq.append(self._error_prefix)
+                self._wq.extend(parts)
                 self.frames_out += 1
         self._flush_quietly(t)
         if t.can_write_eof():
@@ -527,9 +506,6 @@ class FramedConnection(asyncio.BufferedProtocol):
 
     def _flush_quietly(self, t: asyncio.Transport) -> None:
         wq, self._wq = self._wq, []
-        if self._wb:
-            wq.append(self._wb)
-            self._wb = bytearray()
         if self.tap is not None and wq and not t.is_closing():
             self.tap(self, True, b"".join(wq))
         for part in wq:

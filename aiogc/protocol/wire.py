@@ -68,6 +68,7 @@ bytes that arrived in the same read as the header; the rest lands directly in th
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, Final
 
 import numpy as np
@@ -483,8 +484,11 @@ class FrameDecoder:
     def _allocated(self, msg: Message, dtype: np.dtype, n: int) -> np.ndarray | None:
         """``alloc``'s destination for the body of ``msg`` (checked usable), or None."""
         assert self._alloc is not None
-        fields_ = {name: getattr(msg, name) for name in msg._names if name != msg.array_field}
-        dest = self._alloc(msg.kind, fields_, dtype, n)
+        getter = _HEADER_GETTERS.get(msg.__class__)
+        if getter is None:
+            getter = _HEADER_GETTERS[msg.__class__] = _header_getter(msg.__class__)
+        names, get = getter
+        dest = self._alloc(msg.kind, dict(zip(names, get(msg), strict=True)), dtype, n)
         if dest is None:
             return None
         checked = self._checked_dest  # alloc usually hands out the same row again
@@ -535,6 +539,15 @@ class FrameDecoder:
             raise _bad_tag(msg)
         self.last_frame_nbytes += TAG_BYTES
         return self._complete(msg)
+
+
+#: array kind -> (its header fields' names, a getter of their values as a tuple), for alloc
+_HEADER_GETTERS: dict[type[Message], tuple[tuple[str, ...], Callable[[Message], Any]]] = {}
+
+
+def _header_getter(cls: type[Message]) -> tuple[tuple[str, ...], Callable[[Message], Any]]:
+    names = tuple(name for name in cls._names if name != cls.array_field)
+    return names, (lambda m: (getattr(m, names[0]),)) if len(names) == 1 else attrgetter(*names)
 
 
 def _bad_tag(msg: Message) -> MalformedFrame:
