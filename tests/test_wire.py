@@ -790,3 +790,36 @@ def test_frame_auth_verify_and_verify_one_agree_with_tag() -> None:
     flipped[6] ^= 1
     assert not FrameAuth(key).verify_one(flipped, tags[0])
     assert not FrameAuth(key).verify([bytes(flipped)], tags[0])
+
+
+def test_whole_buffered_frames_take_one_step_and_refuse_a_bad_tag_before_the_copy() -> None:
+    """The decoder's fast path (a whole tagged array frame in one read) delivers what the
+    byte-at-a-time path delivers, and a bad tag leaves alloc's destination untouched."""
+    key = bytes(range(32))
+    cg = _VALID["coded_gradient"]
+    assert isinstance(cg, CodedGradient)
+    msgs = [cg, Ping(seq=3), cg]
+    frames = [encode_frame_bytes(m) for m in msgs]
+    tagger, parts = FrameAuth(key), FrameAuth(key)
+    stream = b"".join(f + tagger.tag_one(f) for f in frames)
+    assert stream == b"".join(f + parts.tag([f[:5], f[5:]]) for f in frames)
+    dest = np.full(cg.payload.shape[0], -1.0, "<f4")
+    whole = FrameDecoder(alloc=lambda *a: dest)
+    whole.auth = FrameAuth(key)
+    got = whole.feed(stream)
+    assert [m.kind for m in got] == [m.kind for m in msgs]
+    assert isinstance(got[0], CodedGradient) and got[0].payload is dest
+    assert np.array_equal(dest, cg.payload)
+    bytewise = FrameDecoder()
+    bytewise.auth = FrameAuth(key)
+    slow = [m for i in range(len(stream)) for m in bytewise.feed(stream[i:i + 1])]
+    assert slow == got
+    bad = bytearray(stream[:len(frames[0]) + 16])
+    bad[-1] ^= 1
+    dest[:] = -1.0
+    refused = FrameDecoder(alloc=lambda *a: dest)
+    refused.auth = FrameAuth(key)
+    with pytest.raises(MalformedFrame) as info:
+        refused.feed(bad)
+    assert info.value.code == "bad_tag"
+    assert (dest == -1.0).all()

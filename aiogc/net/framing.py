@@ -49,7 +49,7 @@ from typing import Any, Final, cast
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.protocol.headers import DEFAULT_LIMITS, FrameLimits
 from aiogc.protocol.messages import Error, Message
-from aiogc.protocol.tags import TAG_BYTES, FrameAuth
+from aiogc.protocol.tags import ONESHOT_BELOW, TAG_BYTES, FrameAuth
 from aiogc.protocol.wire import AllocFn, FrameDecoder, HostPreamble, encode_frame
 
 __all__ = ["FramedConnection", "WriteFlow"]
@@ -61,6 +61,8 @@ MAX_PENDING_BYTES: Final = 2 * DEFAULT_LIMITS.max_array_bytes + (1 << 20)
 #: Frames up to this size are joined into one write (header + array): a copy of a few KiB
 #: is cheaper than a second syscall and wake-up; larger payloads are written from a memoryview.
 JOIN_BELOW_BYTES: Final = 64 * 1024
+#: Frames up to this size are queued as one buffer and tagged in one call.
+_SMALL_FRAME: Final = min(JOIN_BELOW_BYTES, ONESHOT_BELOW)
 #: Write-buffer high-water mark: pause_writing above it (drain() then waits).
 WRITE_HIGH_WATER: Final = 256 * 1024
 #: Low-water mark: drain() returns once the buffer is at or below it.
@@ -163,7 +165,6 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._scratch = bytearray(4096)  # sink for bytes that arrive after a close decision
         self._send_auth: FrameAuth | None = None
         self._wq: list[bytes | memoryview] = []  # queued, not yet written
-        self._wq_small = 0  # bytes of the trailing run of small parts in _wq
         self.peername: Any = None
         self.sockname: Any = None
         #: wire capture (``aiogc.net.pcap``): ``tap(conn, outgoing, data)`` sees every byte
@@ -275,38 +276,42 @@ class FramedConnection(asyncio.BufferedProtocol):
         ``encode_frame`` output when the caller already encoded it (a broadcast is encoded
         once for every peer; only the tag differs). Returns the frame's wire size. Do not
         mutate a sent array until :meth:`drain` returned."""
-        t = self._transport
-        if self._closing or t is None or t.is_closing():
-            return 0
-        if parts is None:
-            parts = encode_frame(msg)
-        wq = self._wq
-        wq += parts
-        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
-        auth = self._send_auth
-        if auth is not None:
-            wq.append(auth.tag(parts))
-            n += TAG_BYTES
-        self.frames_out += 1
-        return n
+        return self.queue_record(b"", encode_frame(msg) if parts is None else parts,
+                                 self._send_auth)
 
     def queue_record(self, prefix: bytes, parts: list[bytes | memoryview],
                      auth: FrameAuth | None) -> int:
         """Queue ``prefix`` then one frame tagged by ``auth`` (its own session's: the tag covers
         the frame, not the prefix), for a worker host's slot; returns the frame's wire size
-        (without the prefix). A no-op once closing."""
+        (without the prefix). A no-op once closing.
+
+        A small tagged frame is queued as one buffer (its parts joined: the copy flush makes
+        anyway) and tagged in one call; a large one as its parts (the array written from its
+        memoryview, the tag streamed over it)."""
         t = self._transport
         if self._closing or t is None or t.is_closing():
             return 0
-        wq = self._wq
-        wq.append(prefix)
-        wq += parts
-        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
-        if auth is not None:
-            wq.append(auth.tag(parts))
-            n += TAG_BYTES
         self.frames_out += 1
-        return n
+        wq = self._wq
+        if prefix:
+            wq.append(prefix)
+        if auth is None:
+            wq += parts
+            return len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        frame: bytes | memoryview | None
+        if len(parts) == 1:
+            frame = parts[0]
+            n = len(frame)
+        else:
+            n = sum(map(len, parts))
+            frame = b"".join(parts) if n <= _SMALL_FRAME else None
+        if frame is None or n > _SMALL_FRAME:
+            wq += parts
+            wq.append(auth.tag(parts))
+        else:
+            wq.append(frame)
+            wq.append(auth.tag_one(frame))
+        return n + TAG_BYTES
 
     def queue_raw(self, data: bytes) -> None:
         """Queue bytes that are not a frame (a host connection's preamble, control records)."""

@@ -72,11 +72,12 @@ class _Server(Protocol):
 class SlotEndpoint:
     """One worker session on a host connection: a peer of the PS core."""
 
-    __slots__ = ("_auth_send", "_link", "_prefix", "alloc", "closed", "limits", "peername",
+    __slots__ = ("_auth_send", "_conn", "_link", "_prefix", "alloc", "closed", "limits", "peername",
                  "recv_auth", "slot", "worker_id")
 
     def __init__(self, link: HostLink, slot: int, worker_id: int) -> None:
         self._link = link
+        self._conn = link.conn  # read per frame sent: no attribute chain
         self.slot = slot
         self.worker_id = worker_id
         self._prefix = slot_prefix(slot)
@@ -100,7 +101,7 @@ class SlotEndpoint:
             return 0
         if parts is None:
             parts = encode_frame(msg)
-        return self._link.conn.queue_record(self._prefix, parts, self._auth_send)
+        return self._conn.queue_record(self._prefix, parts, self._auth_send)
 
     def flush(self) -> None:
         self._link.flush()

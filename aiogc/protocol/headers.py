@@ -235,18 +235,40 @@ def _placeholder(dtype: np.dtype, n: int) -> np.ndarray | None:
     return np.empty(0, dtype) if n == 0 else None
 
 
+#: the usual payload dtypes, by dtype object (no ``dtype.str`` per frame); a dtype not here
+#: takes the general lookup of :func:`_array_parts`
+_SEND_ITEMSIZE: Final = {np.dtype("<f4"): 4, np.dtype("<f8"): 8}
+
+
 def _array_parts(kind: str, arr: np.ndarray) -> tuple[int, int, memoryview | None]:
     """(itemsize byte, n, byte view or None) of an array to send; never copies a contiguous
     1-D array (a strided one is copied once)."""
-    itemsize = _ITEMSIZE.get(arr.dtype.str)
-    if itemsize is not None and itemsize not in _DTYPES and kind != "coded_gradient":
-        itemsize = None  # the 16-bit types travel in coded_gradient only
+    itemsize = _SEND_ITEMSIZE.get(arr.dtype)
+    if itemsize is None:
+        itemsize = _ITEMSIZE.get(arr.dtype.str)
+        if itemsize is not None and itemsize not in _DTYPES and kind != "coded_gradient":
+            itemsize = None  # the 16-bit types travel in coded_gradient only
     if itemsize is None or arr.ndim != 1:
         raise LocalProtocolError(f"{kind}: array of dtype {arr.dtype.str} and shape {arr.shape} "
                                  "cannot be sent (1-D <f4 or <f8 only)")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return itemsize, arr.shape[0], (arr.data.cast("B") if arr.nbytes else None)
+
+
+#: ``k`` -> unpack_from of ``k`` big-endian entries of one struct code (the tails of the hot
+#: kinds: a run sends the same few lengths every round); small ``k`` only, so a peer cannot
+#: grow it without bound
+_TAILS: Final[dict[tuple[str, int], struct.Struct]] = {}
+
+
+def _tail_struct(code: str, k: int) -> struct.Struct:
+    st = _TAILS.get((code, k))
+    if st is None:
+        st = struct.Struct(f">{k}{code}")
+        if k <= 256:
+            _TAILS[code, k] = st
+    return st
 
 
 def _head_struct(kind: str) -> struct.Struct:
@@ -321,7 +343,7 @@ def _enc_encode(msg: Message) -> tuple[bytes, None]:
     state = msg.state
     k = len(state)
     head = _ET_PACK(_ET_H + 4 * k, _V, _ET_CODE, msg.epoch, msg.round, msg.attempt, k)
-    return head + struct.pack(f">{k}I", *state), None
+    return head + _tail_struct("I", k).pack(*state), None
 
 
 def _dec_encode(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded:
@@ -332,7 +354,7 @@ def _dec_encode(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decode
         raise _too_many("encode_and_transmit", "state", k, MAX_WORKERS)
     if h != _ET_H + 4 * k:
         raise _tail_error("encode_and_transmit", "state", k, _ET_H + 4 * k, h)
-    state = struct.unpack_from(f">{k}I", buf, pos + _ET_H)
+    state = _tail_struct("I", k).unpack_from(buf, pos + _ET_H)
     if e <= MAX_INT and r <= MAX_INT and a <= MAX_INT and (not k or max(state) <= MAX_WORKERS):
         return _new_encode(e, r, a, state), None, 0
     raise _field_error(EncodeAndTransmit, {"epoch": e, "round": r, "attempt": a, "state": state})
@@ -348,6 +370,20 @@ _RS_CODE: Final = KIND_CODES["round_start"]
 _new_round_start: Final = slot_constructor(RoundStart)
 
 
+def _rs_head(k: int) -> struct.Struct:
+    """prefix + preamble + fixed part + ``k`` delays, for one pack call."""
+    st = _RS_HEADS.get(k)
+    if st is None:
+        st = struct.Struct(_RS_PACK_FMT + f"{k}d")
+        if k <= 256:
+            _RS_HEADS[k] = st
+    return st
+
+
+_RS_PACK_FMT: Final = _head_struct("round_start").format
+_RS_HEADS: Final[dict[int, struct.Struct]] = {}
+
+
 def _enc_round_start(msg: Message) -> tuple[bytes, memoryview | None]:
     assert isinstance(msg, RoundStart)
     itemsize, n, view = _array_parts("round_start", msg.model)
@@ -355,10 +391,8 @@ def _enc_round_start(msg: Message) -> tuple[bytes, memoryview | None]:
     k = len(delays)
     orders = msg.orders
     extra = 4 + 4 * len(orders) if orders else 0  # the adaptive-order extension (§2.1)
-    head = _RS_PACK(_RS_H + 8 * k + extra, _V, _RS_CODE, msg.epoch, msg.round, msg.net_delay_s,
-                    itemsize, n, k)
-    if k:
-        head += struct.pack(f">{k}d", *delays)
+    head = _rs_head(k).pack(_RS_H + 8 * k + extra, _V, _RS_CODE, msg.epoch, msg.round,
+                            msg.net_delay_s, itemsize, n, k, *delays)
     if orders:
         head += struct.pack(f">I{len(orders)}I", len(orders), *orders)
     return head, view
@@ -366,8 +400,6 @@ def _enc_round_start(msg: Message) -> tuple[bytes, memoryview | None]:
 
 def _dec_rs_orders(buf: bytearray, pos: int, h: int, end: int) -> tuple[int, ...]:
     """The optional ``orders`` extension after ``delays_s`` (``end``: where it starts)."""
-    if h == end:
-        return ()
     if h < end + 4:
         raise _tail_error("round_start", "orders", 0, end + 4, h)
     (n,) = struct.unpack_from(">I", buf, pos + end)
@@ -388,21 +420,22 @@ def _dec_round_start(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> D
     if h < _RS_H:
         raise _length_error("round_start", h, _RS_H, "at least ")
     e, r, net, itemsize, n, k = _RS_UNPACK(buf, pos + PREAMBLE_BYTES)
-    dtype = _array_dtype("round_start", itemsize, n, limits)
+    dtype = _DTYPES.get(itemsize)
+    if dtype is None or n * itemsize > limits.max_array_bytes:
+        dtype = _array_dtype("round_start", itemsize, n, limits)  # raises
     if k > MAX_WORKERS:
         raise _too_many("round_start", "delays_s", k, MAX_WORKERS)
     end = _RS_H + 8 * k
     if h < end or end < h < end + 4:
         raise _tail_error("round_start", "delays_s", k, end, h)
-    orders = _dec_rs_orders(buf, pos, h, end)
-    delays = struct.unpack_from(f">{k}d", buf, pos + _RS_H) if k else ()
-    ok = e <= MAX_INT and r <= MAX_INT and 0.0 <= net <= _FMAX
-    for x in delays:
-        if not x >= 0.0:  # NaN and negatives fail; +inf (scheduled dead) is allowed
-            ok = False
-            break
-    if ok:
-        return _new_round_start(e, r, delays, net, _placeholder(dtype, n), orders), dtype, n
+    orders = () if h == end else _dec_rs_orders(buf, pos, h, end)
+    delays = _tail_struct("d", k).unpack_from(buf, pos + _RS_H) if k else ()
+    # every delay >= 0: +inf (scheduled dead) is allowed, negatives fail the min, and a NaN
+    # anywhere makes the sum NaN (min() may skip one; a sum of values >= 0 is never NaN)
+    if (e <= MAX_INT and r <= MAX_INT and 0.0 <= net <= _FMAX
+            and (not k or (min(delays) >= 0.0 and (total := sum(delays)) == total))):
+        return _new_round_start(e, r, delays, net, None if n else np.empty(0, dtype),
+                                orders), dtype, n
     raise _field_error(RoundStart, {"epoch": e, "round": r, "delays_s": delays,
                                     "net_delay_s": net})
 
@@ -432,15 +465,17 @@ def _dec_coded(buf: bytearray, pos: int, h: int, limits: FrameLimits) -> Decoded
     if h < _CG_H:
         raise _length_error("coded_gradient", h, _CG_H, "at least ")
     e, r, a, cs, itemsize, n, k = _CG_UNPACK(buf, pos + PREAMBLE_BYTES)
-    dtype = _array_dtype("coded_gradient", itemsize, n, limits,
-                         _CODED_DTYPES if limits.half_payloads else _DTYPES)
+    dtype = _DTYPES.get(itemsize)  # <f4 / <f8: itemsize byte == itemsize
+    if dtype is None or n * itemsize > limits.max_array_bytes:
+        dtype = _array_dtype("coded_gradient", itemsize, n, limits,
+                             _CODED_DTYPES if limits.half_payloads else _DTYPES)
     if k > MAX_BLOB:
         raise _too_many("coded_gradient", "state_digest", k, MAX_BLOB)
     if h != _CG_H + k:
         raise _tail_error("coded_gradient", "state_digest", k, _CG_H + k, h)
     digest = bytes(buf[pos + _CG_H:pos + h])
     if e <= MAX_INT and r <= MAX_INT and a <= MAX_INT and 0.0 <= cs <= _FMAX:
-        return _new_coded(e, r, a, digest, cs, _placeholder(dtype, n)), dtype, n
+        return _new_coded(e, r, a, digest, cs, None if n else np.empty(0, dtype)), dtype, n
     raise _field_error(CodedGradient, {"epoch": e, "round": r, "attempt": a, "compute_s": cs})
 
 

@@ -30,7 +30,7 @@ from typing import Any, Final
 from aiogc.errors import MalformedFrame
 from aiogc.protocol.headers import PREFIX, PREFIX_BYTES
 from aiogc.protocol.messages import MAX_WORKERS, PROTOCOL_VERSION
-from aiogc.protocol.wire import HOST_MAGIC, FrameDecoder
+from aiogc.protocol.wire import _HEADER_STATE, HOST_MAGIC, FrameDecoder
 
 __all__ = [
     "CLOSE",
@@ -52,6 +52,8 @@ _PREAMBLE: Final = struct.Struct(">IBBIH")
 PREAMBLE_BYTES: Final = _PREAMBLE.size
 #: ``slot u16`` before every frame
 _SLOT: Final = struct.Struct(">H")
+#: ``slot u16`` and the frame's own ``u32`` length prefix, read together
+_RECORD: Final = struct.Struct(">HI")
 #: ``0xFFFF | op u16 | slot u16``
 _CTRL: Final = struct.Struct(">HHH")
 #: Slot number of a control record.
@@ -156,7 +158,7 @@ class MuxFrameDecoder(FrameDecoder):
             self.slot = None
             self._select(self, HOST_SLOT)
             return FrameDecoder._read_prefix(self)
-        (slot,) = _SLOT.unpack_from(buf, start)
+        slot, h = _RECORD.unpack_from(buf, start)  # needs the 6 bytes _prefix_need asks for
         if slot == CTRL_SLOT:
             _, op, arg = _CTRL.unpack_from(buf, start)
             self._start = start + _CTRL.size
@@ -164,4 +166,9 @@ class MuxFrameDecoder(FrameDecoder):
         self._start = start + _SLOT.size
         self.slot = slot
         self._select(self, slot)
-        return FrameDecoder._read_prefix(self)  # not super(): no proxy object per frame
+        # FrameDecoder._read_prefix's checks, inlined (no second call per frame)
+        if h == 0 or h > self.limits.max_header_bytes:
+            return FrameDecoder._read_prefix(self)  # raises the precise error
+        self._hlen = h
+        self._state = _HEADER_STATE
+        return None

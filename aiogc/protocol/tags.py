@@ -59,6 +59,13 @@ class FrameAuth:
             return self._aead.encrypt(nonce, b"", b"".join(parts))
         return self._stream(nonce, parts)
 
+    def tag_one(self, frame: bytes | bytearray | memoryview) -> bytes:
+        """:meth:`tag` of a frame given as one buffer of at most :data:`ONESHOT_BELOW` bytes
+        (one one-shot call)."""
+        nonce = _NONCE.pack(self.seq)
+        self.seq += 1
+        return self._aead.encrypt(nonce, b"", frame)
+
     def verify(self, parts: Sequence[bytes | bytearray | memoryview],
                tag: bytes | bytearray | memoryview) -> bool:
         """True iff ``tag`` is the tag of ``parts`` at the current sequence number (which

@@ -68,13 +68,17 @@ bytes that arrived in the same read as the header; the rest lands directly in th
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, Final
 
 import numpy as np
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.headers import (
+    _DECODERS,
+    _V,
     DEFAULT_LIMITS,
+    PREAMBLE_BYTES,
     PREFIX,
     PREFIX_BYTES,
     FrameLimits,
@@ -373,42 +377,82 @@ class FrameDecoder:
 
     def _read_header(self) -> Message | None:
         """The whole prefix + header is buffered at ``_start``: validate it, then deliver the
-        message (no body, no tag), check its tag in place, or start its body / tag."""
+        message (no body, no tag), check its tag in place, or start its body / tag.
+
+        The common case, a whole small frame (prefix, header, body, tag) already buffered, is
+        done here in one go: the header parsed, the body copied once into its destination, the
+        tag verified in place over one slice of the read buffer; the rest goes through the
+        general state machine (:meth:`_begin_body`, :meth:`_tag_from_buffer`)."""
         buf, start, h = self._buf, self._start, self._hlen
-        msg, dtype, n = parse_header(buf, start + PREFIX_BYTES, h, self.limits)
-        end = start + PREFIX_BYTES + h
-        self.last_frame_nbytes = end - start
+        pos = start + PREFIX_BYTES
+        limits = self.limits
+        # parse_header's preamble checks, inlined; parse_header words every failure
+        decode = _DECODERS[buf[pos + 1]] if h >= PREAMBLE_BYTES and buf[pos] == _V else None
+        if decode is None:
+            parse_header(buf, pos, h, limits)
+            raise AssertionError("parse_header accepted a header refused here")  # unreachable
+        msg, dtype, n = decode(buf, pos, h, limits)
+        end = pos + h
         auth = self.auth
         if dtype is None or n == 0:  # no body (an empty array keeps its (0,) placeholder)
             if auth is None:
                 self._start = end
-                return self._complete(msg)
+                self.last_frame_nbytes = end - start
+                self._state = _PREFIX_STATE
+                self._need = PREFIX_BYTES
+                self.frames_decoded += 1
+                return msg
             if self._end - end >= TAG_BYTES:  # the whole frame is here: verify in place
                 self._start = end + TAG_BYTES
                 if not auth.verify_one(buf[start:end], buf[end:end + TAG_BYTES]):
                     raise _bad_tag(msg)
-                self.last_frame_nbytes += TAG_BYTES
-                return self._complete(msg)
+                self.last_frame_nbytes = end + TAG_BYTES - start
+                self._state = _PREFIX_STATE
+                self._need = PREFIX_BYTES
+                self.frames_decoded += 1
+                return msg
+            self.last_frame_nbytes = end - start
             self._head = bytes(buf[start:end])
             self._start = end
             self._await_tag(msg)
             return None
+        t = end + n * dtype.itemsize  # where the body ends (and the tag starts)
+        if (self._end - t >= (0 if auth is None else TAG_BYTES)
+                and t - start <= ONESHOT_BELOW):
+            return self._whole_frame(msg, dtype, n, end, t)
+        self.last_frame_nbytes = end - start
         self._start = end
         done = self._begin_body(msg, dtype, n)
         if auth is None:
             return done
-        t = self._start
-        if (self._state == _TAG_STATE and self._end - t >= TAG_BYTES
-                and t - start <= ONESHOT_BELOW):
-            # prefix, header and body arrived in one read: verify them in place
-            self._start = t + TAG_BYTES
-            self._tagged = None
-            if not auth.verify_one(buf[start:t], buf[t:t + TAG_BYTES]):
-                raise _bad_tag(msg)
-            self.last_frame_nbytes += TAG_BYTES
-            return self._complete(msg)
         self._head = bytes(buf[start:end])  # for the tag, after the body or the tag arrived
         return None
+
+    def _whole_frame(self, msg: Message, dtype: np.dtype, n: int, end: int, t: int) -> Message:
+        """An array frame whose body (``buf[end:t]``) and tag are all buffered: destination,
+        tag (in place), one copy of the body, delivered."""
+        buf, start = self._buf, self._start
+        alloc = self._alloc
+        dest = None if alloc is None else self._allocated(msg, dtype, n)
+        auth = self.auth
+        if auth is not None:
+            self._start = t + TAG_BYTES
+            if not auth.verify_one(buf[start:t], buf[t:t + TAG_BYTES]):
+                raise _bad_tag(msg)
+            self.last_frame_nbytes = t + TAG_BYTES - start
+        else:
+            self._start = t
+            self.last_frame_nbytes = t - start
+        if dest is None:
+            dest = np.frombuffer(buf, dtype, n, end).copy()
+        else:
+            dest.data.cast("B")[:] = buf[end:t]
+        # built (and validated) from the header, it never left the decoder: give it its array
+        object.__setattr__(msg, msg.array_field, dest)  # type: ignore[arg-type]
+        self._state = _PREFIX_STATE
+        self._need = PREFIX_BYTES
+        self.frames_decoded += 1
+        return msg
 
     def _complete(self, msg: Message) -> Message:
         self._state = _PREFIX_STATE
@@ -419,22 +463,9 @@ class FrameDecoder:
     def _begin_body(self, msg: Message, dtype: np.dtype, n: int) -> Message | None:
         """Point the body at its destination, copy in what arrived with the header; the
         message if the body (and tag) completed from the buffer, else None."""
-        dest = None
-        if self._alloc is not None:
-            fields_ = {name: getattr(msg, name) for name in msg._names
-                       if name != msg.array_field}
-            dest = self._alloc(msg.kind, fields_, dtype, n)
+        dest = None if self._alloc is None else self._allocated(msg, dtype, n)
         if dest is None:
             dest = np.empty(n, dtype)
-        else:
-            checked = self._checked_dest  # alloc usually hands out the same row again
-            if checked is None or checked[0] is not dest or checked[1] != n or checked[2] != dtype:
-                if (not isinstance(dest, np.ndarray) or dest.dtype != dtype
-                        or dest.shape != (n,) or not dest.flags.c_contiguous
-                        or not dest.flags.writeable):
-                    raise LocalProtocolError(
-                        f"alloc returned an unusable destination for {msg.kind}")
-                self._checked_dest = (dest, n, dtype)
         self._msg = msg
         self._dest = dest
         view = self._dest_view = dest.data.cast("B")
@@ -449,6 +480,25 @@ class FrameDecoder:
         if take < len(view):
             return None  # the rest of the body goes straight into the array via get_buffer
         return self._finish_body()  # None while its tag is awaited (_next_frame goes on)
+
+    def _allocated(self, msg: Message, dtype: np.dtype, n: int) -> np.ndarray | None:
+        """``alloc``'s destination for the body of ``msg`` (checked usable), or None."""
+        assert self._alloc is not None
+        getter = _HEADER_GETTERS.get(msg.__class__)
+        if getter is None:
+            getter = _HEADER_GETTERS[msg.__class__] = _header_getter(msg.__class__)
+        names, get = getter
+        dest = self._alloc(msg.kind, dict(zip(names, get(msg), strict=True)), dtype, n)
+        if dest is None:
+            return None
+        checked = self._checked_dest  # alloc usually hands out the same row again
+        if checked is None or checked[0] is not dest or checked[1] != n or checked[2] != dtype:
+            if (not isinstance(dest, np.ndarray) or dest.dtype != dtype
+                    or dest.shape != (n,) or not dest.flags.c_contiguous
+                    or not dest.flags.writeable):
+                raise LocalProtocolError(f"alloc returned an unusable destination for {msg.kind}")
+            self._checked_dest = (dest, n, dtype)
+        return dest
 
     def _finish_body(self) -> Message | None:
         msg, dest = self._msg, self._dest
@@ -489,6 +539,15 @@ class FrameDecoder:
             raise _bad_tag(msg)
         self.last_frame_nbytes += TAG_BYTES
         return self._complete(msg)
+
+
+#: array kind -> (its header fields' names, a getter of their values as a tuple), for alloc
+_HEADER_GETTERS: dict[type[Message], tuple[tuple[str, ...], Callable[[Message], Any]]] = {}
+
+
+def _header_getter(cls: type[Message]) -> tuple[tuple[str, ...], Callable[[Message], Any]]:
+    names = tuple(name for name in cls._names if name != cls.array_field)
+    return names, (lambda m: (getattr(m, names[0]),)) if len(names) == 1 else attrgetter(*names)
 
 
 def _bad_tag(msg: Message) -> MalformedFrame:
