@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Final
 
 import numpy as np
@@ -610,7 +611,9 @@ class WorkerClient:
                 # the answer to the last item comes back with the poll that follows it
                 polled = self._run_work(work)
                 continue
-            if not progressed and not w.has_output():
+            # nothing answered since the poll that drained every queue: nothing new (saves
+            # a has_output call on the common pump, one per frame and chunk completion)
+            if not progressed and (not events or not w.has_output()):
                 break
             polled = w.poll()
         if self._timer is not None:
@@ -665,7 +668,8 @@ class WorkerClient:
         fn = setup.chunk_gradient
         for item in work:
             try:
-                grads = [fn(c, item.model) for c in item.chunks]
+                # map, not a comprehension: the same calls without a frame per item
+                grads = list(map(fn, item.chunks, repeat(item.model)))
             except Exception as exc:  # the core closes with the reason
                 w.work_failed(exc, now=_clock())
             else:
