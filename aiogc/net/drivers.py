@@ -461,6 +461,8 @@ class WorkerClient:
             else progress_events
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: FramedConnection | None = None
+        #: the connection whose auth was set from the session (set_auth is once per connection)
+        self._tagged: FramedConnection | None = None
         self._closed: asyncio.Future[None] | None = None
         self._timer: _Timer | None = None
         self._shutdown = False
@@ -542,9 +544,10 @@ class WorkerClient:
             return
         w = self.worker
         polled = w.receive_and_poll("ps", msg, now=_clock())
-        if w.session is not None and not conn.authenticated:
+        if w.session is not None and conn is not self._tagged and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
+            self._tagged = conn  # asked once per connection, not per frame (a property)
         self._pump(polled)
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
@@ -605,7 +608,13 @@ class WorkerClient:
             # one poll per iteration: frames, events, work and the deadline at once
             events, work, outbox, when = polled
             if outbox:
-                self._flush(outbox)
+                conn, out = self._conn, outbox[0]
+                if len(outbox) == 1 and conn is not None and self._uplink is None \
+                        and out.message is not None and not out.close:
+                    conn.queue(out.message)  # _flush's common case (one frame), inlined
+                    conn.flush()
+                else:
+                    self._flush(outbox)
             progressed = self._on_events(events) if events else False
             if work:
                 # the answer to the last item comes back with the poll that follows it

@@ -361,8 +361,24 @@ class HostClient:
         if conn is not self.conn:
             return
         self._in_batch = True
-        if self._dirty:  # _window() only matters then; this runs for every frame read
+        # _window's test inlined: this runs for every frame read
+        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
             self._window()
+        kind = type(msg)
+        if kind is not Preamble and kind is not Control:  # a worker's frame: the common case
+            dec = conn.decoder
+            slot = dec.slot if type(dec) is MuxFrameDecoder else None
+            if slot is not None and slot != HOST_SLOT:
+                st = self.slots[slot]
+                if st.state is _OPEN:
+                    st.client._on_message(st.ep, msg)  # type: ignore[arg-type]
+                # CLOSING: in flight before the PS saw our CLOSE; dropped
+                return
+        self._on_other(conn, msg)
+
+    def _on_other(self, conn: FramedConnection, msg: Any) -> None:
+        """:meth:`_on_message` for what is not a worker's frame on an open slot (the
+        general path: preamble, controls, plain frames)."""
         kind = type(msg)
         if kind is Preamble:
             if msg.role != ROLE_PS or (msg.first, msg.count) != (self.first, self.count):
@@ -474,7 +490,7 @@ class HostClient:
         slots = self.slots
         for i in due:
             slots[i].client._on_timer()
-            if self._dirty:
+            if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
                 self._window()
         self._end_batch()
 
