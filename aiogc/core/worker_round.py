@@ -185,7 +185,8 @@ class WorkerRounds(Endpoint):
         self._net_delay = msg.net_delay_s
         # absolute deadlines now + (d_0 + ... + d_k), summed left to right (as np.cumsum does)
         delays = msg.delays_s
-        dl = ([now + acc for acc in accumulate(delays[:load])] if delays
+        # (map over the bound add: the same float additions without a comprehension's frame)
+        dl = (list(map(now.__add__, accumulate(delays[:load]))) if delays
               else [now] * load)
         self._deadline_list = dl
         self._set_phase(_W_COMPUTING)

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Final
 
 import numpy as np
@@ -489,6 +490,8 @@ class WorkerClient:
             else progress_events
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: FramedConnection | None = None
+        #: the connection whose auth was set from the session (set_auth is once per connection)
+        self._tagged: FramedConnection | None = None
         self._closed: asyncio.Future[None] | None = None
         self._timer: _Timer | None = None
         self._shutdown = False
@@ -570,9 +573,10 @@ class WorkerClient:
             return
         w = self.worker
         polled = w.receive_and_poll("ps", msg, now=_clock())
-        if w.session is not None and not conn.authenticated:
+        if w.session is not None and conn is not self._tagged and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
+            self._tagged = conn  # asked once per connection, not per frame (a property)
         self._pump(polled)
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
@@ -633,13 +637,21 @@ class WorkerClient:
             # one poll per iteration: frames, events, work and the deadline at once
             events, work, outbox, when = polled
             if outbox:
-                self._flush(outbox)
+                conn, out = self._conn, outbox[0]
+                if len(outbox) == 1 and conn is not None and self._uplink is None \
+                        and out.message is not None and not out.close:
+                    conn.queue(out.message)  # _flush's common case (one frame), inlined
+                    conn.flush()
+                else:
+                    self._flush(outbox)
             progressed = self._on_events(events) if events else False
             if work:
                 # the answer to the last item comes back with the poll that follows it
                 polled = self._run_work(work)
                 continue
-            if not progressed and not w.has_output():
+            # nothing answered since the poll that drained every queue: nothing new (saves
+            # a has_output call on the common pump, one per frame and chunk completion)
+            if not progressed and (not events or not w.has_output()):
                 break
             polled = w.poll()
         if self._timer is not None:
@@ -694,7 +706,8 @@ class WorkerClient:
         fn = setup.chunk_gradient
         for item in work:
             try:
-                grads = [fn(c, item.model) for c in item.chunks]
+                # map, not a comprehension: the same calls without a frame per item
+                grads = list(map(fn, item.chunks, repeat(item.model)))
             except Exception as exc:  # the core closes with the reason
                 w.work_failed(exc, now=_clock())
             else:

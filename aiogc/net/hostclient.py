@@ -24,8 +24,9 @@ import enum
 import heapq
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from aiogc.core import Worker
@@ -119,15 +120,17 @@ class HostScheduler:
 
 
 class _SlotTimer:
-    """What a :class:`WorkerClient` arms: its slot's entry in the host's heap."""
+    """What a :class:`WorkerClient` arms: its slot's entry in the host's heap.
 
-    __slots__ = ("_sched", "_slot")
+    ``arm`` is a :func:`functools.partial` of the scheduler's, not a method: a worker re-arms
+    after every pump, and the partial saves a Python frame each time.
+    """
+
+    __slots__ = ("_sched", "_slot", "arm")
 
     def __init__(self, sched: HostScheduler, slot: int) -> None:
         self._sched, self._slot = sched, slot
-
-    def arm(self, when: float | None) -> None:
-        self._sched.arm(self._slot, when)
+        self.arm: Callable[[float | None], None] = partial(sched.arm, slot)
 
     def cancel(self) -> None:
         self._sched.arm(self._slot, None)
@@ -137,6 +140,9 @@ class _State(enum.Enum):
     CLOSED = 0  # no session (free to OPEN)
     OPEN = 1
     CLOSING = 2  # we sent CLOSE; the PS's CLOSE is awaited before the slot is free
+
+
+_OPEN = _State.OPEN  # a module constant: HostSlot.queue compares it for every frame
 
 
 @dataclass
@@ -154,25 +160,27 @@ class _Slot:
 class HostSlot:
     """One worker session on the host connection: the connection its WorkerClient sees."""
 
-    __slots__ = ("_host", "_prefix", "recv_auth", "send_auth", "slot")
+    __slots__ = ("_host", "_prefix", "_st", "flush", "recv_auth", "send_auth", "slot")
 
     def __init__(self, host: HostClient, slot: int) -> None:
         self._host = host
         self.slot = slot
+        self._st = host.slots[slot]  # the host's record of this slot (one per slot, for good)
         self._prefix = slot_prefix(slot)
         self.send_auth: FrameAuth | None = None
         self.recv_auth: FrameAuth | None = None
+        #: the host's flush itself (one write per read or wake-up), not a method calling it:
+        #: a worker flushes after every pump that produced frames
+        self.flush: Callable[[], None] = host.flush
 
     def queue(self, msg: Message, parts: list[bytes | memoryview] | None = None) -> int:
-        conn = self._host.conn
-        st = self._host.slots[self.slot]
-        if conn is None or st.ep is not self or st.state is not _State.OPEN:
+        host = self._host
+        conn = host.conn
+        st = self._st
+        if conn is None or st.ep is not self or st.state is not _OPEN:
             return 0
-        self._host.frames_out += 1
+        host.frames_out += 1
         return conn.queue_record(self._prefix, parts or encode_frame(msg), self.send_auth)
-
-    def flush(self) -> None:
-        self._host.flush()
 
     def close(self, code: str | None = None, reason: str = "") -> None:
         self._host.close_slot(self)
@@ -353,8 +361,24 @@ class HostClient:
         if conn is not self.conn:
             return
         self._in_batch = True
-        if self._dirty:  # _window() only matters then; this runs for every frame read
+        # _window's test inlined: this runs for every frame read
+        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
             self._window()
+        kind = type(msg)
+        if kind is not Preamble and kind is not Control:  # a worker's frame: the common case
+            dec = conn.decoder
+            slot = dec.slot if type(dec) is MuxFrameDecoder else None
+            if slot is not None and slot != HOST_SLOT:
+                st = self.slots[slot]
+                if st.state is _OPEN:
+                    st.client._on_message(st.ep, msg)  # type: ignore[arg-type]
+                # CLOSING: in flight before the PS saw our CLOSE; dropped
+                return
+        self._on_other(conn, msg)
+
+    def _on_other(self, conn: FramedConnection, msg: Any) -> None:
+        """:meth:`_on_message` for what is not a worker's frame on an open slot (the
+        general path: preamble, controls, plain frames)."""
         kind = type(msg)
         if kind is Preamble:
             if msg.role != ROLE_PS or (msg.first, msg.count) != (self.first, self.count):
@@ -466,7 +490,7 @@ class HostClient:
         slots = self.slots
         for i in due:
             slots[i].client._on_timer()
-            if self._dirty:
+            if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
                 self._window()
         self._end_batch()
 

@@ -211,6 +211,8 @@ class _DataTask:
         self.n_chunks = int(n_chunks)
         self.bounds = _chunk_bounds(n, n_chunks)
         self._blocks: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: the last model that passed _check_w unchanged (a float64 array of shape (dim,))
+        self._w_ok: np.ndarray | None = None
 
     def resize_chunks(self, sizes: np.ndarray) -> None:
         """Chunks holding samples in proportion to ``sizes`` (shape (n_chunks,)), still
@@ -342,10 +344,18 @@ class LinearRegression(_DataTask):
 
     def chunk_gradient(self, chunk: int, w: np.ndarray) -> np.ndarray:
         """``X_i^T (X_i w - y_i) / n`` over the chunk's rows: shape ``(dim,)``."""
-        Xi, yi = self._block(chunk)
+        blocks = self._blocks
+        if blocks is not None and 0 <= chunk < self.n_chunks:
+            Xi, yi = blocks[chunk]
+        else:
+            Xi, yi = self._block(chunk)  # builds the blocks, or raises the IndexError
+        if w is not self._w_ok:
+            # a worker asks for several chunks at one model: check (and convert) it once
+            w = self._check_w(w)
+            self._w_ok = w
         # ndarray.dot, not ``@``: the same two gemv calls and bits, without the matmul ufunc's
         # overhead (~2 µs a call, most of the cost on a chunk of ~30 rows of 50)
-        g: np.ndarray = (Xi.dot(self._check_w(w)) - yi).dot(Xi) / self.n_samples
+        g: np.ndarray = (Xi.dot(w) - yi).dot(Xi) / self.n_samples
         return g
 
 
