@@ -146,3 +146,61 @@ def test_deadlines_map_onto_a_stale_loop_clock_without_firing_early(
     timer.arm(100.010)
     # the deadline itself, not the stale loop time + 10 ms (which is 3 ms early)
     assert [h.when for h in loop.live()] == [100.010]
+
+
+def test_an_early_tolerant_timer_counts_a_wake_up_within_its_tolerance_as_the_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``early_s``: the handle is set for the deadline itself (no bias) and a wake-up up to
+    ``early_s`` early fires the owner at once, without a re-arm (no spin to the tick); one
+    earlier than that sleeps on."""
+    clock = [0.0]
+    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
+    loop = _Loop(clock)
+    fired: list[float] = []
+    timer = loops._Timer(loop, lambda: fired.append(clock[0]),  # type: ignore[arg-type]
+                         early_s=0.0005)
+    timer.arm(10.0)
+    (handle,) = loop.live()
+    assert handle.when == 1010.0
+    clock[0] = 9.9996  # 0.4 ms early: within the tolerance
+    handle.cancelled = True
+    handle.cb()
+    assert fired == [9.9996]
+    assert loop.live() == []
+    timer.arm(20.0)
+    (handle,) = loop.live()
+    clock[0] = 19.999  # 1 ms early: beyond it, set again for the deadline
+    handle.cancelled = True
+    handle.cb()
+    assert fired == [9.9996]
+    assert [h.when for h in loop.live()] == [1020.0]
+
+
+def test_a_host_scheduler_hands_each_due_slot_the_time_its_wake_up_counts_as(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slots due within the tolerance are woken with their own deadline (not the early clock),
+    slots already past with the clock; later ones wait for the next wake-up."""
+    from aiogc.net import hostclient
+
+    clock = [0.0]
+    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
+    monkeypatch.setattr(hostclient, "_clock", lambda: clock[0])
+    monkeypatch.setattr(hostclient, "_tick_bias", lambda loop: 0.0005)
+    loop = _Loop(clock)
+    woke: list[list[tuple[int, float]]] = []
+    sched: Any = None
+
+    def on_wake(due: list[int]) -> None:
+        woke.append([(i, sched.due_at[i]) for i in due])
+
+    sched = hostclient.HostScheduler(loop, 3, on_wake)  # type: ignore[arg-type]
+    sched.arm(0, 5.0)
+    sched.arm(1, 5.0003)
+    sched.arm(2, 5.002)
+    (handle,) = loop.live()
+    assert handle.when == 1005.0  # the first deadline itself
+    clock[0] = 5.0001  # the loop woke 0.1 ms late for slot 0, 0.2 ms early for slot 1
+    handle.cancelled = True
+    handle.cb()
+    assert woke == [[(0, 5.0001), (1, 5.0003)]]
+    assert [h.when for h in loop.live()] == [1005.002]

@@ -394,3 +394,46 @@ def test_mux_decoder_delivers_records_in_order() -> None:
     with pytest.raises(MalformedFrame) as err:
         MuxFrameDecoder(select).feed(b"XXXX" + b"\x00" * 8)
     assert err.value.code == "bad_preamble"
+
+
+def test_a_hosts_workers_see_the_frames_of_one_read_when_the_read_arrived(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frames of one read reach their workers as of the read's arrival, not as of the
+    moment the host's one loop gets to each (a worker's round clock must not start later for
+    being the 64th frame of the batch); the next read has its own arrival time."""
+    from aiogc.net import hostclient
+
+    clock = [100.0]
+    monkeypatch.setattr(hostclient, "_clock", lambda: clock[0])
+    workers = [Worker(i, worker_key=derive_worker_key(b"s" * 32, i)) for i in range(3)]
+    hc = HostClient(workers, "127.0.0.1", 1)
+    seen: list[tuple[int, float | None]] = []
+
+    class _Client:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def _on_message(self, ep: Any, msg: Any, now: float | None = None) -> None:
+            seen.append((self.i, now))
+            clock[0] += 0.001  # handling a frame takes the loop a millisecond
+
+    dec = MuxFrameDecoder(lambda d, s: None)
+
+    class _Conn:
+        decoder = dec
+
+    conn: Any = _Conn()
+    hc.conn = conn
+    for i, st in enumerate(hc.slots):
+        st.client = _Client(i)  # type: ignore[assignment]
+        st.state = hostclient._State.OPEN
+        st.ep = object()  # type: ignore[assignment]
+    msg = Error(code="x", reason="y")
+    for slot in (0, 1, 2):  # one read of three frames
+        dec.slot = slot
+        hc._on_message(conn, msg)
+    hc._end_batch()
+    clock[0] = 200.0
+    dec.slot = 1  # the next read
+    hc._on_message(conn, msg)
+    assert seen == [(0, 100.0), (1, 100.0), (2, 100.0), (1, 200.0)]

@@ -568,11 +568,14 @@ class WorkerClient:
         self.worker.connection_made(now=self._now())
         self._pump()
 
-    def _on_message(self, conn: FramedConnection, msg: Message) -> None:
+    def _on_message(self, conn: FramedConnection, msg: Message,
+                    now: float | None = None) -> None:
+        """A frame from the PS; ``now``: when it arrived, if earlier than now (a worker host
+        handing on the frames of one read)."""
         if conn is not self._conn:
             return
         w = self.worker
-        polled = w.receive_and_poll("ps", msg, now=_clock())
+        polled = w.receive_and_poll("ps", msg, now=_clock() if now is None else now)
         if w.session is not None and conn is not self._tagged and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
@@ -591,8 +594,9 @@ class WorkerClient:
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
-    def _on_timer(self) -> None:
-        self._pump(self.worker.handle_timer_and_poll(now=_clock()))
+    def _on_timer(self, now: float | None = None) -> None:
+        """The loop timer (or a host's scheduler, with the time the wake-up counts as)."""
+        self._pump(self.worker.handle_timer_and_poll(now=_clock() if now is None else now))
 
     def _setup(self, ev: SetupNeeded) -> None:
         """Scheme and task for ``ev.config``: from the cache at once, else built in an

@@ -41,7 +41,7 @@ from aiogc.net.drivers import (
 )
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import BATCH_WINDOW_S
-from aiogc.net.loops import _clock, _Timer
+from aiogc.net.loops import _clock, _tick_bias, _Timer
 from aiogc.protocol.headers import DEFAULT_LIMITS
 from aiogc.protocol.hostmux import (
     CLOSE,
@@ -77,7 +77,13 @@ class HostScheduler:
         self._heap: list[tuple[float, int]] = []
         self._when: list[float | None] = [None] * n
         self._on_wake = on_wake
-        self._timer = _Timer(loop, self._fire)
+        # a chunk's deadline met to within the loop's resolution, early or late alike (mean
+        # error ~0; a timer that never fires early is on average 0.5 ms late on uvloop)
+        self._early = _tick_bias(loop)
+        self._timer = _Timer(loop, self._fire, early_s=self._early)
+        #: per slot, the time its last wake-up counts as: its deadline if the loop woke up to
+        #: ``_early`` before it, else the clock
+        self.due_at: list[float] = [0.0] * n
         #: wake-ups so far, and slots handled by them (a test and a bench look)
         self.wakes = 0
         self.fired = 0
@@ -95,12 +101,15 @@ class HostScheduler:
     def _fire(self) -> None:
         heap, wanted = self._heap, self._when
         now = _clock()
+        limit = now + self._early
         due: list[int] = []
-        while heap and heap[0][0] <= now:
+        at = self.due_at
+        while heap and heap[0][0] <= limit:
             when, slot = heapq.heappop(heap)
             if wanted[slot] == when:
                 wanted[slot] = None
                 due.append(slot)
+                at[slot] = when if when > now else now
         if due:
             self.wakes += 1
             self.fired += len(due)
@@ -240,6 +249,7 @@ class HostClient:
         self.sched: HostScheduler | None = None
         self._accepted = False
         self._in_batch = False
+        self._read_at = 0.0  # when the read being handled arrived (_clock)
         self._dirty = False
         self._dirty_since = 0.0
         #: host connections made; reason of the last refusal by the PS (an error frame)
@@ -360,6 +370,13 @@ class HostClient:
     def _on_message(self, conn: FramedConnection, msg: Any) -> None:
         if conn is not self.conn:
             return
+        if not self._in_batch:
+            # the read's arrival: every frame of it reached its worker then. On separate
+            # machines the workers would handle their frames in parallel; here one loop handles
+            # them one after another, and a worker's clock (its round's chunk deadlines) must
+            # not start later for being the 64th in the batch (the emulation's cost, not the
+            # protocol's: docs/architecture.md, "Worker hosts")
+            self._read_at = _clock()
         self._in_batch = True
         # _window's test inlined: this runs for every frame read
         if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
@@ -371,7 +388,7 @@ class HostClient:
             if slot is not None and slot != HOST_SLOT:
                 st = self.slots[slot]
                 if st.state is _OPEN:
-                    st.client._on_message(st.ep, msg)  # type: ignore[arg-type]
+                    st.client._on_message(st.ep, msg, self._read_at)  # type: ignore[arg-type]
                 # CLOSING: in flight before the PS saw our CLOSE; dropped
                 return
         self._on_other(conn, msg)
@@ -488,8 +505,10 @@ class HostClient:
     def _on_wake(self, due: list[int]) -> None:
         self._in_batch = True
         slots = self.slots
+        assert self.sched is not None
+        at = self.sched.due_at
         for i in due:
-            slots[i].client._on_timer()
+            slots[i].client._on_timer(at[i])
             if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
                 self._window()
         self._end_batch()
