@@ -299,6 +299,237 @@ class _MuxHost:
         self._arm()
 
 
+# -- the work floor: the mux exchange plus exactly the work the protocol needs -------------
+#
+# ``--mux --work``: every frame tagged on send and verified on receipt (aiogc's FrameAuth, one
+# key per worker per direction), each report preceded by the real chunk gradient at the model
+# the round start carried, each reporting worker's real coded vector on encode (the scheme's
+# encode_trusted against the broadcast state), and the PS's trigger on decodability (the
+# scheme's coverage tracker), decode (decode_trusted), verify oracle (every chunk gradient at
+# the model sent, as aiogc's Aggregator with verify on) and gradient step. Nothing else.
+
+_TAG = 16
+_U32 = struct.Struct("!I")
+_U32X2 = struct.Struct("!II")
+
+
+def work_keys(m: int, seed: int) -> tuple[list[bytes], list[bytes]]:
+    """Per-worker 32-byte keys, PS -> worker and worker -> PS (derived from ``seed``)."""
+    import hashlib
+
+    def key(direction: bytes, j: int) -> bytes:
+        return hashlib.sha256(b"floor|%s|%d|%d" % (direction, seed, j)).digest()
+
+    return [key(b"down", j) for j in range(m)], [key(b"up", j) for j in range(m)]
+
+
+class _AuthMuxConn(_MuxConn):
+    """:class:`_MuxConn` whose frames carry an AES-GCM tag (16 bytes after the body) over
+    ``length | kind | slot | body``, from the slot's own :class:`FrameAuth` per direction. A
+    frame whose tag fails is not delivered: the connection closes (``refused`` counts it)."""
+
+    def __init__(self, on_frame: Any, send_keys: list[bytes], recv_keys: list[bytes],
+                 on_made: Any = None) -> None:
+        from aiogc.protocol.tags import FrameAuth
+
+        super().__init__(on_frame, on_made)
+        self.tx = [FrameAuth(k) for k in send_keys]
+        self.rx = [FrameAuth(k) for k in recv_keys]
+        self.refused = 0
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while len(buf) >= 7 and not self.refused:
+            n, kind, slot = _MHDR.unpack_from(buf)
+            end = 4 + n
+            if len(buf) < end:
+                break
+            mv = memoryview(buf)
+            ok = slot < len(self.rx) and self.rx[slot].verify_one(mv[:end - _TAG],
+                                                                   mv[end - _TAG:end])
+            body = bytes(mv[7:end - _TAG])
+            mv.release()
+            del buf[:end]
+            if not ok:
+                self.refused += 1
+                if self.t is not None:
+                    self.t.close()
+                break
+            self.on_frame(kind, slot, body)
+        self.flush()
+
+    def send(self, kind: int, slot: int, body: bytes = b"") -> None:
+        frame = _MHDR.pack(len(body) + 3 + _TAG, kind, slot) + body
+        self.out.append(frame + self.tx[slot].tag_one(frame))
+
+
+class _WorkPS(_MuxPS):
+    """:class:`_MuxPS` doing the PS's work: the state from the reports, the encode broadcast
+    (round and state) once the scheme's coverage tracker says decodable, the coded vectors into
+    one (m, p) block, then decode, verify oracle, check and step; the next round start carries
+    the new model. ``check_every``: compare the decode with the true full gradient
+    (``task.full_gradient``) every that many rounds, outside the per-round work (0: never)."""
+
+    def __init__(self, m: int, rounds: int, scheme: Any, task: Any, *, verify: bool = True,
+                 check_every: int = 10) -> None:
+        from aiogc.training.tasks import chunk_grads_fn
+
+        super().__init__(m, [0] * rounds, task.dim)
+        self.scheme, self.task = scheme, task
+        self.w = np.array(task.initial_model(), dtype=np.float64)
+        self.model = self.w.tobytes()
+        self.lr = float(task.learning_rate)
+        self.oracle = chunk_grads_fn(task, np.float64) if verify else None
+        self.check_every = check_every
+        self.state = [0] * m
+        self.tracker: Any = None
+        self.rows = np.zeros((m, scheme.payload_len(task.dim)))
+        self.rel_errors: list[float] = []
+        self.plain_errors: list[float] = []
+        self.checked = 0
+        self.check_cpu = 0.0
+
+    def start_round(self) -> None:
+        self.state = [0] * self.m
+        self.tracker = self.scheme.progress_tracker()
+        self.expect = -1  # no encode sent yet
+        super().start_round()
+
+    def on_mux_frame(self, kind: int, slot: int, body: bytes) -> None:
+        if _U32.unpack_from(body)[0] != self.r:
+            return
+        assert self.mux is not None
+        if kind == REPORT:
+            count = _U32X2.unpack_from(body)[1]
+            old = self.state[slot]
+            if self.expect >= 0 or count <= old:
+                return
+            self.state[slot] = count
+            self.tracker.add(slot, old, count)
+            if self.tracker.deficit == 0:
+                self.expect = sum(1 for c in self.state if c)
+                enc = _U32.pack(self.r) + np.asarray(self.state, dtype=">u2").tobytes()
+                for j in range(self.m):
+                    self.mux.send(ENCODE, j, enc)
+        elif kind == CODED and self.state[slot]:
+            self.rows[slot] = np.frombuffer(body, dtype=np.float64, offset=4)
+            self.coded += 1
+            if self.coded == self.expect:
+                try:
+                    self._step()
+                except Exception as exc:  # a failed check ends the run, not just the read
+                    self.done.set_exception(exc)
+                    return
+                self.durations.append(self.loop.time() - self.t0)
+                self.start_round()
+
+    def _step(self) -> None:
+        c = np.asarray(self.state, dtype=np.int64)
+        res = self.scheme.decode_trusted(self.rows, c, self.task.dim)
+        grad = np.asarray(res.gradient, dtype=np.float64)
+        if self.oracle is not None:  # the PS's verify oracle: every chunk at the model sent
+            # as aiogc's Aggregator._verify: error scaled by ||sum_i |g_i||| (and plain)
+            G = self.oracle(self.w)
+            true = G.sum(axis=0)
+            diff = grad - true
+            absum = np.abs(G).sum(axis=0)
+            err = math.sqrt(diff.dot(diff))
+            plain_den, scale_den = math.sqrt(true.dot(true)), math.sqrt(absum.dot(absum))
+            self.rel_errors.append(err / scale_den if scale_den > 0 else err)
+            self.plain_errors.append(err / plain_den if plain_den > 0 else err)
+        if self.check_every and self.r % self.check_every == 0:
+            self._check(grad)
+        self.w = self.w - self.lr * grad
+        self.model = self.w.tobytes()
+        self.rows[:] = 0.0
+
+    def _check(self, grad: np.ndarray) -> None:
+        """The decode is the true full gradient (the work is real): ``||grad - g|| <= 1e-9
+        ||sum_i |g_i|||``, the scale the float64 sums work at (as aiogc's ``rel_error``; near
+        the optimum ``g`` itself cancels towards 0). Its CPU is kept in ``check_cpu``."""
+        from aiogc.training.tasks import chunk_gradients
+
+        t0 = time.process_time()
+        G = chunk_gradients(self.task, np.arange(self.task.n_chunks), self.w)
+        full = self.task.full_gradient(self.w)
+        absum = np.abs(G).sum(axis=0)
+        err = float(np.linalg.norm(grad - full))
+        if not err <= 1e-9 * float(np.linalg.norm(absum)):
+            raise AssertionError(f"round {self.r}: decoded gradient differs from the full "
+                                 f"gradient (error {err:.3g})")
+        self.checked += 1
+        self.check_cpu += time.process_time() - t0
+
+
+class _WorkHost(_MuxHost):
+    """:class:`_MuxHost` doing the workers' work: the model from the round start, each chunk's
+    real gradient (``task.chunk_gradient``, in processing order, kept in a (load, d) block per
+    worker) before its report, and on encode the real coded vector against the broadcast state
+    (``scheme.encode_trusted``)."""
+
+    def __init__(self, m: int, delays: np.ndarray, scheme: Any, task: Any) -> None:
+        super().__init__(m, delays, scheme.payload_len(task.dim))
+        self.scheme = scheme
+        self.grad = task.chunk_gradient
+        self.orders = [[int(i) for i in o] for o in scheme.orders]
+        loads = [len(o) for o in self.orders]
+        self.grads = [np.empty((n, task.dim)) for n in loads]
+        self.w: list[np.ndarray] = [np.empty(0)] * m
+
+    def on_frame(self, kind: int, slot: int, body: bytes) -> None:
+        if kind == START:
+            self.w[slot] = np.frombuffer(body, dtype=np.float64)
+            super().on_frame(kind, slot, body)
+            return
+        self.gen[slot] += 1
+        k = self.done[slot]
+        if kind == ENCODE and k:
+            c = np.frombuffer(body, dtype=">u2", offset=4).tolist()
+            if c[slot]:  # a worker contributes iff the broadcast state counts its chunks
+                v = self.scheme.encode_trusted(slot, c, self.grads[slot][:k])
+                assert self.conn is not None
+                self.conn.send(CODED, slot, _U32.pack(self.r[slot]) + v.tobytes())
+        self._arm()
+
+    def _fire(self) -> None:
+        self.timer, self.armed = None, math.inf
+        heap, now = self.heap, time.monotonic()
+        assert self.conn is not None
+        while heap and heap[0][0] <= now:
+            _, slot, gen = heapq.heappop(heap)
+            if gen != self.gen[slot]:
+                continue
+            k = self.done[slot]
+            self.grads[slot][k] = self.grad(self.orders[slot][k], self.w[slot])
+            self.done[slot] = k + 1
+            self.conn.send(REPORT, slot, _U32X2.pack(self.r[slot], k + 1))
+            self._push(slot)
+        self.conn.flush()
+        self._arm()
+
+
+async def _run_work(m: int, delays: np.ndarray, rounds: int, scheme: Any, task: Any,
+                    verify: bool, seed: int) -> _WorkPS:
+    """The work floor's PS after ``rounds`` rounds (its durations, errors, checks)."""
+    loop = asyncio.get_running_loop()
+    down, up = work_keys(m, seed)
+    wps = _WorkPS(m, rounds, scheme, task, verify=verify)
+    server = await loop.create_server(
+        lambda: _AuthMuxConn(wps.on_mux_frame, down, up, wps.made), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    host = _WorkHost(m, delays, scheme, task)
+    _, host.conn = await loop.create_connection(
+        lambda: _AuthMuxConn(host.on_frame, up, down), "127.0.0.1", port)
+    await wps.all_connected.wait()
+    wps.start_round()
+    assert wps.mux is not None
+    wps.mux.flush()
+    await wps.done
+    server.close()
+    return wps
+
+
 async def _run(m: int, delays: np.ndarray, trigger_reports: list[int], dim: int,
                payload_len: int, mux: bool = False) -> list[float]:
     """Round times (seconds) of ``len(trigger_reports)`` rounds; ``mux``: one connection."""
@@ -343,9 +574,12 @@ class _PSConn(_Conn):
 
 def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str = "exp:0.01",
                        seed: int = 1, dim: int = 50, time_scale: float = 1.0,
-                       mux: bool = False) -> dict[str, Any]:
+                       mux: bool = False, work: bool = False,
+                       verify: bool = True) -> dict[str, Any]:
     """The floor's live / simulated mean round time for partial (cyclic, ell = 1); ``mux``:
-    every worker's frames over one connection, one timer heap, one write per read or wake."""
+    every worker's frames over one connection, one timer heap, one write per read or wake;
+    ``work`` (implies ``mux``): the work floor (tags, gradients, encode, decode, step and,
+    with ``verify``, the PS's oracle)."""
     import uvloop
 
     cfg = RunConfig(workers=m, delta=delta, n_parts=1, delay=delay, rounds=rounds, seed=seed)
@@ -357,12 +591,29 @@ def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str =
     loads = int(np.max(built["partial"].loads))
     delays = np.asarray(schedule.compute_s[:, :, :loads]) * time_scale
     t0 = time.monotonic()
-    durations = uvloop.run(_run(m, delays, trigger_reports, dim,
-                                built["partial"].payload_len(dim), mux))
+    extra: dict[str, Any] = {}
+    if work:
+        from aiogc.training.tasks import make_task
+
+        scheme = built["partial"]
+        task = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
+        wps = uvloop.run(_run_work(m, delays, rounds, scheme, task, verify, seed))
+        durations = wps.durations
+        if wps.rel_errors and not max(wps.rel_errors) <= 1e-9:
+            raise AssertionError(f"the work floor's oracle saw a decode error of "
+                                 f"{max(wps.rel_errors):.3g}")
+        extra = {"work": True, "verify": verify, "checked_rounds": wps.checked,
+                 "check_cpu_s": wps.check_cpu,
+                 "max_rel_error": max(wps.rel_errors, default=math.nan),
+                 "final_loss": float(task.loss(wps.w))}
+    else:
+        durations = uvloop.run(_run(m, delays, trigger_reports, dim,
+                                    built["partial"].payload_len(dim), mux))
     live = statistics.fmean(durations) / time_scale
     simm = float(np.mean(sim.completion_s))
-    return {"m": m, "rounds": rounds, "time_scale": time_scale, "mux": mux, "live_mean_s": live,
-            "sim_mean_s": simm, "ratio": live / simm, "wall_s": time.monotonic() - t0}
+    return {"m": m, "rounds": rounds, "time_scale": time_scale, "mux": mux or work,
+            "live_mean_s": live, "sim_mean_s": simm, "ratio": live / simm,
+            "wall_s": time.monotonic() - t0, **extra}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,9 +625,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mux", action="store_true",
                     help="every worker's frames over one connection (one timer heap, one write "
                          "per read or wake-up) instead of one connection per worker")
+    ap.add_argument("--work", action="store_true",
+                    help="the work floor (with --mux): per-worker frame tags, real chunk "
+                         "gradients, coded vectors, decode, step and the PS's verify oracle")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="with --work: leave out the PS's verify oracle")
     a = ap.parse_args(argv)
+    if a.work and not a.mux:
+        ap.error("--work is a variant of the mux floor: give --mux --work")
     out = floor_round_vs_sim(a.workers, rounds=a.rounds, seed=a.seed, time_scale=a.time_scale,
-                             mux=a.mux)
+                             mux=a.mux, work=a.work, verify=not a.no_verify)
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0
