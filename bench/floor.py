@@ -572,6 +572,23 @@ class _PSConn(_Conn):
         self._ps.connected(self)
 
 
+_TASKS: dict[tuple[str, int, int], Any] = {}
+
+
+def _task(cfg: RunConfig, n_chunks: int) -> Any:
+    """The run's task as aiogc builds it (``make_task``), built once per process and kept with
+    its learning rate: its setup (a multi-threaded eigenvalue solve, whose process time varies
+    by tens of ms under load) is not round work, and would swamp a CPU-per-round difference."""
+    from aiogc.training.tasks import make_task
+
+    key = (cfg.task, n_chunks, cfg.seed)
+    if key not in _TASKS:
+        task = make_task(cfg.task, n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
+        task.learning_rate  # noqa: B018 -- computed (and cached by the task) here, once
+        _TASKS[key] = task
+    return _TASKS[key]
+
+
 def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str = "exp:0.01",
                        seed: int = 1, dim: int = 50, time_scale: float = 1.0,
                        mux: bool = False, work: bool = False,
@@ -593,10 +610,8 @@ def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str =
     t0 = time.monotonic()
     extra: dict[str, Any] = {}
     if work:
-        from aiogc.training.tasks import make_task
-
         scheme = built["partial"]
-        task = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
+        task = _task(cfg, scheme.n_chunks)
         wps = uvloop.run(_run_work(m, delays, rounds, scheme, task, verify, seed))
         durations = wps.durations
         if wps.rel_errors and not max(wps.rel_errors) <= 1e-9:
