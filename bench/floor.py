@@ -10,6 +10,43 @@ their chunks on the run's schedule (absolute deadlines from the round start they
 Its live / simulated round-time ratio is the honest lower bound of what any single-loop Python
 system reaches here: ``python bench/floor.py --workers 64`` prints it; bench/run.py records it
 as ``floor_round_vs_sim_m64`` / ``_m256`` beside aiogc's own ratio, measured in the same run.
+
+``--mux``: the same exchange with every worker's frames over one connection (one timer heap,
+one write per read or wake-up), the shape of aiogc's default in-process path.
+
+``--mux --work``, the *work floor*: the mux exchange plus exactly the work the protocol needs,
+done with aiogc's own primitives, and nothing else:
+
+* every frame tagged on send and verified on receipt (``aiogc.protocol.tags.FrameAuth``, one
+  key per worker per direction, implicit sequence numbers; a frame that fails closes the
+  connection undelivered);
+* the round start carries the PS's current model (float64); before each report the worker
+  computes that chunk's real gradient at it (``task.chunk_gradient`` of the run's task, built
+  as aiogc builds it for the RunConfig: linreg, 2000 x 50, ``make_task``) and keeps it in a
+  (load, d) block in processing order;
+* the PS keeps the state from the reports and broadcasts encode (round, state as u16) when the
+  scheme's coverage tracker says decodable (aiogc's trigger rule, not the simulator's count);
+  each worker the state counts answers with its real coded vector (``encode_trusted``);
+* the PS decodes (``decode_trusted``), runs the verify oracle of aiogc's default config
+  (``verify`` on: every chunk gradient at the model sent, ``chunk_grads_fn``, and the scaled
+  and plain decode errors as ``Aggregator._verify``; ``--no-verify`` leaves it out) and takes
+  the SGD step (``task.learning_rate``) that the next round start carries.
+
+Not included (aiogc does them, the protocol's numbers do not need them): the handshake and
+configuration exchange, message codecs (msgpack headers), validation of peer input, the
+round guard's norm / redundancy / model checks, loss, per-round records and analytics
+(oracle timing, coverage, attribution), heartbeats, reconnects, shaping, logs. Checks that the
+work is real (outside the per-round work, their CPU reported as ``check_cpu_s`` and left out
+of the CPU-per-round measurement): the oracle's decode error is asserted <= 1e-9 every round,
+and every 10th round the decode is compared with ``task.full_gradient`` (error <= 1e-9 of
+``||sum_i |g_i|||``); tests/test_bench_floor.py checks that a flipped byte, a relabelled slot
+or a replayed frame fails the tags.
+
+Measured (2-core shared VM, m=64, delta 4, exp:0.01; bench/RESULTS.md, "work floor"): CPU per
+round aiogc 7.9 ms, mux floor 2.7 ms, work floor 4.7 ms (1.8x the mux floor), so aiogc / work
+floor 1.7 against aiogc / mux floor 3.3 (``python bench/run.py --quick --only
+loop_cpu_vs_floor_m64 loop_cpu_vs_work_floor_m64``, medians of 3); live / simulated round
+1.08 (mux floor 1.04; ``python bench/floor.py --mux --work --workers 64``, medians of 3).
 """
 
 from __future__ import annotations
