@@ -47,6 +47,8 @@ round aiogc 7.9 ms, mux floor 2.7 ms, work floor 4.7 ms (1.8x the mux floor), so
 floor 1.7 against aiogc / mux floor 3.3 (``python bench/run.py --quick --only
 loop_cpu_vs_floor_m64 loop_cpu_vs_work_floor_m64``, medians of 3); live / simulated round
 1.08 (mux floor 1.04; ``python bench/floor.py --mux --work --workers 64``, medians of 3).
+``python bench/floor.py --ablate 5`` splits the work floor's CPU (tags, gradients, oracle, the
+rest), each left out in turn (ablation only: without gradients nothing is checked).
 """
 
 from __future__ import annotations
@@ -360,18 +362,32 @@ def work_keys(m: int, seed: int) -> tuple[list[bytes], list[bytes]]:
     return [key(b"down", j) for j in range(m)], [key(b"up", j) for j in range(m)]
 
 
+class _NullAuth:
+    """Ablation only (``skip=("tags",)``): 16 constant bytes in place of a tag, never refused."""
+
+    def __init__(self, key: bytes) -> None:
+        self.seq = 0
+
+    def tag_one(self, frame: Any) -> bytes:
+        return bytes(_TAG)
+
+    def verify_one(self, frame: Any, tag: Any) -> bool:
+        return True
+
+
 class _AuthMuxConn(_MuxConn):
     """:class:`_MuxConn` whose frames carry an AES-GCM tag (16 bytes after the body) over
     ``length | kind | slot | body``, from the slot's own :class:`FrameAuth` per direction. A
     frame whose tag fails is not delivered: the connection closes (``refused`` counts it)."""
 
     def __init__(self, on_frame: Any, send_keys: list[bytes], recv_keys: list[bytes],
-                 on_made: Any = None) -> None:
+                 on_made: Any = None, tags: bool = True) -> None:
         from aiogc.protocol.tags import FrameAuth
 
         super().__init__(on_frame, on_made)
-        self.tx = [FrameAuth(k) for k in send_keys]
-        self.rx = [FrameAuth(k) for k in recv_keys]
+        auth: Any = FrameAuth if tags else _NullAuth
+        self.tx = [auth(k) for k in send_keys]
+        self.rx = [auth(k) for k in recv_keys]
         self.refused = 0
 
     def data_received(self, data: bytes) -> None:
@@ -505,10 +521,13 @@ class _WorkHost(_MuxHost):
     worker) before its report, and on encode the real coded vector against the broadcast state
     (``scheme.encode_trusted``)."""
 
-    def __init__(self, m: int, delays: np.ndarray, scheme: Any, task: Any) -> None:
+    def __init__(self, m: int, delays: np.ndarray, scheme: Any, task: Any,
+                 grads: bool = True) -> None:
         super().__init__(m, delays, scheme.payload_len(task.dim))
         self.scheme = scheme
-        self.grad = task.chunk_gradient
+        zero = np.zeros(task.dim)
+        # ablation only (grads=False): a constant vector in place of each chunk gradient
+        self.grad = task.chunk_gradient if grads else (lambda i, w: zero)
         self.orders = [[int(i) for i in o] for o in scheme.orders]
         loads = [len(o) for o in self.orders]
         self.grads = [np.empty((n, task.dim)) for n in loads]
@@ -547,17 +566,20 @@ class _WorkHost(_MuxHost):
 
 
 async def _run_work(m: int, delays: np.ndarray, rounds: int, scheme: Any, task: Any,
-                    verify: bool, seed: int) -> _WorkPS:
-    """The work floor's PS after ``rounds`` rounds (its durations, errors, checks)."""
+                    verify: bool, seed: int, skip: frozenset[str] = frozenset()) -> _WorkPS:
+    """The work floor's PS after ``rounds`` rounds (its durations, errors, checks); ``skip``
+    (ablation only): leave out ``"tags"`` and/or ``"grads"`` (then no oracle, no checks)."""
     loop = asyncio.get_running_loop()
     down, up = work_keys(m, seed)
-    wps = _WorkPS(m, rounds, scheme, task, verify=verify)
+    grads, tags = "grads" not in skip, "tags" not in skip
+    wps = _WorkPS(m, rounds, scheme, task, verify=verify and grads,
+                  check_every=10 if grads else 0)
     server = await loop.create_server(
-        lambda: _AuthMuxConn(wps.on_mux_frame, down, up, wps.made), "127.0.0.1", 0)
+        lambda: _AuthMuxConn(wps.on_mux_frame, down, up, wps.made, tags), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    host = _WorkHost(m, delays, scheme, task)
+    host = _WorkHost(m, delays, scheme, task, grads)
     _, host.conn = await loop.create_connection(
-        lambda: _AuthMuxConn(host.on_frame, up, down), "127.0.0.1", port)
+        lambda: _AuthMuxConn(host.on_frame, up, down, None, tags), "127.0.0.1", port)
     await wps.all_connected.wait()
     wps.start_round()
     assert wps.mux is not None
@@ -629,11 +651,11 @@ def _task(cfg: RunConfig, n_chunks: int) -> Any:
 def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str = "exp:0.01",
                        seed: int = 1, dim: int = 50, time_scale: float = 1.0,
                        mux: bool = False, work: bool = False,
-                       verify: bool = True) -> dict[str, Any]:
+                       verify: bool = True, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The floor's live / simulated mean round time for partial (cyclic, ell = 1); ``mux``:
     every worker's frames over one connection, one timer heap, one write per read or wake;
     ``work`` (implies ``mux``): the work floor (tags, gradients, encode, decode, step and,
-    with ``verify``, the PS's oracle)."""
+    with ``verify``, the PS's oracle); ``skip`` (ablation only): ``"tags"``, ``"grads"``."""
     import uvloop
 
     cfg = RunConfig(workers=m, delta=delta, n_parts=1, delay=delay, rounds=rounds, seed=seed)
@@ -649,12 +671,14 @@ def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str =
     if work:
         scheme = built["partial"]
         task = _task(cfg, scheme.n_chunks)
-        wps = uvloop.run(_run_work(m, delays, rounds, scheme, task, verify, seed))
+        wps = uvloop.run(_run_work(m, delays, rounds, scheme, task, verify, seed,
+                                   frozenset(skip)))
         durations = wps.durations
         if wps.rel_errors and not max(wps.rel_errors) <= 1e-9:
             raise AssertionError(f"the work floor's oracle saw a decode error of "
                                  f"{max(wps.rel_errors):.3g}")
-        extra = {"work": True, "verify": verify, "checked_rounds": wps.checked,
+        extra = {"work": True, "verify": wps.oracle is not None, "skip": list(skip),
+                 "checked_rounds": wps.checked,
                  "check_cpu_s": wps.check_cpu,
                  "max_rel_error": max(wps.rel_errors, default=math.nan),
                  "final_loss": float(task.loss(wps.w))}
@@ -666,6 +690,33 @@ def floor_round_vs_sim(m: int, *, rounds: int = 20, delta: int = 4, delay: str =
     return {"m": m, "rounds": rounds, "time_scale": time_scale, "mux": mux or work,
             "live_mean_s": live, "sim_mean_s": simm, "ratio": live / simm,
             "wall_s": time.monotonic() - t0, **extra}
+
+
+#: the ablation's variants: (name, work, verify, skip); "mux" is the mux floor itself
+ABLATION: tuple[tuple[str, bool, bool, tuple[str, ...]], ...] = (
+    ("mux", False, False, ()), ("work", True, True, ()), ("-oracle", True, False, ()),
+    ("-oracle-tags", True, False, ("tags",)), ("-oracle-grads", True, False, ("grads",)),
+    ("-oracle-tags-grads", True, False, ("tags", "grads")))
+
+
+def ablation(m: int, trials: int, short: int = 6, long: int = 30) -> dict[str, Any]:
+    """CPU per round of the mux floor and the work floor without some of its work (tags
+    replaced by 16 constant bytes, chunk gradients by a constant vector): medians of
+    ``trials`` interleaved measurements, each the difference of a ``long`` and a ``short``
+    run after a warm-up (bench_fidelity's method)."""
+    from bench_fidelity import _cpu_per_round
+
+    runs: dict[str, list[float]] = {name: [] for name, *_ in ABLATION}
+    for _ in range(trials):
+        for name, work, verify, skip in ABLATION:
+            def fn(n: int, work: bool = work, verify: bool = verify,
+                   skip: tuple[str, ...] = skip) -> dict[str, Any]:
+                return floor_round_vs_sim(m, rounds=n, mux=True, work=work, verify=verify,
+                                          skip=skip)
+            runs[name].append(_cpu_per_round(fn, short, long))
+    return {"m": m, "rounds": (short, long), "trials": trials,
+            "cpu_ms_per_round": {k: 1e3 * statistics.median(v) for k, v in runs.items()},
+            "runs_ms": {k: [round(1e3 * x, 3) for x in v] for k, v in runs.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -682,7 +733,14 @@ def main(argv: list[str] | None = None) -> int:
                          "gradients, coded vectors, decode, step and the PS's verify oracle")
     ap.add_argument("--no-verify", action="store_true",
                     help="with --work: leave out the PS's verify oracle")
+    ap.add_argument("--ablate", type=int, metavar="TRIALS", default=0,
+                    help="print the CPU per round of the mux floor and the work floor without "
+                         "its oracle, tags and/or gradients (medians of TRIALS interleaved)")
     a = ap.parse_args(argv)
+    if a.ablate:
+        json.dump(ablation(a.workers, a.ablate), sys.stdout, indent=1)
+        print()
+        return 0
     if a.work and not a.mux:
         ap.error("--work is a variant of the mux floor: give --mux --work")
     out = floor_round_vs_sim(a.workers, rounds=a.rounds, seed=a.seed, time_scale=a.time_scale,
