@@ -6,6 +6,10 @@ baseline:
 * ``loop_cpu_vs_floor_m64`` (``_per_conn_m64``): CPU per round of an aiogc coroutine run / the
   one-connection (per-connection) floor's, each as the difference of a long and a short run
   after a warm-up (setup cancels), same m, schedule law and rounds, medians of 3 interleaved;
+* ``loop_cpu_vs_work_floor_m64``: the same aiogc CPU per round / the work floor's
+  (bench/floor.py ``--mux --work``: the mux floor plus exactly the work the protocol needs --
+  per-worker frame tags, real chunk gradients, coded vectors, decode, verify oracle, step),
+  measured in the same interleaved trials as the two above (informational);
 * ``round_vs_sim_m256_auto``, ``round_vs_sim_m1024_auto`` (``--worker-hosts 2``),
   ``speedup_vs_sim_m256_auto``: ``aiogc run --time-scale auto`` against the simulator replaying
   the run's delays.csv (the bench's own replay, independent of the run's fidelity section);
@@ -39,20 +43,26 @@ def floor_ratio(m: int, rounds: int, trials: int, seed0: int = 1, *,
 
 def _cpu_per_round(fn: Any, short: int, long: int) -> float:
     """CPU seconds per round: (cpu(long) - cpu(short)) / (long - short), after a warm-up run
-    (lazy imports and first-use caches would otherwise land in the short run)."""
+    (lazy imports and first-use caches would otherwise land in the short run). A dict
+    returned by ``fn`` with ``check_cpu_s`` (the work floor's correctness checks, not part of
+    a round's work) has that CPU left out."""
     fn(short)
     cpu = []
     for n in (short, long):
         t0 = time.process_time()
-        fn(n)
-        cpu.append(time.process_time() - t0)
+        out = fn(n)
+        spent = time.process_time() - t0
+        if isinstance(out, dict):
+            spent -= float(out.get("check_cpu_s", 0.0))
+        cpu.append(spent)
     return (cpu[1] - cpu[0]) / (long - short)
 
 
 def loop_cpu_ratio(m: int, rounds: int, trials: int = 3) -> dict[str, Any]:
     """aiogc's CPU per partial round (coroutines on one loop, verify on, no records; its
-    default in-process path, one host connection) over each floor's, same m, delta 4,
-    exp:0.01, seed: medians of ``trials`` interleaved measurements of all three."""
+    default in-process path, one host connection) over each floor's (per connection, mux,
+    and the work floor: mux plus the protocol's work, verify on), same m, delta 4, exp:0.01,
+    seed: medians of ``trials`` interleaved measurements of all four."""
     from floor import floor_round_vs_sim
 
     from aiogc.config import RunConfig
@@ -63,21 +73,29 @@ def loop_cpu_ratio(m: int, rounds: int, trials: int = 3) -> dict[str, Any]:
         cfg = RunConfig(workers=m, delta=4, n_parts=1, delay="exp:0.01", rounds=n, seed=1)
         run_live(cfg, ["partial"], RunOptions(mode="coroutines", plots=False))
 
-    def floor_run(n: int, mux: bool) -> None:
-        floor_round_vs_sim(m, rounds=n, seed=1, mux=mux)
+    def floor_run(n: int, mux: bool, work: bool = False) -> dict[str, Any]:
+        return floor_round_vs_sim(m, rounds=n, seed=1, mux=mux, work=work)
 
     short = max(2, rounds // 5)
-    a, f, fm = [], [], []
+    a: list[float] = []
+    f: list[float] = []
+    fm: list[float] = []
+    fw: list[float] = []
     for _ in range(trials):
         a.append(_cpu_per_round(aiogc_run, short, rounds))
         f.append(_cpu_per_round(lambda n: floor_run(n, False), short, rounds))
         fm.append(_cpu_per_round(lambda n: floor_run(n, True), short, rounds))
-    am, fmed, fmm = statistics.median(a), statistics.median(f), statistics.median(fm)
+        fw.append(_cpu_per_round(lambda n: floor_run(n, True, True), short, rounds))
+    am, fmed, fmm, fwm = (statistics.median(a), statistics.median(f), statistics.median(fm),
+                          statistics.median(fw))
     return {"aiogc_cpu_s_per_round": am, "floor_per_conn_cpu_s_per_round": fmed,
-            "floor_mux_cpu_s_per_round": fmm,
+            "floor_mux_cpu_s_per_round": fmm, "floor_work_cpu_s_per_round": fwm,
             "ratio_per_conn": am / fmed if fmed > 0 else math.nan,
-            "ratio_mux": am / fmm if fmm > 0 else math.nan, "rounds": (short, rounds),
-            "trials": trials, "runs_s": {"aiogc": a, "floor_per_conn": f, "floor_mux": fm}}
+            "ratio_mux": am / fmm if fmm > 0 else math.nan,
+            "ratio_work": am / fwm if fwm > 0 else math.nan,
+            "work_floor_vs_mux_floor": fwm / fmm if fmm > 0 else math.nan,
+            "rounds": (short, rounds), "trials": trials,
+            "runs_s": {"aiogc": a, "floor_per_conn": f, "floor_mux": fm, "floor_work": fw}}
 
 
 def agreement(trial: dict[str, Any], *, expect: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ NAMES = {
     "round_vs_sim_m64_worker_hosts", "report_p99_ms_1024_worker_hosts",
     "floor_round_vs_sim_m64", "floor_round_vs_sim_m256", "loop_cpu_vs_floor_m64",
     "floor_mux_round_vs_sim_m64", "floor_mux_round_vs_sim_m256", "loop_cpu_vs_floor_per_conn_m64",
+    "loop_cpu_vs_work_floor_m64",
     "round_vs_sim_m256_auto", "speedup_vs_sim_m256_auto", "round_vs_sim_m1024_auto",
     "fidelity_flag_agrees", "coded_bytes_f16_vs_f32", "locate_round_vs_honest_m64",
 }
