@@ -58,7 +58,36 @@ def _cpu_per_round(fn: Any, short: int, long: int) -> float:
     return (cpu[1] - cpu[0]) / (long - short)
 
 
+#: BLAS and OpenMP pools of one thread in the child that measures CPU: a pool's threads
+#: spin-wait after each call (OpenBLAS), so a run's process time varied by tens of ms with the
+#: task's set-up solve, which the long-minus-short difference does not cancel; the per-round
+#: work (gemv on ~30 x 50 blocks, a 64-row oracle) does not use a pool's threads anyway
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def loop_cpu_ratio(m: int, rounds: int, trials: int = 3) -> dict[str, Any]:
+    """:func:`loop_cpu_ratio_here` in a child process with one-thread BLAS pools."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, **_ONE_THREAD}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(here.parent), str(here), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, sys, bench_fidelity as b; "
+         "json.dump(b.loop_cpu_ratio_here(*map(int, sys.argv[1:])), sys.stdout)",
+         str(m), str(rounds), str(trials)],
+        env=env, capture_output=True, text=True, check=True)
+    res: dict[str, Any] = json.loads(out.stdout)
+    res["blas_threads"] = 1
+    return res
+
+
+def loop_cpu_ratio_here(m: int, rounds: int, trials: int = 3) -> dict[str, Any]:
     """aiogc's CPU per partial round (coroutines on one loop, verify on, no records; its
     default in-process path, one host connection) over each floor's (per connection, mux,
     and the work floor: mux plus the protocol's work, verify on), same m, delta 4, exp:0.01,
