@@ -586,13 +586,18 @@ async def _run_work(m: int, delays: np.ndarray, rounds: int, scheme: Any, task: 
     host = _WorkHost(m, delays, scheme, task, grads)
     _, host.conn = await loop.create_connection(
         lambda: _AuthMuxConn(host.on_frame, up, down, None, tags), "127.0.0.1", port)
-    await wps.all_connected.wait()
-    wps.start_round()
-    assert wps.mux is not None
-    wps.mux.flush()
-    await wps.done
-    server.close()
+    await _drive_mux(wps, server)
     return wps
+
+
+async def _drive_mux(ps: Any, server: asyncio.AbstractServer) -> None:
+    """Once the host is connected: the first round start, then every round until ``ps.done``."""
+    await ps.all_connected.wait()
+    ps.start_round()
+    assert ps.mux is not None
+    ps.mux.flush()
+    await ps.done
+    server.close()
 
 
 async def _run(m: int, delays: np.ndarray, trigger_reports: list[int], dim: int,
@@ -607,12 +612,7 @@ async def _run(m: int, delays: np.ndarray, trigger_reports: list[int], dim: int,
         host = _MuxHost(m, delays, payload_len)
         _, host.conn = await loop.create_connection(partial(_MuxConn, host.on_frame),
                                                     "127.0.0.1", port)
-        await mps.all_connected.wait()
-        mps.start_round()
-        assert mps.mux is not None
-        mps.mux.flush()
-        await mps.done
-        server.close()
+        await _drive_mux(mps, server)
         return mps.durations
     ps = _FloorPS(m, trigger_reports, dim)
     server = await loop.create_server(lambda: _PSConn(ps), "127.0.0.1", 0)

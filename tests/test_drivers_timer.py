@@ -166,6 +166,7 @@ def test_an_early_tolerant_timer_counts_a_wake_up_within_its_tolerance_as_the_de
     handle.cancelled = True
     handle.cb()
     assert fired == [9.9996]
+    assert timer.due_at == 10.0  # the firing counts as the deadline
     assert loop.live() == []
     timer.arm(20.0)
     (handle,) = loop.live()

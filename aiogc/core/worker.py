@@ -273,34 +273,19 @@ class Worker(WorkerRounds):
     def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
                          ) -> Polled:
         """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
-        # receive's body, inlined: this runs for every frame of every worker
-        if self.phase is _W_CLOSED:
-            self.stats["after_close"] += 1
-            return self.poll()
-        try:
-            self._receive(msg, now)
-        except RemoteProtocolError as exc:
-            self._fail(exc.code, exc.reason, now, send_error=True)
-        except Exception as exc:  # the worker must survive its own errors
-            self._internal_error(exc, now)
+        self.receive(peer, msg, now=now)
         return self.poll()
 
     def handle_timer_and_poll(self, *, now: float
                               ) -> Polled:
         """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
-        try:  # handle_timer's body, inlined (every chunk completion of every worker)
-            self._handle_timer(now)
-        except Exception as exc:
-            self._internal_error(exc, now)
+        self.handle_timer(now=now)
         return self.poll()
 
     def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
                       ) -> Polled:
         """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
-        try:  # chunks_done's body, inlined (every chunk completion of every worker)
-            self._chunks_done(rnd, first, grads, now)
-        except Exception as exc:
-            self._internal_error(exc, now)
+        self.chunks_done(rnd, first, grads, now=now)
         return self.poll()
 
     def work_failed(self, exc: Exception, *, now: float) -> None:

@@ -55,7 +55,7 @@ from aiogc.net.limits import (
     is_loopback,
     send_queue_cap,
 )
-from aiogc.net.loops import _clock, _Timer
+from aiogc.net.loops import _clock, _tick_bias, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
 from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
@@ -507,7 +507,9 @@ class WorkerClient:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._timer = _Timer(loop, self._on_timer)
+        # early-tolerant, as a worker host's scheduler: a chunk finishes within the loop's
+        # resolution of its deadline, early or late alike (aiogc.net.loops._Timer)
+        self._timer = _Timer(loop, self._on_loop_timer, early_s=_tick_bias(loop))
         last_ok = time.monotonic()
         try:
             while not self._shutdown:
@@ -593,6 +595,10 @@ class WorkerClient:
         self._conn = None
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+
+    def _on_loop_timer(self) -> None:
+        assert isinstance(self._timer, _Timer)
+        self._on_timer(self._timer.due_at)
 
     def _on_timer(self, now: float | None = None) -> None:
         """The loop timer (or a host's scheduler, with the time the wake-up counts as)."""

@@ -101,6 +101,8 @@ class _Timer:
         self._handle: asyncio.TimerHandle | None = None
         self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
         self._when: float | None = None  # the deadline the owner wants
+        #: the time the last firing counts as (the deadline, if the wake-up was early)
+        self.due_at = 0.0
 
     def arm(self, when: float | None) -> None:
         self._when = when
@@ -125,10 +127,12 @@ class _Timer:
         # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
         # rounds delays to whole milliseconds): sleep on. Never ask the core before its
         # deadline: it would only answer with the same deadline again
-        if when > _clock() + self._early:
+        now = _clock()
+        if when > now + self._early:
             self._set(when)
             return
         self._when = None
+        self.due_at = when if when > now else now
         self._fire()
 
     def cancel(self) -> None:
