@@ -341,7 +341,8 @@ def fidelity_report(replay: Mapping[str, Any], *, threshold: float, time_scale: 
         # evidence, not the verdict: at a large time scale a starved PS can still keep its
         # schedule; when it does not, the ratios above say so
         warnings.append(f"the PS process ran only {cpu['share_when_runnable']:.0%} of the "
-                        "time it was runnable (CPU starved: another load shares this machine)")
+                        "time it was runnable (CPU starved: other processes share its cores, "
+                        "this run's own worker processes or another load)")
     out: dict[str, Any] = {
         "verdict": "faithful" if not reasons else "unfaithful",
         "threshold": threshold,
