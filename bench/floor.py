@@ -135,6 +135,9 @@ class _FloorPS:
             self.done.set_result(None)
             return
         self.t0 = self.loop.time()
+        self._send_starts()
+
+    def _send_starts(self) -> None:
         for c in self.conns:
             c.send(START, self.model)
 
@@ -249,14 +252,7 @@ class _MuxPS(_FloorPS):
         self.mux = conn
         self.all_connected.set()
 
-    def start_round(self) -> None:
-        self.r += 1
-        self.reports = self.coded = 0
-        self.reported.clear()
-        if self.r >= len(self.trigger_reports):
-            self.done.set_result(None)
-            return
-        self.t0 = self.loop.time()
+    def _send_starts(self) -> None:
         assert self.mux is not None
         for j in range(self.m):
             self.mux.send(START, j, self.model)

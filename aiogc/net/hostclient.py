@@ -57,7 +57,7 @@ from aiogc.protocol.hostmux import (
     slot_prefix,
 )
 from aiogc.protocol.messages import Message
-from aiogc.protocol.tags import FrameAuth
+from aiogc.protocol.tags import SessionAuth
 from aiogc.protocol.wire import encode_frame
 from aiogc.training.setup import SetupCache, TaskPolicy
 
@@ -166,18 +166,17 @@ class _Slot:
     reopen: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
-class HostSlot:
+class HostSlot(SessionAuth):
     """One worker session on the host connection: the connection its WorkerClient sees."""
 
-    __slots__ = ("_host", "_prefix", "_st", "flush", "recv_auth", "send_auth", "slot")
+    __slots__ = ("_host", "_prefix", "_st", "flush", "slot")
 
     def __init__(self, host: HostClient, slot: int) -> None:
         self._host = host
         self.slot = slot
         self._st = host.slots[slot]  # the host's record of this slot (one per slot, for good)
         self._prefix = slot_prefix(slot)
-        self.send_auth: FrameAuth | None = None
-        self.recv_auth: FrameAuth | None = None
+        super().__init__()
         #: the host's flush itself (one write per read or wake-up), not a method calling it:
         #: a worker flushes after every pump that produced frames
         self.flush: Callable[[], None] = host.flush
@@ -196,16 +195,6 @@ class HostSlot:
 
     def abort(self) -> None:
         self.close()
-
-    def set_auth(self, *, send: bytes | None = None, recv: bytes | None = None) -> None:
-        if send is not None:
-            self.send_auth = FrameAuth(send)
-        if recv is not None:
-            self.recv_auth = FrameAuth(recv)
-
-    @property
-    def authenticated(self) -> bool:
-        return self.send_auth is not None
 
 
 class HostClient:

@@ -42,7 +42,7 @@ from aiogc.protocol.hostmux import (
     slot_prefix,
 )
 from aiogc.protocol.messages import Error, Message
-from aiogc.protocol.tags import FrameAuth
+from aiogc.protocol.tags import SessionAuth
 from aiogc.protocol.wire import encode_frame
 
 log = logging.getLogger("aiogc.net")
@@ -69,11 +69,11 @@ class _Server(Protocol):
                n: int) -> Any: ...
 
 
-class SlotEndpoint:
+class SlotEndpoint(SessionAuth):
     """One worker session on a host connection: a peer of the PS core."""
 
-    __slots__ = ("_auth_send", "_conn", "_link", "_prefix", "alloc", "closed", "limits", "peername",
-                 "recv_auth", "slot", "worker_id")
+    __slots__ = ("_conn", "_link", "_prefix", "alloc", "closed", "limits", "peername", "slot",
+                 "worker_id")
 
     def __init__(self, link: HostLink, slot: int, worker_id: int) -> None:
         self._link = link
@@ -81,8 +81,7 @@ class SlotEndpoint:
         self.slot = slot
         self.worker_id = worker_id
         self._prefix = slot_prefix(slot)
-        self._auth_send: FrameAuth | None = None
-        self.recv_auth: FrameAuth | None = None
+        super().__init__()
         self.limits: FrameLimits = PREAUTH_LIMITS
         #: the PS closed it (CLOSE sent): frames still in flight are decoded and dropped
         self.closed = False
@@ -101,7 +100,7 @@ class SlotEndpoint:
             return 0
         if parts is None:
             parts = encode_frame(msg)
-        return self._conn.queue_record(self._prefix, parts, self._auth_send)
+        return self._conn.queue_record(self._prefix, parts, self.send_auth)
 
     def flush(self) -> None:
         self._link.flush()
@@ -127,16 +126,6 @@ class SlotEndpoint:
 
     async def drain(self) -> None:
         await self._link.conn.drain()
-
-    def set_auth(self, *, send: bytes | None = None, recv: bytes | None = None) -> None:
-        if send is not None:
-            self._auth_send = FrameAuth(send)
-        if recv is not None:
-            self.recv_auth = FrameAuth(recv)
-
-    @property
-    def authenticated(self) -> bool:
-        return self._auth_send is not None
 
     def set_limits(self, limits: FrameLimits) -> None:
         self.limits = limits

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from aiogc.errors import LocalProtocolError
 
-__all__ = ["ONESHOT_BELOW", "TAG_BYTES", "FrameAuth"]
+__all__ = ["ONESHOT_BELOW", "TAG_BYTES", "FrameAuth", "SessionAuth"]
 
 #: Length of a frame tag (GCM's full 128-bit tag).
 TAG_BYTES: Final = 16
@@ -105,3 +105,27 @@ class FrameAuth:
                 enc.authenticate_additional_data(p)
         enc.finalize()
         return enc.tag
+
+
+class SessionAuth:
+    """The two directions' :class:`FrameAuth` of one worker session on a shared (host)
+    connection: what the PS's slot endpoint and the host's slot each hold per worker."""
+
+    __slots__ = ("recv_auth", "send_auth")
+
+    def __init__(self) -> None:
+        self.send_auth: FrameAuth | None = None
+        self.recv_auth: FrameAuth | None = None
+
+    def set_auth(self, *, send: bytes | None = None, recv: bytes | None = None) -> None:
+        """Tag frames sent with key ``send`` and/or verify frames received with ``recv``, from
+        the session's next frame on in that direction (sequence numbers from 0)."""
+        if send is not None:
+            self.send_auth = FrameAuth(send)
+        if recv is not None:
+            self.recv_auth = FrameAuth(recv)
+
+    @property
+    def authenticated(self) -> bool:
+        """True once frames sent are tagged."""
+        return self.send_auth is not None
