@@ -68,9 +68,11 @@ def test_worker_with_wrong_secret_exits_with_error(tmp_path: Path) -> None:
     good.write_bytes(b"g" * 32)
     bad = tmp_path / "bad"
     bad.write_bytes(b"b" * 32)
+    # --join-timeout only as a hang guard: the worker process may take seconds to start, and the
+    # PS is killed once the worker has exited
     ps = subprocess.Popen(
         [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "1", "--delta", "1",
-         "--rounds", "1", "--secret-file", str(good), "--join-timeout", "20"],
+         "--rounds", "1", "--secret-file", str(good), "--join-timeout", "600"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert ps.stderr is not None
