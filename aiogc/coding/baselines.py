@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from aiogc.coding import portable
 from aiogc.coding.assignments import (
     is_cyclic,
     is_fractional_repetition,
@@ -339,12 +340,13 @@ class OriginalScheme(_FixedCodeScheme):
         if s > 0:
             H[:, -1] = -H[:, :-1].sum(axis=1)
         E = np.zeros((m, m, 1))
-        for j in range(m):
-            supp = (j + np.arange(s + 1)) % m
-            row = np.ones(s + 1)
-            if s > 0:
-                row[1:] = np.linalg.solve(H[:, supp[1:]], -H[:, supp[0]])
-            E[j, supp, 0] = row
+        supp = (np.arange(m)[:, None] + np.arange(s + 1)) % m  # (m, s+1): worker j's chunks
+        rows = np.ones((m, s + 1))
+        if s > 0:
+            # portable: the PS and workers on other CPUs must get the bits the digest covers
+            mats = np.transpose(H[:, supp[:, 1:]], (1, 0, 2))  # (m, s, s)
+            rows[:, 1:] = portable.solve(mats, -H[:, supp[:, 0]].T)
+        E[np.arange(m)[:, None], supp, 0] = rows
         return E
 
     def _polynomial(self, alphas: np.ndarray | None) -> np.ndarray:
@@ -366,12 +368,13 @@ class OriginalScheme(_FixedCodeScheme):
             hold = np.flatnonzero(Av[i])
             # extra roots (only when chunk i has more than s+ell holders): its last holders
             roots = np.concatenate([non, hold[::-1][: deg - non.size]])
-            z = np.poly(a[roots]) if roots.size else np.ones(1)  # descending, z[0] = 1
+            z = portable.poly(a[roots])  # descending, z[0] = 1
             T = np.zeros((ell, ell))
             for v in range(ell):
                 for t in range(v + 1):
                     T[v, t] = z[v - t] if v - t < z.size else 0.0
-            Rcoef = np.linalg.solve(T, np.eye(ell))  # column u: r_iu, descending coefficients
+            # column u: r_iu, descending coefficients (T^-1, one column per system)
+            Rcoef = portable.solve(np.broadcast_to(T, (ell, ell, ell)), np.eye(ell)).T
             zv = np.polyval(z, a[hold])
             for u in range(ell):
                 E[hold, i, u] = zv * np.polyval(Rcoef[:, u], a[hold])

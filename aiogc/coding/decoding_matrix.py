@@ -17,6 +17,7 @@ from typing import Literal
 
 import numpy as np
 
+from aiogc.coding import portable
 from aiogc.coding.registry import SETUP_MEMORY_BUDGET, check_setup_budget, setup_bytes
 from aiogc.errors import CodingError
 
@@ -45,6 +46,12 @@ _SAMPLE_OVERDRAW = 2
 FRAME_SEARCH_BUDGET = 400_000
 #: Fewest colour subsets a frame candidate is scored on, however large ell.
 MIN_FRAME_SUBSETS = 500
+#: Relative margin by which the frame search compares condition numbers. The PS and every
+#: worker run the search on their own CPUs, whose SVDs differ in the last bits (~1e-15
+#: relative): a candidate wins only by more than this, and the worst subset is the first within
+#: it of the maximum, so every machine makes the same choices and draws the same ``B``.
+#: (Two scores within ~1e-15 of this margin's edge could still split machines: ~1e-6 a choice.)
+SCORE_MARGIN = 1e-9
 
 
 def subset_conditions(mats: np.ndarray) -> np.ndarray:
@@ -199,21 +206,21 @@ def _best_frame(ell: int, K: int, subs: np.ndarray, rng: np.random.Generator) ->
     best, best_s = None, np.inf
     for _ in range(n_cand):
         F = rng.standard_normal((ell, K))
-        F /= np.linalg.norm(F, axis=0)
+        F /= portable.column_norms(F)
         s = float(_frame_score(F, subs).max())
-        if s < best_s:
+        if s < best_s * (1 - SCORE_MARGIN):
             best, best_s = F, s
     assert best is not None
     step = 0.3
     for _ in range(n_climb):
         conds = _frame_score(best, subs)
-        worst = subs[int(np.argmax(conds))]
+        worst = subs[int(np.argmax(conds >= conds.max() * (1 - SCORE_MARGIN)))]
         F = best.copy()
         c = int(rng.choice(worst))
         F[:, c] += step * rng.standard_normal(ell)
-        F[:, c] /= np.linalg.norm(F[:, c])
+        F[:, c] /= portable.column_norms(F[:, c:c + 1])
         s = float(_frame_score(F, subs).max())
-        if s < best_s:
+        if s < best_s * (1 - SCORE_MARGIN):
             best, best_s = F, s
         else:
             step = max(step * 0.97, 0.01)
