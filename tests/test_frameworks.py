@@ -196,9 +196,13 @@ def test_options_parse() -> None:
 
 
 def _config(spec: str, **kw: Any) -> RunConfig:
+    # A framework's first calls compile (jit, optimizer state) and hold the one event loop that
+    # the PS and the in-process workers share; on a loaded machine that takes tens of seconds.
+    # These tests are about gradients and training, not liveness: every deadline is the hang
+    # guard, so none races a compile.
     base: dict[str, Any] = dict(workers=4, delta=2, n_parts=1, rounds=1, seed=5, task=spec,
-                                delay="exp:0.002", heartbeat_s=1.0, dead_after_s=10.0,
-                                join_timeout_s=60.0, round_timeout_s=60.0)
+                                delay="exp:0.002", heartbeat_s=1.0, dead_after_s=GUARD_S,
+                                join_timeout_s=GUARD_S, round_timeout_s=GUARD_S)
     base.update(kw)
     return RunConfig(**base)
 
