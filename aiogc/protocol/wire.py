@@ -75,15 +75,12 @@ import numpy as np
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.headers import (
-    _DECODERS,
-    _V,
     DEFAULT_LIMITS,
-    PREAMBLE_BYTES,
     PREFIX,
     PREFIX_BYTES,
     FrameLimits,
     encode_head,
-    parse_header,
+    parse_head,
 )
 from aiogc.protocol.messages import Message
 from aiogc.protocol.tags import ONESHOT_BELOW, TAG_BYTES, FrameAuth
@@ -351,11 +348,12 @@ class FrameDecoder:
                 if special is not None:  # a host decoder's preamble or control record
                     return special  # type: ignore[no-any-return]
                 avail = self._end - self._start
-            total = PREFIX_BYTES + self._hlen
-            if avail < total:
-                self._need = total - avail  # the next get_buffer makes room for the rest
+            start = self._start + PREFIX_BYTES
+            head = parse_head(self._buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
+            if type(head) is int:
+                self._need = head  # the next get_buffer makes room for the rest
                 return None
-            msg = self._read_header()
+            msg = self._read_header(*head)  # type: ignore[misc]
             if msg is not None or self._state == _BODY_STATE:
                 return msg
             # else a tag is awaited and not yet buffered (_TAG_STATE): loop to check
@@ -365,33 +363,28 @@ class FrameDecoder:
         returns its preamble or control records instead, see aiogc.protocol.hostmux)."""
         (h,) = PREFIX.unpack_from(self._buf, self._start)
         if h == 0:
-            raise MalformedFrame("zero-length header", code="empty_header")
-        if h > self.limits.max_header_bytes:
+            raise MalformedFrame("zero-length body", code="empty_header")
+        if h > self.limits.max_body_bytes:
             if h == HOST_MAGIC and self.accept_host and self.frames_decoded == 0:
                 raise HostPreamble(bytes(self._buf[self._start:self._end]))
-            raise FrameTooLarge(f"header of {h} bytes exceeds {self.limits.max_header_bytes}",
+            raise FrameTooLarge(f"body of {h} bytes exceeds {self.limits.max_body_bytes}",
                                 code="header_too_large")
         self._hlen = h
         self._state = _HEADER_STATE
         return None
 
-    def _read_header(self) -> Message | None:
-        """The whole prefix + header is buffered at ``_start``: validate it, then deliver the
-        message (no body, no tag), check its tag in place, or start its body / tag.
+    def _read_header(self, msg: Message, dtype: np.dtype | None, n: int,
+                     h: int) -> Message | None:
+        """The head of the frame at ``_start`` (its first ``h`` body bytes) is buffered and
+        validated as ``msg``: deliver the message (no payload, no tag), check its tag in
+        place, or start its payload / tag.
 
-        The common case, a whole small frame (prefix, header, body, tag) already buffered, is
-        done here in one go: the header parsed, the body copied once into its destination, the
-        tag verified in place over one slice of the read buffer; the rest goes through the
-        general state machine (:meth:`_begin_body`, :meth:`_tag_from_buffer`)."""
-        buf, start, h = self._buf, self._start, self._hlen
+        The common case, a whole small frame (prefix, body, tag) already buffered, is done
+        here in one go: the payload copied once into its destination, the tag verified in
+        place over one slice of the read buffer; the rest goes through the general state
+        machine (:meth:`_begin_body`, :meth:`_tag_from_buffer`)."""
+        buf, start = self._buf, self._start
         pos = start + PREFIX_BYTES
-        limits = self.limits
-        # parse_header's preamble checks, inlined; parse_header words every failure
-        decode = _DECODERS[buf[pos + 1]] if h >= PREAMBLE_BYTES and buf[pos] == _V else None
-        if decode is None:
-            parse_header(buf, pos, h, limits)
-            raise AssertionError("parse_header accepted a header refused here")  # unreachable
-        msg, dtype, n = decode(buf, pos, h, limits)
         end = pos + h
         auth = self.auth
         if dtype is None or n == 0:  # no body (an empty array keeps its (0,) placeholder)
