@@ -15,9 +15,10 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Final, Literal
 
+import msgpack
 import msgspec
 import numpy as np
 
@@ -25,6 +26,7 @@ from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.messages import (
     KINDS,
     MAX_BLOB,
+    MAX_ORDER_ENTRIES,
     MAX_TEXT,
     PROTOCOL_VERSION,
     Message,
@@ -169,37 +171,87 @@ def _head_constructor(cls: type[Message], names: tuple[str, ...]) -> Any:
     return ns["make"]
 
 
+class _ExtRejected(Exception):
+    pass
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise _ExtRejected(f"ext type {code} not allowed")
+
+
+# msgpack bounds of the error path's second look at a body (:func:`_decode_error`): each caps
+# one length the unpacker would otherwise trust from the peer
+#: Longest bin in a head: nonces, MACs and digests only (payloads are not decoded here).
+MAX_BIN_BYTES: Final = MAX_BLOB
+#: Longest msgpack array in a head: a round's ``orders``.
+MAX_ARRAY_LEN: Final = MAX_ORDER_ENTRIES
+#: Most keys in one msgpack map: welcome's config (64 entries) with room.
+MAX_MAP_LEN: Final = 128
+
+
+def _plain_msgpack(kind: str, raw: Any) -> Any:
+    """``raw`` decoded by msgpack-python under the protocol's msgpack rules (bounded lengths,
+    str map keys, no ext types, nothing after the value), or the MalformedFrame naming the
+    rule it breaks."""
+    try:
+        return msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext,
+            max_ext_len=0,  # also rejects the timestamp ext (-1), which bypasses ext_hook
+            max_str_len=MAX_STR_BYTES, max_bin_len=MAX_BIN_BYTES,
+            max_array_len=MAX_ARRAY_LEN, max_map_len=MAX_MAP_LEN)
+    except msgpack.ExtraData as exc:
+        raise MalformedFrame(f"{kind}: trailing bytes after the msgpack array",
+                             code="trailing_bytes") from exc
+    except _ExtRejected as exc:
+        raise MalformedFrame(f"{kind}: {exc}", code="ext_type") from exc
+    except Exception as exc:  # msgpack's whole error surface: ValueError, StackError, ...
+        if "max_ext_len" in str(exc):  # the ext bound tripped
+            raise MalformedFrame(f"{kind}: ext types are not allowed", code="ext_type") from exc
+        raise MalformedFrame(f"{kind}: {type(exc).__name__}: {str(exc)[:80]}",
+                             code="bad_msgpack") from exc
+
+
 def _decode_error(cls: type[Message], names: tuple[str, ...], exc: Exception,
                   raw: Any) -> MalformedFrame:
-    """The MalformedFrame for msgspec's error on a body (or head) of ``cls``."""
-    kind, text = cls.kind, str(exc)
-    if isinstance(exc, msgspec.DecodeError):
-        if "trailing" in text:
-            return MalformedFrame(f"{kind}: trailing bytes after the msgpack array",
-                                  code="trailing_bytes")
-        return MalformedFrame(f"{kind}: {text[:80]}", code="bad_msgpack")
-    if "`ext`" in text:
-        return MalformedFrame(f"{kind}: ext types are not allowed", code="ext_type")
-    match = _PATH.search(text)
-    if match is None:  # the array itself: its length
-        return MalformedFrame(f"{kind}: {text[:80]}; expected [version, kind, "
-                              f"{', '.join(names)}]", code="bad_schema")
-    i = int(match.group(1))
-    if i == 0:
-        return MalformedFrame(f"{kind}: {text[:80]}, expected version {_V}",
-                              code="bad_version")
-    if i == 1:
-        return MalformedFrame(f"{kind}: {text[:80]}", code="unknown_kind")
-    name = names[i - 2]
-    checker = WIRE_FIELDS[kind][i - 2][1]
-    try:  # word it as the checker does (the value is bounded: the body is)
-        values = msgspec.msgpack.decode(raw)
-        checker(kind, name, values[i])
+    """The MalformedFrame for msgspec's error on a body (or an array kind's head) of ``cls``:
+    the msgpack rule it breaks if any, else the field at fault worded by its checker, else
+    the field count. Error path only: the body is bounded, so is this second look."""
+    kind = cls.kind
+    try:
+        values = _plain_msgpack(kind, raw)
     except MalformedFrame as err:
         return err
-    except Exception:  # noqa: BLE001 - msgspec's own wording below
-        pass
+    if type(values) is not list or len(values) != len(names) + 2:
+        return MalformedFrame(f"{kind}: {len(values)} values, expected {len(names) + 2}: "
+                              f"[version, kind, {', '.join(names)}]", code="bad_schema")
+    if values[0] != _V:
+        return MalformedFrame(f"wire version {values[0]!r}, expected {_V}", code="bad_version")
+    for name, value, (_, checker) in zip(names, values[2:], WIRE_FIELDS[kind], strict=False):
+        if checker.wire is None:  # the payload: checked by the caller
+            continue
+        try:
+            checker(kind, name, value)
+        except MalformedFrame as err:
+            return err
+    text = str(exc)
+    match = _PATH.search(text)
+    name = names[int(match.group(1)) - 2] if match and int(match.group(1)) >= 2 else ""
     return MalformedFrame(f"{kind}.{name}: {text[:80]}", code="bad_field")
+
+
+def _numbers(fields: tuple[tuple[str, Any], ...]) -> Any:
+    """A getter of the number fields' values from the tuple of the head's values (every
+    number on the wire is >= 0: a negative one is a bug in the sender), or None."""
+    idx = [i for i, (_, c) in enumerate(fields) if c.tag in ("uint", "float")]
+    if not idx:
+        return None
+    return (lambda v: (v[idx[0]],)) if len(idx) == 1 else itemgetter(*idx)
+
+
+def _negative(msg: Message, names: tuple[str, ...], values: tuple[Any, ...]) -> Exception:
+    bad = [f"{n}={v!r}" for n, v in zip(names, values, strict=False)
+           if isinstance(v, int | float) and v < 0]
+    return LocalProtocolError(f"{msg.kind}: cannot encode {', '.join(bad)} (negative)")
 
 
 def _plain_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
@@ -216,9 +268,13 @@ def _plain_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
         tuple[(Literal[_V], Literal[code], *(c.wire for _, c in fields))])  # type: ignore[misc]
     decode_msgpack = dec.decode
     new = _head_constructor(cls, names)
+    numbers = _numbers(fields)
 
     def encode(msg: Message) -> tuple[bytes, None]:
-        body = encode_msgpack((*pre, get(msg)) if one else pre + get(msg))
+        values = (get(msg),) if one else get(msg)
+        if numbers and min(numbers(values)) < 0:
+            raise _negative(msg, names, values)
+        body = encode_msgpack(pre + values)
         return pack(len(body)) + body, None
 
     def decode(buf: bytearray, pos: int, avail: int, size: int,
@@ -231,7 +287,7 @@ def _plain_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
             raw = view[pos:pos + size]
             try:
                 return new(*decode_msgpack(raw)), None, 0, size
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except Exception as exc:  # msgspec's errors, UnicodeDecodeError, RecursionError, ...
                 raise _decode_error(cls, names, exc, raw) from None
             finally:
                 raw.release()
@@ -345,11 +401,16 @@ def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
     pack_prefix, pack_bin = PREFIX.pack, _BIN32.pack
     half = kind == "coded_gradient"
 
+    numbers = _numbers(fields)
+
     def encode(msg: Message) -> tuple[bytes, memoryview | None]:
+        values = get(msg)
+        if min(numbers(values)) < 0:
+            raise _negative(msg, head_names, values)
         dcode, nbytes, view = _array_parts(kind, getattr(msg, array_field))
         # the last value encodes as an empty bin8 (c4 00): its two bytes give way to the
         # payload's bin32 header
-        body = encode_msgpack((*pre, *get(msg), dcode, b""))
+        body = encode_msgpack((*pre, *values, dcode, b""))
         size = len(body) - 2 + PAYLOAD_HEAD_BYTES + nbytes
         if size > MAX_U32:
             raise LocalProtocolError(f"{kind}: body of {size} bytes exceeds u32")
@@ -385,8 +446,8 @@ def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
         raw = bytes([fixarray - 1]) + bytes(buf[pos + 1:p])
         try:
             values = decode_head(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise _decode_error(cls, names, exc, raw) from None
+        except Exception as exc:  # msgspec's errors, UnicodeDecodeError, RecursionError, ...
+            raise _decode_error(cls, names[:-1], exc, raw) from None
         dcode = values[-1]
         dtype = DTYPE_CODES[dcode]
         if dcode not in _FULL_DTYPES and not (half and limits.half_payloads):
@@ -419,7 +480,6 @@ def _codecs() -> tuple[dict[type, Encoder], list[Decoder | None]]:
 
 
 _ENCODERS, _DECODERS = _codecs()
-_FIXARRAYS: Final = frozenset(0x90 | (len(f) + 2) for f in WIRE_FIELDS.values())
 
 
 def parse_head(buf: bytearray, pos: int, avail: int, size: int,
@@ -432,16 +492,16 @@ def parse_head(buf: bytearray, pos: int, avail: int, size: int,
             raise MalformedFrame(f"body of {size} bytes: no kind", code="bad_header")
         return PREAMBLE_BYTES - avail
     b0, version, code = buf[pos], buf[pos + 1], buf[pos + 2]
-    if version != _V or b0 not in _FIXARRAYS:
-        if b0 < 0x80 and b0 != 0:
-            hint = f" (body starts with {b0}: a version {b0} frame?)"
-        elif 0x80 <= b0 <= 0x8F:
-            hint = " (a msgpack map: a version 1/2 frame?)"
-        else:
-            hint = ""
-        shown = version if b0 in _FIXARRAYS else f"byte 0x{b0:02x}"
-        raise MalformedFrame(f"wire version {shown}, expected a msgpack array starting "
-                             f"[{_V}, kind, ...]{hint}", code="bad_version")
+    if b0 & 0xF0 != 0x90:  # not a fixarray
+        if 1 <= b0 < _V or 0x80 <= b0 <= 0x8F:
+            hint = "a msgpack map: a version 1/2 frame?" if b0 >= 0x80 else \
+                f"byte {b0}: a version {b0} frame?"
+            raise MalformedFrame(f"body is not a version {_V} msgpack array ({hint})",
+                                 code="bad_version")
+        raise MalformedFrame(f"body starts with byte 0x{b0:02x}, not a msgpack array",
+                             code="bad_header")
+    if version != _V:
+        raise MalformedFrame(f"wire version {version}, expected {_V}", code="bad_version")
     decode = _DECODERS[code]
     if decode is None:
         raise MalformedFrame(f"unknown kind code {code}", code="unknown_kind")
