@@ -487,25 +487,32 @@ def parse_head(buf: bytearray, pos: int, avail: int, size: int,
     """Validate the body of ``size`` bytes at ``buf[pos:]`` (``avail`` of them buffered) as
     far as it must be before its payload: returns (message, dtype, n, head bytes), or the
     number of bytes still needed."""
-    if avail < PREAMBLE_BYTES:
+    if avail < PREAMBLE_BYTES or size < PREAMBLE_BYTES:
+        if avail and buf[pos] & 0xF0 != 0x90:
+            _not_an_array(buf[pos])
         if size < PREAMBLE_BYTES:
             raise MalformedFrame(f"body of {size} bytes: no kind", code="bad_header")
         return PREAMBLE_BYTES - avail
     b0, version, code = buf[pos], buf[pos + 1], buf[pos + 2]
-    if b0 & 0xF0 != 0x90:  # not a fixarray
-        if 1 <= b0 < _V or 0x80 <= b0 <= 0x8F:
-            hint = "a msgpack map: a version 1/2 frame?" if b0 >= 0x80 else \
-                f"byte {b0}: a version {b0} frame?"
-            raise MalformedFrame(f"body is not a version {_V} msgpack array ({hint})",
-                                 code="bad_version")
-        raise MalformedFrame(f"body starts with byte 0x{b0:02x}, not a msgpack array",
-                             code="bad_header")
+    if b0 & 0xF0 != 0x90:
+        _not_an_array(b0)
     if version != _V:
         raise MalformedFrame(f"wire version {version}, expected {_V}", code="bad_version")
     decode = _DECODERS[code]
     if decode is None:
         raise MalformedFrame(f"unknown kind code {code}", code="unknown_kind")
     return decode(buf, pos, avail, size, limits)
+
+
+def _not_an_array(b0: int) -> None:
+    """Raise the error for a body whose first byte ``b0`` does not start a fixarray."""
+    if 1 <= b0 < _V or 0x80 <= b0 <= 0x8F:
+        hint = "a msgpack map: a version 1/2 frame?" if b0 >= 0x80 else \
+            f"byte {b0}: a version {b0} frame?"
+        raise MalformedFrame(f"body is not a version {_V} msgpack array ({hint})",
+                             code="bad_version")
+    raise MalformedFrame(f"body starts with byte 0x{b0:02x}, not a msgpack array",
+                         code="bad_header")
 
 
 # ------------------------------------------------------------------------------- encoding
