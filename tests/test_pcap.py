@@ -117,6 +117,14 @@ def test_writer_builds_valid_tcp_flows(tmp_path: Path) -> None:
     assert payloads[(7000, 50002)] == b"x"
 
 
+def test_dissector_is_generated_from_the_field_table() -> None:
+    """tools/aiogc.lua is exactly what the generator writes from the codec's table."""
+    from aiogc.protocol.dissector import render
+
+    assert LUA.read_text(encoding="utf-8") == render(), \
+        "tools/aiogc.lua is stale: python -m aiogc.protocol.dissector tools/aiogc.lua"
+
+
 def _tshark() -> str:
     path = shutil.which("tshark")
     if path:
