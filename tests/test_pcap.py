@@ -586,3 +586,102 @@ def test_standalone_ps_capture(tmp_path: Path) -> None:
     assert any(i.startswith("w2 hello(") for i in infos)  # the host's records
     assert any(i.startswith("hello(") and "worker=3" in i for i in infos)  # the plain one
     assert _malformed(pcap) == []
+
+
+# ---------------------------------------------------------------------------- plain msgpack
+
+
+#: what a field of each msgpack form decodes to with plain ``msgpack.unpackb`` (§2.1)
+_PLAIN_TYPES: dict[str, Any] = {"uint": int, "float": float, "str": str, "bin": bytes,
+                                "uint_array": list, "float_array": list, "map": dict,
+                                "dtype": int, "payload": bytes}
+
+
+def _plain_frames(data: bytes, secret: bool) -> list[tuple[int | None, str, dict[str, Any]]]:
+    """One direction of a captured connection split by docs/protocol.md alone (§2.1 frames,
+    §2.5 which frames carry a tag, §2.6 a host connection's preamble and records), each
+    frame's body decoded by plain ``msgpack.unpackb`` (no options) into its documented
+    fields: ``(slot or None, kind, {field: value})``; a host connection's preambles and
+    control records as ``(None, "preamble" / "control", {...})``."""
+    import msgpack
+
+    from aiogc.protocol.headers import WIRE_FIELDS
+
+    names = {code: kind for kind, code in KIND_CODES.items()}
+    from_ps = data[:4] != b"AGCH"
+    out: list[tuple[int | None, str, dict[str, Any]]] = []
+    host, pos = False, 0
+    tagged: set[int | None] = set()  # sessions whose frames carry a tag from now on
+    while pos < len(data):
+        if not host and data[pos:pos + 4] == b"AGCH":
+            _, version, role, first, count = struct.unpack_from(">IBBIH", data, pos)
+            out.append((None, "preamble", {"version": version, "role": role, "first": first,
+                                           "count": count}))
+            host, pos = True, pos + 12
+            continue
+        slot = None
+        if host:
+            (slot,) = struct.unpack_from(">H", data, pos)
+            if slot == 0xFFFF:
+                op, arg = struct.unpack_from(">HH", data, pos + 2)
+                out.append((None, "control", {"op": op, "slot": arg}))
+                pos += 6
+                continue
+            pos += 2
+        (size,) = struct.unpack_from(">I", data, pos)
+        obj = msgpack.unpackb(data[pos + 4:pos + 4 + size])  # the whole body, payload included
+        pos += 4 + size
+        assert type(obj) is list and obj[0] == 5, obj[:2]
+        kind = names[obj[1]]
+        fields = WIRE_FIELDS[kind]
+        assert len(obj) == len(fields) + 2, (kind, len(obj))
+        values = dict(zip((n for n, _ in fields), obj[2:], strict=True))
+        for (name, checker), v in zip(fields, obj[2:], strict=True):
+            assert isinstance(v, _PLAIN_TYPES[checker.tag]), (kind, name, v)
+        if slot != HOST_SLOT and slot in tagged:
+            pos += 16
+        if kind in ("challenge", "hello", "welcome"):
+            tagged.discard(slot)  # a new session's handshake
+            if secret and kind == ("welcome" if from_ps else "hello"):
+                tagged.add(slot)
+        out.append((slot, kind, values))
+    assert pos == len(data)
+    return out
+
+
+def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
+    """A real run (worker hosts and plain sessions' frames, every live scheme, a secret:
+    tagged frames; chunks slower than the heartbeat: pings and pongs) captured with --pcap:
+    every frame's body is one msgpack object that plain ``msgpack.unpackb`` returns whole,
+    as the documented positional fields, payloads included; the frames are those the PS
+    recorded in events.jsonl."""
+    from aiogc.config import RunConfig
+    from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
+    from aiogc.protocol.headers import DTYPE_CODES
+
+    schemes = ["partial", "original", "uncoded", "ignore-stragglers"]
+    cfg = RunConfig(workers=4, delta=2, rounds=2, seed=1, task="linreg:samples=200,dim=8",
+                    delay="const:0.12", heartbeat_s=0.03)
+    pcap = tmp_path / "plain.pcap"
+    run_live(cfg, schemes, RunOptions(mode="coroutines", out_dir=tmp_path / "run", plots=False,
+                                      loop="asyncio", pcap=pcap, worker_hosts=2))
+    seen: collections.Counter[str] = collections.Counter()
+    from_ps: collections.Counter[str] = collections.Counter()
+    for (sport, _), data in _streams(pcap).items():
+        frames = _plain_frames(data, secret=True)
+        for _slot, kind, values in frames:
+            seen[kind] += 1
+            if data[:4] != b"AGCH" and kind not in ("preamble", "control"):
+                from_ps[kind] += 1
+            if "payload" in values or "model" in values:
+                arr = values.get("payload", values.get("model"))
+                dtype = DTYPE_CODES[values["dtype"]]
+                assert len(arr) % dtype.itemsize == 0
+                assert np.isfinite(np.frombuffer(arr, dtype)).all()
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "ping", "pong", "shutdown",
+            "preamble", "control"} <= set(seen), seen
+    events = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
+              if e["direction"] == "out"]
+    assert from_ps == collections.Counter(e["kind"] for e in events)
