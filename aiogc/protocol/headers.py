@@ -163,11 +163,14 @@ _PATH: Final = re.compile(r"at `\$\[(\d+)\]")
 
 
 def _head_constructor(cls: type[Message], names: tuple[str, ...]) -> Any:
-    """``make(version, kind, *fields)``: the message from a decoded tuple, unvalidated."""
-    inner = slot_constructor(cls, names)
+    """``make(version, kind, *fields)``: the message from a decoded tuple, unvalidated (the
+    first two arguments are ignored; as :func:`~aiogc.protocol.messages.slot_constructor`)."""
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for i, name in enumerate(names):
+        ns[f"_s{i}"] = getattr(cls, name).__set__  # the slot's member descriptor
     args = ", ".join(f"a{i}" for i in range(len(names)))
-    ns: dict[str, Any] = {"_inner": inner}
-    exec(f"def make(_v, _k, {args}):\n    return _inner({args})\n", ns)
+    body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
+    exec(f"def make(_v, _k, {args}):\n    o = _new(_cls)\n{body}    return o\n", ns)
     return ns["make"]
 
 
@@ -283,14 +286,11 @@ def _plain_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
             raise _too_large(kind, size, limits)
         if avail < size:
             return size - avail
-        with memoryview(buf) as view:
-            raw = view[pos:pos + size]
-            try:
-                return new(*decode_msgpack(raw)), None, 0, size
-            except Exception as exc:  # msgspec's errors, UnicodeDecodeError, RecursionError, ...
-                raise _decode_error(cls, names, exc, raw) from None
-            finally:
-                raw.release()
+        raw = buf[pos:pos + size]  # a copy of a small body: no view of the buffer outlives
+        try:
+            return new(*decode_msgpack(raw)), None, 0, size
+        except Exception as exc:  # msgspec's errors, UnicodeDecodeError, RecursionError, ...
+            raise _decode_error(cls, names, exc, raw) from None
 
     return encode, decode
 
@@ -396,7 +396,12 @@ def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
         tuple[(Literal[_V], Literal[code],  # type: ignore[misc]
                *(c.wire for _, c in fields[:-1]))])
     decode_head = dec.decode
+    # the whole body at once, its payload a view of the buffer (when it is all buffered)
+    decode_whole = msgspec.msgpack.Decoder(
+        tuple[(Literal[_V], Literal[code],  # type: ignore[misc]
+               *(c.wire for _, c in fields[:-1]), memoryview)]).decode
     new = _head_constructor(cls, (*head_names, array_field))
+    full = _FULL_DTYPES
     encode_msgpack = _ENC.encode
     pack_prefix, pack_bin = PREFIX.pack, _BIN32.pack
     half = kind == "coded_gradient"
@@ -423,6 +428,23 @@ def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
         if buf[pos] != fixarray:
             raise MalformedFrame(f"{kind}: a fixarray of {len(names) + 2} values expected, "
                                  f"got byte 0x{buf[pos]:02x}", code="bad_schema")
+        if avail >= size:  # all buffered: one typed decode, no scan (the common case)
+            with memoryview(buf) as view, view[pos:pos + size] as raw:
+                try:
+                    values = decode_whole(raw)
+                except Exception:  # noqa: BLE001 - the scan below words the error
+                    values = None
+                else:
+                    nbytes = len(values[-1])
+                    values[-1].release()
+            if values is not None:
+                dtype = full.get(values[-2])
+                if (dtype is not None and nbytes <= limits.max_array_bytes
+                        and size - nbytes <= limits.max_header_bytes):
+                    n, rest = divmod(nbytes, dtype.itemsize)
+                    if not rest:
+                        return (new(*values[:-2], np.empty(0, dtype) if n == 0 else None),
+                                dtype, n, size - nbytes)
         got = min(avail, size)
         p = _skip(kind, buf, pos + PREAMBLE_BYTES, pos + got, nhead)
         head = -1

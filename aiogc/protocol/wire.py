@@ -75,7 +75,10 @@ import numpy as np
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.headers import (
+    _DECODERS,
+    _V,
     DEFAULT_LIMITS,
+    PREAMBLE_BYTES,
     PREFIX,
     PREFIX_BYTES,
     FrameLimits,
@@ -348,8 +351,13 @@ class FrameDecoder:
                 if special is not None:  # a host decoder's preamble or control record
                     return special  # type: ignore[no-any-return]
                 avail = self._end - self._start
-            start = self._start + PREFIX_BYTES
-            head = parse_head(self._buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
+            buf, start = self._buf, self._start + PREFIX_BYTES
+            # parse_head's dispatch, inlined for a well-formed start; it words every failure
+            if avail >= PREFIX_BYTES + PREAMBLE_BYTES and buf[start] & 0xF0 == 0x90 \
+                    and buf[start + 1] == _V and (decode := _DECODERS[buf[start + 2]]):
+                head = decode(buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
+            else:
+                head = parse_head(buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
             if type(head) is int:
                 self._need = head  # the next get_buffer makes room for the rest
                 return None
