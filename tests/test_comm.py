@@ -176,8 +176,8 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     (--dim's cap) and 8 MB/s, so a full vector (8_000_035 B) takes 1.000004375 s, half of one
     0.500004375 s and a report 3.5 us: partial ell=1 ends 1.0000035 + 1.000004375,
     stream-chunks 1 + 1.000004375; on a shared 8 MB/s ingress partial ell=2 ends
-    2 + 4 x 3.5e-6 + 4 x 0.500004375 = 4.0000315. (const delays: the CLI warns about ties, harmless here since every
-    tied state decodes the same.)"""
+    2 + 4 x 3.5e-6 + 4 x 0.500004375 = 4.0000315. (const delays: the CLI warns about ties,
+    harmless here since every tied state decodes the same.)"""
     import json
     import warnings
 

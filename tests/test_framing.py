@@ -264,8 +264,8 @@ def _report_header(drop: int = 0, **over: Any) -> bytes:
     """A chunk_report frame from raw wire values (any value msgpack carries), its last
     ``drop`` values left out."""
     values = {"epoch": 0, "round": 1, "count": 1, "t_worker": 0.5, "elapsed_s": 0.25, **over}
-    body = msgpack.packb([PROTOCOL_VERSION, KIND_CODES["chunk_report"],
-                          *list(values.values())[:len(values) - drop]])
+    body: bytes = msgpack.packb([PROTOCOL_VERSION, KIND_CODES["chunk_report"],
+                                 *list(values.values())[:len(values) - drop]])
     return struct.pack(">I", len(body)) + body
 
 

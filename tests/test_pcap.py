@@ -668,14 +668,14 @@ def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
                                       loop="asyncio", pcap=pcap, worker_hosts=2))
     seen: collections.Counter[str] = collections.Counter()
     from_ps: collections.Counter[str] = collections.Counter()
-    for (sport, _), data in _streams(pcap).items():
+    for data in _streams(pcap).values():
         frames = _plain_frames(data, secret=True)
         for _slot, kind, values in frames:
             seen[kind] += 1
             if data[:4] != b"AGCH" and kind not in ("preamble", "control"):
                 from_ps[kind] += 1
             if "payload" in values or "model" in values:
-                arr = values.get("payload", values.get("model"))
+                arr = values["payload"] if "payload" in values else values["model"]
                 dtype = DTYPE_CODES[values["dtype"]]
                 assert len(arr) % dtype.itemsize == 0
                 assert np.isfinite(np.frombuffer(arr, dtype)).all()

@@ -119,8 +119,9 @@ def mp_frame(kind: str, obj: Any = None, body: bytes = b"", *, packed: bytes | N
     field) or the pre-packed bytes ``packed`` (the array header counts the kind's fields)."""
     if packed is None:
         values = obj if isinstance(obj, list) else [obj]
-        return raw_frame(msgpack.packb([version, KIND_CODES[kind], *values], use_bin_type=True),
-                         body)
+        packed_values: bytes = msgpack.packb([version, KIND_CODES[kind], *values],
+                                              use_bin_type=True)
+        return raw_frame(packed_values, body)
     count = len(WIRE_FIELDS[kind]) + 2
     return raw_frame(bytes([0x90 | count, version, KIND_CODES[kind]]) + packed, body)
 
@@ -130,7 +131,8 @@ def head_of(kind: str, values: dict[str, Any]) -> bytes:
     in range or not): ``values`` names every field before the payload (an array kind's
     ``dtype`` code included); an array kind's head ends with a bin32 of ``values["nbytes"]``."""
     names = [n for n, c in WIRE_FIELDS[kind] if c.tag != "payload"]
-    head = msgpack.packb([V, KIND_CODES[kind], *(values[n] for n in names)], use_bin_type=True)
+    head: bytes = msgpack.packb([V, KIND_CODES[kind], *(values[n] for n in names)],
+                                use_bin_type=True)
     if len(names) == len(WIRE_FIELDS[kind]):
         return head
     return bytes([head[0] + 1]) + head[1:] + struct.pack(">BI", 0xC6, values["nbytes"])

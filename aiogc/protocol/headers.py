@@ -31,7 +31,6 @@ from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Message,
     _wire,
-    slot_constructor,
 )
 
 __all__ = [
@@ -130,7 +129,8 @@ def _dtype_code(kind: str, name: str, v: object) -> int:
     return v
 
 
-_wire(_dtype_code, Literal[tuple(DTYPE_CODES)], "dtype")  # type: ignore[misc]
+_LITERAL: Any = Literal
+_wire(_dtype_code, _LITERAL[tuple(DTYPE_CODES)], "dtype")
 
 
 def _wire_fields(cls: type[Message]) -> tuple[tuple[str, Any], ...]:
@@ -267,8 +267,7 @@ def _plain_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
     one = len(names) == 1
     encode_msgpack = _ENC.encode
     pack = PREFIX.pack
-    dec = msgspec.msgpack.Decoder(
-        tuple[(Literal[_V], Literal[code], *(c.wire for _, c in fields))])  # type: ignore[misc]
+    dec = msgspec.msgpack.Decoder(_body_type(code, (c.wire for _, c in fields)))
     decode_msgpack = dec.decode
     new = _head_constructor(cls, names)
     numbers = _numbers(fields)
@@ -380,115 +379,144 @@ def _skip(kind: str, buf: bytearray, p: int, end: int, count: int) -> int:
     return p
 
 
-def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
+def _head_end(kind: str, array_field: str, buf: bytearray, pos: int, avail: int, size: int,
+              limits: FrameLimits, nhead: int) -> int:
+    """Offset of the payload's bin header in the body at ``buf[pos:]`` (``avail`` bytes
+    buffered), once the head up to and including it is buffered; else minus the number of
+    bytes to wait for."""
+    got = min(avail, size)
+    p = _skip(kind, buf, pos + PREAMBLE_BYTES, pos + got, nhead)
+    head = -1
+    if 0 <= p < pos + got:
+        lens = _BIN_LEN.get(buf[p])
+        if lens is None:
+            raise MalformedFrame(f"{kind}.{array_field}: expected a msgpack bin, got "
+                                 f"byte 0x{buf[p]:02x}", code="bad_schema")
+        head = p + 1 + lens - pos
+    if not 0 <= head <= got:  # the head is not all buffered yet
+        if got >= size:
+            raise MalformedFrame(f"{kind}: the values before the payload run past the "
+                                 f"body's {size} bytes", code="bad_schema")
+        if got >= limits.max_header_bytes:
+            raise _too_large(kind, got, limits)
+        # geometric: a long head is rescanned O(log) times
+        return -min(size - avail, max(avail, 64), max(limits.max_header_bytes - avail, 1))
+    if head > limits.max_header_bytes:
+        raise _too_large(kind, head, limits)
+    return p
+
+
+def _payload_shape(kind: str, array_field: str, dcode: int, nbytes: int, head: int, size: int,
+                   limits: FrameLimits) -> tuple[np.dtype, int]:
+    """(dtype, element count) of a payload of ``nbytes`` after a head of ``head`` bytes in a
+    body of ``size``, checked against the limits."""
+    dtype = DTYPE_CODES[dcode]
+    if dcode not in _FULL_DTYPES and not (kind == "coded_gradient" and limits.half_payloads):
+        raise MalformedFrame(f"{kind}.{DTYPE_FIELD}={dcode}: expected 4 (<f4) or 8 (<f8)",
+                             code="bad_dtype")
+    if nbytes > limits.max_array_bytes:
+        raise FrameTooLarge(f"{kind}: array of {nbytes} bytes exceeds "
+                            f"{limits.max_array_bytes}", code="array_too_large")
+    if head + nbytes != size:
+        raise MalformedFrame(f"{kind}: head of {head} bytes and a payload of {nbytes} "
+                             f"bytes, in a body of {size}", code="bad_schema")
+    n, rest = divmod(nbytes, dtype.itemsize)
+    if rest:
+        raise MalformedFrame(f"{kind}.{array_field}: {nbytes} bytes is not a whole "
+                             f"number of {dtype.str} values", code="bad_schema")
+    return dtype, n
+
+
+class _ArrayCodec:
     """An array kind: the head (everything before the payload bin) is decoded as soon as it
     is buffered; the payload's bytes go to their destination."""
-    kind, code = cls.kind, cls.kind_code
-    fields = WIRE_FIELDS[kind]
-    names = tuple(n for n, _ in fields)
-    array_field = names[-1]
-    head_names = names[:-2]  # without the dtype code and the payload
-    nhead = len(names) - 1  # values between the kind code and the payload
-    get = attrgetter(*head_names)
-    pre = (_V, code)
-    fixarray = 0x90 | (len(names) + 2)
-    dec = msgspec.msgpack.Decoder(
-        tuple[(Literal[_V], Literal[code],  # type: ignore[misc]
-               *(c.wire for _, c in fields[:-1]))])
-    decode_head = dec.decode
-    # the whole body at once, its payload a view of the buffer (when it is all buffered)
-    decode_whole = msgspec.msgpack.Decoder(
-        tuple[(Literal[_V], Literal[code],  # type: ignore[misc]
-               *(c.wire for _, c in fields[:-1]), memoryview)]).decode
-    new = _head_constructor(cls, (*head_names, array_field))
-    full = _FULL_DTYPES
-    encode_msgpack = _ENC.encode
-    pack_prefix, pack_bin = PREFIX.pack, _BIN32.pack
-    half = kind == "coded_gradient"
 
-    numbers = _numbers(fields)
+    def __init__(self, cls: type[Message]) -> None:
+        self.cls, self.kind = cls, cls.kind
+        fields = WIRE_FIELDS[cls.kind]
+        self.names = tuple(n for n, _ in fields)
+        self.array_field = self.names[-1]
+        self.head_names = self.names[:-2]  # without the dtype code and the payload
+        self.nhead = len(self.names) - 1  # values between the kind code and the payload
+        self.get = attrgetter(*self.head_names)
+        self.pre = (_V, cls.kind_code)
+        self.fixarray = 0x90 | (len(self.names) + 2)
+        self.decode_head = msgspec.msgpack.Decoder(
+            _body_type(cls.kind_code, (c.wire for _, c in fields[:-1]))).decode
+        # the whole body at once, its payload a view of the buffer (when it is all buffered)
+        self.decode_whole = msgspec.msgpack.Decoder(
+            _body_type(cls.kind_code, (*(c.wire for _, c in fields[:-1]), memoryview))).decode
+        self.new = _head_constructor(cls, (*self.head_names, self.array_field))
+        self.numbers = _numbers(fields)
 
-    def encode(msg: Message) -> tuple[bytes, memoryview | None]:
-        values = get(msg)
-        if min(numbers(values)) < 0:
-            raise _negative(msg, head_names, values)
-        dcode, nbytes, view = _array_parts(kind, getattr(msg, array_field))
+    def encode(self, msg: Message) -> tuple[bytes, memoryview | None]:
+        values = self.get(msg)
+        if min(self.numbers(values)) < 0:
+            raise _negative(msg, self.head_names, values)
+        dcode, nbytes, view = _array_parts(self.kind, getattr(msg, self.array_field))
         # the last value encodes as an empty bin8 (c4 00): its two bytes give way to the
         # payload's bin32 header
-        body = encode_msgpack((*pre, *values, dcode, b""))
+        body = _ENC.encode((*self.pre, *values, dcode, b""))
         size = len(body) - 2 + PAYLOAD_HEAD_BYTES + nbytes
         if size > MAX_U32:
-            raise LocalProtocolError(f"{kind}: body of {size} bytes exceeds u32")
-        return pack_prefix(size) + body[:-2] + pack_bin(0xC6, nbytes), view
+            raise LocalProtocolError(f"{self.kind}: body of {size} bytes exceeds u32")
+        return PREFIX.pack(size) + body[:-2] + _BIN32.pack(0xC6, nbytes), view
 
-    def decode(buf: bytearray, pos: int, avail: int, size: int,
+    def whole(self, buf: bytearray, pos: int, size: int, limits: FrameLimits) -> Decoded | None:
+        """The body, all buffered, in one typed decode (its payload a view, released);
+        None: not a plainly valid body (the scan words any error)."""
+        with memoryview(buf) as view, view[pos:pos + size] as raw:
+            try:
+                values = self.decode_whole(raw)
+            except Exception:  # the scan words the error
+                return None
+            nbytes = len(values[-1])
+            values[-1].release()
+        dtype = _FULL_DTYPES.get(values[-2])
+        if (dtype is None or nbytes > limits.max_array_bytes
+                or size - nbytes > limits.max_header_bytes or nbytes % dtype.itemsize):
+            return None
+        n = nbytes // dtype.itemsize
+        msg = self.new(*values[:-2], np.empty(0, dtype) if n == 0 else None)
+        return msg, dtype, n, size - nbytes
+
+    def decode(self, buf: bytearray, pos: int, avail: int, size: int,
                limits: FrameLimits) -> Decoded | int:
+        kind = self.kind
         if limits.max_array_bytes == 0:
             raise _no_arrays(kind)
-        if buf[pos] != fixarray:
-            raise MalformedFrame(f"{kind}: a fixarray of {len(names) + 2} values expected, "
+        if buf[pos] != self.fixarray:
+            raise MalformedFrame(f"{kind}: a fixarray of {len(self.names) + 2} values expected, "
                                  f"got byte 0x{buf[pos]:02x}", code="bad_schema")
         if avail >= size:  # all buffered: one typed decode, no scan (the common case)
-            with memoryview(buf) as view, view[pos:pos + size] as raw:
-                try:
-                    values = decode_whole(raw)
-                except Exception:  # noqa: BLE001 - the scan below words the error
-                    values = None
-                else:
-                    nbytes = len(values[-1])
-                    values[-1].release()
-            if values is not None:
-                dtype = full.get(values[-2])
-                if (dtype is not None and nbytes <= limits.max_array_bytes
-                        and size - nbytes <= limits.max_header_bytes):
-                    n, rest = divmod(nbytes, dtype.itemsize)
-                    if not rest:
-                        return (new(*values[:-2], np.empty(0, dtype) if n == 0 else None),
-                                dtype, n, size - nbytes)
-        got = min(avail, size)
-        p = _skip(kind, buf, pos + PREAMBLE_BYTES, pos + got, nhead)
-        head = -1
-        if 0 <= p < pos + got:
-            lens = _BIN_LEN.get(buf[p])
-            if lens is None:
-                raise MalformedFrame(f"{kind}.{array_field}: expected a msgpack bin, got "
-                                     f"byte 0x{buf[p]:02x}", code="bad_schema")
-            head = p + 1 + lens - pos
-        if not 0 <= head <= got:  # the head is not all buffered yet
-            if got >= size:
-                raise MalformedFrame(f"{kind}: the values before the payload run past the "
-                                     f"body's {size} bytes", code="bad_schema")
-            if got >= limits.max_header_bytes:
-                raise _too_large(kind, got, limits)
-            # geometric: a long head is rescanned O(log) times
-            return min(size - avail, max(avail, 64), max(limits.max_header_bytes - avail, 1))
-        if head > limits.max_header_bytes:
-            raise _too_large(kind, head, limits)
+            done = self.whole(buf, pos, size, limits)
+            if done is not None:
+                return done
+        p = _head_end(kind, self.array_field, buf, pos, avail, size, limits, self.nhead)
+        if p < 0:
+            return -p
+        lens = _BIN_LEN[buf[p]]
+        head = p + 1 + lens - pos
         nbytes = _UNSIGNED[lens].unpack_from(buf, p + 1)[0]
-        raw = bytes([fixarray - 1]) + bytes(buf[pos + 1:p])
+        raw = bytes([self.fixarray - 1]) + bytes(buf[pos + 1:p])
         try:
-            values = decode_head(raw)
+            values = self.decode_head(raw)
         except Exception as exc:  # msgspec's errors, UnicodeDecodeError, RecursionError, ...
-            raise _decode_error(cls, names[:-1], exc, raw) from None
-        dcode = values[-1]
-        dtype = DTYPE_CODES[dcode]
-        if dcode not in _FULL_DTYPES and not (half and limits.half_payloads):
-            raise MalformedFrame(f"{kind}.{DTYPE_FIELD}={dcode}: expected 4 (<f4) or 8 (<f8)",
-                                 code="bad_dtype")
-        if nbytes > limits.max_array_bytes:
-            raise FrameTooLarge(f"{kind}: array of {nbytes} bytes exceeds "
-                                f"{limits.max_array_bytes}", code="array_too_large")
-        if head + nbytes != size:
-            raise MalformedFrame(f"{kind}: head of {head} bytes and a payload of {nbytes} "
-                                 f"bytes, in a body of {size}", code="bad_schema")
-        n, rest = divmod(nbytes, dtype.itemsize)
-        if rest:
-            raise MalformedFrame(f"{kind}.{array_field}: {nbytes} bytes is not a whole "
-                                 f"number of {dtype.str} values", code="bad_schema")
-        msg = new(*values[:-1], np.empty(0, dtype) if n == 0 else None)
-        return msg, dtype, n, head
+            raise _decode_error(self.cls, self.names[:-1], exc, raw) from None
+        dtype, n = _payload_shape(kind, self.array_field, values[-1], nbytes, head, size, limits)
+        return self.new(*values[:-1], np.empty(0, dtype) if n == 0 else None), dtype, n, head
 
-    return encode, decode
+
+def _body_type(code: int, types: Any) -> Any:
+    """The msgspec type of a body ``[PROTOCOL_VERSION, code, *types]``."""
+    literal: Any = Literal
+    fixed: Any = tuple
+    return fixed[(literal[_V], literal[code], *types)]
+
+
+def _array_codec(cls: type[Message]) -> tuple[Encoder, Decoder]:
+    codec = _ArrayCodec(cls)
+    return codec.encode, codec.decode
 
 
 def _codecs() -> tuple[dict[type, Encoder], list[Decoder | None]]:

@@ -24,7 +24,7 @@ import math
 import struct
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, ClassVar, Final, Union
+from typing import Annotated, Any, ClassVar, Final
 
 import msgspec
 import numpy as np
@@ -196,7 +196,7 @@ def _config(kind: str, name: str, v: object) -> dict[str, Any]:
 
 _wire(_config, Annotated[
     dict[Annotated[str, msgspec.Meta(max_length=64)],
-         Union[int, float, Annotated[str, msgspec.Meta(max_length=MAX_TEXT)], bool, None]],
+         int | float | Annotated[str, msgspec.Meta(max_length=MAX_TEXT)] | bool | None],
     msgspec.Meta(max_length=MAX_CONFIG_ENTRIES)], "map")
 
 

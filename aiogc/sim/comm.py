@@ -27,8 +27,8 @@ Timing model (the same in the fast path and, for the per-worker links, the proto
   a packetised pipeline (1 % at ``worker=10MB/s,ps=1GB/s``).
 * frames are counted with their real size on the wire (:class:`FrameBytes`, measured with the
   wire codec :func:`~aiogc.protocol.wire.encode_frame` on representative messages: a frame's
-  head does not grow with its payload); without frame authentication (the simulators run none; a live
-  authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
+  head does not grow with its payload); without frame authentication (the simulators run none;
+  a live authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
 
 Links carry from round to round, as live and in the protocol engine: for partial and
 uncoded nothing is in flight when the PS starts the next round, but in the other
