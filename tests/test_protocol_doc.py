@@ -170,7 +170,53 @@ def tag_vectors() -> str:
     ])
 
 
+def welcome_map() -> str:
+    """The §4.2 block: the default configuration's welcome map (JSON notation)."""
+    import json
+
+    from aiogc.config import RunConfig, scheme_digest
+
+    cfg = RunConfig()
+    return json.dumps({**cfg.to_wire(), "scheme_digest": scheme_digest(cfg.build_scheme())})
+
+
+def key_vectors() -> str:
+    """The §4.2 block: keys and MACs of the documented session."""
+    from aiogc.config import RunConfig, scheme_digest
+    from aiogc.protocol.auth import config_hash, hello_mac, welcome_mac
+
+    cfg = RunConfig()
+    config = {**cfg.to_wire(), "scheme_digest": scheme_digest(cfg.build_scheme())}
+    k3 = derive_worker_key(b"s3cret", 3)
+    chash = config_hash(config)
+    keys = session_keys(k3, _NONCE_PS, _NONCE_W, 7, 3)
+    return "\n".join([
+        f"  k_3         = {k3.hex()}",
+        f"  hello_mac   = {hello_mac(k3, _NONCE_PS, _NONCE_W, 3, 7).hex()}",
+        f"  config_hash = {chash.hex()}",
+        f"  welcome_mac = {welcome_mac(k3, _NONCE_PS, _NONCE_W, 3, 7, chash).hex()}",
+        f"  K_ps        = {keys.ps_to_worker.hex()}",
+        f"  K_w         = {keys.worker_to_ps.hex()}",
+    ])
+
+
 # --------------------------------------------------------------------------- tests
+
+
+def test_config_keys_are_the_documented_lists() -> None:
+    """§4.4's required and optional welcome keys are RunConfig's."""
+    from dataclasses import fields as dc_fields
+
+    from aiogc.config import _DEFAULTED_ON_WIRE, RunConfig
+
+    doc = _doc()
+    names = [f.name for f in dc_fields(RunConfig)]
+    required = [n for n in names if n not in _DEFAULTED_ON_WIRE]
+    assert ("* **required** (25, always present): " in doc) and len(required) == 25
+    section = doc[doc.index("* **required** (25"):doc.index("* `scheme_digest` (always sent")]
+    listed = [w.strip("`,;") for w in section.split() if w.startswith("`")]
+    assert [w for w in listed if w in names] == required + [
+        n for n in names if n in _DEFAULTED_ON_WIRE]
 
 
 def _doc() -> str:
@@ -183,7 +229,8 @@ def test_doc_names_this_version() -> None:
     assert f"`PROTOCOL_VERSION = {PROTOCOL_VERSION}`" in doc
 
 
-@pytest.mark.parametrize("block", [kind_table, field_table, frame_vectors, tag_vectors])
+@pytest.mark.parametrize("block", [kind_table, field_table, frame_vectors, tag_vectors,
+                                   welcome_map, key_vectors])
 def test_doc_block_is_generated_from_the_code(block: object) -> None:
     text = block()  # type: ignore[operator]
     assert text in _doc(), f"docs/protocol.md is stale; regenerate with {__file__}:\n{text}"
@@ -227,7 +274,7 @@ def test_every_kind_has_a_code_in_the_doc_table() -> None:
 
 
 if __name__ == "__main__":
-    for fn in (kind_table, field_table, tag_vectors, frame_vectors):
+    for fn in (kind_table, field_table, tag_vectors, frame_vectors, welcome_map, key_vectors):
         print(f"--- {fn.__name__}")
         print(fn())
     sys.exit(0)
