@@ -88,7 +88,7 @@ def _num(v: Any) -> str:
 def field_table() -> str:
     """The §2.1 table of every kind's fields: position in the array, msgpack form, bounds."""
     rows = ["| kind | index | field | msgpack | bounds |", "|---|---|---|---|---|"]
-    for kind, code in sorted(KIND_CODES.items(), key=lambda kv: kv[1]):
+    for kind, _code in sorted(KIND_CODES.items(), key=lambda kv: kv[1]):
         for i, (name, checker) in enumerate(WIRE_FIELDS[kind], start=2):
             rows.append(f"| `{kind}` | {i} | `{name}` | {checker.tag} | "
                         f"{_bounds(checker.wire)} |")
