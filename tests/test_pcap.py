@@ -685,3 +685,62 @@ def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
     events = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
               if e["direction"] == "out"]
     assert from_ps == collections.Counter(e["kind"] for e in events)
+
+
+def test_standalone_capture_with_a_refused_peer_decodes_with_plain_msgpack(
+        tmp_path: Path) -> None:
+    """``aiogc ps --pcap`` with a worker host (``--id 0-1``) and a peer whose ``hello`` carries
+    a wrong MAC: the capture holds the PS's ``error`` to that peer, and every body of every
+    connection decodes with plain ``msgpack.unpackb`` into the documented fields."""
+    import re as re_
+    import socket
+    import sys
+
+    import msgpack
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "2", "--delta", "2",
+         "--rounds", "2", "--delay", "exp:0.003", "--task", "linreg:samples=80,dim=4",
+         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+         "--pcap", str(pcap), "--join-timeout", "600"],  # a hang guard, not a race
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    worker: subprocess.Popen[str] | None = None
+    try:
+        assert ps.stderr is not None
+        match = re_.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
+        assert match
+        with socket.create_connection((match[1], int(match[2])), timeout=60) as peer:
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+                buf += peer.recv(4096)
+            challenge = msgpack.unpackb(buf[4:4 + int.from_bytes(buf[:4], "big")])
+            hello = msgpack.packb([5, KIND_CODES["hello"], 1, bytes(16), bytes(32),
+                                   challenge[3]])
+            peer.sendall(len(hello).to_bytes(4, "big") + hello)
+            while peer.recv(4096):  # the PS's error, then its close
+                pass
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "aiogc", "worker", "--connect", f"{match[1]}:{match[2]}",
+             "--id", "0-1", "--secret-file", str(secret)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        _, ps_err = ps.communicate(timeout=120)  # hang guard only
+        worker.communicate(timeout=120)
+    finally:
+        for p in [ps, worker]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    kinds: collections.Counter[str] = collections.Counter()
+    for data in _streams(pcap).values():
+        for _slot, kind, values in _plain_frames(data, secret=True):
+            kinds[kind] += 1
+            if kind == "error":
+                assert values["code"] and isinstance(values["reason"], str)
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "shutdown", "error", "preamble",
+            "control"} <= set(kinds), kinds
