@@ -58,7 +58,7 @@ assert aiogc.__file__.startswith(TMP), aiogc.__file__
 Probe = KINDS["probe"]
 assert KIND_CODES["probe"] == 42 and "probe" in WORKER_TO_PS
 frame = encode_frame_bytes(Probe(seq=7))
-assert frame[5] == 42 and decode_frame_bytes(frame) == Probe(seq=7)
+assert frame[6] == 42 and decode_frame_bytes(frame) == Probe(seq=7)  # [5, 42, 7]
 assert all(RULES[ph]["probe"] == "probe" for ph in PSPhase)
 assert _ACCEPTS["probe"] == frozenset(PSPhase)
 cfg = RunConfig(workers=4, delta=2, rounds=2, delay="const:10", seed=1,

@@ -44,15 +44,15 @@ def test_parse_bandwidth() -> None:
 
 
 def test_frame_bytes_are_the_wire_sizes() -> None:
-    # the compact headers have fixed sizes: 42-byte report, 56-byte coded-vector header
-    assert frame_bytes(ChunkReport(epoch=1, round=7, count=2, t_worker=0.0, elapsed_s=0.0)) == 42
+    # msgpack arrays: a 28-byte report, a 35-byte coded-vector head (small ints are one byte)
+    assert frame_bytes(ChunkReport(epoch=1, round=7, count=2, t_worker=0.0, elapsed_s=0.0)) == 28
     v = CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8, compute_s=0.0,
                       payload=np.zeros(1000))
-    assert frame_bytes(v) == 56 + 8000
+    assert frame_bytes(v) == 35 + 8000
     sc = RunConfig(workers=4, delta=2, n_parts=2).build_scheme()
     fb = FrameBytes.of(sc, 1000, "float32")
-    assert (fb.report, fb.vector, fb.chunk_vector) == (42, 56 + 4 * 500, 56 + 4 * 1000)
-    assert fb.round_start.tolist() == [43 + 8 * 2 + 8 * 1000] * 4
+    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 35 + 4 * 1000)
+    assert fb.round_start.tolist() == [26 + 9 * 2 + 8 * 1000] * 4
     # the extrapolation from one value equals the whole frames
     from aiogc.protocol.messages import RoundStart
 
@@ -78,26 +78,26 @@ def test_fifo_links_by_hand() -> None:
 # ---- hand-computed rounds -------------------------------------------------------------------
 #
 # m = 4, delta = 2, cyclic, every chunk takes exactly 1 s, d = 1_250_000 float64, latency 0.
-# Frames: report 42 B, a full vector 10_000_056 B, an ell = 2 vector 5_000_056 B.
-# worker_up = 10 MB/s: a report takes 4.2 us, a full vector 1.0000056 s, half 0.5000056 s.
+# Frames: report 28 B, a full vector 10_000_035 B, an ell = 2 vector 5_000_035 B.
+# worker_up = 10 MB/s: a report takes 2.8 us, a full vector 1.0000035 s, half 0.5000035 s.
 #   partial ell=1: every chunk covered at t = 1 (optimal orders start on distinct chunks);
-#     trigger 1 + 4.2e-6; every worker sends a full vector: end 2.0000098.
-#   partial ell=2: needs both chunks of every worker: trigger 2.0000042, end 2.5000098.
-#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000056.
-# worker_up = 1 MB/s (ten times slower): ell=1 ends 1.000042 + 10.000056 = 11.000098,
-#   ell=2 2.000042 + 5.000056 = 7.000098: ell = 2 gains as bandwidth falls.
-# ps = 10 MB/s (shared ingress, workers unlimited): 4 reports queue (16.8 us per wave);
-#   ell=1: 1.0000168 + 4 x 1.0000056 = 5.0000392; ell=2: 2.0000168 + 4 x 0.5000056 =
-#   4.0000392; stream-chunks: 1 + 4 x 1.0000056 = 5.0000224; original (Tandon, needs 3 of
-#   4 full vectors sent at t = 2): 2 + 3 x 1.0000056 = 5.0000168.
+#     trigger 1 + 2.8e-6; every worker sends a full vector: end 2.0000063.
+#   partial ell=2: needs both chunks of every worker: trigger 2.0000028, end 2.5000063.
+#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000035.
+# worker_up = 1 MB/s (ten times slower): ell=1 ends 1.000028 + 10.000035 = 11.000063,
+#   ell=2 2.000028 + 5.000035 = 7.000063: ell = 2 gains as bandwidth falls.
+# ps = 10 MB/s (shared ingress, workers unlimited): 4 reports queue (11.2 us per wave);
+#   ell=1: 1.0000112 + 4 x 1.0000035 = 5.0000252; ell=2: 2.0000112 + 4 x 0.5000035 =
+#   4.0000252; stream-chunks: 1 + 4 x 1.0000035 = 5.000014; original (Tandon, needs 3 of
+#   4 full vectors sent at t = 2): 2 + 3 x 1.0000035 = 5.0000105.
 HAND = {
-    ("worker_up=10MB/s", 1): {"partial": 2.0000098, "stream-chunks": 2.0000056},
-    ("worker_up=10MB/s", 2): {"partial": 2.5000098},
-    ("worker_up=1MB/s", 1): {"partial": 11.000098, "stream-chunks": 11.000056},
-    ("worker_up=1MB/s", 2): {"partial": 7.000098},
-    ("ps=10MB/s", 1): {"partial": 5.0000392, "stream-chunks": 5.0000224,
-                       "original": 5.0000168},
-    ("ps=10MB/s", 2): {"partial": 4.0000392},
+    ("worker_up=10MB/s", 1): {"partial": 2.0000063, "stream-chunks": 2.0000035},
+    ("worker_up=10MB/s", 2): {"partial": 2.5000063},
+    ("worker_up=1MB/s", 1): {"partial": 11.000063, "stream-chunks": 11.000035},
+    ("worker_up=1MB/s", 2): {"partial": 7.000063},
+    ("ps=10MB/s", 1): {"partial": 5.0000252, "stream-chunks": 5.000014,
+                       "original": 5.0000105},
+    ("ps=10MB/s", 2): {"partial": 4.0000252},
 }
 
 
@@ -173,11 +173,11 @@ def test_protocol_engine_refuses_what_it_cannot_run() -> None:
 
 def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     """``aiogc simulate --bandwidth``: the hand-computed case through the CLI at d = 10**6
-    (--dim's cap) and 8 MB/s, so a full vector (8_000_056 B) takes 1.000007 s, half of one
-    0.500007 s and a report 5.25 us: partial ell=1 ends 1.00000525 + 1.000007, stream-chunks
-    1 + 1.000007; on a shared 8 MB/s ingress partial ell=2 ends 2 + 4 x 5.25e-6 + 4 x
-    0.500007 = 4.000049. (const delays: the CLI warns about ties, harmless here since every
-    tied state decodes the same.)"""
+    (--dim's cap) and 8 MB/s, so a full vector (8_000_035 B) takes 1.000004375 s, half of one
+    0.500004375 s and a report 3.5 us: partial ell=1 ends 1.0000035 + 1.000004375,
+    stream-chunks 1 + 1.000004375; on a shared 8 MB/s ingress partial ell=2 ends
+    2 + 4 x 3.5e-6 + 4 x 0.500004375 = 4.0000315. (const delays: the CLI warns about ties,
+    harmless here since every tied state decodes the same.)"""
     import json
     import warnings
 
@@ -194,14 +194,14 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
                      "partial"]) == 0
         out2 = json.loads(capsys.readouterr().out)
     means = {r["scheme"]: r["completion_mean"] for r in out["results"]}
-    assert means["partial"] == pytest.approx(2.00001225, rel=1e-12)
-    assert means["stream-chunks"] == pytest.approx(2.000007, rel=1e-12)
+    assert means["partial"] == pytest.approx(2.000007875, rel=1e-12)
+    assert means["stream-chunks"] == pytest.approx(2.000004375, rel=1e-12)
     ups = {r["scheme"]: r["uploads_mean"] for r in out["results"]}
     # stream-chunks: the second chunks are handed to the uplinks at t = 2, before the round
-    # ends at 2.000007 (the workers cannot know it is over): 8 full vectors
+    # ends at 2.000004375 (the workers cannot know it is over): 8 full vectors
     assert ups == {"partial": 4, "original": 4, "uncoded": 4, "stream-chunks": 8}
     assert out["config"]["bandwidth"] == "worker_up=8MB/s"
-    assert out2["results"][0]["completion_mean"] == pytest.approx(4.000049, rel=1e-12)
+    assert out2["results"][0]["completion_mean"] == pytest.approx(4.0000315, rel=1e-12)
     assert main([*base, "--bandwidth", "worker=10Mb/s"]) == 2
     assert "--bandwidth: '10Mb/s' is invalid" in capsys.readouterr().err
 

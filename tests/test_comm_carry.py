@@ -16,8 +16,8 @@ from aiogc.sim.protocol import record_arrays, simulate_protocol
 from aiogc.training.delays import materialise
 from aiogc.training.schedule import DelaySchedule
 
-#: d = 1000 float64: a coded vector is 8056 bytes on the wire, so at 8056 B/s it takes 1 s
-DIM, ONE_S = 1000, "8056B/s"
+#: d = 1000 float64: a coded vector is 8035 bytes on the wire, so at 8035 B/s it takes 1 s
+DIM, ONE_S = 1000, "8035B/s"
 
 
 def test_fifo_served_is_the_sequential_rule() -> None:

@@ -117,6 +117,14 @@ def test_writer_builds_valid_tcp_flows(tmp_path: Path) -> None:
     assert payloads[(7000, 50002)] == b"x"
 
 
+def test_dissector_is_generated_from_the_field_table() -> None:
+    """tools/aiogc.lua is exactly what the generator writes from the codec's table."""
+    from aiogc.protocol.dissector import render
+
+    assert LUA.read_text(encoding="utf-8") == render(), \
+        "tools/aiogc.lua is stale: python -m aiogc.protocol.dissector tools/aiogc.lua"
+
+
 def _tshark() -> str:
     path = shutil.which("tshark")
     if path:
@@ -578,3 +586,161 @@ def test_standalone_ps_capture(tmp_path: Path) -> None:
     assert any(i.startswith("w2 hello(") for i in infos)  # the host's records
     assert any(i.startswith("hello(") and "worker=3" in i for i in infos)  # the plain one
     assert _malformed(pcap) == []
+
+
+# ---------------------------------------------------------------------------- plain msgpack
+
+
+#: what a field of each msgpack form decodes to with plain ``msgpack.unpackb`` (§2.1)
+_PLAIN_TYPES: dict[str, Any] = {"uint": int, "float": float, "str": str, "bin": bytes,
+                                "uint_array": list, "float_array": list, "map": dict,
+                                "dtype": int, "payload": bytes}
+
+
+def _plain_frames(data: bytes, secret: bool) -> list[tuple[int | None, str, dict[str, Any]]]:
+    """One direction of a captured connection split by docs/protocol.md alone (§2.1 frames,
+    §2.5 which frames carry a tag, §2.6 a host connection's preamble and records), each
+    frame's body decoded by plain ``msgpack.unpackb`` (no options) into its documented
+    fields: ``(slot or None, kind, {field: value})``; a host connection's preambles and
+    control records as ``(None, "preamble" / "control", {...})``."""
+    import msgpack
+
+    from aiogc.protocol.headers import WIRE_FIELDS
+
+    names = {code: kind for kind, code in KIND_CODES.items()}
+    from_ps = data[:4] != b"AGCH"
+    out: list[tuple[int | None, str, dict[str, Any]]] = []
+    host, pos = False, 0
+    tagged: set[int | None] = set()  # sessions whose frames carry a tag from now on
+    while pos < len(data):
+        if not host and data[pos:pos + 4] == b"AGCH":
+            _, version, role, first, count = struct.unpack_from(">IBBIH", data, pos)
+            out.append((None, "preamble", {"version": version, "role": role, "first": first,
+                                           "count": count}))
+            host, pos = True, pos + 12
+            continue
+        slot = None
+        if host:
+            (slot,) = struct.unpack_from(">H", data, pos)
+            if slot == 0xFFFF:
+                op, arg = struct.unpack_from(">HH", data, pos + 2)
+                out.append((None, "control", {"op": op, "slot": arg}))
+                pos += 6
+                continue
+            pos += 2
+        (size,) = struct.unpack_from(">I", data, pos)
+        obj = msgpack.unpackb(data[pos + 4:pos + 4 + size])  # the whole body, payload included
+        pos += 4 + size
+        assert type(obj) is list and obj[0] == 5, obj[:2]
+        kind = names[obj[1]]
+        fields = WIRE_FIELDS[kind]
+        assert len(obj) == len(fields) + 2, (kind, len(obj))
+        values = dict(zip((n for n, _ in fields), obj[2:], strict=True))
+        for (name, checker), v in zip(fields, obj[2:], strict=True):
+            assert isinstance(v, _PLAIN_TYPES[checker.tag]), (kind, name, v)
+        if slot != HOST_SLOT and slot in tagged:
+            pos += 16
+        if kind in ("challenge", "hello", "welcome"):
+            tagged.discard(slot)  # a new session's handshake
+            if secret and kind == ("welcome" if from_ps else "hello"):
+                tagged.add(slot)
+        out.append((slot, kind, values))
+    assert pos == len(data)
+    return out
+
+
+def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
+    """A real run (worker hosts and plain sessions' frames, every live scheme, a secret:
+    tagged frames; chunks slower than the heartbeat: pings and pongs) captured with --pcap:
+    every frame's body is one msgpack object that plain ``msgpack.unpackb`` returns whole,
+    as the documented positional fields, payloads included; the frames are those the PS
+    recorded in events.jsonl."""
+    from aiogc.config import RunConfig
+    from aiogc.harness.local import run_live
+    from aiogc.harness.options import RunOptions
+    from aiogc.protocol.headers import DTYPE_CODES
+
+    schemes = ["partial", "original", "uncoded", "ignore-stragglers"]
+    cfg = RunConfig(workers=4, delta=2, rounds=2, seed=1, task="linreg:samples=200,dim=8",
+                    delay="const:0.12", heartbeat_s=0.03)
+    pcap = tmp_path / "plain.pcap"
+    run_live(cfg, schemes, RunOptions(mode="coroutines", out_dir=tmp_path / "run", plots=False,
+                                      loop="asyncio", pcap=pcap, worker_hosts=2))
+    seen: collections.Counter[str] = collections.Counter()
+    from_ps: collections.Counter[str] = collections.Counter()
+    for data in _streams(pcap).values():
+        frames = _plain_frames(data, secret=True)
+        for _slot, kind, values in frames:
+            seen[kind] += 1
+            if data[:4] != b"AGCH" and kind not in ("preamble", "control"):
+                from_ps[kind] += 1
+            if "payload" in values or "model" in values:
+                arr = values["payload"] if "payload" in values else values["model"]
+                dtype = DTYPE_CODES[values["dtype"]]
+                assert len(arr) % dtype.itemsize == 0
+                assert np.isfinite(np.frombuffer(arr, dtype)).all()
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "ping", "pong", "shutdown",
+            "preamble", "control"} <= set(seen), seen
+    events = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
+              if e["direction"] == "out"]
+    assert from_ps == collections.Counter(e["kind"] for e in events)
+
+
+def test_standalone_capture_with_a_refused_peer_decodes_with_plain_msgpack(
+        tmp_path: Path) -> None:
+    """``aiogc ps --pcap`` with a worker host (``--id 0-1``) and a peer whose ``hello`` carries
+    a wrong MAC: the capture holds the PS's ``error`` to that peer, and every body of every
+    connection decodes with plain ``msgpack.unpackb`` into the documented fields."""
+    import re as re_
+    import socket
+    import sys
+
+    import msgpack
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "2", "--delta", "2",
+         "--rounds", "2", "--delay", "exp:0.003", "--task", "linreg:samples=80,dim=4",
+         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+         "--pcap", str(pcap), "--join-timeout", "600"],  # a hang guard, not a race
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    worker: subprocess.Popen[str] | None = None
+    try:
+        assert ps.stderr is not None
+        match = re_.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
+        assert match
+        with socket.create_connection((match[1], int(match[2])), timeout=60) as peer:
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+                buf += peer.recv(4096)
+            challenge = msgpack.unpackb(buf[4:4 + int.from_bytes(buf[:4], "big")])
+            hello = msgpack.packb([5, KIND_CODES["hello"], 1, bytes(16), bytes(32),
+                                   challenge[3]])
+            peer.sendall(len(hello).to_bytes(4, "big") + hello)
+            while peer.recv(4096):  # the PS's error, then its close
+                pass
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "aiogc", "worker", "--connect", f"{match[1]}:{match[2]}",
+             "--id", "0-1", "--secret-file", str(secret)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        _, ps_err = ps.communicate(timeout=120)  # hang guard only
+        worker.communicate(timeout=120)
+    finally:
+        for p in [ps, worker]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ps.returncode == 0, ps_err
+    kinds: collections.Counter[str] = collections.Counter()
+    for data in _streams(pcap).values():
+        for _slot, kind, values in _plain_frames(data, secret=True):
+            kinds[kind] += 1
+            if kind == "error":
+                assert values["code"] and isinstance(values["reason"], str)
+    assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
+            "encode_and_transmit", "coded_gradient", "shutdown", "error", "preamble",
+            "control"} <= set(kinds), kinds

@@ -1,5 +1,6 @@
-"""docs/protocol.md is exact: its kind-code table, compact header layouts and frame test
-vectors are generated here from the code and must appear in the document verbatim.
+"""docs/protocol.md is exact: its kind table, field table and frame test vectors are generated
+here from the code and must appear in the document verbatim; every vector is one msgpack
+object that plain ``msgpack.unpackb`` reads back into the documented fields.
 
 To regenerate the blocks after a deliberate wire change (then paste them into the document)::
 
@@ -10,19 +11,25 @@ from __future__ import annotations
 
 import math
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
 from aiogc.protocol.auth import derive_worker_key, session_keys
-from aiogc.protocol.headers import COMPACT_LAYOUTS, KIND_CODES, PREFIX_BYTES
+from aiogc.protocol.headers import KIND_CODES, PREFIX_BYTES, WIRE_FIELDS
 from aiogc.protocol.messages import (
     KINDS,
     PROTOCOL_VERSION,
+    Bye,
+    Challenge,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
+    Error,
     Message,
     Ping,
     Pong,
@@ -30,6 +37,7 @@ from aiogc.protocol.messages import (
     Resume,
     RoundEnd,
     RoundStart,
+    Shutdown,
     state_digest,
 )
 from aiogc.protocol.tags import FrameAuth
@@ -37,36 +45,53 @@ from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
-#: byte width of each wire type of the layouts
-_WIDTH = {"u64": 8, "u32": 4, "u8": 1, "f64": 8}
-
-
 def kind_table() -> str:
-    """The §2.1 table of kind codes and header encodings."""
-    rows = ["| code | kind | header after the preamble |", "|---|---|---|"]
+    """The §2.1 table: every kind's code and its fields in wire order."""
+    rows = ["| code | kind | body: `[5, code, ...]` then |", "|---|---|---|"]
     for kind, code in sorted(KIND_CODES.items(), key=lambda kv: kv[1]):
-        enc = "compact (layout below)" if kind in COMPACT_LAYOUTS else "msgpack map"
-        rows.append(f"| {code} | `{kind}` | {enc} |")
+        names = ", ".join(f"`{n}`" for n, _ in WIRE_FIELDS[kind])
+        rows.append(f"| {code} | `{kind}` | {names} |")
     return "\n".join(rows)
 
 
-def layout_table() -> str:
-    """The §2.1 table of compact layouts: byte offsets within the header (preamble = 0, 1)."""
-    rows = ["| kind | offset | field | wire type |", "|---|---|---|---|"]
-    for kind, layout in COMPACT_LAYOUTS.items():
-        off = 2
-        for name, typ in layout.fixed:
-            rows.append(f"| `{kind}` | {off} | `{name}` | {typ} |")
-            off += _WIDTH[typ]
-        if layout.tail is not None:
-            name, typ = layout.tail
-            count = f"len({name})"
-            rows.append(f"| `{kind}` | {off} | `{name}` | {count} × {typ} |")
-        tail = ""
-        if layout.tail is not None:
-            width = _WIDTH[layout.tail[1]]
-            tail = f" + {'' if width == 1 else f'{width} × '}len({layout.tail[0]})"
-        rows.append(f"| `{kind}` | | H = | {off}{tail} |")
+def _bounds(wire: Any) -> str:
+    """The msgspec constraints of a field's wire type, as text."""
+    if wire is None:
+        return "the last value; its length a whole number of dtype items (§2.1)"
+    args = typing.get_args(wire)
+    if typing.get_origin(wire) is typing.Literal:
+        return "one of " + ", ".join(hex(a) if a > 9 else str(a) for a in args)
+    if not args:
+        return ""
+    base, *metas = args
+    parts = []
+    for meta in metas:
+        for attr, word in (("ge", ">="), ("le", "<="), ("min_length", "length >="),
+                           ("max_length", "length <=")):
+            v = getattr(meta, attr, None)
+            if v is not None:
+                parts.append(f"{word} {_num(v)}")
+    inner = typing.get_args(base)
+    if typing.get_origin(base) is tuple and inner:
+        parts.append(f"each entry {_bounds(inner[0])}")
+    return ", ".join(parts)
+
+
+def _num(v: Any) -> str:
+    if v == 2**53:
+        return "2^53"
+    if v == sys.float_info.max:
+        return "the largest finite float64 (finite)"
+    return str(v)
+
+
+def field_table() -> str:
+    """The §2.1 table of every kind's fields: position in the array, msgpack form, bounds."""
+    rows = ["| kind | index | field | msgpack | bounds |", "|---|---|---|---|---|"]
+    for kind, _code in sorted(KIND_CODES.items(), key=lambda kv: kv[1]):
+        for i, (name, checker) in enumerate(WIRE_FIELDS[kind], start=2):
+            rows.append(f"| `{kind}` | {i} | `{name}` | {checker.tag} | "
+                        f"{_bounds(checker.wire)} |")
     return "\n".join(rows)
 
 
@@ -99,22 +124,33 @@ def vector_messages() -> list[tuple[str, Message]]:
                        payload=np.array([1.0, -2.0], dtype="<f4"))),
         ("round_end(epoch=7, round=2, status=\"exact\")",
          RoundEnd(epoch=7, round=2, status="exact")),
+        ("challenge(nonce=00..0f, epoch=7)", Challenge(nonce=_NONCE_PS, epoch=7)),
+        ("error(code=\"bad_tag\", reason=\"x\")", Error(code="bad_tag", reason="x")),
+        ("shutdown(reason=\"done\")", Shutdown(reason="done")),
+        ("bye(reason=\"\")", Bye(reason="")),
     ]
 
 
 def _split(frame: bytes) -> str:
-    """prefix | preamble | rest of the header [| body]: spaces between the parts."""
-    h = int.from_bytes(frame[:PREFIX_BYTES], "big")
-    head_end = PREFIX_BYTES + h
-    parts = [frame[:PREFIX_BYTES], frame[PREFIX_BYTES:PREFIX_BYTES + 2],
-             frame[PREFIX_BYTES + 2:head_end]]
-    if len(frame) > head_end:
-        parts.append(frame[head_end:])
-    return " ".join(p.hex() for p in parts)
+    """prefix | array header, version, kind | the fields [| the payload's bytes]: spaces
+    between the parts."""
+    size = int.from_bytes(frame[:PREFIX_BYTES], "big")
+    body = frame[PREFIX_BYTES:PREFIX_BYTES + size]
+    obj = msgpack.unpackb(body)
+    payload = obj[-1] if isinstance(obj[-1], bytes) and len(obj) > 3 \
+        and WIRE_FIELDS[_KIND_OF[obj[1]]][-1][1].tag == "payload" else b""
+    parts = [frame[:PREFIX_BYTES], body[:3], body[3:len(body) - len(payload)]]
+    if payload:
+        parts.append(payload)
+    return " ".join(p.hex() for p in parts if p)
+
+
+_KIND_OF = {code: kind for kind, code in KIND_CODES.items()}
 
 
 def frame_vectors() -> str:
-    """The §10 block: every hot kind's untagged frame (prefix | preamble | fields | body)."""
+    """The §10 block: untagged frames (prefix | array header, version, kind | the fields |
+    the payload's bytes)."""
     lines = []
     for label, msg in vector_messages():
         lines.append(f"{label}:")
@@ -134,7 +170,53 @@ def tag_vectors() -> str:
     ])
 
 
+def welcome_map() -> str:
+    """The §4.2 block: the default configuration's welcome map (JSON notation)."""
+    import json
+
+    from aiogc.config import RunConfig, scheme_digest
+
+    cfg = RunConfig()
+    return json.dumps({**cfg.to_wire(), "scheme_digest": scheme_digest(cfg.build_scheme())})
+
+
+def key_vectors() -> str:
+    """The §4.2 block: keys and MACs of the documented session."""
+    from aiogc.config import RunConfig, scheme_digest
+    from aiogc.protocol.auth import config_hash, hello_mac, welcome_mac
+
+    cfg = RunConfig()
+    config = {**cfg.to_wire(), "scheme_digest": scheme_digest(cfg.build_scheme())}
+    k3 = derive_worker_key(b"s3cret", 3)
+    chash = config_hash(config)
+    keys = session_keys(k3, _NONCE_PS, _NONCE_W, 7, 3)
+    return "\n".join([
+        f"  k_3         = {k3.hex()}",
+        f"  hello_mac   = {hello_mac(k3, _NONCE_PS, _NONCE_W, 3, 7).hex()}",
+        f"  config_hash = {chash.hex()}",
+        f"  welcome_mac = {welcome_mac(k3, _NONCE_PS, _NONCE_W, 3, 7, chash).hex()}",
+        f"  K_ps        = {keys.ps_to_worker.hex()}",
+        f"  K_w         = {keys.worker_to_ps.hex()}",
+    ])
+
+
 # --------------------------------------------------------------------------- tests
+
+
+def test_config_keys_are_the_documented_lists() -> None:
+    """§4.4's required and optional welcome keys are RunConfig's."""
+    from dataclasses import fields as dc_fields
+
+    from aiogc.config import _DEFAULTED_ON_WIRE, RunConfig
+
+    doc = _doc()
+    names = [f.name for f in dc_fields(RunConfig)]
+    required = [n for n in names if n not in _DEFAULTED_ON_WIRE]
+    assert ("* **required** (25, always present): " in doc) and len(required) == 25
+    section = doc[doc.index("* **required** (25"):doc.index("* `scheme_digest` (always sent")]
+    listed = [w.strip("`,;") for w in section.split() if w.startswith("`")]
+    assert [w for w in listed if w in names] == required + [
+        n for n in names if n in _DEFAULTED_ON_WIRE]
 
 
 def _doc() -> str:
@@ -147,7 +229,8 @@ def test_doc_names_this_version() -> None:
     assert f"`PROTOCOL_VERSION = {PROTOCOL_VERSION}`" in doc
 
 
-@pytest.mark.parametrize("block", [kind_table, layout_table, frame_vectors, tag_vectors])
+@pytest.mark.parametrize("block", [kind_table, field_table, frame_vectors, tag_vectors,
+                                   welcome_map, key_vectors])
 def test_doc_block_is_generated_from_the_code(block: object) -> None:
     text = block()  # type: ignore[operator]
     assert text in _doc(), f"docs/protocol.md is stale; regenerate with {__file__}:\n{text}"
@@ -155,8 +238,22 @@ def test_doc_block_is_generated_from_the_code(block: object) -> None:
 
 def test_vectors_decode_back() -> None:
     for _, msg in vector_messages():
-        back = decode_frame_bytes(encode_frame_bytes(msg))
+        frame = encode_frame_bytes(msg)
+        back = decode_frame_bytes(frame)
         assert back.kind == msg.kind and back.header_fields() == msg.header_fields()
+        # plain msgpack reads the whole body, payload included, as the documented fields
+        obj = msgpack.unpackb(frame[PREFIX_BYTES:])
+        assert obj[:2] == [PROTOCOL_VERSION, KIND_CODES[msg.kind]]
+        names = [n for n, _ in WIRE_FIELDS[msg.kind]]
+        assert len(obj) == len(names) + 2
+        for name, value in zip(names, obj[2:], strict=True):
+            if name == msg.array_field:
+                assert value == msg.array().tobytes()  # type: ignore[union-attr]
+            elif name == "dtype":
+                assert value == {4: 4, 8: 8}[msg.array().dtype.itemsize]  # type: ignore[union-attr]
+            else:
+                want = getattr(msg, name)
+                assert value == (list(want) if isinstance(want, tuple) else want), name
 
 
 def test_host_example_bytes_are_the_code() -> None:
@@ -177,7 +274,7 @@ def test_every_kind_has_a_code_in_the_doc_table() -> None:
 
 
 if __name__ == "__main__":
-    for fn in (kind_table, layout_table, tag_vectors, frame_vectors):
+    for fn in (kind_table, field_table, tag_vectors, frame_vectors, welcome_map, key_vectors):
         print(f"--- {fn.__name__}")
         print(fn())
     sys.exit(0)

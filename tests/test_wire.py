@@ -1,7 +1,7 @@
 """aiogc.protocol.wire: round trips (property-based, any split) and every bad input of the
-framing, msgpack
-and schema groups (docs/protocol.md §2.4), in protocol version 3 (a two-byte preamble, compact
-big-endian headers for the hot kinds, msgpack maps for the others). No sockets."""
+framing, msgpack and schema groups (docs/protocol.md §2.4), in protocol version 5 (each body
+one msgpack array ``[version, kind, fields...]``, an array kind's payload a bin32 last).
+No sockets."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from hypothesis.extra import numpy as hnp
 
 from aiogc.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from aiogc.protocol.headers import (
-    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,
     PREAUTH_LIMITS,
+    WIRE_FIELDS,
     FrameLimits,
 )
 from aiogc.protocol.messages import (
@@ -106,37 +106,50 @@ def same(a: Message, b: Message) -> bool:
     return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
-def raw_frame(header: bytes, body: bytes = b"") -> bytes:
-    """A frame around arbitrary header bytes (preamble included)."""
-    return struct.pack(">I", len(header)) + header + body
+def raw_frame(head: bytes, payload: bytes = b"", *, claim: int | None = None) -> bytes:
+    """A frame around arbitrary body bytes: ``head`` then ``payload``; the prefix counts both,
+    or ``len(head) + claim`` (a payload of ``claim`` bytes announced, ``payload`` sent)."""
+    size = len(head) + (len(payload) if claim is None else claim)
+    return struct.pack(">I", size) + head + payload
 
 
 def mp_frame(kind: str, obj: Any = None, body: bytes = b"", *, packed: bytes | None = None,
              version: int = V) -> bytes:
-    """A frame of a msgpack kind around an arbitrary object (or pre-packed bytes)."""
+    """A frame of ``kind`` whose values after the kind code are ``obj`` (a list, one value per
+    field) or the pre-packed bytes ``packed`` (the array header counts the kind's fields)."""
     if packed is None:
-        packed = msgpack.packb(obj, use_bin_type=True)
-    return raw_frame(bytes([version, KIND_CODES[kind]]) + packed, body)
+        values = obj if isinstance(obj, list) else [obj]
+        packed_values: bytes = msgpack.packb([version, KIND_CODES[kind], *values],
+                                              use_bin_type=True)
+        return raw_frame(packed_values, body)
+    count = len(WIRE_FIELDS[kind]) + 2
+    return raw_frame(bytes([0x90 | count, version, KIND_CODES[kind]]) + packed, body)
 
 
-def compact(kind: str, values: dict[str, Any], tail: bytes | None = None) -> bytes:
-    """The header bytes of a compact kind from raw wire values (any value its wire type can
-    carry, in range or not): ``values`` names every entry of the layout's fixed part."""
-    layout = COMPACT_LAYOUTS[kind]
-    fixed = layout.fixed_struct.pack(*(values[name] for name, _ in layout.fixed))
-    return bytes([V, KIND_CODES[kind]]) + fixed + (tail or b"")
+def head_of(kind: str, values: dict[str, Any]) -> bytes:
+    """The body of ``kind`` up to its payload from raw values (any value msgpack can carry,
+    in range or not): ``values`` names every field before the payload (an array kind's
+    ``dtype`` code included); an array kind's head ends with a bin32 of ``values["nbytes"]``."""
+    names = [n for n, c in WIRE_FIELDS[kind] if c.tag != "payload"]
+    head: bytes = msgpack.packb([V, KIND_CODES[kind], *(values[n] for n in names)],
+                                use_bin_type=True)
+    if len(names) == len(WIRE_FIELDS[kind]):
+        return head
+    return bytes([head[0] + 1]) + head[1:] + struct.pack(">BI", 0xC6, values["nbytes"])
 
 
 def cg_frame(body: bytes = b"", digest: bytes = b"12345678", **over: Any) -> bytes:
-    values = {"epoch": 0, "round": 3, "attempt": 0, "compute_s": 0.25, "itemsize": 4, "n": 4,
-              "len(state_digest)": len(digest), **over}
-    return raw_frame(compact("coded_gradient", values, digest), body)
+    values = {"epoch": 0, "round": 3, "attempt": 0, "compute_s": 0.25, "dtype": 4, "n": 4,
+              "state_digest": digest, **over}
+    itemsize = {2: 2, 0x82: 2, 8: 8}.get(values["dtype"], 4)
+    values["nbytes"] = values["n"] * itemsize
+    return raw_frame(head_of("coded_gradient", values), body, claim=values["nbytes"])
 
 
 def bye_map(**extra: Any) -> bytes:
-    packed: bytes = msgpack.packb({"reason": "x", **extra}, use_bin_type=True)
-    return packed
-
+    """The packed values of a bye after its kind code (``extra``: values after them)."""
+    packed: bytes = msgpack.packb("x", use_bin_type=True)
+    return packed + b"".join(msgpack.packb(v, use_bin_type=True) for v in extra.values())
 
 
 def rejects(data: bytes, code: str | None = None, limits: FrameLimits = DEFAULT_LIMITS,
@@ -342,9 +355,11 @@ def test_header_over_the_cap() -> None:
     limits = FrameLimits(max_header_bytes=100, max_array_bytes=1000)
     ok = encode_frame_bytes(Ping(seq=1))
     assert decode_frame_bytes(ok, limits).kind == "ping"
-    big = mp_frame("bye", {"reason": "x" * 200})
+    big = mp_frame("bye", "x" * 600)
     rejects(big, "header_too_large", limits, FrameTooLarge)
-    rejects(big[:4], "header_too_large", limits, FrameTooLarge)  # from the prefix alone
+    # from the prefix and the kind alone (a body that large could be an array kind's)
+    rejects(big[:7], "header_too_large", limits, FrameTooLarge)
+    rejects(big[:4], "header_too_large", PREAUTH_LIMITS, FrameTooLarge)  # no arrays: prefix
 
 
 def test_array_over_the_cap_rejected_before_body() -> None:
@@ -356,9 +371,10 @@ def test_array_over_the_cap_rejected_before_body() -> None:
     with pytest.raises(FrameTooLarge) as info:
         dec.feed(data[:4 + h])  # header only: refused before any body byte / allocation
     assert info.value.code == "array_too_large"
-    # a header claiming 2^60 float64 elements allocates nothing
-    rejects(cg_frame(itemsize=8, n=2**60), "array_too_large", exc=FrameTooLarge)
-    rejects(cg_frame(itemsize=8, n=2**64 - 1), "array_too_large", exc=FrameTooLarge)
+    # a head claiming 2^32 - 8 bytes of float64 elements allocates nothing (its prefix,
+    # which must count them, is refused first; a prefix that fits, by the payload's bound)
+    rejects(cg_frame(dtype=8, n=2**29 - 16)[:64], exc=FrameTooLarge)
+    rejects(cg_frame(dtype=8, n=150)[:80], "array_too_large", limits, FrameTooLarge)
 
 
 def test_preauth_limits() -> None:
@@ -366,7 +382,7 @@ def test_preauth_limits() -> None:
     assert decode_frame_bytes(encode_frame_bytes(hello), PREAUTH_LIMITS).kind == "hello"
     rejects(encode_frame_bytes(cg(0)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
     rejects(encode_frame_bytes(cg(4)), "array_too_large", PREAUTH_LIMITS, FrameTooLarge)
-    rejects(mp_frame("bye", {"reason": "x" * 600}), "header_too_large",
+    rejects(mp_frame("bye", "x" * 600), "header_too_large",
             PREAUTH_LIMITS, FrameTooLarge)
     dec = FrameDecoder(PREAUTH_LIMITS)
     with pytest.raises(FrameTooLarge):
@@ -402,7 +418,8 @@ _TLS_HELLO = bytes.fromhex(
 
 
 @pytest.mark.parametrize("limits", [PREAUTH_LIMITS, DEFAULT_LIMITS])
-@pytest.mark.parametrize("blob", [_HTTP, _TLS_HELLO, b"SSH-2.0-OpenSSH_9.6\r\n", b"\r\n\r\n"])
+@pytest.mark.parametrize("blob", [_HTTP, _TLS_HELLO, b"SSH-2.0-OpenSSH_9.6\r\n",
+                                  b"\r\n\r\n\r\n\r\n"])
 def test_foreign_protocols(blob: bytes, limits: FrameLimits) -> None:
     dec = FrameDecoder(limits)
     with pytest.raises(MalformedFrame):
@@ -439,7 +456,7 @@ def test_header_truncated_inside_msgpack() -> None:
     rejects(mp_frame("bye", packed=b""), "bad_msgpack")  # preamble only
 
 
-_BYE_KEY = b"\x81\xa6reason"  # fixmap of 1, "reason"
+_BYE_KEY = b""  # a bye's values start right after its kind code
 
 
 def test_deep_nesting() -> None:
@@ -458,71 +475,76 @@ def test_array32_claiming_huge_count_in_tiny_body() -> None:
 
 
 def test_non_str_map_keys() -> None:
-    rejects(mp_frame("bye", {1: 1, "reason": "x"}), "bad_msgpack")
+    rejects(mp_frame("bye", ["x", {1: 1, "reason": "x"}]), "bad_msgpack")
     # strict_map_key lets bytes keys through msgpack; the exact schema refuses them
-    rejects(mp_frame("bye", {b"reason": "x"}), "bad_schema")
-    rejects(mp_frame("bye", {"reason": "x", b"reason": "x"}), "bad_schema")
-    cfg = {"epoch": 0, "worker": 0, "mac": b"", "config": {2: 3}}
-    rejects(mp_frame("welcome", cfg), "bad_msgpack")
+    welcome = [0, 0, b"", {b"reason": "x"}]
+    rejects(mp_frame("welcome", welcome), "bad_field")
+    rejects(mp_frame("bye", [{"reason": "x", b"reason": "x"}]), "bad_field")
+    rejects(mp_frame("welcome", [0, 0, b"", {2: 3}]), "bad_msgpack")
 
 
 def test_thousands_of_map_keys() -> None:
-    rejects(mp_frame("bye", {"reason": "x", **{f"k{i}": i for i in range(5000)}}), "bad_msgpack")
-    rejects(mp_frame("bye", {"reason": "x", **{f"k{i}": i for i in range(20)}}), "bad_schema")
+    many = {f"k{i}": i for i in range(5000)}
+    rejects(mp_frame("welcome", [0, 0, b"", many]), "bad_msgpack")
+    rejects(mp_frame("bye", ["x", {f"k{i}": i for i in range(20)}]), "bad_schema")
+    rejects(mp_frame("welcome", [0, 0, b"", {f"k{i}": i for i in range(65)}]), "bad_field")
 
 
 def test_invalid_utf8() -> None:
     rejects(mp_frame("bye", packed=_BYE_KEY + b"\xa2\xff\xfe"), "bad_msgpack")
-    rejects(mp_frame("bye", packed=b"\x81\xa6r\xffason\xa0"), "bad_msgpack")
+    rejects(mp_frame("welcome", packed=b"\x00\x00\xc4\x00\x81\xa6r\xffason\xa0"),
+            "bad_msgpack")
 
 
 def test_ext_types() -> None:
     for ext in (msgpack.ExtType(5, b"abc"), msgpack.ExtType(0, b""),
                 msgpack.Timestamp(1, 0)):
-        err = rejects(mp_frame("bye", packed=msgpack.packb({"reason": ext})))
+        err = rejects(mp_frame("bye", packed=msgpack.packb(ext)))
         assert err.code in {"ext_type", "bad_msgpack"}
-    rejects(mp_frame("bye", packed=bye_map(x=msgpack.ExtType(1, b"x"))), "ext_type")
+    rejects(mp_frame("bye", ["x", msgpack.ExtType(1, b"x")]), "ext_type")
     for raw_ext in (b"\xd6\xff\x00\x00\x00\x01", b"\xc7\x00\xff", b"\xc7\x00\x05"):
         rejects(mp_frame("bye", packed=_BYE_KEY + raw_ext))
 
 
 def test_oversized_str_and_bin_in_header() -> None:
-    rejects(mp_frame("bye", {"reason": "x" * 5000}), "bad_msgpack")
-    rejects(mp_frame("bye", {"reason": "x", "x": b"y" * 100}), "bad_msgpack")
-    rejects(mp_frame("bye", {"reason": "x" * 2000}), "bad_field")
+    rejects(mp_frame("bye", "x" * 5000), "bad_msgpack")
+    rejects(mp_frame("bye", ["x", b"y" * 100]), "bad_msgpack")
+    rejects(mp_frame("bye", "x" * 2000), "bad_field")
 
 
 # ----------------------------------------------------------------------------- schema
 
 
 def test_wrong_top_level_type() -> None:
-    for obj in ([1, "bye", 1], "bye", 7, None, b"\x01"):
-        rejects(mp_frame("bye", obj), "bad_header")
+    for obj in ("bye", 7, None, b"\x01", 1.5):
+        rejects(raw_frame(msgpack.packb(obj) + b"\x00\x00"), "bad_header")
 
 
 def test_missing_and_unknown_fields() -> None:
-    rejects(mp_frame("bye", {}), "bad_schema")
-    rejects(mp_frame("bye", {"reason": "x", "extra": 1}), "bad_schema")
-    rejects(mp_frame("hello", {"worker": 0, "nonce": b"n" * 16, "mac": b""}), "bad_schema")
-    # the array field, or the v2 wire keys, are never keys of a msgpack kind
-    rejects(mp_frame("bye", {"reason": "x", "v": V}), "bad_schema")
-    rejects(mp_frame("bye", {"reason": "x", "dtype": "<f4", "n": 0}), "bad_schema")
+    rejects(mp_frame("bye", []), "bad_schema")
+    rejects(mp_frame("bye", ["x", 1]), "bad_schema")
+    rejects(mp_frame("hello", [0, b"n" * 16, b""]), "bad_schema")
+    # no dtype or payload after a kind without an array
+    rejects(mp_frame("bye", ["x", V]), "bad_schema")
+    rejects(mp_frame("bye", ["x", 4, b""]), "bad_schema")
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, -1, 2**53 + 1, "1", None, [1]])
 def test_wrong_int_values_in_a_msgpack_kind(value: Any) -> None:
-    h = {"worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": value}
-    err = rejects(mp_frame("hello", h), "bad_field")
+    err = rejects(mp_frame("hello", [0, b"n" * 16, b"", value]), "bad_field")
     assert "hello.epoch" in str(err)
 
 
 def test_float_fields_accept_int_but_not_bool() -> None:
-    # in the constructor (messages built from values not yet checked); on the wire a seconds
-    # field is an IEEE float64 by its layout (NaN, inf and negatives: test_compact_* below)
+    # in the constructor (messages built from values not yet checked) and on the wire (NaN,
+    # inf and negatives: test_hot_* below)
     msg = ChunkReport(epoch=0, round=1, count=1, t_worker=3, elapsed_s=0.5)
     assert msg.t_worker == 3.0 and type(msg.t_worker) is float
     back = decode_frame_bytes(encode_frame_bytes(msg))
     assert isinstance(back, ChunkReport) and type(back.t_worker) is float
+    wire_int = decode_frame_bytes(mp_frame("chunk_report", [0, 1, 1, 3, 0.5]))
+    assert isinstance(wire_int, ChunkReport) and type(wire_int.t_worker) is float
+    rejects(mp_frame("chunk_report", [0, 1, 1, True, 0.5]), "bad_field")
     for bad in (True, float("nan"), -0.5, float("inf")):
         with pytest.raises(MalformedFrame):
             ChunkReport(epoch=0, round=1, count=1, t_worker=bad, elapsed_s=0.5)
@@ -531,14 +553,17 @@ def test_float_fields_accept_int_but_not_bool() -> None:
 def test_unknown_kind_and_versions() -> None:
     ping = encode_frame_bytes(Ping(seq=1))
     for code in (0, 16, 99, 255):
-        err = rejects(raw_frame(bytes([V, code]) + ping[6:]), "unknown_kind")
+        err = rejects(raw_frame(bytes([0x93, V, code]) + ping[7:]), "unknown_kind")
         assert str(code) in str(err)
     for version in (V + 1, 2, 1, 0, 255):
-        rejects(raw_frame(bytes([version]) + ping[5:]), "bad_version")
+        rejects(raw_frame(bytes([0x93, version]) + ping[6:]), "bad_version")
     # a version-2 peer's header (a msgpack map with "v": 2) is a version error, not garbage
     err = rejects(raw_frame(msgpack.packb({"v": 2, "kind": "ping", "seq": 1})), "bad_version")
     assert "version 1/2" in str(err)
-    rejects(raw_frame(bytes([V])), "bad_header")  # H == 1: no kind byte
+    # a version-4 frame (its body starts with the version byte) likewise
+    err = rejects(raw_frame(bytes([4, KIND_CODES["ping"]]) + bytes(8)), "bad_version")
+    assert "version 4" in str(err)
+    rejects(raw_frame(bytes([0x93, V])), "bad_header")  # a body of 2 bytes: no kind
 
 
 def test_kind_codes_are_fixed() -> None:
@@ -547,13 +572,13 @@ def test_kind_codes_are_fixed() -> None:
         "challenge": 1, "hello": 2, "welcome": 3, "ready": 4, "round_start": 5,
         "chunk_report": 6, "encode_and_transmit": 7, "coded_gradient": 8, "resume": 9,
         "round_end": 10, "bye": 11, "error": 12, "shutdown": 13, "ping": 14, "pong": 15}
-    assert PROTOCOL_VERSION == 4
+    assert PROTOCOL_VERSION == 5
 
 
-@pytest.mark.parametrize("itemsize", [0, 1, 2, 3, 5, 16, 255])
-def test_array_itemsize_not_whitelisted(itemsize: int) -> None:
-    err = rejects(cg_frame(b"\x00" * 16, itemsize=itemsize), "bad_dtype")
-    assert "coded_gradient.itemsize" in str(err)
+@pytest.mark.parametrize("code", [0, 1, 2, 3, 5, 16, 255, 0x82])
+def test_array_dtype_not_whitelisted(code: int) -> None:
+    err = rejects(cg_frame(b"\x00" * 16, dtype=code), "bad_dtype")
+    assert "coded_gradient.dtype" in str(err)
 
 
 def test_body_length_mismatch() -> None:
@@ -565,23 +590,25 @@ def test_body_length_mismatch() -> None:
     # a long body: the extra bytes are read as the next frame's prefix
     rejects(cg_frame(body, n=3))
     dec = FrameDecoder()
-    out = dec.feed(cg_frame(body, n=3) + encode_frame_bytes(Ping(seq=1)))
-    assert [m.kind for m in out] == ["coded_gradient"]  # the ping is swallowed by a bogus H
-    assert not dec.at_frame_boundary()
+    out = dec.feed(cg_frame(body, n=3))
+    assert [m.kind for m in out] == ["coded_gradient"]
+    assert not dec.at_frame_boundary()  # the last 4 body bytes: a bogus prefix
+    with pytest.raises(MalformedFrame):  # the ping is read as that bogus frame's body
+        dec.feed(encode_frame_bytes(Ping(seq=1)))
 
 
 def test_context_free_ranges() -> None:
     base = {"worker": 0, "nonce": b"n" * 16, "mac": b"", "epoch": 0}
-    assert decode_frame_bytes(mp_frame("hello", base)).kind == "hello"
-    rejects(mp_frame("hello", {**base, "nonce": b"short"}), "bad_field")
-    rejects(mp_frame("hello", {**base, "worker": MAX_WORKERS}), "bad_field")
-    rejects(mp_frame("hello", {**base, "nonce": "text"}), "bad_field")
-    rejects(mp_frame("hello", {**base, "epoch": -1}), "bad_field")
+    assert decode_frame_bytes(mp_frame("hello", list(base.values()))).kind == "hello"
+    rejects(mp_frame("hello", list({**base, "nonce": b"short"}.values())), "bad_field")
+    rejects(mp_frame("hello", list({**base, "worker": MAX_WORKERS}.values())), "bad_field")
+    rejects(mp_frame("hello", list({**base, "nonce": "text"}.values())), "bad_field")
+    rejects(mp_frame("hello", list({**base, "epoch": -1}.values())), "bad_field")
 
 
-# ------------------------------------------------------------------- compact headers, per field
+# ------------------------------------------------------------------- the per-round kinds, per field
 
-#: one valid message per compact kind (array kinds with a 3-element body)
+#: one valid message per per-round kind (array kinds with a 3-element body)
 _VALID: dict[str, Message] = {
     "ready": Ready(epoch=5),
     "ping": Ping(seq=5),
@@ -594,36 +621,22 @@ _VALID: dict[str, Message] = {
     "coded_gradient": CodedGradient(epoch=1, round=2, attempt=0, state_digest=b"d" * 8,
                                     compute_s=0.5, payload=np.arange(3, dtype="<f4")),
 }
-#: out-of-range values each wire type can carry, by (kind, field)
-_U53_BAD: list[Any] = [2**53 + 1, 2**63, 2**64 - 1]
+HOT = sorted(_VALID)
+#: out-of-range values msgpack can carry, by the field's wire form
+_U53_BAD: list[Any] = [2**53 + 1, 2**63, 2**64 - 1, -1]
 _F64_BAD: list[Any] = [float("nan"), float("inf"), -float("inf"), -1.0, -5e-324]
 
 
 def _fixed_values(msg: Message) -> dict[str, Any]:
-    """The fixed-part wire values of a valid compact message."""
-    layout = COMPACT_LAYOUTS[msg.kind]
-    out: dict[str, Any] = {}
+    """The wire values of a valid message, by field name (an array kind's ``dtype`` code and
+    payload ``nbytes`` included)."""
+    out: dict[str, Any] = {n: list(v) if isinstance(v, tuple) else v
+                           for n in msg._names if (v := getattr(msg, n)) is not msg.array()}
     arr = msg.array()
-    for name, _ in layout.fixed:
-        if name == "itemsize":
-            out[name] = arr.dtype.itemsize  # type: ignore[union-attr]
-        elif name == "n":
-            out[name] = len(arr)  # type: ignore[arg-type]
-        elif name.startswith("len("):
-            out[name] = len(getattr(msg, name[4:-1]))
-        else:
-            out[name] = getattr(msg, name)
+    if arr is not None:
+        out["dtype"] = arr.dtype.itemsize
+        out["nbytes"] = arr.nbytes
     return out
-
-
-def _tail_bytes(msg: Message) -> bytes:
-    layout = COMPACT_LAYOUTS[msg.kind]
-    if layout.tail is None:
-        return b""
-    name, typ = layout.tail
-    v = getattr(msg, name)
-    code = "I" if typ == "u32" else "d"
-    return v if typ == "u8" else struct.pack(f">{len(v)}{code}", *v)
 
 
 def _body(msg: Message) -> bytes:
@@ -631,36 +644,41 @@ def _body(msg: Message) -> bytes:
     return b"" if arr is None else arr.tobytes()
 
 
-@pytest.mark.parametrize("kind", sorted(COMPACT_LAYOUTS))
-def test_compact_helpers_rebuild_the_encoder_bytes(kind: str) -> None:
-    """The test's own layout-driven builder agrees byte for byte with encode_frame_bytes."""
+@pytest.mark.parametrize("kind", HOT)
+def test_hot_helpers_rebuild_the_encoder_bytes(kind: str) -> None:
+    """The test's own table-driven builder (plain msgpack) agrees byte for byte with
+    encode_frame_bytes, and plain msgpack reads the whole frame back."""
     msg = _VALID[kind]
-    built = raw_frame(compact(kind, _fixed_values(msg), _tail_bytes(msg)), _body(msg))
+    built = raw_frame(head_of(kind, _fixed_values(msg)), _body(msg))
     assert built == encode_frame_bytes(msg)
     assert same(decode_frame_bytes(built), msg)
+    back = msgpack.unpackb(built[4:])
+    assert back[:2] == [V, KIND_CODES[kind]] and len(back) == len(WIRE_FIELDS[kind]) + 2
+    if msg.array() is not None:
+        assert back[-1] == _body(msg)
 
 
 def _bad_cases() -> list[Any]:
     cases: list[Any] = []
-    for kind, layout in sorted(COMPACT_LAYOUTS.items()):
-        for name, typ in layout.fixed:
-            if name in ("itemsize", "n") or name.startswith("len("):
+    for kind in HOT:
+        for name, checker in WIRE_FIELDS[kind]:
+            if checker.tag not in ("uint", "float"):
                 continue
-            if typ == "u64":
-                bad = _U53_BAD
-            elif typ == "u32":
-                bad = [MAX_WORKERS + 1, 2**32 - 1]  # count
-            else:
+            if checker.tag == "float":
                 bad = _F64_BAD
+            elif name == "count":
+                bad = [MAX_WORKERS + 1, 2**32 - 1]
+            else:
+                bad = _U53_BAD
             cases += [pytest.param(kind, name, v, id=f"{kind}.{name}={v!r}") for v in bad]
     return cases
 
 
 @pytest.mark.parametrize(("kind", "name", "value"), _bad_cases())
-def test_compact_field_out_of_range_names_the_field(kind: str, name: str, value: Any) -> None:
+def test_hot_field_out_of_range_names_the_field(kind: str, name: str, value: Any) -> None:
     msg = _VALID[kind]
     values = {**_fixed_values(msg), name: value}
-    err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), _body(msg)), "bad_field")
+    err = rejects(raw_frame(head_of(kind, values), _body(msg)), "bad_field")
     assert f"{kind}.{name}=" in str(err)
     # the schema (the validating constructor) refuses the same value
     with pytest.raises(MalformedFrame):
@@ -668,78 +686,82 @@ def test_compact_field_out_of_range_names_the_field(kind: str, name: str, value:
 
 
 @pytest.mark.parametrize(("kind", "field", "entry"), [
-    ("encode_and_transmit", "state", struct.pack(">I", MAX_WORKERS + 1)),
-    ("encode_and_transmit", "state", struct.pack(">I", 2**32 - 1)),
-    ("round_start", "delays_s", struct.pack(">d", float("nan"))),
-    ("round_start", "delays_s", struct.pack(">d", -1.0)),
-    ("round_start", "delays_s", struct.pack(">d", -float("inf"))),
+    ("encode_and_transmit", "state", MAX_WORKERS + 1),
+    ("encode_and_transmit", "state", 2**32 - 1),
+    ("encode_and_transmit", "state", -1),
+    ("round_start", "delays_s", float("nan")),
+    ("round_start", "delays_s", -1.0),
+    ("round_start", "delays_s", -float("inf")),
+    ("round_start", "orders", MAX_WORKERS),
 ])
-def test_compact_list_entry_out_of_range(kind: str, field: str, entry: bytes) -> None:
+def test_hot_list_entry_out_of_range(kind: str, field: str, entry: Any) -> None:
     msg = _VALID[kind]
-    values = {**_fixed_values(msg), f"len({field})": 1}
-    err = rejects(raw_frame(compact(kind, values, entry), _body(msg)), "bad_field")
+    values = {**_fixed_values(msg), field: [entry]}
+    err = rejects(raw_frame(head_of(kind, values), _body(msg)), "bad_field")
     assert f"{kind}.{field}=" in str(err)
 
 
-@pytest.mark.parametrize("kind", sorted(COMPACT_LAYOUTS))
-def test_compact_wrong_length_names_the_kind_or_field(kind: str) -> None:
+@pytest.mark.parametrize("kind", HOT)
+def test_hot_wrong_field_count_names_the_kind_or_field(kind: str) -> None:
     msg = _VALID[kind]
-    header = compact(kind, _fixed_values(msg), _tail_bytes(msg))
+    values = _fixed_values(msg)
     body = _body(msg)
-    layout = COMPACT_LAYOUTS[kind]
-    for cut in (header[:-1], header + b"\x00", header[:PREAMBLE + 1]):
-        err = rejects(raw_frame(cut, body), "bad_schema")
+    head = head_of(kind, values)
+    if msg.array() is None:  # one value fewer, one more
+        wrong = [head[:-len(msgpack.packb(list(values.values())[-1]))],
+                 bytes([head[0] + 1]) + head[1:] + msgpack.packb(0)]
+        wrong[0] = bytes([wrong[0][0] - 1]) + wrong[0][1:]
+    else:  # no dtype code; a second one
+        code = msgpack.packb(values["dtype"])
+        cut = head.index(code + b"\xc6")
+        wrong = [bytes([head[0] - 1]) + head[1:cut] + head[cut + 1:],
+                 bytes([head[0] + 1]) + head[1:cut] + code + head[cut:]]
+    for cut_head in wrong:
+        err = rejects(raw_frame(cut_head, body), "bad_schema")
         assert kind in str(err)
-    if layout.tail is not None:
-        field = layout.tail[0]
-        values = {**_fixed_values(msg), f"len({field})": len(getattr(msg, field)) + 1}
-        err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), body), "bad_schema")
-        assert f"{kind}.{field}" in str(err)
-        values[f"len({field})"] = 2**32 - 1 if field != "state_digest" else 255
-        err = rejects(raw_frame(compact(kind, values, _tail_bytes(msg)), body), "bad_field")
-        assert f"{kind}.{field}" in str(err)
-
-
-PREAMBLE = 2
+    for field, longest in (("state", MAX_WORKERS), ("delays_s", MAX_WORKERS),
+                           ("state_digest", MAX_BLOB)):
+        if field in values:
+            too_long: Any = (b"d" if field == "state_digest" else [0]) * (longest + 1)
+            err = rejects(raw_frame(head_of(kind, {**values, field: too_long}), body),
+                          "bad_msgpack" if field == "state_digest" else "bad_field")
+            assert (kind if field == "state_digest" else f"{kind}.{field}") in str(err)
 
 
 @settings(derandomize=True, max_examples=300, deadline=None)
 @given(data=st.data())
-def test_compact_decode_agrees_with_the_schema(data: st.DataObject) -> None:
-    """Any wire values of a compact kind (edge values included) decode iff the validating
-    constructor accepts the same field values: the inlined bounds are the schema's."""
-    kind = data.draw(st.sampled_from(sorted(COMPACT_LAYOUTS)))
+def test_hot_decode_agrees_with_the_schema(data: st.DataObject) -> None:
+    """Any wire values of a per-round kind (edge values included) decode iff the validating
+    constructor accepts the same field values: the codec's bounds are the schema's."""
+    kind = data.draw(st.sampled_from(HOT))
     msg = _VALID[kind]
     values = _fixed_values(msg)
-    for name, typ in COMPACT_LAYOUTS[kind].fixed:
-        if name in ("itemsize", "n") or name.startswith("len("):
-            continue
-        if typ == "u64":
-            values[name] = data.draw(st.sampled_from([0, 1, MAX_INT - 1, MAX_INT, MAX_INT + 1,
-                                                      2**64 - 1]))
-        elif typ == "u32":
-            values[name] = data.draw(st.sampled_from([0, MAX_WORKERS, MAX_WORKERS + 1,
-                                                      2**32 - 1]))
-        else:
+    for name, checker in WIRE_FIELDS[kind]:
+        if checker.tag == "uint":
+            values[name] = data.draw(st.sampled_from([0, 1, MAX_WORKERS, MAX_WORKERS + 1,
+                                                      MAX_INT - 1, MAX_INT, MAX_INT + 1,
+                                                      2**64 - 1, -1]))
+        elif checker.tag == "float":
             values[name] = data.draw(st.floats(width=64) | st.sampled_from([0.0, -0.0, 5e-324,
-                                                                            -5e-324]))
+                                                                            -5e-324, 0, 7]))
     try:
         type(msg)(**{**{f: getattr(msg, f) for f in msg._names},
-                     **{k: v for k, v in values.items() if k in msg._names}})
+                     **{k: v for k, v in values.items() if k in msg._names
+                        and not isinstance(v, list)}})
         ok = True
     except MalformedFrame:
         ok = False
-    frame_ = raw_frame(compact(kind, values, _tail_bytes(msg)), _body(msg))
+    frame_ = raw_frame(head_of(kind, values), _body(msg))
     if ok:
         back = decode_frame_bytes(frame_)
         for k in msg._names:
-            if k in values:
+            if k in values and not isinstance(values[k], list):
                 assert getattr(back, k) == values[k] or values[k] != values[k]
     else:
         rejects(frame_, "bad_field")
 
 
-def test_compact_kind_refused_before_auth_when_it_carries_an_array() -> None:
+def test_array_kind_refused_before_auth() -> None:
     for kind in ("round_start", "coded_gradient"):
         rejects(encode_frame_bytes(_VALID[kind]), "array_too_large", PREAUTH_LIMITS,
                 FrameTooLarge)

@@ -21,10 +21,10 @@ import numpy as np
 
 from aiogc.errors import MalformedFrame
 from aiogc.protocol.headers import (
-    COMPACT_LAYOUTS,
     DEFAULT_LIMITS,
     KIND_CODES,
     PREAUTH_LIMITS,
+    WIRE_FIELDS,
     FrameLimits,
 )
 from aiogc.protocol.messages import KINDS, MAX_BLOB, MAX_WORKERS, PROTOCOL_VERSION, Message
@@ -54,7 +54,7 @@ def _value(rng: np.random.Generator, name: str) -> Any:
         return tuple(float(x) for x in rng.exponential(size=int(r(0, 8))))
     if name == "state":
         return tuple(int(x) for x in r(0, 10, size=int(r(0, 16))))
-    if name == "orders":  # round_start's adaptive-order extension (empty: absent)
+    if name == "orders":  # round_start's adaptive orders (empty: the static order)
         return tuple(int(x) for x in r(0, 10, size=int(r(0, 16))))
     if name in ("reason", "code", "status"):
         return "".join(rng.choice(list("abcé ✓_"), size=int(r(0, 20))))
@@ -77,85 +77,58 @@ def random_message(rng: np.random.Generator) -> Message:
 
 
 def _frame(packed: bytes, body: bytes = b"") -> bytes:
-    return struct.pack(">I", len(packed)) + packed + body
+    return struct.pack(">I", len(packed) + len(body)) + packed + body
+
+
+def _wire_values(msg: Message) -> list[Any]:
+    """The values after the kind code, as a plain list (an array kind's payload as bytes)."""
+    out: list[Any] = []
+    for name, _ in WIRE_FIELDS[msg.kind]:
+        if name == "dtype":
+            out.append(msg.array().dtype.itemsize)  # type: ignore[union-attr]
+        elif name == msg.array_field:
+            out.append(msg.array().tobytes())  # type: ignore[union-attr]
+        else:
+            v = getattr(msg, name)
+            out.append(list(v) if isinstance(v, tuple) else v)
+    return out
 
 
 def _header_mutation(rng: np.random.Generator, msg: Message) -> bytes:
-    """Re-pack a valid header with one structural change (type, value, key, length, version,
-    kind code...): a msgpack map for the msgpack kinds, raw wire values for the compact ones."""
-    if msg.kind in COMPACT_LAYOUTS:
-        return _compact_mutation(rng, msg)
-    h: dict[Any, Any] = msg.header_fields()
-    keys = list(h) or ["reason"]
-    key = keys[int(rng.integers(len(keys)))]
-    choice = int(rng.integers(9))
-    nasty = [True, -1, 2**64 - 1, -(2**63), 1.5, float("nan"), "x", b"x", None, [], {},
-             [1] * 3, {"a": 1}, "<f2", "|O", 2**53 + 1]
+    """Re-pack a valid frame's msgpack array with one structural change (type, value, count,
+    order, version, kind code...)."""
+    values = _wire_values(msg)
+    i = int(rng.integers(len(values)))
+    choice = int(rng.integers(10))
+    nasty = [True, -1, 2**64 - 1, -(2**63), 1.5, float("nan"), float("inf"), "x", b"x", None,
+             [], {}, [1] * 3, {"a": 1}, "<f2", 2**53 + 1, 65537, 0, 3, 16, 255, 0x82, -0.0,
+             b"x" * 65, [float("nan")], [-1], [2**32]]
     preamble = [PROTOCOL_VERSION, KIND_CODES[msg.kind]]
     if choice == 0:
-        h[key] = nasty[int(rng.integers(len(nasty)))]
+        values[i] = nasty[int(rng.integers(len(nasty)))]
     elif choice == 1:
-        h.pop(key, None)
+        values.pop(i)
     elif choice == 2:
-        h["extra"] = 1
-    elif choice == 3 and key in h:
-        h[key.encode()] = h.pop(key)
+        values.append(1)
+    elif choice == 3:
+        j = int(rng.integers(len(values)))
+        values[i], values[j] = values[j], values[i]
     elif choice == 4:
         preamble[1] = int(rng.integers(0, 20))  # another (or an unknown) kind's code
     elif choice == 5:
-        h["payload"] = b"x"
+        values[i] = {"epoch": values[i]}  # a map where a value goes (a v1/v2 habit)
     elif choice == 6:
-        h[key] = msgpack.ExtType(int(rng.integers(0, 128)), b"e")
+        values[i] = msgpack.ExtType(int(rng.integers(0, 128)), b"e")
     elif choice == 7:
-        return _frame(bytes(preamble) + msgpack.packb([h[k] for k in h], use_bin_type=True))
+        return _frame(msgpack.packb(dict(enumerate(values)), use_bin_type=True,
+                                    strict_types=False))
+    elif choice == 8:  # one byte short or long, or cut
+        packed = msgpack.packb([*preamble, *values], use_bin_type=True)
+        cut = packed[:-1] if rng.random() < 0.5 else packed + b"\x00"
+        return _frame(cut[: int(rng.integers(1, len(cut) + 1))] if rng.random() < 0.3 else cut)
     else:
-        preamble[0] = int(rng.integers(0, 5))
-    return _frame(bytes(preamble) + msgpack.packb(h, use_bin_type=True))
-
-
-def _compact_mutation(rng: np.random.Generator, msg: Message) -> bytes:
-    layout = COMPACT_LAYOUTS[msg.kind]
-    arr = msg.array()
-    values: list[Any] = []
-    for name, _ in layout.fixed:
-        if name == "itemsize":
-            values.append(arr.dtype.itemsize)  # type: ignore[union-attr]
-        elif name == "n":
-            values.append(len(arr))  # type: ignore[arg-type]
-        elif name.startswith("len("):
-            values.append(len(getattr(msg, name[4:-1])))
-        else:
-            values.append(getattr(msg, name))
-    tail = b""
-    if layout.tail is not None:
-        name, typ = layout.tail
-        v = getattr(msg, name)
-        tail = v if typ == "u8" else struct.pack(f">{len(v)}{'I' if typ == 'u32' else 'd'}", *v)
-    preamble = [PROTOCOL_VERSION, KIND_CODES[msg.kind]]
-    i = int(rng.integers(len(values)))
-    typ = layout.fixed[i][1]
-    choice = int(rng.integers(7))
-    if choice == 0:  # an out-of-range or edge value of the field's wire type
-        edges: dict[str, list[Any]] = {
-            "u64": [2**53, 2**53 + 1, 2**64 - 1, 2**40], "u32": [65536, 65537, 2**32 - 1],
-            "u8": [0, 3, 4, 8, 16, 255],
-            "f64": [float("nan"), float("inf"), -1.0, -0.0, 1e308]}
-        edge = edges[typ]
-        values[i] = edge[int(rng.integers(len(edge)))]
-    elif choice == 1:  # a random value of the field's wire type
-        values[i] = {"u64": int(rng.integers(0, 2**63)), "u32": int(rng.integers(0, 2**32)),
-                     "u8": int(rng.integers(0, 256)),
-                     "f64": float(rng.standard_normal() * 1e3)}[typ]
-    elif choice == 2:
-        preamble[1] = int(rng.integers(0, 256))
-    elif choice == 3:
-        preamble[0] = int(rng.integers(0, 256))
-    head = bytes(preamble) + layout.fixed_struct.pack(*values) + tail
-    if choice == 4:  # a header one byte short or long
-        head = head[:-1] if rng.random() < 0.5 else head + b"\x00"
-    elif choice == 5:
-        head = head[: int(rng.integers(1, len(head)))]
-    return _frame(head, b"" if arr is None else arr.tobytes())
+        preamble[0] = int(rng.integers(0, 8))
+    return _frame(msgpack.packb([*preamble, *values], use_bin_type=True))
 
 
 def mutate(rng: np.random.Generator, valid: list[bytes], msgs: list[Message]) -> tuple[str, bytes]:
@@ -199,10 +172,10 @@ def _msgpack_junk(rng: np.random.Generator) -> bytes:
     """Random msgpack-ish bytes inside a correct prefix (exercises the unpacker's branches)."""
     junk = bytes(int(rng.choice([0xC1, 0xDD, 0xDF, 0xC7, 0xD6, 0x91, 0x81, 0xA1, 0xFF,
                                  int(rng.integers(256))])) for _ in range(int(rng.integers(1, 40))))
-    if rng.random() < 0.8:  # behind the v3 preamble of a msgpack kind, so the unpacker runs
-        mp_kinds = sorted(set(KINDS) - set(COMPACT_LAYOUTS))
-        junk = bytes([PROTOCOL_VERSION, KIND_CODES[mp_kinds[int(rng.integers(len(mp_kinds)))]]]) \
-            + junk
+    if rng.random() < 0.8:  # behind a valid start of some kind's array, so the decoders run
+        kind = sorted(KINDS)[int(rng.integers(len(KINDS)))]
+        junk = bytes([0x90 | (len(WIRE_FIELDS[kind]) + 2), PROTOCOL_VERSION,
+                      KIND_CODES[kind]]) + junk
     return _frame(junk)
 
 

@@ -167,7 +167,7 @@ class MuxFrameDecoder(FrameDecoder):
         self.slot = slot
         self._select(self, slot)
         # FrameDecoder._read_prefix's checks, inlined (no second call per frame)
-        if h == 0 or h > self.limits.max_header_bytes:
+        if h == 0 or h > self.limits.max_body_bytes:
             return FrameDecoder._read_prefix(self)  # raises the precise error
         self._hlen = h
         self._state = _HEADER_STATE

@@ -6,11 +6,13 @@ Invariants
   int`` — ``True`` is not a round number) and lies in its context-free range. Context-dependent
   checks (worker id < m, count <= load, round == current round) belong to the core.
 * Arrays (the model in :class:`RoundStart`, the payload of :class:`CodedGradient`) are 1-D,
-  little-endian float32 or float64. Their bytes travel after the header (see ``wire``).
-* The field checkers (``Cls._checks``) are the schema: ``wire`` validates every field of every
-  frame from the network against them (the compact header codecs inline the same bounds and
-  fall back to the checkers to name the field at fault), then builds the message with
-  :func:`slot_constructor` (no second validation). ``Cls(...)`` validates too (messages built
+  little-endian float32 or float64. Their bytes travel as the last element of the frame's
+  msgpack array, a ``bin`` (see ``headers``).
+* The field checkers (``Cls._checks``) are the schema, and each carries its wire form
+  (``.wire``: a msgspec type with the same bounds, ``.tag``: its msgpack encoding): ``headers``
+  builds the codec of every kind from them, validates every field of every frame from the
+  network with it (falling back to the checkers to word the error), then builds the message
+  with :func:`slot_constructor` (no second validation). ``Cls(...)`` validates too (messages built
   from values not yet checked); :meth:`Message.trusted` and :func:`slot_constructor` do not
   (values this process built itself).
 """
@@ -20,15 +22,17 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Final
+from typing import Annotated, Any, ClassVar, Final
 
+import msgspec
 import numpy as np
 
 from aiogc.errors import MalformedFrame
 
 #: Wire/protocol version. Bumped on any incompatible change (see docs/protocol.md).
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 
 #: Largest integer accepted in any int field: fits every language's int64 with margin.
 MAX_INT: Final = 2**53
@@ -53,6 +57,23 @@ def _fail(kind: str, name: str, value: object, allowed: str) -> MalformedFrame:
 
 
 # --- field checkers: each returns the (possibly normalised) value or raises MalformedFrame ---
+# Each checker also carries its wire form, the one declaration the codec
+# (aiogc.protocol.headers) and the Wireshark dissector (aiogc.protocol.dissector) are built
+# from: ``wire``, the msgspec type that validates the msgpack value with the same bounds, and
+# ``tag``, the short name of the msgpack encoding (docs/protocol.md §2.1).
+
+#: largest finite float (``le=`` of a finite float field: refuses +inf; NaN fails every bound)
+_FMAX: Final = sys.float_info.max
+
+
+def _wire(check: Any, wire: Any, tag: str) -> Any:
+    check.wire = wire
+    check.tag = tag
+    return check
+
+
+def _uint_type(lo: int, hi: int) -> Any:
+    return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
 
 
 def _int(lo: int = 0, hi: int = MAX_INT) -> Any:
@@ -61,7 +82,7 @@ def _int(lo: int = 0, hi: int = MAX_INT) -> Any:
             raise _fail(kind, name, v, f"int in [{lo}, {hi}]")
         return v
 
-    return check
+    return _wire(check, _uint_type(lo, hi), "uint")
 
 
 def _float(lo: float = 0.0, hi: float = math.inf, *, allow_inf: bool = False) -> Any:
@@ -75,7 +96,8 @@ def _float(lo: float = 0.0, hi: float = math.inf, *, allow_inf: bool = False) ->
             raise _fail(kind, name, v, "a finite float")
         return v
 
-    return check
+    bound = hi if allow_inf else min(hi, _FMAX)
+    return _wire(check, Annotated[float, msgspec.Meta(ge=lo, le=bound)], "float")
 
 
 def _text(kind: str, name: str, v: object) -> str:
@@ -84,10 +106,16 @@ def _text(kind: str, name: str, v: object) -> str:
     return v
 
 
+_wire(_text, Annotated[str, msgspec.Meta(max_length=MAX_TEXT)], "str")
+
+
 def _blob(kind: str, name: str, v: object) -> bytes:
     if type(v) is not bytes or len(v) > MAX_BLOB:
         raise _fail(kind, name, v, f"bytes of at most {MAX_BLOB}")
     return v
+
+
+_wire(_blob, Annotated[bytes, msgspec.Meta(max_length=MAX_BLOB)], "bin")
 
 
 def _nonce(kind: str, name: str, v: object) -> bytes:
@@ -95,6 +123,9 @@ def _nonce(kind: str, name: str, v: object) -> bytes:
     if type(v) is not bytes or not 16 <= len(v) <= MAX_BLOB:
         raise _fail(kind, name, v, f"bytes of 16 to {MAX_BLOB}")
     return v
+
+
+_wire(_nonce, Annotated[bytes, msgspec.Meta(min_length=16, max_length=MAX_BLOB)], "bin")
 
 
 def _count_list(kind: str, name: str, v: object) -> tuple[int, ...]:
@@ -105,6 +136,10 @@ def _count_list(kind: str, name: str, v: object) -> tuple[int, ...]:
         if type(x) is not int or not 0 <= x <= MAX_WORKERS:
             raise _fail(kind, name, x, f"ints in [0, {MAX_WORKERS}]")
     return tuple(v)  # type: ignore[arg-type]
+
+
+_wire(_count_list, Annotated[tuple[_uint_type(0, MAX_WORKERS), ...],  # type: ignore[misc]
+                             msgspec.Meta(max_length=MAX_WORKERS)], "uint_array")
 
 
 #: Longest ``round_start.orders`` (every worker's order, flattened: the sum of the loads); at
@@ -122,6 +157,10 @@ def _order_list(kind: str, name: str, v: object) -> tuple[int, ...]:
     return tuple(v)  # type: ignore[arg-type]
 
 
+_wire(_order_list, Annotated[tuple[_uint_type(0, MAX_WORKERS - 1), ...],  # type: ignore[misc]
+                             msgspec.Meta(max_length=MAX_ORDER_ENTRIES)], "uint_array")
+
+
 def _delay_list(kind: str, name: str, v: object) -> tuple[float, ...]:
     if type(v) not in (list, tuple) or len(v) > MAX_WORKERS:  # type: ignore[arg-type]
         raise _fail(kind, name, v, f"list of at most {MAX_WORKERS} floats")
@@ -134,6 +173,11 @@ def _delay_list(kind: str, name: str, v: object) -> tuple[float, ...]:
             raise _fail(kind, name, x, "non-negative floats (inf allowed)")
         out.append(x)
     return tuple(out)
+
+
+# +inf allowed (ge=0 still refuses NaN)
+_wire(_delay_list, Annotated[tuple[Annotated[float, msgspec.Meta(ge=0.0)], ...],
+                             msgspec.Meta(max_length=MAX_WORKERS)], "float_array")
 
 
 _CONFIG_SCALARS = (int, float, str, bool, type(None))
@@ -150,12 +194,21 @@ def _config(kind: str, name: str, v: object) -> dict[str, Any]:
     return dict(v)
 
 
+_wire(_config, Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)],
+         int | float | Annotated[str, msgspec.Meta(max_length=MAX_TEXT)] | bool | None],
+    msgspec.Meta(max_length=MAX_CONFIG_ENTRIES)], "map")
+
+
 def _array(kind: str, name: str, v: object) -> np.ndarray:
     if not isinstance(v, np.ndarray) or v.ndim != 1:
         raise _fail(kind, name, type(v).__name__, "1-D ndarray")
     if v.dtype.str not in ARRAY_DTYPES:
         raise _fail(kind, name, v.dtype.str, f"dtype in {sorted(ARRAY_DTYPES)}")
     return v
+
+
+_wire(_array, None, "payload")
 
 
 #: coded_gradient's payload may also be one of the 16-bit upload types of ``coded_dtype``
@@ -169,6 +222,9 @@ def _coded_array(kind: str, name: str, v: object) -> np.ndarray:
     if v.dtype.str not in CODED_ARRAY_DTYPES:
         raise _fail(kind, name, v.dtype.str, f"dtype in {sorted(CODED_ARRAY_DTYPES)}")
     return v
+
+
+_wire(_coded_array, None, "payload")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,50 +1,41 @@
-"""Message <-> bytes: length prefix, version, per-kind header codecs, limits, frame tags. Sans-IO.
+"""Message <-> bytes: length prefix, one msgpack array per body, limits, frame tags. Sans-IO.
 
-Frame format (version 4)
+Frame format (version 5)
 ------------------------
-A frame is up to four consecutive parts, with nothing between frames::
+A frame is up to three consecutive parts, with nothing between frames::
 
-    +-------------------+----------------------+------------------------------+---------+
-    | H: u32 big-endian | header: H bytes      | body: n * itemsize raw bytes | tag: T  |
-    +-------------------+----------------------+------------------------------+---------+
+    +-------------------+----------------------------------------------+---------+
+    | L: u32 big-endian | body: L bytes, one msgpack array              | tag: T  |
+    |                   | [version, kind code, fields..., (payload)]    |         |
+    +-------------------+----------------------------------------------+---------+
 
 * ``T`` is 16 on an authenticated connection after the handshake, else 0 (no tag): the tag
-  is AES-256-GCM with an empty plaintext over ``prefix || header || body`` as associated data
+  is AES-256-GCM with an empty plaintext over ``prefix || body`` as associated data
   (GMAC), key = this direction's session key, nonce = 4 zero bytes || u64be(seq), where
   ``seq`` counts the tagged frames sent in this direction from 0 (implicit, never sent). See
   :class:`~aiogc.protocol.tags.FrameAuth`. A wrong tag is ``bad_tag``; the message is never
   delivered.
-* ``H`` is the length of the header in bytes, ``2 <= H <= limits.max_header_bytes`` (``H == 0``:
-  ``empty_header``; ``H == 1``: ``bad_header``), checked before a single header byte is buffered.
-* The header starts with two bytes, the version (``PROTOCOL_VERSION`` = 4, else
-  ``bad_version``) and the kind's code (:data:`~aiogc.protocol.headers.KIND_CODES`, else
-  ``unknown_kind``); the rest depends on the kind (encoders and validating decoders:
-  :mod:`aiogc.protocol.headers`):
-
-  - **compact kinds** (:data:`~aiogc.protocol.headers.COMPACT_LAYOUTS`: the kinds sent every
-    round, and ``ready``, ``ping``, ``pong``): the kind's fields in order as fixed-size
-    **big-endian** values (``u53`` and ``n`` as u64, counts and list lengths as u32, seconds as
-    IEEE float64, the array's itemsize as u8), then a variable tail whose length the fixed
-    part gives (the entries of ``delays_s`` as float64, of ``state`` as u32, the bytes of
-    ``state_digest``).
-    ``H`` must be exactly the length this implies (``bad_schema``, naming the field).
-  - **msgpack kinds** (the handshake, ``round_end``, ``bye``, ``error``, ``shutdown``): one
-    msgpack map with exactly the kind's fields as str keys (``bad_schema``), packed with
-    ``packb(use_bin_type=True)``, unpacked with ``raw=False, strict_map_key=True``, every
-    container/string length bounded (``max_*_len`` below), no ext types (``ext_type``), never
-    pickle, nothing after the map (``trailing_bytes``).
-
-* Array kinds (``round_start``, ``coded_gradient``; compact) carry the itemsize (4: ``"<f4"``,
-  8: ``"<f8"``, else ``bad_dtype``) and the element count ``n`` in the header; the body is
-  exactly ``n * itemsize`` bytes, the little-endian elements in order. ``n * itemsize`` is checked
-  against ``limits.max_array_bytes`` before anything is allocated (``array_too_large``);
-  ``max_array_bytes == 0`` forbids array kinds altogether (before authentication).
+* ``L`` is the body's length, checked against the limits before a single body byte is
+  buffered (``L == 0``: ``empty_header``; more than ``max_header_bytes + max_array_bytes``:
+  ``header_too_large``).
+* The body is exactly one msgpack object, a fixarray: ``PROTOCOL_VERSION`` (5, else
+  ``bad_version``), the kind's code (:data:`~aiogc.protocol.headers.KIND_CODES`, else
+  ``unknown_kind``), then the kind's fields in the order of
+  :data:`~aiogc.protocol.headers.WIRE_FIELDS` (the codec, built from that one table:
+  :mod:`aiogc.protocol.headers`). Any msgpack library's ``unpackb(body)`` returns the whole
+  message, payload included.
+* Array kinds (``round_start``, ``coded_gradient``) end with a dtype code (4: ``"<f4"``, 8:
+  ``"<f8"``, else ``bad_dtype``) and the payload, a msgpack bin (bin32 from this sender) of
+  the little-endian elements: the receiver parses the head before it, checks the payload's
+  byte count against ``limits.max_array_bytes`` before anything is allocated
+  (``array_too_large``; ``max_array_bytes == 0`` forbids array kinds, before authentication),
+  and reads the payload's bytes straight into their destination.
 
 Every field from the network is checked here, once, against the schema of ``messages`` (type
-and context-free range; a failure is ``bad_field`` naming ``kind.field``), before the message
-is built with an unvalidated constructor. All header checks happen before the body is
-received, so ``alloc`` only ever sees validated headers. docs/protocol.md gives the byte
-layouts and test vectors.
+and context-free range, by the codec's typed decode; a failure is ``bad_field`` naming
+``kind.field``), before the message is built with an unvalidated constructor. All head checks
+happen before the payload is received, so ``alloc`` only ever sees validated heads.
+docs/protocol.md gives the field table and test vectors.
 
 Invariants
 ----------
@@ -54,15 +45,15 @@ Invariants
   the same exception (the connection must be closed; there is no resynchronisation).
 * With a tag, nothing is delivered before the tag verified (the body may already sit in the
   destination ``alloc`` chose: a caller must not use it unless the message is delivered).
-* Memory is bounded by the limits: the header buffer never exceeds ``max_header_bytes + 64 KiB``
+* Memory is bounded by the limits: the read buffer never exceeds ``max_header_bytes + 64 KiB``
   (read slack), and each frame allocates at most one array of ``max_array_bytes``.
 * Frames are parsed in order and, with ``max_messages=1`` + :meth:`FrameDecoder.next_message`,
   one at a time: a caller can change ``limits`` or the state ``alloc`` reads between frames.
 * Encoding never copies the array: :func:`encode_frame` returns a memoryview of it. The caller
   must not mutate the array until the transport has flushed it (see ``net.framing``).
 
-Known imperfection: the decoder copies into the array the (at most one read's worth of) body
-bytes that arrived in the same read as the header; the rest lands directly in the array.
+Known imperfection: the decoder copies into the array the (at most one read's worth of) payload
+bytes that arrived in the same read as the head; the rest lands directly in the array.
 """
 
 from __future__ import annotations
@@ -83,7 +74,7 @@ from aiogc.protocol.headers import (
     PREFIX_BYTES,
     FrameLimits,
     encode_head,
-    parse_header,
+    parse_head,
 )
 from aiogc.protocol.messages import Message
 from aiogc.protocol.tags import ONESHOT_BELOW, TAG_BYTES, FrameAuth
@@ -128,7 +119,7 @@ AllocFn = Callable[[str, dict[str, Any], np.dtype, int], "np.ndarray | None"]
 def encode_frame(msg: Message) -> list[bytes | memoryview]:
     """Frame ``msg`` for ``transport.writelines`` / successive ``write`` calls.
 
-    Returns ``[prefix + header]`` or, for a non-empty array, ``[prefix + header, view]`` where
+    Returns ``[prefix + body]`` or, for a non-empty array, ``[prefix + body head, view]`` where
     ``view`` is a byte memoryview of the message's array (no copy: do not mutate the array until
     it has been sent).
     """
@@ -351,11 +342,17 @@ class FrameDecoder:
                 if special is not None:  # a host decoder's preamble or control record
                     return special  # type: ignore[no-any-return]
                 avail = self._end - self._start
-            total = PREFIX_BYTES + self._hlen
-            if avail < total:
-                self._need = total - avail  # the next get_buffer makes room for the rest
+            buf, start = self._buf, self._start + PREFIX_BYTES
+            # parse_head's dispatch, inlined for a well-formed start; it words every failure
+            if avail >= PREFIX_BYTES + PREAMBLE_BYTES and buf[start] & 0xF0 == 0x90 \
+                    and buf[start + 1] == _V and (decode := _DECODERS[buf[start + 2]]):
+                head = decode(buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
+            else:
+                head = parse_head(buf, start, avail - PREFIX_BYTES, self._hlen, self.limits)
+            if type(head) is int:
+                self._need = head  # the next get_buffer makes room for the rest
                 return None
-            msg = self._read_header()
+            msg = self._read_header(*head)  # type: ignore[misc]
             if msg is not None or self._state == _BODY_STATE:
                 return msg
             # else a tag is awaited and not yet buffered (_TAG_STATE): loop to check
@@ -365,33 +362,28 @@ class FrameDecoder:
         returns its preamble or control records instead, see aiogc.protocol.hostmux)."""
         (h,) = PREFIX.unpack_from(self._buf, self._start)
         if h == 0:
-            raise MalformedFrame("zero-length header", code="empty_header")
-        if h > self.limits.max_header_bytes:
+            raise MalformedFrame("zero-length body", code="empty_header")
+        if h > self.limits.max_body_bytes:
             if h == HOST_MAGIC and self.accept_host and self.frames_decoded == 0:
                 raise HostPreamble(bytes(self._buf[self._start:self._end]))
-            raise FrameTooLarge(f"header of {h} bytes exceeds {self.limits.max_header_bytes}",
+            raise FrameTooLarge(f"body of {h} bytes exceeds {self.limits.max_body_bytes}",
                                 code="header_too_large")
         self._hlen = h
         self._state = _HEADER_STATE
         return None
 
-    def _read_header(self) -> Message | None:
-        """The whole prefix + header is buffered at ``_start``: validate it, then deliver the
-        message (no body, no tag), check its tag in place, or start its body / tag.
+    def _read_header(self, msg: Message, dtype: np.dtype | None, n: int,
+                     h: int) -> Message | None:
+        """The head of the frame at ``_start`` (its first ``h`` body bytes) is buffered and
+        validated as ``msg``: deliver the message (no payload, no tag), check its tag in
+        place, or start its payload / tag.
 
-        The common case, a whole small frame (prefix, header, body, tag) already buffered, is
-        done here in one go: the header parsed, the body copied once into its destination, the
-        tag verified in place over one slice of the read buffer; the rest goes through the
-        general state machine (:meth:`_begin_body`, :meth:`_tag_from_buffer`)."""
-        buf, start, h = self._buf, self._start, self._hlen
+        The common case, a whole small frame (prefix, body, tag) already buffered, is done
+        here in one go: the payload copied once into its destination, the tag verified in
+        place over one slice of the read buffer; the rest goes through the general state
+        machine (:meth:`_begin_body`, :meth:`_tag_from_buffer`)."""
+        buf, start = self._buf, self._start
         pos = start + PREFIX_BYTES
-        limits = self.limits
-        # parse_header's preamble checks, inlined; parse_header words every failure
-        decode = _DECODERS[buf[pos + 1]] if h >= PREAMBLE_BYTES and buf[pos] == _V else None
-        if decode is None:
-            parse_header(buf, pos, h, limits)
-            raise AssertionError("parse_header accepted a header refused here")  # unreachable
-        msg, dtype, n = decode(buf, pos, h, limits)
         end = pos + h
         auth = self.auth
         if dtype is None or n == 0:  # no body (an empty array keeps its (0,) placeholder)

@@ -26,9 +26,9 @@ Timing model (the same in the fast path and, for the per-worker links, the proto
   Store-and-forward per frame over-counts a lone frame by ``b / max(worker_up, ps)`` against
   a packetised pipeline (1 % at ``worker=10MB/s,ps=1GB/s``).
 * frames are counted with their real size on the wire (:class:`FrameBytes`, measured with the
-  wire codec :func:`~aiogc.protocol.wire.encode_frame` on representative messages: the compact
-  headers have fixed sizes); without frame authentication (the simulators run none; a live
-  authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
+  wire codec :func:`~aiogc.protocol.wire.encode_frame` on representative messages: a frame's
+  head does not grow with its payload); without frame authentication (the simulators run none;
+  a live authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
 
 Links carry from round to round, as live and in the protocol engine: for partial and
 uncoded nothing is in flight when the PS starts the next round, but in the other
@@ -97,9 +97,9 @@ class FrameBytes:
         (coded vectors of ``dtype``, the model in ``model_dtype``: ``RunConfig.payload_dtype``,
         which the PS's round_start carries; a float32 run's model is half a float64's bytes).
 
-        The compact headers have a fixed size whatever the array length, so each kind is
-        encoded once with a one-value array and the other ``n - 1`` values are added
-        (``tests/test_comm.py`` checks this against whole frames).
+        A frame's head does not depend on its array's length (the payload is a bin32), so
+        each kind is encoded once with a one-value array and the other ``n - 1`` values are
+        added (``tests/test_comm.py`` checks this against whole frames).
         """
         dt = np.dtype(dtype)
         m, d = int(scheme.m), int(dim)
