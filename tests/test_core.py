@@ -343,7 +343,7 @@ def test_hello_after_auth_and_unsolicited_coded_are_handled() -> None:
     ev = _closes(rig, rig.sim._peer(2), Hello(worker=2, nonce=b"x" * 16, mac=b"", epoch=0))
     assert ev.code == "bad_kind"
     # a coded vector while the PS is not collecting is stale, not decoded
-    payload = np.zeros(rig.ps.payload_len)
+    payload = np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))
     rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=0,
                                                    state_digest=state_digest([0] * 6),
                                                    compute_s=0.0, payload=payload),
@@ -414,7 +414,7 @@ def test_replaced_connection_leaves_the_running_round() -> None:
 
 def test_stale_vector_with_nan_does_not_drop_its_sender() -> None:
     rig = _joined_rig()
-    bad = np.full(rig.ps.payload_len, np.nan)
+    bad = np.full(rig.ps.scheme.payload_len(rig.ps.dim), np.nan)
     rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=5,
                                                    state_digest=b"x" * 8, compute_s=0.0,
                                                    payload=bad), now=rig.sim.now)

@@ -21,7 +21,7 @@ from aiogc.config import RunConfig
 from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import DecodeRound
 from aiogc.harness.kit import make_ps, materialise_for
-from tests.helpers import build_rig
+from tests.helpers import build_rig, coded_rows
 
 CASES = [("partial", 1), ("partial", 2), ("original", 1)]
 
@@ -52,7 +52,7 @@ def _honest_rows(sch: Any, task: Any, w: np.ndarray, st: np.ndarray, dtype: str)
 def _decode(agg: Any, rows: np.ndarray, st: np.ndarray, w: np.ndarray, rnd: int = 0) -> Any:
     item = DecodeRound(RoundRecord(round=rnd, scheme=agg.scheme.name, t_start=0.0), exact=True,
                        reason="decodable", decode=True, state=st, attempt=0, model=w,
-                       rows=rows, dim=w.size)
+                       coded=coded_rows(rows), dim=w.size)
     return agg.run(item), item.record
 
 

@@ -105,7 +105,7 @@ def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: in
             assert r.rounding_bound <= 0.01 * scale  # scheme's decoders amplify ~10^3)
         w = w - ps.aggregator.learning_rate * r.gradient
     # the uploads were 16-bit on this run's wire type
-    assert ps._payload_rows.dtype.itemsize == 2
+    assert ps.aggregator.rows.dtype.itemsize == 2
 
 
 @pytest.mark.parametrize("coded", ["same", "bfloat16"])

@@ -119,7 +119,8 @@ def _in_decoding() -> tuple[Rig, int]:
     for j in sorted(rs.expected):
         rig.ps.receive(_peer(rig, j), CodedGradient(
             epoch=0, round=0, attempt=rs.attempt, state_digest=state_digest(rs.broadcast),
-            compute_s=0.0, payload=np.zeros(rig.ps.payload_len)), now=rig.sim.now)
+            compute_s=0.0, payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
+            now=rig.sim.now)
     assert rig.ps.phase is PSPhase.DECODING
     assert isinstance(rig.ps.next_work(), DecodeRound)
     return rig, 0
@@ -151,7 +152,7 @@ def _frame(kind: str, rnd: int, rig: Rig) -> Message:
                                     elapsed_s=0.0),
         "coded_gradient": CodedGradient(epoch=0, round=max(rnd, 0), attempt=0,
                                         state_digest=digest, compute_s=0.0,
-                                        payload=np.zeros(rig.ps.payload_len)),
+                                        payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
         "ping": Ping(seq=7),
         "pong": Pong(seq=7),
         "bye": Bye(reason="done"),

@@ -23,7 +23,7 @@ import pytest
 
 import aiogc.core.worker as worker_mod
 from aiogc.config import RunConfig, scheme_digest
-from aiogc.core import Outgoing, Setup, Worker, WorkerPhase
+from aiogc.core import ComputeChunks, Outgoing, Setup, Worker, WorkerPhase
 from aiogc.core.worker import ACCEPTS
 from aiogc.core.worker_round import WorkerRounds
 from aiogc.core.worker_rules import NEXT, TRANSITIONS
@@ -197,6 +197,7 @@ def test_every_transition_is_taken_by_a_scenario(edges: list[Edge]) -> None:
     w = _in_phase(P.COMPUTING)  # every chunk computed: WAITING
     w.handle_timer(now=float(_load()))
     for item in w.drain_work():
+        assert isinstance(item, ComputeChunks)
         w.chunks_done(item.round, item.first, [np.zeros(_DIM)] * len(item.chunks), now=9.0)
     assert w.phase is P.WAITING
     w = _in_phase(P.WAITING)  # resume restarts the chunk in flight

@@ -120,8 +120,10 @@ class ParameterServer(RoundMachine):
         Initial model.
     aggregator : RoundWorker, optional
         What the driver runs this PS's work items with (``aggregator.run(item)``, see
-        :mod:`aiogc.core.ps_work`); the PS itself never calls it. ``harness.kit.make_ps``
-        builds an :class:`aiogc.training.aggregator.Aggregator`.
+        :mod:`aiogc.core.ps_work`); the PS itself calls only its ``screen``, the check of
+        every coded vector before it is accepted (without an aggregator every vector is
+        accepted). ``harness.kit.make_ps`` builds an
+        :class:`aiogc.training.aggregator.Aggregator`.
     scheme : Scheme, optional
         Default: ``config.build_scheme()``.
     schedule : DelaySchedule-like, optional
@@ -167,7 +169,8 @@ class ParameterServer(RoundMachine):
         auth_deadline_s = (AUTH_DEADLINE_S if options.auth_deadline_s is None
                            else options.auth_deadline_s)
         scheme = scheme if scheme is not None else config.build_scheme()
-        super().__init__(RoundSetup(config, scheme, model, schedule, epoch))
+        super().__init__(RoundSetup(config, scheme, model, schedule, epoch,
+                                    aggregator.screen if aggregator is not None else None))
         if not 0 <= spare_wait <= 100:
             raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
         self.spare_wait = float(spare_wait)
@@ -399,18 +402,13 @@ class ParameterServer(RoundMachine):
     def finished(self) -> bool:
         return self.phase is PSPhase.FINISHED
 
-    def payload_buffer(self, peer: Hashable, dtype: np.dtype, n: int) -> np.ndarray | None:
-        """Destination row for a coded payload arriving from ``peer`` (zero-copy receive).
-
-        Returns None (the network layer then allocates) when the peer is not an authenticated
-        worker or the declared dtype / length is not what this run expects; the core then
-        rejects the message itself, with the reason.
-        """
+    def awaits(self, peer: Hashable) -> int | None:
+        """The worker whose coded vector ``peer`` may deliver now, or None: a driver receives
+        that vector straight into the worker's row (``CodedRows.row``, zero-copy); anything
+        else it allocates for, and the core rejects or drops it itself, with the reason."""
         info = self._peers.get(peer)
         rs = self._round
         if info is None or info.worker is None or rs is None:
-            return None
-        if n != self.payload_len or np.dtype(dtype) != self._payload_rows.dtype:
             return None
         w = info.worker
         # only a vector we are waiting for may land in the row: a duplicate or stale one must
@@ -421,7 +419,7 @@ class ParameterServer(RoundMachine):
             ok = self.phase is PSPhase.COMPUTING
         else:
             ok = self.phase is PSPhase.COLLECTING and w in rs.expected
-        return self._rows[w] if ok else None
+        return w if ok else None
 
     def worker_of(self, peer: Hashable) -> int | None:
         """The worker id ``peer`` authenticated as, or None."""

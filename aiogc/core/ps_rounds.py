@@ -87,7 +87,7 @@ class _RoundState:
     broadcast: tuple[int, ...] | None = None
     digest: bytes = b""
     expected: set[int] = field(default_factory=set)  # workers whose vector we wait for
-    received: dict[int, np.ndarray] = field(default_factory=dict)
+    received: dict[int, CodedGradient] = field(default_factory=dict)  # accepted vectors
     excluded: set[int] = field(default_factory=set)
     collect_deadline: float | None = None
     #: t_start + round_timeout_s, and t_start + deadline_s in approx mode (inf if none):
@@ -116,6 +116,9 @@ class RoundSetup:
     model: np.ndarray  # (d,) the initial model
     schedule: Any | None  # DelaySchedule-like: compute_s[r, j, :] and network_s[r, j]
     epoch: int
+    #: ``screen(msg) -> (reason, detail) | None``: why a coded vector cannot be used (the
+    #: aggregator side's check, ``CodedRows.screen``); None accepts every vector
+    screen: Callable[[CodedGradient], tuple[str, str] | None] | None = None
 
 
 class RoundMachine(Endpoint):
@@ -142,7 +145,7 @@ class RoundMachine(Endpoint):
         self.m: int = scheme.m
         self.model = np.array(setup.model, dtype=np.float64, copy=True)
         self.dim = int(self.model.shape[0])
-        self.payload_len: int = scheme.payload_len(self.dim)
+        self._screen = setup.screen
         self.schedule = setup.schedule
         self.epoch = setup.epoch
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
@@ -167,11 +170,6 @@ class RoundMachine(Endpoint):
         self._round_no = -1
         self._join_deadline: float | None = None
         self.records: list[RoundRecord] = []
-        # payload buffers: one row per worker, reused across rounds (the network layer
-        # receives each payload straight into its row: performance.md pitfall 4)
-        self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.coded_wire_dtype)
-        #: one persistent view per row, so that "received in place" is an identity check
-        self._rows: list[np.ndarray] = list(self._payload_rows)
         #: phase -> kind -> bound handler (RULES with the names resolved once)
         self._rules: dict[PSPhase, dict[str, Callable[..., None]]] = {
             ph: {kind: getattr(self, "_on_" + name) for kind, name in self.RULES[ph].items()}
@@ -277,7 +275,7 @@ class RoundMachine(Endpoint):
 
     def _send_round_start(self, r: int, ready: dict[int, Hashable]) -> None:
         # a copy: the transport may still read it after we update self.model
-        model = self.model.astype(self.config.payload_dtype, copy=True)
+        model = self.model.astype(self.config.dtype, copy=True)
         orders = self._round_orders  # () unless ordering="adaptive"
         sched = self.schedule
         append = self._outbox.append
@@ -363,16 +361,16 @@ class RoundMachine(Endpoint):
             rs = self._current(msg.epoch, msg.round, "coded_gradient")  # counts, or raises
         if rs is None or not self._awaited(rs, worker, msg):
             return
-        # is it usable? A bad payload is a rejected contribution, not a closed connection:
+        # is it usable? A bad vector is a rejected contribution, not a closed connection:
         # the worker counts as a straggler this round.
-        payload = msg.payload
-        problem = self._payload_problem(payload)
+        problem = self._screen(msg) if self._screen is not None else None
         if problem is not None:
-            self.stats["payload_rejected"] += 1
-            rs.record.dropped[worker] = f"payload_rejected: {problem}"
-            self._drop_workers([worker], "payload_rejected", now)
+            reason, detail = problem
+            self.stats[reason] += 1
+            rs.record.dropped[worker] = f"{reason}: {detail}"
+            self._drop_workers([worker], reason, now)
             return
-        self._accept_coded(rs, worker, msg, payload, now)
+        self._accept_coded(rs, worker, msg, now)
 
     def _awaited(self, rs: _RoundState, worker: int, msg: CodedGradient) -> bool:
         """Is this a vector we are waiting for? (stale ones are dropped whatever they hold)"""
@@ -394,34 +392,14 @@ class RoundMachine(Endpoint):
                                       code="bad_state_digest")
         return True
 
-    def _payload_problem(self, payload: np.ndarray) -> str | None:
-        """Why ``payload`` cannot be used (length, dtype, non-finite values), or None."""
-        if payload.shape != (self.payload_len,):
-            return f"length {payload.shape[0]} != {self.payload_len}"
-        dt = self._payload_rows.dtype
-        if payload.dtype is not dt and payload.dtype != dt:
-            return f"dtype {payload.dtype.str} != {dt.str}"
-        # count_nonzero of the mask: the same test as isfinite(...).all(), without the
-        # ndarray.all() wrapper that costs more than the test itself on short payloads (a
-        # sum-of-squares shortcut would warn on overflow for large finite payloads)
-        if dt.kind == "u":  # bfloat16 bits (coded_dtype): exponent all ones is inf or NaN
-            if np.count_nonzero((payload & 0x7F80) == 0x7F80):
-                return "non-finite values"
-        elif np.count_nonzero(np.isfinite(payload)) != payload.size:
-            return "non-finite values"
-        return None
-
-    def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient,
-                      payload: np.ndarray, now: float) -> None:
+    def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient, now: float
+                      ) -> None:
         if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
             # it finished everything (send-when-done workers send no chunk reports)
             rs.state[worker] = self._loads_list[worker]
         if rs.finished is not None:
             rs.finished[worker] = self._loads_list[worker]
-        row = self._rows[worker]
-        if payload is not row:
-            row[:] = payload  # not received in place (tests, simulator): copy into the row
-        rs.received[worker] = row
+        rs.received[worker] = msg
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
         if self._sends_when_done:
@@ -647,7 +625,7 @@ class RoundMachine(Endpoint):
                                        set(range(self.m)) - rs.excluded)
         self._round = None
         self._decode_item = DecodeRound(rec, exact, str(reason), decode, state, rs.attempt,
-                                        self.model, self._payload_rows, self.dim,
+                                        self.model, rs.received, self.dim,
                                         self._round_orders)
 
     # ------------------------------------------------------------------ the driver's work

@@ -8,8 +8,12 @@ Invariants
   longer). A ``resume`` restarts the chunk that was in flight when computing stopped.
 * Application work stays out of the machine: when chunks are due the worker queues one
   :class:`ComputeChunks` work item (``next_work()``); the driver computes the gradients and
-  calls :meth:`Worker.chunks_done` with a fresh ``now``. Scheme and task are built by the
-  driver too (event :class:`SetupNeeded`, answered by :meth:`Worker.setup_ready`).
+  calls :meth:`Worker.chunks_done` with a fresh ``now``. When a vector is due the worker
+  decides with which coefficients and queues an :class:`EncodeVector` (the PS's
+  ``DecodeRound`` mirrored); the driver encodes (``aiogc.training.encode``, the upload type
+  included) and answers with :meth:`Worker.encode_done`. The core holds the driver's gradient
+  arrays but never reads them. Scheme and task are built by the driver too (event
+  :class:`SetupNeeded`, answered by :meth:`Worker.setup_ready`).
 * One cumulative report per wake-up: a report carries the count of every gradient stored so
   far, so reports are monotone.
 * The encoding uses the *broadcast* state, never the worker's newer progress.
@@ -40,6 +44,7 @@ from aiogc.core.common import (
     FATAL_CODES,
     ComputeChunks,
     ConnectionFailed,
+    EncodeVector,
     Event,
     Outgoing,
     SetupNeeded,
@@ -84,7 +89,8 @@ _INF = float("inf")
 _NONE: tuple[()] = ()  # what poll returns for an empty queue
 
 #: what :meth:`Worker.poll` returns: ``(events, work, outgoing, deadline)``
-Polled = tuple[Sequence[Event], Sequence[ComputeChunks], Sequence[Outgoing], float | None]
+Polled = tuple[Sequence[Event], Sequence[ComputeChunks | EncodeVector], Sequence[Outgoing],
+               float | None]
 
 # Phase members as module constants: the one micro-idiom kept, because the replay shows it
 # (bench/core_replay.py's recorded calls, worker calls only, m=64, 30 rounds, median of 7
@@ -222,11 +228,11 @@ class Worker(WorkerRounds):
         except Exception as exc:
             self._internal_error(exc, now)
 
-    def next_work(self) -> ComputeChunks | None:
+    def next_work(self) -> ComputeChunks | EncodeVector | None:
         """The next work item for the driver, or None."""
         return self._work.pop(0) if self._work else None
 
-    def drain_work(self) -> list[ComputeChunks]:
+    def drain_work(self) -> list[ComputeChunks | EncodeVector]:
         """Every queued work item, in order."""
         if not self._work:
             return []
@@ -253,7 +259,7 @@ class Worker(WorkerRounds):
             self._outbox = []
         else:
             out = _NONE
-        work: Sequence[ComputeChunks] = self._work
+        work: Sequence[ComputeChunks | EncodeVector] = self._work
         if work:
             self._work = []
             return events, work, out, None
@@ -267,6 +273,14 @@ class Worker(WorkerRounds):
         """
         try:
             self._chunks_done(rnd, first, grads, now)
+        except Exception as exc:
+            self._internal_error(exc, now)
+
+    def encode_done(self, item: EncodeVector, vector: np.ndarray, *, now: float) -> None:
+        """The driver encoded an :class:`EncodeVector` item: ``vector`` (shape (p,), the
+        upload type) leaves as the coded vector of its attempt. A stale answer is dropped."""
+        try:
+            self._encode_done(item, vector, now)
         except Exception as exc:
             self._internal_error(exc, now)
 
@@ -501,8 +515,6 @@ class Worker(WorkerRounds):
         self._dead_after, self._heartbeat = cfg.dead_after_s, cfg.heartbeat_s
         self._report_every = cfg.report_every
         self._swd = bool(setup.scheme.sends_when_done)
-        self._payload_dtype = cfg.payload_dtype
-        self._coded = cfg.coded_dtype
         self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
         self._fixed_coef = (
             np.ascontiguousarray(self._fixed_theta[:, 0])

@@ -33,6 +33,7 @@ import numpy as np
 from aiogc.core import (
     ComputeChunks,
     ConnectionFailed,
+    EncodeVector,
     Event,
     Finished,
     Outgoing,
@@ -60,6 +61,8 @@ from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_al
 from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
+from aiogc.training.aggregator import Aggregator
+from aiogc.training.encode import encode_vector
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 log = logging.getLogger("aiogc.net")
@@ -97,10 +100,11 @@ class PSServer:
     ) -> None:
         if not is_loopback(host) and ps.secret is None:
             raise ConfigError("secret", None, f"a shared secret when binding non-loopback {host}")
-        if ps.aggregator is None:
+        if not isinstance(ps.aggregator, Aggregator):
             raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
         self.ps = ps
         self._aggregator = ps.aggregator
+        self._rows = ps.aggregator.rows  # the coded vectors' rows (zero-copy receive)
         self.host = host
         self.port = port
         self._frame_log = frame_log
@@ -115,7 +119,7 @@ class PSServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         itemsize = ps.config.payload_dtype.itemsize
         self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(
-            1, ps.payload_len * ps.config.coded_wire_dtype.itemsize),
+            1, self._rows.length * ps.config.coded_wire_dtype.itemsize),
             half_payloads=ps.config.coded_dtype != "same")
         # the largest frame the PS sends is a round_start: the model plus a header whose delay
         # row has at most max(loads) entries (9 bytes each)
@@ -221,8 +225,9 @@ class PSServer:
 
     def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
                dtype: np.dtype, n: int) -> Any:
-        # zero-copy receive: a payload lands in the PS's row for this worker
-        return self.ps.payload_buffer(conn, dtype, n)
+        # zero-copy receive: a vector the PS awaits lands in its worker's row
+        w = self.ps.awaits(conn)
+        return None if w is None else self._rows.row(w, dtype, n)
 
     def _now(self) -> float:
         return _clock()
@@ -707,21 +712,22 @@ class WorkerClient:
                 self._on_event(ev)
         return progressed
 
-    def _run_work(self, work: Sequence[ComputeChunks]) -> Polled:
-        """Compute the gradients the core asked for (a fresh ``now`` after each item); returns
-        the poll that follows the last answer."""
+    def _run_work(self, work: Sequence[ComputeChunks | EncodeVector]) -> Polled:
+        """Compute the gradients and encode the vectors the core asked for (a fresh ``now``
+        after each item); returns the poll that follows the last answer."""
         w = self.worker
         setup = w.setup
         assert setup is not None
         fn = setup.chunk_gradient
         for item in work:
             try:
+                if isinstance(item, EncodeVector):
+                    w.encode_done(item, encode_vector(item, setup.config), now=_clock())
+                    continue
                 # map, not a comprehension: the same calls without a frame per item
                 grads = list(map(fn, item.chunks, repeat(item.model)))
             except Exception as exc:  # the core closes with the reason
                 w.work_failed(exc, now=_clock())
             else:
-                if item is work[-1]:
-                    return w.finish_chunks(item.round, item.first, grads, now=_clock())
                 w.chunks_done(item.round, item.first, grads, now=_clock())
         return w.poll()
