@@ -49,6 +49,7 @@ from aiogc.core.common import (
 from aiogc.core.ps_rounds import RoundMachine, RoundSetup, _Peer
 from aiogc.core.ps_rules import ALL, TRANSITIONS, PSPhase, accepts_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound, RoundWorker
+from aiogc.core.round_policy import round_policy
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
     SessionKeys,
@@ -165,18 +166,13 @@ class ParameterServer(RoundMachine):
         epoch: int = 0,
         options: PSOptions = DEFAULT_PS_OPTIONS,
     ) -> None:
-        spare_wait, nonce_fn = options.spare_wait, options.nonce_fn
+        nonce_fn = options.nonce_fn
         auth_deadline_s = (AUTH_DEADLINE_S if options.auth_deadline_s is None
                            else options.auth_deadline_s)
         scheme = scheme if scheme is not None else config.build_scheme()
-        super().__init__(RoundSetup(config, scheme, model, schedule, epoch,
+        policy = round_policy(scheme, spare_wait=options.spare_wait, spares=options.spares)
+        super().__init__(RoundSetup(config, scheme, model, schedule, epoch, policy,
                                     aggregator.screen if aggregator is not None else None))
-        if not 0 <= spare_wait <= 100:
-            raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
-        self.spare_wait = float(spare_wait)
-        if type(options.spares) is not int or not 1 <= options.spares <= self.m:
-            raise ConfigError("spares", options.spares, f"an integer in [1, {self.m}]")
-        self.spares = options.spares
         #: issue 21: evicted workers -> why (their key is refused for the rest of the run)
         self.evicted: dict[int, str] = {}
         self.aggregator = aggregator
@@ -415,11 +411,7 @@ class ParameterServer(RoundMachine):
         # not overwrite an accepted vector
         if w in rs.received or w in rs.excluded:
             return None
-        if self._sends_when_done:
-            ok = self.phase is PSPhase.COMPUTING
-        else:
-            ok = self.phase is PSPhase.COLLECTING and w in rs.expected
-        return w if ok else None
+        return w if self._policy.awaits(self, rs, w) else None
 
     def worker_of(self, peer: Hashable) -> int | None:
         """The worker id ``peer`` authenticated as, or None."""

@@ -35,6 +35,7 @@ from aiogc.core.common import (
 )
 from aiogc.core.ps_rules import IN_ROUND, TRANSITIONS, PSPhase, rules_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
+from aiogc.core.round_policy import RoundPolicy
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import SessionKeys
 from aiogc.protocol.messages import (
@@ -116,6 +117,8 @@ class RoundSetup:
     model: np.ndarray  # (d,) the initial model
     schedule: Any | None  # DelaySchedule-like: compute_s[r, j, :] and network_s[r, j]
     epoch: int
+    #: how rounds collect their vectors (:func:`~aiogc.core.round_policy.round_policy`)
+    policy: RoundPolicy
     #: ``screen(msg) -> (reason, detail) | None``: why a coded vector cannot be used (the
     #: aggregator side's check, ``CodedRows.screen``); None accepts every vector
     screen: Callable[[CodedGradient], tuple[str, str] | None] | None = None
@@ -125,9 +128,6 @@ class RoundMachine(Endpoint):
     """Rounds of the parameter server (see the module docstring)."""
 
     phase: PSPhase = PSPhase.JOINING  # class default: only _set_phase assigns the attribute
-    #: see ParameterServer's ``spare_wait`` (0: decode the moment the vectors decode)
-    spare_wait: float = 0.0
-    spares: int = 1
 
     #: phase -> kind -> handler name: the rows its handlers declare (``@handles``), built once
     #: per class by :func:`~aiogc.core.ps_rules.rules_of` (read-only)
@@ -150,7 +150,7 @@ class RoundMachine(Endpoint):
         self.epoch = setup.epoch
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._loads_list: list[int] = [int(x) for x in self._loads]
-        self._sends_when_done = bool(scheme.sends_when_done)
+        self._policy = setup.policy
         #: ordering="adaptive": the speed-aware order policy (coding/adaptive.py); the round's
         #: orders (flattened, sent in its round_start) and the scheme with them
         self._order_policy = policy_for(scheme, config.ordering)
@@ -259,7 +259,7 @@ class RoundMachine(Endpoint):
             assert sch is not None  # policy_for checked the capability
             self._round_scheme = sch
             self._round_orders = () if static else flatten_orders(orders)
-        cover = None if self._sends_when_done else self._round_scheme.progress_tracker()
+        cover = self._policy.tracker(self._round_scheme)
         cfg = self.config
         rs = self._round = _RoundState(
             record=rec, state=[0] * self.m, round=r, reports=rec.reports, cover=cover,
@@ -377,66 +377,22 @@ class RoundMachine(Endpoint):
         if worker in rs.excluded or worker in rs.received:
             self.stats["late_or_duplicate_coded"] += 1
             return False
-        if self._sends_when_done:
-            if self.phase is not PSPhase.COMPUTING:
-                self.stats["late_or_duplicate_coded"] += 1
-                return False
-            return True
-        if self.phase is not PSPhase.COLLECTING or msg.attempt != rs.attempt or (
-            worker not in rs.expected
-        ):
-            self.stats["stale_attempt_coded"] += 1
+        refused = self._policy.refusal(self, rs, worker, msg)
+        if refused is not None:
+            self.stats[refused] += 1
             return False
-        if msg.state_digest != rs.digest:
-            raise RemoteProtocolError("coded vector encoded against another state",
-                                      code="bad_state_digest")
         return True
 
     def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient, now: float
                       ) -> None:
-        if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
-            # it finished everything (send-when-done workers send no chunk reports)
-            rs.state[worker] = self._loads_list[worker]
-        if rs.finished is not None:
-            rs.finished[worker] = self._loads_list[worker]
         rs.received[worker] = msg
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
-        if self._sends_when_done:
-            if rs.spare_at != _INF_T:
-                if len(rs.received) >= rs.spare_need:
-                    self._end_round(now, exact=True, reason="decodable")  # the spares arrived
-            elif self._decodable_received(rs):
-                rs.record.t_trigger = now
-                if not self._wait_for_spare(rs, now):
-                    self._end_round(now, exact=True, reason="decodable")
-        elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
-            self._end_round(now, exact=not rs.approx, reason="all_expected")
+        self._policy.vector_accepted(self, rs, worker, now)
 
     def _evict_workers(self, workers: tuple[int, ...], round_: int, now: float) -> None:
         """Close ``workers`` and refuse their keys (ParameterServer)."""
         raise NotImplementedError
-
-    def _wait_for_spare(self, rs: _RoundState, now: float) -> bool:
-        """Decodable now: wait for one spare vector (the redundancy check's cross-check)?
-
-        Only with ``spare_wait`` > 0 and a worker still in the round that has not sent. The
-        wait is ``spare_wait`` times the round's own elapsed time (a round that took 40 ms to
-        decode waits at most 40 ms * spare_wait more), capped by the round timeout and the
-        approximate deadline. Returns True when waiting (``rs.spare_at`` set).
-        """
-        factor = self.spare_wait
-        if factor <= 0:
-            return False
-        if not set(range(self.m)) - rs.excluded - set(rs.received):
-            return False  # nobody left to send a spare
-        until = now + factor * max(0.0, now - rs.record.t_start)
-        rs.spare_at = min(until, rs.timeout_at, rs.approx_at)
-        rs.spare_need = len(rs.received) + self.spares
-        if rs.spare_at <= now:
-            rs.spare_at = _INF_T
-            return False
-        return True
 
     # ------------------------------------------------------------------ trigger and drops
 
@@ -488,7 +444,7 @@ class RoundMachine(Endpoint):
             rs.record.dropped.setdefault(worker, reason)
             self._events.append(WorkerDropped(worker, rs.round, reason, now))
             self.stats["dropped"] += 1
-            if self._sends_when_done:
+            if not self._policy.broadcasts:
                 continue  # a vector already received stays valid: it depends on no one else
             old = rs.state[worker]
             if old > 0 and worker in rs.expected:
@@ -565,27 +521,12 @@ class RoundMachine(Endpoint):
     def _on_approx_deadline(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self._sends_when_done:
-            if rs.received:
-                rs.record.t_trigger = now
-                self._end_round(now, exact=False, reason="deadline")
-            else:
-                self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                       "deadline with no finished worker")
-        elif any(rs.state):
-            self._trigger(now, exact=False)
-        else:
-            self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                   "deadline with no finished chunk")
+        self._policy.approx_deadline(self, rs, now)
 
     def _on_round_timeout(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self._sends_when_done and rs.received and self.config.mode == "approx":
-            self._end_round(now, exact=False, reason="round_timeout")
-        else:
-            self._end_round_failed(now, EndReason.TIMEOUT,
-                                   f"round timeout ({self.config.round_timeout_s} s)")
+        self._policy.round_timeout(self, rs, now)
 
     # ------------------------------------------------------------------ end of a round
 
@@ -609,11 +550,8 @@ class RoundMachine(Endpoint):
             self._set_phase(PSPhase.DECODING)
         rec = rs.record
         rec.t_end = now
-        if decode and self._sends_when_done:
-            state = self._finished_state(rs.received)
-        elif decode:
-            assert rs.broadcast is not None
-            state = np.asarray(rs.broadcast, dtype=np.int64)
+        if decode:
+            state = self._policy.decode_state(self, rs)
         else:
             state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(state.tolist())  # Python ints, one call rather than m int()s

@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core.common import (
     FATAL_CODES,
@@ -52,6 +51,7 @@ from aiogc.core.common import (
     Welcomed,
     handles,
 )
+from aiogc.core.round_policy import round_policy
 from aiogc.core.worker_round import WorkerRounds
 from aiogc.core.worker_rules import HANDSHAKING, OPEN, PS_PEER, WorkerPhase, dispatch_of
 from aiogc.core.worker_setup import ChunkGradientFn, Setup, WorkerCache
@@ -104,20 +104,6 @@ _W_SETTING_UP = WorkerPhase.SETTING_UP
 _W_IDLE = WorkerPhase.IDLE
 _W_COMPUTING = WorkerPhase.COMPUTING
 _W_CLOSED = WorkerPhase.CLOSED
-
-
-def _fixed_coefficients(scheme: Scheme, worker: int) -> np.ndarray | None:
-    """A send-when-done scheme's (load, ell) encoding coefficients of ``worker`` (they do not
-    depend on the state), or None when the scheme does not declare them
-    (:meth:`~aiogc.coding.base.Scheme.fixed_coefficients`)."""
-    if not scheme.sends_when_done:
-        return None
-    fixed = scheme.fixed_coefficients(worker)
-    if fixed is None:
-        return None
-    theta = np.asarray(fixed, dtype=np.float64)
-    load = int(scheme.loads[worker])
-    return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
 
 class Worker(WorkerRounds):
@@ -514,12 +500,12 @@ class Worker(WorkerRounds):
         cfg = setup.config
         self._dead_after, self._heartbeat = cfg.dead_after_s, cfg.heartbeat_s
         self._report_every = cfg.report_every
-        self._swd = bool(setup.scheme.sends_when_done)
-        self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
+        policy = self._policy = round_policy(setup.scheme)
+        self._fixed_theta = policy.fixed_coefficients(setup.scheme, self.worker_id)
         self._fixed_coef = (
             np.ascontiguousarray(self._fixed_theta[:, 0])
             if self._fixed_theta is not None and self._fixed_theta.shape[1] == 1 else None)
-        if self._swd:
+        if not policy.broadcasts:
             # a send-when-done vector is always encoded with "only me, all my chunks"
             st = [0] * setup.scheme.m
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])

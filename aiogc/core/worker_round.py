@@ -30,6 +30,7 @@ from aiogc.core.common import (
     new_encode_vector,
     new_outgoing,
 )
+from aiogc.core.round_policy import RoundPolicy, TriggerAndBroadcast
 from aiogc.core.worker_rules import NEXT, PS_PEER, RUNNING, WorkerPhase
 from aiogc.core.worker_setup import SchemeFacts, Setup
 from aiogc.errors import CodingError, LocalProtocolError, RemoteProtocolError
@@ -104,7 +105,9 @@ class WorkerRounds(Endpoint):
         self._order: list[int] = []
         # hot-path copies of setup/config values (set in Worker._setup_ready)
         self._report_every = 1
-        self._swd = False  # scheme sends when done
+        #: how rounds run (the setup's scheme's: round_policy); no chunk reports without a
+        #: broadcast trigger
+        self._policy: RoundPolicy = TriggerAndBroadcast()
         self._fixed_theta: np.ndarray | None = None
         self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
         self._fixed_digest = b""
@@ -267,7 +270,7 @@ class WorkerRounds(Endpoint):
             self._reported = count
             # send-when-done schemes need no reports: the coded vector itself says "finished"
             # (and carries compute_s, the finish time on the worker's schedule)
-            if not self._swd:
+            if self._policy.broadcasts:
                 t0 = self._t0
                 msg = _new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
                                   now - t0 if now > t0 else 0.0)
@@ -286,7 +289,7 @@ class WorkerRounds(Endpoint):
         assert self.setup is not None
         scheme = self.setup.scheme
         self._set_phase(_W_WAITING)
-        if scheme.sends_when_done:
+        if not self._policy.broadcasts:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
             self._encode(state, attempt=0)
@@ -337,7 +340,7 @@ class WorkerRounds(Endpoint):
             return
         assert self.setup is not None
         scheme = self.setup.scheme
-        if scheme.sends_when_done:
+        if not self._policy.broadcasts:
             raise RemoteProtocolError("encode_and_transmit for a send-when-done scheme",
                                       code="bad_kind")
         state = msg.state
