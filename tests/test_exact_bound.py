@@ -105,7 +105,7 @@ def test_honest_exact_runs_are_never_rejected_by_the_data_bound(scheme: str, n_p
         rig.aggregator.grad_bound_fn = gradient_bound_fn(rig.task)  # as --no-verify
         rig.aggregator.verify_fn = None
         rig.sim.run()
-        stats = rig.ps.statistics()
+        stats = dict(rig.ps.stats)
         assert stats.get("rejected_data_bound", 0) == 0, (seed, stats)
         assert all(r.status == "exact" for r in rig.ps.records)
 

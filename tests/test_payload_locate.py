@@ -179,7 +179,7 @@ def _check_located_run(ps: Any, liar: int) -> None:
     assert liar in ps.evicted
     evicted_at = max(r.round for r in located)
     assert all(liar not in r.arrivals for r in recs if r.round > evicted_at)
-    assert ps.statistics().get("evicted") == 1
+    assert dict(ps.stats).get("evicted") == 1
 
 
 @pytest.mark.parametrize("coded", ["same", "float16"])
@@ -251,7 +251,7 @@ def test_evicted_worker_ends_over_loopback() -> None:
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs), [(r.round, r.end_detail) for r in recs]
     assert 5 in ps.evicted
-    st = ps.statistics()
+    st = dict(ps.stats)
     assert st.get("evicted") == 1 and st.get("closed_evicted", 0) >= 1
 
 

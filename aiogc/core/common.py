@@ -129,6 +129,7 @@ class Endpoint:
         self._outbox: list[Outgoing] = []
         # lists, not deques: drivers drain them whole (a swap), one pop(0) per next_event
         self._events: list[Event] = []
+        #: counters of dropped, rejected and closed things, by reason
         self.stats: Counter[str] = Counter()
 
     def messages_to_send(self) -> list[Outgoing]:
@@ -139,17 +140,6 @@ class Endpoint:
     def next_event(self) -> Event | None:
         """The next event, or None."""
         return self._events.pop(0) if self._events else None
-
-    def drain_events(self) -> list[Event]:
-        """Every queued event, in order (one call instead of ``next_event`` until None)."""
-        if not self._events:
-            return []
-        out, self._events = self._events, []
-        return out
-
-    def statistics(self) -> dict[str, int]:
-        """Counters of dropped, rejected and closed things, by reason."""
-        return dict(self.stats)
 
 
 #: "No deadline" in the cores' deadline comparisons.

@@ -131,11 +131,11 @@ class RoundMachine(Endpoint):
 
     #: phase -> kind -> handler name: the rows its handlers declare (``@handles``), built once
     #: per class by :func:`~aiogc.core.ps_rules.rules_of` (read-only)
-    RULES: ClassVar[Mapping[PSPhase, Mapping[str, str]]]
+    _RULES: ClassVar[Mapping[PSPhase, Mapping[str, str]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.RULES = rules_of(cls)
+        cls._RULES = rules_of(cls)
 
     def __init__(self, setup: RoundSetup) -> None:
         super().__init__()
@@ -172,7 +172,7 @@ class RoundMachine(Endpoint):
         self.records: list[RoundRecord] = []
         #: phase -> kind -> bound handler (RULES with the names resolved once)
         self._rules: dict[PSPhase, dict[str, Callable[..., None]]] = {
-            ph: {kind: getattr(self, "_on_" + name) for kind, name in self.RULES[ph].items()}
+            ph: {kind: getattr(self, "_on_" + name) for kind, name in self._RULES[ph].items()}
             for ph in PSPhase}
         self._handlers = self._rules[PSPhase.JOINING]
 
@@ -567,10 +567,6 @@ class RoundMachine(Endpoint):
                                         self._round_orders)
 
     # ------------------------------------------------------------------ the driver's work
-
-    def has_pending(self) -> bool:
-        """True while :meth:`next_work` has an item (the driver runs it after flushing)."""
-        return self._decode_item is not None or bool(self._analyses)
 
     def next_work(self) -> DecodeRound | AnalyseRound | None:
         """The next work item (the same one until :meth:`work_done` answers it), or None.

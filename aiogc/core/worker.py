@@ -218,13 +218,6 @@ class Worker(WorkerRounds):
         """The next work item for the driver, or None."""
         return self._work.pop(0) if self._work else None
 
-    def drain_work(self) -> list[ComputeChunks | EncodeVector]:
-        """Every queued work item, in order."""
-        if not self._work:
-            return []
-        out, self._work = self._work, []
-        return out
-
     def poll(self) -> Polled:
         """One driver call per pump instead of four: ``(events, work, outgoing, deadline)``.
 
@@ -270,31 +263,9 @@ class Worker(WorkerRounds):
         except Exception as exc:
             self._internal_error(exc, now)
 
-    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
-                         ) -> Polled:
-        """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
-        self.receive(peer, msg, now=now)
-        return self.poll()
-
-    def handle_timer_and_poll(self, *, now: float
-                              ) -> Polled:
-        """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
-        self.handle_timer(now=now)
-        return self.poll()
-
-    def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
-                      ) -> Polled:
-        """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
-        self.chunks_done(rnd, first, grads, now=now)
-        return self.poll()
-
     def work_failed(self, exc: Exception, *, now: float) -> None:
         """The driver's gradient computation raised: close with the reason (and reconnect)."""
         self._internal_error(exc, now)
-
-    def has_output(self) -> bool:
-        """Anything queued for the driver (frames, events, work)?"""
-        return bool(self._outbox or self._events or self._work)
 
     def setup_ready(self, setup: Setup, *, now: float) -> None:
         """The driver built scheme and task for the config of :class:`SetupNeeded`."""

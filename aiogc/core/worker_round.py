@@ -119,11 +119,6 @@ class WorkerRounds(Endpoint):
     def round(self) -> int:
         return self._round
 
-    @property
-    def count(self) -> int:
-        """Chunk gradients computed and stored in the current round."""
-        return self._count
-
     def _set_phase(self, new: WorkerPhase) -> None:
         """The one place the phase changes: an edge outside ``worker_rules.TRANSITIONS``
         raises LocalProtocolError before anything changes."""

@@ -44,6 +44,7 @@ from aiogc.core import (
     Worker,
 )
 from aiogc.core.common import Backoff
+from aiogc.core.ps import pending_cap
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
@@ -157,7 +158,7 @@ class PSServer:
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
-        backlog = min(4096, max(128, self.ps.m + self.ps.pending_cap))
+        backlog = min(4096, max(128, self.ps.m + pending_cap(self.ps.m)))
         server = await loop.create_server(self._protocol, self.host, self.port,
                                           backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
@@ -178,7 +179,7 @@ class PSServer:
         """The launcher's workers exist: start the deferred join deadline."""
         if self._loop is None:
             return
-        self.ps.workers_launched(now=self._now())
+        self.ps.start(now=self._now())  # the deferred join deadline starts now
         self._pump()
 
     def stop(self, reason: str = "stopped") -> None:
@@ -278,7 +279,7 @@ class PSServer:
     def _authenticated(self, conn: Any) -> None:
         # a peer past its handshake: raised limits, and tagged frames from it when keyed
         ps = self.ps
-        if ps.is_authenticated(conn):
+        if ps.worker_of(conn) is not None:
             conn.set_limits(self._post_auth)
             keys = ps.session_keys(conn)
             if keys is not None:
@@ -582,7 +583,8 @@ class WorkerClient:
         if conn is not self._conn:
             return
         w = self.worker
-        polled = w.receive_and_poll("ps", msg, now=_clock() if now is None else now)
+        w.receive("ps", msg, now=_clock() if now is None else now)
+        polled = w.poll()
         if w.session is not None and conn is not self._tagged and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
@@ -607,7 +609,8 @@ class WorkerClient:
 
     def _on_timer(self, now: float | None = None) -> None:
         """The loop timer (or a host's scheduler, with the time the wake-up counts as)."""
-        self._pump(self.worker.handle_timer_and_poll(now=_clock() if now is None else now))
+        self.worker.handle_timer(now=_clock() if now is None else now)
+        self._pump()
 
     def _setup(self, ev: SetupNeeded) -> None:
         """Scheme and task for ``ev.config``: from the cache at once, else built in an
@@ -664,9 +667,8 @@ class WorkerClient:
                 # the answer to the last item comes back with the poll that follows it
                 polled = self._run_work(work)
                 continue
-            # nothing answered since the poll that drained every queue: nothing new (saves
-            # a has_output call on the common pump, one per frame and chunk completion)
-            if not progressed and (not events or not w.has_output()):
+            # nothing answered since the poll that drained every queue: nothing new
+            if not progressed:
                 break
             polled = w.poll()
         if self._timer is not None:

@@ -249,7 +249,7 @@ class Simulation:
             if closed:
                 # routing a close told the PS the connection is lost (its events count in
                 # this pump, its frames leave in the next, as before poll existed)
-                events = [*events, *ps.drain_events()]
+                events = [*events, *iter(ps.next_event, None)]
                 t = ps.next_deadline()
             break
         for ev in events:
@@ -285,8 +285,9 @@ class Simulation:
                 if worker in self._paused:
                     self._schedule(at + 1e-3, deliver)
                     return
-                self._pump_worker(worker, at,
-                                  self.workers[worker].receive_and_poll(PS_PEER, msg, now=at))
+                w = self.workers[worker]
+                w.receive(PS_PEER, msg, now=at)
+                self._pump_worker(worker, at, w.poll())
 
             self._schedule(t, deliver)
         if out.close:
@@ -405,7 +406,8 @@ class Simulation:
                 def deliver(at: float, msg: Message = msg, gen: int = gen) -> None:
                     if self._gen.get(worker) != gen or worker in self._dead:
                         return
-                    self._pump_ps(at, self.ps.receive_and_poll((worker, gen), msg, now=at))
+                    self.ps.receive((worker, gen), msg, now=at)
+                    self._pump_ps(at, self.ps.poll())
 
                 self._schedule(t, deliver if self._ingress is None
                                else self._through_ingress(msg, deliver))
@@ -445,7 +447,9 @@ class Simulation:
                 self._schedule(now + 1e-3, act)
                 return
             self._w_timer[worker] = None
-            self._pump_worker(worker, now, self.workers[worker].handle_timer_and_poll(now=now))
+            w = self.workers[worker]
+            w.handle_timer(now=now)
+            self._pump_worker(worker, now, w.poll())
 
         return act
 
