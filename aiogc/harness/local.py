@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core import (
     Event,
@@ -197,7 +198,7 @@ async def _run_scheme(
 
 def _scheme_event_handler(
     scheme_name: str,
-    scheme: Any,
+    scheme: Scheme,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     on_finished: Callable[[str], None] | None,

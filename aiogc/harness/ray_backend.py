@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
 from aiogc.harness.fidelity import (
@@ -391,7 +392,7 @@ class _Driver:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
 
-    def _follow(self, cfg: RunConfig, scheme: Any, ps: Any, done: Any, ctx: RaySchemeRun,
+    def _follow(self, cfg: RunConfig, scheme: Scheme, ps: Any, done: Any, ctx: RaySchemeRun,
                 bar: Progress) -> dict[str, Any]:
         """Poll the PS until it finished; write what it reports as it comes."""
         ray = self.ray
@@ -427,7 +428,7 @@ class _Driver:
                 raise ClusterError(f"the {cfg.scheme} PS ran past {_guard_s(cfg):.0f} s, longer "
                                    "than its own timeouts allow")
 
-    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Any,
+    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Scheme,
                ctx: RaySchemeRun, bar: Progress) -> None:
         if got is None:
             return
