@@ -5,6 +5,7 @@ Both runners import this module and never each other, so a new backend needs onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -425,3 +426,75 @@ def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
 
 
+
+
+class RunnerBackend(Protocol):
+    """The seam between :func:`run_schemes` (the skeleton every runner shares) and a backend
+    (``harness/local.py``'s loopback processes or coroutines, ``harness/ray_backend.py``'s
+    actors). The skeleton validates every scheme's configuration, draws the schedule once,
+    runs the schemes in order, stops at the first signal, writes the summary and plots."""
+
+    def prepare(self, config: RunConfig, schedule: DelaySchedule) -> RunConfig:
+        """Before anything starts: the base configuration the run uses (e.g. its time
+        scale); the run's resources are not held yet."""
+        ...
+
+    def session(self, result: RunResult, interrupted: list[str]
+                ) -> contextlib.AbstractContextManager[None]:
+        """Holds the backend's resources (recorder, cluster, signal handlers) while the
+        schemes run; ``interrupted`` collects the names of the signals that stop the run."""
+        ...
+
+    def run_scheme(self, cfg: RunConfig, result: RunResult) -> list[RoundRecord]:
+        """Run one scheme (``cfg.scheme``) to its end; its records (``result`` takes the
+        end reason, evictions and what else the backend measured)."""
+        ...
+
+    def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
+        """Always, after the schemes ran or failed: the fidelity section, the summary
+        (:func:`close_run`), whatever else the backend writes."""
+        ...
+
+
+def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBackend, *,
+                schedule: DelaySchedule | None, out_dir: str | Path | None,
+                plots: bool) -> RunResult:
+    """The one runner skeleton: each scheme of ``schemes`` over the same schedule, on
+    ``backend``.
+
+    Raises
+    ------
+    RunInterrupted
+        (a KeyboardInterrupt) SIGINT or SIGTERM stopped the run: no further scheme started,
+        what was recorded is written, ``summary.json`` included (no plots); the exception
+        carries the partial result.
+    """
+    for name in schemes:
+        scheme_config(config, name)  # validate every scheme's config before starting anything
+    if schedule is None:
+        schedule = materialise_for(config, schemes)
+    config = backend.prepare(config, schedule)
+    result = RunResult(schedule=schedule)
+    interrupted: list[str] = []
+    try:
+        with backend.session(result, interrupted):
+            for name in schemes:
+                cfg = scheme_config(config, name)
+                t0 = time.monotonic()
+                result.records[name] = backend.run_scheme(cfg, result)
+                result.wall_s[name] = time.monotonic() - t0
+                if interrupted:
+                    break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
+    except BaseException as exc:
+        # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
+        if not result.end_reason:
+            result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        backend.close(result, interrupted)
+    if interrupted:
+        # after the records were written; the CLI reports it and exits with 128 + signal
+        raise RunInterrupted(interrupted[0], result)
+    if out_dir is not None and plots:
+        plot_run(out_dir)
+    return result
