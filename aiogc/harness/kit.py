@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aiogc._version import __version__
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import (
     AUTH_DEADLINE_S,
@@ -71,11 +72,13 @@ class RunResult:
     extra_summary: dict[str, Any] = field(default_factory=dict)
 
 
-def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
-    """One schedule wide enough for every scheme's largest load."""
+def materialise_for(config: RunConfig, schemes: Sequence[str], *,
+                    built: Mapping[str, Scheme] | None = None) -> DelaySchedule:
+    """One schedule wide enough for every scheme's largest load (``built``: the run's
+    schemes by name, when it built them already)."""
     max_load = 1
     for name in schemes:
-        sch = config.replace(scheme=name).build_scheme()
+        sch = built[name] if built is not None else config.replace(scheme=name).build_scheme()
         max_load = max(max_load, int(np.max(sch.loads)))
     return materialise(config.delay, config.latency, rounds=config.rounds, m=config.workers,
                        max_chunks=max_load, seed=config.seed)
@@ -96,12 +99,12 @@ def git_sha() -> str | None:
 
 
 def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                   *, mode: str, loop: str, verify: bool,
-                   argv: Sequence[str] | None) -> dict[str, Any]:
+                   *, mode: str, loop: str, verify: bool, argv: Sequence[str] | None,
+                   built: Mapping[str, Scheme] | None = None) -> dict[str, Any]:
     per_scheme: dict[str, Any] = {}
     for name in schemes:
         cfg = scheme_config(config, name)
-        sch = cfg.build_scheme()
+        sch = built[name] if built is not None else cfg.build_scheme()
         entry: dict[str, Any] = {
             "config": cfg.to_wire(),
             "digest": scheme_digest(sch),
@@ -155,7 +158,7 @@ class Progress:
 
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
             keep_gradients: bool = False, guard: bool = True, locate: int | None = None,
-            **kwargs: Any) -> tuple[ParameterServer, Any]:
+            scheme: Scheme | None = None, **kwargs: Any) -> tuple[ParameterServer, Any]:
     """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
@@ -166,7 +169,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
-    new connection K times as long to authenticate."""
+    new connection K times as long to authenticate. ``scheme``: the run's, when it built it
+    already (default ``config.build_scheme()``)."""
     k = config.time_scale
     if k != 1.0:
         config = config.dilated()
@@ -175,7 +179,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         opts = kwargs.get("options") or PSOptions()
         if opts.auth_deadline_s is None:  # unless the caller chose one
             kwargs["options"] = replace(opts, auth_deadline_s=AUTH_DEADLINE_S * k)
-    scheme = config.build_scheme()
+    if scheme is None:
+        scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
     if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes (issue 21)
         schedule = cluster_schedule(schedule, config, scheme)
@@ -218,7 +223,8 @@ class ExitReason:
 
 def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
                   schedule: DelaySchedule, options: RunOptions, *, mode: str,
-                  loop_kind: str) -> RunRecorder | None:
+                  loop_kind: str, built: Mapping[str, Scheme] | None = None
+                  ) -> RunRecorder | None:
     """The run directory's recorder (None without ``options.out_dir``), with the manifest
     (``options.verify``, ``options.argv``) and the delay schedule written; sets
     ``result.out_dir``."""
@@ -228,7 +234,7 @@ def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
 
     out = Path(options.out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                              verify=options.verify, argv=options.argv)
+                              verify=options.verify, argv=options.argv, built=built)
     recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out
@@ -434,9 +440,11 @@ class RunnerBackend(Protocol):
     actors). The skeleton validates every scheme's configuration, draws the schedule once,
     runs the schemes in order, stops at the first signal, writes the summary and plots."""
 
-    def prepare(self, config: RunConfig, schedule: DelaySchedule) -> RunConfig:
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
         """Before anything starts: the base configuration the run uses (e.g. its time
-        scale); the run's resources are not held yet."""
+        scale); ``built``: the run's schemes by name, built once. The run's resources are
+        not held yet."""
         ...
 
     def session(self, result: RunResult, interrupted: list[str]
@@ -445,9 +453,10 @@ class RunnerBackend(Protocol):
         schemes run; ``interrupted`` collects the names of the signals that stop the run."""
         ...
 
-    def run_scheme(self, cfg: RunConfig, result: RunResult) -> list[RoundRecord]:
-        """Run one scheme (``cfg.scheme``) to its end; its records (``result`` takes the
-        end reason, evictions and what else the backend measured)."""
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
+        """Run one scheme (``cfg.scheme``, built as ``scheme``) to its end; its records
+        (``result`` takes the end reason, evictions and what else the backend measured)."""
         ...
 
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
@@ -469,11 +478,11 @@ def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBacken
         what was recorded is written, ``summary.json`` included (no plots); the exception
         carries the partial result.
     """
-    for name in schemes:
-        scheme_config(config, name)  # validate every scheme's config before starting anything
+    # every scheme's config validated and its scheme built once, before anything starts
+    built = {name: scheme_config(config, name).build_scheme() for name in schemes}
     if schedule is None:
-        schedule = materialise_for(config, schemes)
-    config = backend.prepare(config, schedule)
+        schedule = materialise_for(config, schemes, built=built)
+    config = backend.prepare(config, schedule, built)
     result = RunResult(schedule=schedule)
     interrupted: list[str] = []
     try:
@@ -481,7 +490,7 @@ def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBacken
             for name in schemes:
                 cfg = scheme_config(config, name)
                 t0 = time.monotonic()
-                result.records[name] = backend.run_scheme(cfg, result)
+                result.records[name] = backend.run_scheme(cfg, built[name], result)
                 result.wall_s[name] = time.monotonic() - t0
                 if interrupted:
                     break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme

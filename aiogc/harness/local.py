@@ -20,7 +20,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,7 @@ async def _run_scheme(
     schedule: DelaySchedule,
     options: RunOptions,
     *,
+    scheme: Scheme | None = None,
     loop_kind: str,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
@@ -116,7 +117,7 @@ async def _run_scheme(
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
-                    locate=options.locate,
+                    locate=options.locate, scheme=scheme,
                     options=locate_ps_options(config, options.locate, options.spare_wait))
     scheme = ps.scheme
     finished: list[str] = []
@@ -320,10 +321,13 @@ class _LocalBackend:
         self.lags: list[float] = []
         self.recorder: Any = None
         self.interrupted: list[str] = []
+        self.built: Mapping[str, Scheme] = {}
 
-    def prepare(self, config: RunConfig, schedule: DelaySchedule) -> RunConfig:
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
+        self.built = built
         config, self.choice = _choose_time_scale(config, self.schemes, schedule, self.options,
-                                                 self.loop_kind)
+                                                 self.loop_kind, built)
         self.config, self.schedule = config, schedule
         _close_capture(None, truncate=self.options.pcap)
         return config
@@ -335,10 +339,11 @@ class _LocalBackend:
         self.cpu0 = CpuSnapshot.take()
         self.recorder = open_recorder(result, self.config, self.schemes, self.schedule,
                                       self.options, mode=self.mode_label,
-                                      loop_kind=self.loop_kind)
+                                      loop_kind=self.loop_kind, built=self.built)
         yield
 
-    def run_scheme(self, cfg: RunConfig, result: RunResult) -> list[RoundRecord]:
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
         assert self.schedule is not None
         name = cfg.scheme
         bar = Progress(cfg.rounds, name, enabled=self.options.progress)
@@ -348,7 +353,7 @@ class _LocalBackend:
 
         try:
             outcome: SchemeOutcome = run_on(self.loop_kind, _run_scheme(
-                cfg, self.schedule, self.options, loop_kind=self.loop_kind,
+                cfg, self.schedule, self.options, scheme=scheme, loop_kind=self.loop_kind,
                 recorder=self.recorder, on_round=tick, on_signal=self.interrupted.append))
         finally:
             bar.close()
@@ -380,7 +385,7 @@ def _fidelity(config: RunConfig, schedule: DelaySchedule, result: RunResult,
 
 
 def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                       options: RunOptions, loop_kind: str
+                       options: RunOptions, loop_kind: str, built: Mapping[str, Scheme]
                        ) -> tuple[RunConfig, dict[str, Any] | None]:
     """``--time-scale auto``: run the first scheme for a few rounds at K = 1 with the run's
     own mode, m and schedule, no records; its largest live-minus-simulated round time is this
@@ -395,7 +400,8 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
     cal_opts = replace(options, out_dir=None, progress=False, plots=False,
                        auto_time_scale=False, pcap=None)
     t0 = time.monotonic()
-    outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts, loop_kind=loop_kind,
+    outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts,
+                                            scheme=built[schemes[0]], loop_kind=loop_kind,
                                             recorder=None, on_round=None))
     k, why = auto_time_scale(config, schemes, schedule, {schemes[0]: outcome.records},
                              threshold=options.fidelity_threshold)

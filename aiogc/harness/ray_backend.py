@@ -48,7 +48,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -319,12 +319,11 @@ class _Driver:
         self.loop_lag_s: list[float] = []
         self.cpu: list[dict[str, Any]] = []
 
-    def run_scheme(self, cfg: RunConfig) -> list[RoundRecord]:
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme) -> list[RoundRecord]:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray = self.ray
-        scheme = cfg.build_scheme()
         m = scheme.m
         pg = placement_group([{"CPU": self.cpus}] * (m + 1), strategy="SPREAD")
         actors: list[Any] = []
@@ -546,9 +545,11 @@ class _RayBackend:
         self.started = False
         self.recorder: Any = None
         self.driver: _Driver | None = None
+        self.built: Mapping[str, Scheme] = {}
 
-    def prepare(self, config: RunConfig, schedule: DelaySchedule) -> RunConfig:
-        self.config, self.schedule = config, schedule
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
+        self.config, self.schedule, self.built = config, schedule, built
         return config
 
     @contextlib.contextmanager
@@ -564,7 +565,7 @@ class _RayBackend:
             if out_dir is not None:
                 manifest = build_manifest(config, self.schemes, schedule, mode="ray",
                                           loop=options.loop, verify=options.verify,
-                                          argv=options.argv)
+                                          argv=options.argv, built=self.built)
                 manifest["cluster"] = _cluster_manifest(ray, address, cpus,
                                                         self.ray_options.max_restarts)
                 self.recorder = RunRecorder(Path(out_dir), manifest,
@@ -577,9 +578,10 @@ class _RayBackend:
             self.driver.config = config
             yield
 
-    def run_scheme(self, cfg: RunConfig, result: RunResult) -> list[RoundRecord]:
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
         assert self.driver is not None
-        return self.driver.run_scheme(cfg)
+        return self.driver.run_scheme(cfg, scheme)
 
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
         try:
