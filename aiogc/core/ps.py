@@ -199,7 +199,7 @@ class ParameterServer(RoundMachine):
         self._last_heard: dict[int, float] = {}
         self._pending: dict[Hashable, float] = {}  # unauthenticated peer -> auth deadline
         self._sweep_at: float | None = None  # next liveness sweep
-        #: True while start(join_clock=False) waits for workers_launched()
+        #: True while start(join_clock=False) waits for the launcher's start(join_clock=True)
         self._join_clock_deferred = False
 
     # ================================================================== driver contract
