@@ -24,11 +24,9 @@ from aiogc.core import Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.engine import Simulation
 
-METHODS = ("poll", "finish_chunks", "receive_and_poll", "handle_timer_and_poll",
-           "receive", "handle_timer", "connection_made",
+METHODS = ("poll", "receive", "handle_timer", "connection_made",
            "connection_lost", "messages_to_send", "next_event", "next_deadline", "chunks_done",
-           "next_work", "work_done", "has_pending", "drain_events", "drain_work",
-           "setup_ready", "start")
+           "encode_done", "next_work", "work_done", "setup_ready", "start")
 
 
 def build(scheme: str, m: int, rounds: int) -> tuple[Any, Any, list[Worker]]:
@@ -128,7 +126,7 @@ def main() -> None:
             tot: dict[str, float] = defaultdict(float)
             for k, n, args, kw in log:
                 key = ("ps." if k == 0 else "w.") + n + (
-                    ":" + args[1].kind if n in ("receive", "receive_and_poll") else "")
+                    ":" + args[1].kind if n == "receive" else "")
                 t = time.perf_counter()
                 _bound(objs[k], n)(*args, **kw)
                 tot[key] += time.perf_counter() - t

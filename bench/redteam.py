@@ -174,7 +174,7 @@ async def _one_run(cfg: RunConfig, attack: str, liar: int, secret: bytes, *,
         raise RuntimeError(f"attack {attack}: the lying worker {liar} sent no tampered vector "
                            "(the tamper hook no longer sees the worker's frames)")
     return {"records": ps.records, "wall_s": wall, "ps": ps, "task": task, "tampered": tamper.sent,
-            "stats": dict(ps.statistics())}
+            "stats": dict(dict(ps.stats))}
 
 
 def _audit(cfg: RunConfig, run: dict[str, Any], tol: float) -> dict[str, Any]:

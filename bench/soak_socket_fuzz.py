@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = [dt for kd, xs in by_kind.items() if kd not in SLOW_KINDS for dt in xs]
     slow = [dt for kd, xs in by_kind.items() if kd in SLOW_KINDS for dt in xs]
     closed_all = [dt for xs in by_kind.values() for dt in xs]
-    stats = dirty.statistics()
+    stats = dict(dirty.stats)
     crashes = (len(fz["task_errors"]) + len(loop_errors) + int(fz["crashed_early"]))
     report = {
         "command": " ".join([sys.executable, *sys.argv]),

@@ -191,3 +191,13 @@ class StreamWatcher:
     def wait_eof(self, timeout_s: float) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self._eof, timeout_s)
+
+
+def coded_rows(rows: np.ndarray) -> dict[int, Any]:
+    """A DecodeRound's ``coded`` map holding ``rows`` (m, p): row j as worker j's accepted
+    vector (the aggregator fills its rows from them)."""
+    from aiogc.protocol.messages import CodedGradient
+
+    return {j: CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"\0" * 32,
+                             compute_s=0.0, payload=np.ascontiguousarray(rows[j]))
+            for j in range(rows.shape[0])}

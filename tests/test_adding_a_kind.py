@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from aiogc.core.common import handles
-from aiogc.core.ps import ParameterServer
+from aiogc.core.ps import RULES, ParameterServer
 from aiogc.core.ps_rules import ALL, rules_of
 from aiogc.core.worker import Worker
 from aiogc.core.worker_rules import RUNNING, dispatch_of
@@ -131,4 +131,4 @@ def test_the_tables_are_the_handlers_rows() -> None:
     table = {cls.kind: phases for cls, (phases, _fn) in dispatch_of(Narrow).items()}
     assert table["ping"] == RUNNING
     assert table["pong"] != RUNNING  # the other rows are the base class's
-    assert rules_of(ParameterServer) == ParameterServer.RULES
+    assert rules_of(ParameterServer) == RULES

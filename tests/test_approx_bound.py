@@ -20,7 +20,7 @@ from aiogc.core.ps_work import DecodeRound
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.training.approx_bound import decode_gain, gradient_bound_fn
 from aiogc.training.tasks import make_task
-from tests.helpers import build_rig
+from tests.helpers import build_rig, coded_rows
 
 
 @pytest.mark.parametrize("spec", ["linreg:samples=240,dim=12",
@@ -71,7 +71,7 @@ def test_honest_approximate_runs_are_never_rejected_by_the_bound(scheme: str) ->
         rig.aggregator.grad_bound_fn = gradient_bound_fn(rig.task)  # as --no-verify
         rig.aggregator.verify_fn = None
         rig.sim.run()
-        stats = rig.ps.statistics()
+        stats = dict(rig.ps.stats)
         assert stats.get("rejected_approx_bound", 0) == 0, (seed, stats)
         assert any(r.status == "approximate" for r in rig.ps.records)
 
@@ -96,7 +96,7 @@ def test_a_lie_in_round_zero_is_rejected_without_a_norm_history() -> None:
     def decode(rows: np.ndarray) -> Any:
         item = DecodeRound(RoundRecord(round=0, scheme="partial", t_start=0.0), exact=False,
                            reason="deadline", decode=True, state=st, attempt=0, model=w,
-                           rows=rows, dim=w.size)
+                           coded=coded_rows(rows), dim=w.size)
         return agg.run(item)
 
     honest = decode(rows.copy())

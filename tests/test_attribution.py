@@ -119,8 +119,9 @@ def _capture(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     def spy(self: Aggregator, item: Any) -> Any:
         answer = orig(self, item)
         if item.decode:
-            g = np.asarray(self._decode(item.rows, item.state, item.dim).gradient)
-            seen.append((item.record, item.rows.copy(), item.state.copy(), item.dim, g,
+            rows = self.rows.array  # the rows this decode filled from the round's vectors
+            g = np.asarray(self._decode(rows, item.state, item.dim).gradient)
+            seen.append((item.record, rows.copy(), item.state.copy(), item.dim, g,
                          answer.gradient))
         else:
             seen.append((item.record, None, item.state.copy(), item.dim, None, None))

@@ -15,6 +15,7 @@ import pytest
 
 from aiogc import __version__
 from aiogc.cli import EXIT_CODES, _ps_event_handler, _ps_summary, main, setup_logging
+from aiogc.config import RunConfig
 from aiogc.core import Finished, RoundCompleted, RoundRecord
 from aiogc.harness.columns import read_csv
 from aiogc.harness.kit import Progress, RunResult, close_run, run_complete
@@ -110,13 +111,10 @@ def test_ps_prints_one_progress_line_and_logs_rounds_with_v(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``aiogc ps``: a progress line rewritten in place (no line per round); ``-v`` logs each
     round (stdlib logging on stderr), ``-q`` nothing."""
-    class _Scheme:
-        loads = (1, 1, 1)
-        m = 3
-        sends_when_done = False
+    scheme = RunConfig(workers=3, delta=1, scheme="partial").build_scheme()  # loads 1, 1, 1
 
     def feed(progress: Any) -> str:
-        handler = _ps_event_handler("partial", _Scheme(), None, [], progress)
+        handler = _ps_event_handler("partial", scheme, None, [], progress)
         for r in range(5):
             handler(RoundCompleted(_rec(r)))
         handler(RoundCompleted(_rec(5, RoundStatus.FAILED)))

@@ -33,6 +33,7 @@ from aiogc.core import (
     WorkerJoined,
     WorkerPhase,
 )
+from aiogc.core.ps import pending_cap
 from aiogc.errors import ConfigError
 from aiogc.protocol.auth import config_hash, derive_worker_key, hello_mac, session_keys, welcome_mac
 from aiogc.protocol.messages import (
@@ -329,10 +330,10 @@ def test_future_round_closes_and_stale_round_counts() -> None:
                                                  elapsed_s=0.0), now=rig.sim.now)
     rig.ps.receive(rig.sim._peer(1), ChunkReport(epoch=7, round=0, count=2, t_worker=0.0,
                                                  elapsed_s=0.0), now=rig.sim.now)
-    assert rig.ps.statistics()["stale_epoch_chunk_report"] == 1
+    assert dict(rig.ps.stats)["stale_epoch_chunk_report"] == 1
     rig.ps.receive(rig.sim._peer(1), ChunkReport(epoch=0, round=0, count=1, t_worker=0.0,
                                                  elapsed_s=0.0), now=rig.sim.now)
-    assert rig.ps.statistics()["duplicate_report"] == 1
+    assert dict(rig.ps.stats)["duplicate_report"] == 1
     ev = _closes(rig, rig.sim._peer(1),
                  ChunkReport(epoch=0, round=5, count=1, t_worker=0.0, elapsed_s=0.0))
     assert ev.code == "future_round"
@@ -343,12 +344,12 @@ def test_hello_after_auth_and_unsolicited_coded_are_handled() -> None:
     ev = _closes(rig, rig.sim._peer(2), Hello(worker=2, nonce=b"x" * 16, mac=b"", epoch=0))
     assert ev.code == "bad_kind"
     # a coded vector while the PS is not collecting is stale, not decoded
-    payload = np.zeros(rig.ps.payload_len)
+    payload = np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))
     rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=0,
                                                    state_digest=state_digest([0] * 6),
                                                    compute_s=0.0, payload=payload),
                    now=rig.sim.now)
-    assert rig.ps.statistics()["stale_attempt_coded"] == 1
+    assert dict(rig.ps.stats)["stale_attempt_coded"] == 1
 
 
 def test_bad_mac_and_impersonation() -> None:
@@ -414,11 +415,11 @@ def test_replaced_connection_leaves_the_running_round() -> None:
 
 def test_stale_vector_with_nan_does_not_drop_its_sender() -> None:
     rig = _joined_rig()
-    bad = np.full(rig.ps.payload_len, np.nan)
+    bad = np.full(rig.ps.scheme.payload_len(rig.ps.dim), np.nan)
     rig.ps.receive(rig.sim._peer(3), CodedGradient(epoch=0, round=0, attempt=5,
                                                    state_digest=b"x" * 8, compute_s=0.0,
                                                    payload=bad), now=rig.sim.now)
-    stats = rig.ps.statistics()
+    stats = dict(rig.ps.stats)
     assert stats.get("payload_rejected", 0) == 0 and stats["stale_attempt_coded"] == 1
     assert 3 not in rig.ps._round.excluded
 
@@ -484,7 +485,7 @@ def test_dead_workers_leave_before_the_next_round_starts() -> None:
         rig.sim.pause(j, at=0.05, until=3.0)
     rig.sim.run()
     recs = rig.ps.records
-    assert rig.ps.finished
+    assert rig.ps.phase is PSPhase.FINISHED
     assert not any(r.end_reason is EndReason.TIMEOUT or "timeout" in r.end_detail
                    for r in recs), [(r.end_reason, r.end_detail) for r in recs]
     assert recs[0].status == "failed" and recs[0].end_reason is EndReason.WORKERS_GONE
@@ -548,7 +549,7 @@ def test_worker_survives_an_exception_in_its_own_code() -> None:
     failed = [e for e in rig.sim.worker_events[2] if isinstance(e, ConnectionFailed)]
     assert [(e.code, e.fatal) for e in failed] == [("worker_error", False)]
     assert "wrong length" in failed[0].reason
-    assert rig.ps.finished and len(rig.ps.records) == 3
+    assert rig.ps.phase is PSPhase.FINISHED and len(rig.ps.records) == 3
     assert rig.ps.records[-1].status == "exact"
 
 
@@ -565,13 +566,13 @@ def test_next_round_starts_after_the_decode_with_its_own_now() -> None:
     class SlowDecodeSim(Simulation):
         def _pump_ps(self, now: float, polled: tuple[Any, ...] | None = None) -> None:
             if polled is not None and polled[1] is not None:
-                # no application work pending: that poll (receive_and_poll's) holds it all
+                # no application work pending: that poll holds it all
                 super()._pump_ps(now, polled)
                 return
             ps = self.ps
             for out in [*(polled[0] if polled is not None else ()), *ps.messages_to_send()]:
                 self._route_down(out, now)
-            while ps.has_pending():
+            while ps.next_work() is not None:
                 item = ps.next_work()
                 assert item is not None
                 # the decode "took" 1 ms: its answer comes back 1 ms later
@@ -672,7 +673,7 @@ def test_duplicate_worker_ids_are_counted_and_reported() -> None:
     evs = list(iter(rig.ps.next_event, None))
     dups = [e for e in evs if isinstance(e, DuplicateWorker)]
     assert [(e.worker, e.peer) for e in dups] == [(4, "dup")]
-    assert rig.ps.statistics()["duplicate_worker"] == 1
+    assert dict(rig.ps.stats)["duplicate_worker"] == 1
 
 
 def test_a_worker_key_cannot_authenticate_as_another_id() -> None:
@@ -809,7 +810,7 @@ def test_pings_are_rate_limited() -> None:
         rig.ps.receive(peer, Ping(seq=i + 1), now=rig.sim.now)
     pongs = [o for o in rig.ps.messages_to_send() if isinstance(o.message, Pong)]
     assert len(pongs) == int(PING_BURST)
-    assert rig.ps.statistics()["ping_dropped"] == 100 - int(PING_BURST)
+    assert dict(rig.ps.stats)["ping_dropped"] == 100 - int(PING_BURST)
     # the bucket refills with time: an honest heartbeat is always answered
     rig.ps.receive(peer, Ping(seq=1000), now=rig.sim.now + 1.0)
     assert [o.message.seq for o in rig.ps.messages_to_send()
@@ -821,16 +822,16 @@ def test_pending_cap_evicts_the_oldest_unauthenticated_connection() -> None:
 
     rig = build_rig(_cfg(rounds=1))
     ps = rig.ps
-    assert ps.pending_cap == MAX_PENDING_CONNECTIONS  # the floor at small m
+    assert pending_cap(ps.m) == MAX_PENDING_CONNECTIONS  # the floor at small m
     ps.nonce_fn = lambda: b"n" * 16
-    for i in range(ps.pending_cap):
+    for i in range(pending_cap(ps.m)):
         ps.connection_made(("hog", i), now=float(i) * 1e-3)
     ps.connection_made("worker", now=0.5)
-    closed = [e for e in ps.drain_events() if isinstance(e, PeerClosed)]
+    closed = [e for e in iter(ps.next_event, None) if isinstance(e, PeerClosed)]
     assert [(e.peer, e.code) for e in closed] == [(("hog", 0), "too_many_connections")]
     ps.receive("worker", Hello(worker=0, nonce=b"w" * 16, mac=b"", epoch=0), now=0.501)
-    assert ps.is_authenticated("worker")
-    assert ps.statistics()["evicted_pending"] == 1
+    assert ps.worker_of("worker") is not None
+    assert dict(ps.stats)["evicted_pending"] == 1
 
 
 def test_round_messages_skip_workers_that_are_not_ready() -> None:

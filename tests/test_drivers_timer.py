@@ -53,12 +53,12 @@ class _Loop:
 
 
 @pytest.fixture
-def rig(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Loop, list[float], list[float]]:
+def rig() -> tuple[Any, _Loop, list[float], list[float]]:
     clock = [0.0]
-    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
     loop = _Loop(clock)
     fired: list[float] = []
-    timer = loops._Timer(loop, lambda: fired.append(clock[0]))  # type: ignore[arg-type]
+    timer = loops._Timer(loop, lambda: fired.append(clock[0]),  # type: ignore[arg-type]
+                         clock=lambda: clock[0])
     return timer, loop, clock, fired
 
 
@@ -137,28 +137,25 @@ class _StaleLoop(_Loop):
         return self.clock[0] - 0.003
 
 
-def test_deadlines_map_onto_a_stale_loop_clock_without_firing_early(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deadlines_map_onto_a_stale_loop_clock_without_firing_early() -> None:
     clock = [100.0]
-    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
     loop = _StaleLoop(clock)
-    timer = loops._Timer(loop, lambda: None)  # type: ignore[arg-type]
+    timer = loops._Timer(loop, lambda: None, clock=lambda: clock[0])  # type: ignore[arg-type]
     timer.arm(100.010)
     # the deadline itself, not the stale loop time + 10 ms (which is 3 ms early)
     assert [h.when for h in loop.live()] == [100.010]
 
 
 def test_an_early_tolerant_timer_counts_a_wake_up_within_its_tolerance_as_the_deadline(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        ) -> None:
     """``early_s``: the handle is set for the deadline itself (no bias) and a wake-up up to
     ``early_s`` early fires the owner at once, without a re-arm (no spin to the tick); one
     earlier than that sleeps on."""
     clock = [0.0]
-    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
     loop = _Loop(clock)
     fired: list[float] = []
     timer = loops._Timer(loop, lambda: fired.append(clock[0]),  # type: ignore[arg-type]
-                         early_s=0.0005)
+                         early_s=0.0005, clock=lambda: clock[0])
     timer.arm(10.0)
     (handle,) = loop.live()
     assert handle.when == 1010.0
@@ -184,8 +181,6 @@ def test_a_host_scheduler_hands_each_due_slot_the_time_its_wake_up_counts_as(
     from aiogc.net import hostclient
 
     clock = [0.0]
-    monkeypatch.setattr(loops, "_clock", lambda: clock[0])
-    monkeypatch.setattr(hostclient, "_clock", lambda: clock[0])
     monkeypatch.setattr(hostclient, "_tick_bias", lambda loop: 0.0005)
     loop = _Loop(clock)
     woke: list[list[tuple[int, float]]] = []
@@ -194,7 +189,8 @@ def test_a_host_scheduler_hands_each_due_slot_the_time_its_wake_up_counts_as(
     def on_wake(due: list[int]) -> None:
         woke.append([(i, sched.due_at[i]) for i in due])
 
-    sched = hostclient.HostScheduler(loop, 3, on_wake)  # type: ignore[arg-type]
+    sched = hostclient.HostScheduler(loop, 3, on_wake,  # type: ignore[arg-type]
+                                     clock=lambda: clock[0])
     sched.arm(0, 5.0)
     sched.arm(1, 5.0003)
     sched.arm(2, 5.002)

@@ -21,7 +21,7 @@ from aiogc.config import RunConfig
 from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import DecodeRound
 from aiogc.harness.kit import make_ps, materialise_for
-from tests.helpers import build_rig
+from tests.helpers import build_rig, coded_rows
 
 CASES = [("partial", 1), ("partial", 2), ("original", 1)]
 
@@ -52,7 +52,7 @@ def _honest_rows(sch: Any, task: Any, w: np.ndarray, st: np.ndarray, dtype: str)
 def _decode(agg: Any, rows: np.ndarray, st: np.ndarray, w: np.ndarray, rnd: int = 0) -> Any:
     item = DecodeRound(RoundRecord(round=rnd, scheme=agg.scheme.name, t_start=0.0), exact=True,
                        reason="decodable", decode=True, state=st, attempt=0, model=w,
-                       rows=rows, dim=w.size)
+                       coded=coded_rows(rows), dim=w.size)
     return agg.run(item), item.record
 
 
@@ -105,7 +105,7 @@ def test_honest_exact_runs_are_never_rejected_by_the_data_bound(scheme: str, n_p
         rig.aggregator.grad_bound_fn = gradient_bound_fn(rig.task)  # as --no-verify
         rig.aggregator.verify_fn = None
         rig.sim.run()
-        stats = rig.ps.statistics()
+        stats = dict(rig.ps.stats)
         assert stats.get("rejected_data_bound", 0) == 0, (seed, stats)
         assert all(r.status == "exact" for r in rig.ps.records)
 

@@ -32,6 +32,7 @@ from aiogc.config import RunConfig
 from aiogc.core import (
     Finished,
     PeerClosed,
+    PSPhase,
     RoundRecord,
     RoundStarted,
     Triggered,
@@ -213,7 +214,7 @@ def test_worker_sigkilled_during_round(run: Runner, procs: Procs, when: str) -> 
     v = victim[0]
     assert codes[v] == -signal.SIGKILL
     assert all(c == 0 for j, c in codes.items() if j != v), codes
-    assert ps.finished and log.of(Finished)[0].reason == "all rounds done"
+    assert ps.phase is PSPhase.FINISHED and log.of(Finished)[0].reason == "all rounds done"
     assert_exact_rounds(ps.records, config.rounds, tol=1e-9)
     rec1 = ps.records[1]
     assert rec1.dropped == {v: "disconnected"}
@@ -282,7 +283,7 @@ def test_worker_paused_past_collect_deadline_late_vector_is_stale(run: Runner,
     assert rec.status == "exact" and rec.rel_error <= 1e-9
     assert rec.dropped == {v: "collect_timeout"} and rec.state[v] == 0
     assert [t.attempt for t in log.of(Triggered) if t.round == r] == [0, 1]
-    stats = ps.statistics()
+    stats = dict(ps.stats)
     # its answer to the old trigger came late: counted, not decoded
     assert stats.get("stale_round_coded_gradient") == 1, stats
     assert "closed_heartbeat_timeout" not in stats and stats.get("joined") == config.workers
@@ -311,7 +312,7 @@ def test_worker_sigstopped_past_dead_after_declared_dead_then_rejoins(run: Runne
         n = len(log.of(RoundStarted))
         await log.wait_for(lambda: len(log.of(RoundStarted)) > n)
         procs.kill(v, signal.SIGSTOP)
-        stop_round = ps.round
+        stop_round = log.of(RoundStarted)[-1].round  # the round it was paused in
         await log.wait_for(lambda: any(d.worker == v for d in log.of(WorkerDropped)))
         procs.kill(v, signal.SIGCONT)
         drop = next(d for d in log.of(WorkerDropped) if d.worker == v)
@@ -331,7 +332,7 @@ def test_worker_sigstopped_past_dead_after_declared_dead_then_rejoins(run: Runne
     assert [d.reason for d in drops] == ["heartbeat_timeout"]
     # a paused worker is only a straggler until the heartbeat bound: rounds went on meanwhile
     assert drop_round >= stop_round
-    stats = ps.statistics()
+    stats = dict(ps.stats)
     # it came back on a new connection. (On a loaded machine an honest worker can also be
     # silent for dead_after_s while the run is still joining -- its first welcome imports and
     # builds the scheme -- and is then closed and rejoins before round 0: not a round drop.)
@@ -393,14 +394,14 @@ def test_ps_restart_new_epoch(crash: str, loop_factory: Any) -> None:
     # (after its serve task is gone the old core only sees its connections drop: whatever it
     # records then are failed rounds, never a decode)
     assert all(r.status == "failed" for r in old.records[n_before:])
-    assert new.finished and log2.of(Finished)[0].reason == "all rounds done"
+    assert new.phase is PSPhase.FINISHED and log2.of(Finished)[0].reason == "all rounds done"
     assert new.epoch == 1 and cl.server.port == port
     assert_exact_rounds(new.records, config.rounds, tol=1e-9)
     # the new PS started from scratch and reproduced the old one's rounds exactly
     for a, b in zip(old.records[:n_before], new.records, strict=False):
         assert a.state == b.state and a.loss == b.loss
         np.testing.assert_array_equal(a.gradient, b.gradient)
-    stats = new.statistics()
+    stats = dict(new.stats)
     assert stats.get("joined") == config.workers
     assert not any(k.startswith("stale_epoch") for k in stats), stats
     # every worker re-handshook into the new epoch
@@ -451,7 +452,7 @@ def test_more_than_tolerable_workers_die(run: Runner, procs: Procs, scheme: str)
     # a failed round changes nothing: the model after it is the model after round 0
     assert r1.loss == r0.loss
     assert set(r1.dropped) == {0, 1}
-    assert ps.statistics().get("failed_rounds") == 1
+    assert dict(ps.stats).get("failed_rounds") == 1
     # round 2 is never started hopeless: the PS waits join_timeout_s for enough ready workers,
     # then ends the run with the reason
     assert "ready for round 2" in log.of(Finished)[0].reason

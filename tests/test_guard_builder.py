@@ -21,6 +21,7 @@ from aiogc.core.ps_work import DecodeRound
 from aiogc.harness.kit import make_ps, materialise_for
 from aiogc.sim.fast import build_schemes
 from aiogc.sim.protocol import simulate_protocol, simulation_config, task_ps
+from tests.helpers import coded_rows
 
 
 def _signature(agg: Any, rng: np.random.Generator, d: int) -> tuple[Any, ...]:
@@ -56,8 +57,8 @@ def _items(ps: Any, task: Any, rng: np.random.Generator) -> list[DecodeRound]:
             r[0] *= lie
             out.append(DecodeRound(RoundRecord(round=0, scheme=sch.name, t_start=0.0),
                                    exact=exact, reason="decodable" if exact else "deadline",
-                                   decode=True, state=st.copy(), attempt=0, model=w, rows=r,
-                                   dim=w.size))
+                                   decode=True, state=st.copy(), attempt=0, model=w,
+                                   coded=coded_rows(r), dim=w.size))
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,49 @@ def test_hosts_run_the_same_rounds_as_per_worker_connections(run: Runner) -> Non
     for a, b in zip(records, ref, strict=True):
         assert a.gradient is not None and b.gradient is not None
         np.testing.assert_allclose(a.gradient, b.gradient, rtol=0, atol=1e-12)
+
+
+def test_the_drivers_read_the_clock_they_are_given(run: Runner) -> None:
+    """PSServer and HostClient take their clock as a constructor argument (no module global,
+    no monkeypatching): with one 10^9 s ahead of ``time.monotonic``, every ``now`` the cores
+    are fed and every timer is on that line (the chunk deadlines fire, the rounds end), and
+    the rounds are the ones the default clock runs."""
+    config = cfg(rounds=3)
+    schedule = spaced_schedule(config, gap_s=0.02)
+    ahead = 1e9
+
+    def fake() -> float:
+        return time.monotonic() + ahead
+
+    async def scenario() -> tuple[list[Any], EventLog, list[EventLog]]:
+        ps = make_ps(config, schedule=schedule, secret=SECRET)
+        log = EventLog()
+        server = PSServer(ps, host=HOST, port=0, on_event=log, clock=fake)
+        task = asyncio.create_task(server.serve())
+        async with asyncio.timeout(STEP_S):
+            await server.started.wait()
+        sinks = [EventLog() for _ in range(config.workers)]
+        workers = [Worker(j, worker_key=derive_worker_key(SECRET, j))
+                   for j in range(config.workers)]
+        host = HostClient(workers, HOST, server.port, on_events=sinks, give_up_after_s=10.0,
+                          options=ClientOptions(backoff_s=FAST_BACKOFF, clock=fake))
+        await asyncio.gather(task, host.run())
+        return ps.records, log, sinks
+
+    records, log, sinks = run(scenario)
+    assert [(r.round, r.status) for r in records] == [(0, "exact"), (1, "exact"), (2, "exact")]
+    assert all(ahead <= r.t_start <= r.t_end for r in records)
+    timed = [e for e in log.events if hasattr(e, "time")]
+    timed += [e for s in sinks for e in s.events if hasattr(e, "time")]
+    assert timed and all(e.time >= ahead for e in timed)
+
+    async def reference() -> list[Any]:
+        ps = make_ps(config, schedule=schedule, secret=SECRET)
+        server, _, task = await _serve(ps)
+        await asyncio.gather(task, _host(range(config.workers), server.port).run())
+        return ps.records
+
+    assert _summary(records) == _summary(run(reference))
 
 
 def test_a_dropped_host_loses_its_workers_and_rejoins(run: Runner) -> None:
@@ -351,9 +395,9 @@ def test_the_scheduler_wakes_once_for_everything_due() -> None:
                 done.set()
 
         s = HostScheduler(loop, 4, on_wake)
-        from aiogc.net.loops import _clock
+        from aiogc.net.loops import MONOTONIC
 
-        t = _clock()
+        t = MONOTONIC()
         s.arm(0, t + 0.01)
         s.arm(1, t + 0.01)
         s.arm(2, t + 0.5)
@@ -396,17 +440,15 @@ def test_mux_decoder_delivers_records_in_order() -> None:
     assert err.value.code == "bad_preamble"
 
 
-def test_a_hosts_workers_see_the_frames_of_one_read_when_the_read_arrived(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hosts_workers_see_the_frames_of_one_read_when_the_read_arrived() -> None:
     """The frames of one read reach their workers as of the read's arrival, not as of the
     moment the host's one loop gets to each (a worker's round clock must not start later for
     being the 64th frame of the batch); the next read has its own arrival time."""
     from aiogc.net import hostclient
 
     clock = [100.0]
-    monkeypatch.setattr(hostclient, "_clock", lambda: clock[0])
     workers = [Worker(i, worker_key=derive_worker_key(b"s" * 32, i)) for i in range(3)]
-    hc = HostClient(workers, "127.0.0.1", 1)
+    hc = HostClient(workers, "127.0.0.1", 1, options=ClientOptions(clock=lambda: clock[0]))
     seen: list[tuple[int, float | None]] = []
 
     class _Client:

@@ -155,7 +155,7 @@ def _import_graph() -> dict[str, set[str]]:
         for name in _resolved_imports(path):
             if name.split(".")[0] == "aiogc":
                 target = resolve(name)
-                if target is not None and target != mod and not mod.startswith(target + "."):
+                if target is not None and target != mod:
                     graph[mod].add(target)
     return graph
 

@@ -31,12 +31,13 @@ from aiogc.core import (
     ParameterServer,
     PeerClosed,
     PSOptions,
+    PSPhase,
     RoundCompleted,
     RoundRecord,
     Worker,
     WorkerJoined,
 )
-from aiogc.core.ps import MAX_PENDING_CONNECTIONS
+from aiogc.core.ps import MAX_PENDING_CONNECTIONS, pending_cap
 from aiogc.errors import ConfigError
 from aiogc.harness.kit import make_ps as runner_make_ps
 from aiogc.harness.kit import materialise_for
@@ -222,9 +223,9 @@ class Cluster:
                 wev = [type(e).__name__ + str(getattr(e, "round", getattr(e, "code", "")))
                        for e in self.worker_logs[j].events]
                 raise AssertionError(
-                    f"{t.get_name()} failed: {res!r}; PS statistics {self.ps.statistics()}; "
+                    f"{t.get_name()} failed: {res!r}; PS statistics {dict(self.ps.stats)}; "
                     f"closes {closes}; rounds {len(self.ps.records)}; worker events {wev}; "
-                    f"worker stats {self.clients[j].worker.statistics()}; "
+                    f"worker stats {dict(self.clients[j].worker.stats)}; "
                     f"connections {self.clients[j].connections}") from res
         return self.ps.records
 
@@ -286,7 +287,7 @@ def test_scheme_trains_over_loopback(run: Runner, kw: dict[str, Any]) -> None:
             return await cl.finish(), cl
 
     records, cl = run(scenario)
-    assert cl.ps.finished
+    assert cl.ps.phase is PSPhase.FINISHED
     fin = cl.log.of(Finished)
     assert len(fin) == 1 and fin[0].reason == "all rounds done"
     assert all(t.done() and t.result() is None for t in cl.client_tasks)
@@ -300,7 +301,7 @@ def test_scheme_trains_over_loopback(run: Runner, kw: dict[str, Any]) -> None:
     else:
         assert_exact_rounds(records, 3, tol=1e-9)
     # nobody was dropped or closed for a protocol reason in a clean run
-    stats = cl.ps.statistics()
+    stats = dict(cl.ps.stats)
     assert stats.get("joined") == config.workers
     assert not any(k.startswith("closed_") for k in stats), stats
     assert not cl.log.of(PeerClosed)
@@ -349,7 +350,7 @@ def test_auth_wrong_secret_rejected_while_honest_workers_train(run: Runner) -> N
 
     cl, outcome = run(scenario)
     assert outcome is not None and "auth_failed" in str(outcome)
-    assert cl.ps.statistics().get("closed_auth_failed", 0) >= 1
+    assert dict(cl.ps.stats).get("closed_auth_failed", 0) >= 1
     closed = cl.log.of(PeerClosed)
     assert {e.code for e in closed} == {"auth_failed"}
     # ... while the run was going on: rounds completed after the rejection
@@ -449,7 +450,7 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
         names.append("silent")
         coros.append(_bad_peer(port, b"", eof_after=False))
         got = await asyncio.gather(*coros)
-        during_training = not dirty.ps.finished
+        during_training = dirty.ps.phase is not PSPhase.FINISHED
         async with asyncio.timeout(GUARD_S):
             await clean.finish()
         async with asyncio.timeout(GUARD_S):
@@ -468,7 +469,7 @@ def test_garbage_peers_do_not_disturb_training(run: Runner) -> None:
         msgs = FrameDecoder(DEFAULT_LIMITS).feed(got[name])
         assert [m.kind for m in msgs] == ["challenge", "error"], (name, msgs)
         assert isinstance(msgs[1], Error) and msgs[1].code == code
-    stats = dirty.ps.statistics()
+    stats = dict(dirty.ps.stats)
     # the core closed the handshake-level offenders with typed, counted reasons
     assert stats.get("closed_bad_worker_id") == 1
     assert stats.get("closed_unexpected_kind") == 1
@@ -541,7 +542,7 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
     config = cfg(workers=4, delta=2, n_parts=1, rounds=10)
     schedule = spaced_schedule(config, gap_s=0.08)
     ps = make_ps(config, schedule=schedule)
-    cap = ps.pending_cap
+    cap = pending_cap(ps.m)
     assert cap == MAX_PENDING_CONNECTIONS  # the floor at small m
     n_flood = cap + 16
 
@@ -551,14 +552,14 @@ def test_connection_flood_beyond_the_pending_cap(run: Runner) -> None:
             await cl.log.wait_for(lambda: cl.log.rounds_completed() >= 1)
         got = await asyncio.gather(
             *[_bad_peer(cl.server.port, b"", eof_after=False) for _ in range(n_flood)])
-        during_training = not cl.ps.finished
+        during_training = cl.ps.phase is not PSPhase.FINISHED
         async with asyncio.timeout(GUARD_S):
             await cl.finish()
         return cl, got, during_training
 
     cl, got, during_training = run(scenario)
     assert during_training and len(got) == n_flood
-    stats = cl.ps.statistics()
+    stats = dict(cl.ps.stats)
     assert stats.get("closed_too_many_connections") == n_flood - cap
     assert stats.get("evicted_pending") == n_flood - cap
     assert stats.get("closed_auth_timeout") == cap
@@ -675,7 +676,7 @@ def test_frames_after_the_handshake_are_tagged_and_a_forgery_closes(run: Runner)
 
     cl, tampered = run(scenario)
     assert tampered == 1
-    assert cl.ps.statistics().get("closed_bad_tag") == 1
+    assert dict(cl.ps.stats).get("closed_bad_tag") == 1
     assert_exact_rounds(cl.ps.records, 6, tol=1e-9)
 
 
@@ -746,10 +747,10 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
                     await reader.read()  # idle until the PS closes it, then reopen
                 writer.close()
 
-        hogs = [asyncio.create_task(hog()) for _ in range(cl.ps.pending_cap + 8)]
+        hogs = [asyncio.create_task(hog()) for _ in range(pending_cap(cl.ps.m) + 8)]
         async with asyncio.timeout(GUARD_S):  # hang guard: the hogs hold every slot
             await cl.server.wait_connections(
-                lambda: len(cl.ps._pending) >= cl.ps.pending_cap)
+                lambda: len(cl.ps._pending) >= pending_cap(cl.ps.m))
         for j in range(config.workers):
             cl.add_worker(j)
         async with asyncio.timeout(GUARD_S):
@@ -772,7 +773,7 @@ def test_idle_connection_flood_does_not_lock_workers_out(run: Runner) -> None:
     recs = cl.ps.records
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs)
-    assert opened > cl.ps.pending_cap
+    assert opened > pending_cap(cl.ps.m)
     rejoined = [e for e in cl.log.of(WorkerJoined) if e.worker == 3][1]
     assert any(r.t_start > rejoined.time and r.state[3] > 0 for r in recs)
 

@@ -107,7 +107,7 @@ def test_decode_error_stays_within_the_documented_bound(scheme: str, n_parts: in
             assert r.rounding_bound <= 0.01 * scale  # scheme's decoders amplify ~10^3)
         w = w - ps.aggregator.learning_rate * r.gradient
     # the uploads were 16-bit on this run's wire type
-    assert ps._payload_rows.dtype.itemsize == 2
+    assert ps.aggregator.rows.dtype.itemsize == 2
 
 
 @pytest.mark.parametrize("coded", ["same", "bfloat16"])
@@ -181,7 +181,7 @@ def _check_located_run(ps: Any, liar: int) -> None:
     assert liar in ps.evicted
     evicted_at = max(r.round for r in located)
     assert all(liar not in r.arrivals for r in recs if r.round > evicted_at)
-    assert ps.statistics().get("evicted") == 1
+    assert dict(ps.stats).get("evicted") == 1
 
 
 @pytest.mark.parametrize("coded", ["same", "float16"])
@@ -253,7 +253,7 @@ def test_evicted_worker_ends_over_loopback() -> None:
     assert len(recs) == config.rounds
     assert all(r.status == "exact" for r in recs), [(r.round, r.end_detail) for r in recs]
     assert 5 in ps.evicted
-    st = ps.statistics()
+    st = dict(ps.stats)
     assert st.get("evicted") == 1 and st.get("closed_evicted", 0) >= 1
 
 

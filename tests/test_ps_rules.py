@@ -119,7 +119,8 @@ def _in_decoding() -> tuple[Rig, int]:
     for j in sorted(rs.expected):
         rig.ps.receive(_peer(rig, j), CodedGradient(
             epoch=0, round=0, attempt=rs.attempt, state_digest=state_digest(rs.broadcast),
-            compute_s=0.0, payload=np.zeros(rig.ps.payload_len)), now=rig.sim.now)
+            compute_s=0.0, payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
+            now=rig.sim.now)
     assert rig.ps.phase is PSPhase.DECODING
     assert isinstance(rig.ps.next_work(), DecodeRound)
     return rig, 0
@@ -151,7 +152,7 @@ def _frame(kind: str, rnd: int, rig: Rig) -> Message:
                                     elapsed_s=0.0),
         "coded_gradient": CodedGradient(epoch=0, round=max(rnd, 0), attempt=0,
                                         state_digest=digest, compute_s=0.0,
-                                        payload=np.zeros(rig.ps.payload_len)),
+                                        payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
         "ping": Ping(seq=7),
         "pong": Pong(seq=7),
         "bye": Bye(reason="done"),
@@ -163,10 +164,10 @@ def _outcome(rig: Rig, kind: str, rnd: int) -> tuple[str, dict[str, int], list[A
     ps = rig.ps
     peer = _peer(rig, 1)
     ps.messages_to_send()
-    before = ps.statistics()
+    before = dict(ps.stats)
     n_events = len(ps._events)
     ps.receive(peer, _frame(kind, rnd, rig), now=rig.sim.now)
-    after = ps.statistics()
+    after = dict(ps.stats)
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     closed = [e for e in ps._events[n_events:] if isinstance(e, PeerClosed)]
     return ("closed:" + closed[0].code if closed else "open"), delta, ps.messages_to_send()
@@ -286,7 +287,7 @@ def test_every_declared_transition_is_reached_and_no_other(
     run = rig.aggregator.run
 
     def stop_first(item: Any) -> Any:
-        if isinstance(item, DecodeRound) and not rig.ps.finished:
+        if isinstance(item, DecodeRound) and rig.ps.phase is not PSPhase.FINISHED:
             rig.ps.stop("stopped mid-decode", now=rig.sim.now)
         return run(item)
 

@@ -38,7 +38,7 @@ from aiogc.coding import (
 )
 from aiogc.coding.registry import check_setup_budget, setup_bytes
 from aiogc.config import RunConfig, scheme_digest
-from aiogc.core import ConnectionFailed, Setup
+from aiogc.core import ConnectionFailed, PSPhase, Setup
 from aiogc.errors import ConfigError
 from tests.helpers import build_rig
 
@@ -170,7 +170,7 @@ def test_seeded_extra_matrix_drawn_alike_passes_and_trains(scaled: str) -> None:
     assert isinstance(rig.ps.scheme, ScaledPartialScheme)
     assert not np.all(rig.ps.scheme.R == 1.0)  # the scales are really in use
     rig.sim.run()
-    assert rig.ps.finished and len(rig.ps.records) == cfg.rounds
+    assert rig.ps.phase is PSPhase.FINISHED and len(rig.ps.records) == cfg.rounds
     assert all(r.status == "exact" for r in rig.ps.records)
     for j in range(cfg.workers):
         assert not [e for e in rig.sim.worker_events[j] if isinstance(e, ConnectionFailed)]

@@ -75,7 +75,7 @@ def test_preauth_error_or_shutdown_only_closes(phase: str, frame: Any) -> None:
         w.messages_to_send()
         assert w.phase.value == "authenticating"
     w.receive("ps", frame, now=0.2)
-    events = w.drain_events()
+    events = list(iter(w.next_event, None))
     assert not any(isinstance(e, ShutdownRequested) for e in events)
     failed = [e for e in events if isinstance(e, ConnectionFailed)]
     assert len(failed) == 1 and not failed[0].fatal

@@ -23,7 +23,7 @@ import pytest
 
 import aiogc.core.worker as worker_mod
 from aiogc.config import RunConfig, scheme_digest
-from aiogc.core import Outgoing, Setup, Worker, WorkerPhase
+from aiogc.core import ComputeChunks, Outgoing, Setup, Worker, WorkerPhase
 from aiogc.core.worker import ACCEPTS
 from aiogc.core.worker_round import WorkerRounds
 from aiogc.core.worker_rules import NEXT, TRANSITIONS
@@ -118,7 +118,7 @@ def _in_phase(phase: WorkerPhase) -> Worker:
              P.WAITING]
     for step in steps[:order.index(phase)]:
         step()
-    assert w.phase is phase, (w.phase, phase, w.statistics())
+    assert w.phase is phase, (w.phase, phase, dict(w.stats))
     w.poll()  # start from empty queues
     return w
 
@@ -165,10 +165,10 @@ def test_tables_are_consistent_with_the_protocol() -> None:
 def test_every_phase_kind_pair_has_a_defined_outcome(phase: WorkerPhase, kind: str,
                                                      edges: list[Edge]) -> None:
     w = _in_phase(phase)
-    before = dict(w.statistics())
+    before = dict(dict(w.stats))
     del edges[:]
     w.receive("ps", SAMPLES[kind](), now=0.5)
-    stats = w.statistics()
+    stats = dict(w.stats)
     _events, _work, out, _deadline = w.poll()
     if phase is P.CLOSED:  # dropped: nothing dispatched, nothing sent
         assert stats["after_close"] == before.get("after_close", 0) + 1
@@ -196,7 +196,8 @@ def test_every_transition_is_taken_by_a_scenario(edges: list[Edge]) -> None:
         w.connection_lost(now=0.5)
     w = _in_phase(P.COMPUTING)  # every chunk computed: WAITING
     w.handle_timer(now=float(_load()))
-    for item in w.drain_work():
+    for item in iter(w.next_work, None):
+        assert isinstance(item, ComputeChunks)
         w.chunks_done(item.round, item.first, [np.zeros(_DIM)] * len(item.chunks), now=9.0)
     assert w.phase is P.WAITING
     w = _in_phase(P.WAITING)  # resume restarts the chunk in flight
@@ -246,7 +247,7 @@ def test_a_handler_jumping_outside_the_table_fails(monkeypatch: pytest.MonkeyPat
     assert w.phase is P.IDLE
     w.receive("ps", Ping(seq=1), now=0.5)  # ...and through the driver call it closes
     assert _phase(w) is P.CLOSED
-    assert w.statistics().get("failed_worker_error") == 1
+    assert dict(w.stats).get("failed_worker_error") == 1
     _events, _work, out, _deadline = w.poll()
     assert isinstance(out[-1].message, Error)
     assert "illegal worker transition idle -> authenticating" in out[-1].message.reason

@@ -33,28 +33,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
+# scripts use (they moved to cli/args.py and cli/remote.py).
+from aiogc.cli.args import EXIT_CODES as EXIT_CODES
 from aiogc.cli.args import (
-    DEFAULT_OUT,
     EXIT_CONFIG,
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SHRUNK,
     EXIT_UNFAITHFUL,
     _help_with_exit_codes,
-    _live_only,
     _signal_exit,
     _writable_dir,
-    add_config_args,
     add_log_args,
-    add_spare_wait_arg,
     config_from_args,
     read_secret,
     setup_logging,
 )
-
-# Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
-# scripts use (they moved to cli/args.py and cli/remote.py).
-from aiogc.cli.args import EXIT_CODES as EXIT_CODES
 from aiogc.cli.args import EXIT_EVICTED as EXIT_EVICTED
 from aiogc.cli.args import EXIT_STOPPED as EXIT_STOPPED
 from aiogc.cli.args import EXIT_UNREACHABLE as EXIT_UNREACHABLE
@@ -64,7 +59,9 @@ from aiogc.cli.remote import (
     add_ps_parser,
     add_worker_parser,
 )
-from aiogc.coding.registry import scheme_names
+from aiogc.cli.run import add_run_args as add_run_args
+from aiogc.cli.run import add_run_parser
+from aiogc.cli.run import cmd_run as cmd_run
 from aiogc.config import MAX_WORKERS
 from aiogc.errors import AiogcError, ConfigError
 
@@ -74,127 +71,6 @@ __all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT
            "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
            "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
            "setup_logging"]
-
-# ------------------------------------------------------------------ run
-
-
-def add_run_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="PS + m workers on this machine, schemes side by side",
-                       description="Run the schemes live on loopback over one delay schedule.")
-    add_run_args(p)
-    p.set_defaults(func=cmd_run)
-
-
-def add_run_args(p: argparse.ArgumentParser) -> None:
-    add_config_args(p)
-    p.add_argument("--config", default=None, metavar="FILE.toml",
-                   help="read these flags from a TOML file (keys: the long flag names without "
-                        "dashes); flags given here override it (aiogc.cli.sweep)")
-    p.add_argument("--schemes", default="partial,original",
-                   help="comma list of " + ", ".join(scheme_names()))
-    p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
-    p.add_argument("--worker-hosts", type=int, default=0, metavar="N",
-                   help="with --as coroutines: run the workers in N worker-host processes "
-                        "(coroutines sharing one loop each) instead of beside the PS on its "
-                        "loop (default 0)")
-    p.add_argument("--connection-per-worker", action="store_true",
-                   help="with --as coroutines and no --worker-hosts: one connection and loop "
-                        "timer per worker, instead of one shared connection for all of them "
-                        "(docs/protocol.md 2.6)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
-    p.add_argument("--pcap", default=None, metavar="FILE",
-                   help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
-                        "decode with tools/aiogc.lua; local backend only)")
-    add_spare_wait_arg(p)
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="record each round's decode error against the uncoded gradient")
-    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNGs (needs the plot extra)")
-    p.add_argument("--backend", default="local",
-                   help="local (processes on this machine) | ray (actors on a Ray cluster, "
-                        "needs the ray extra; see docs/cluster.md)")
-    p.add_argument("--address", default=None,
-                   help="--backend ray: auto | HOST:PORT of the cluster's GCS "
-                        "(default: start a local Ray instance for this run)")
-    p.add_argument("--allow-shrink", action="store_true",
-                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
-                        "and stderr still say so; default: exit 5)")
-    p.add_argument("--fidelity", choices=("report", "strict"), default="report",
-                   help="report: summary.json's fidelity section and a line on stdout; "
-                        f"strict: also exit {EXIT_UNFAITHFUL} when the verdict is unfaithful")
-    p.add_argument("--fidelity-threshold", type=float, default=0.10, metavar="F",
-                   help="the verdict's tolerance: every live/simulated ratio within F of 1 "
-                        "(default %(default)s)")
-
-
-
-
-def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from aiogc.harness.kit import (
-        RunInterrupted,
-        dump_json,
-        format_summary,
-        run_complete,
-        shrink_line,
-    )
-    from aiogc.harness.local import run_live
-    from aiogc.harness.options import RunOptions
-
-    if getattr(a, "config", None):
-        from aiogc.cli.sweep import with_config
-
-        a = with_config(a, argv)
-    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
-    if not schemes:
-        raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
-    _live_only(schemes)
-    base = config_from_args(a, schemes[0])
-    _writable_dir("out", a.out)
-    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
-    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
-                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
-                         address=a.address, worker_hosts=a.worker_hosts,
-                         connection_per_worker=getattr(a, "connection_per_worker", False),
-                         auto_time_scale=a.time_scale == "auto",
-                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
-                         locate=a.locate,
-                         pcap=getattr(a, "pcap", None))
-    if options.pcap is not None and a.backend != "local":
-        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
-                          "connections in this process)")
-    try:
-        result = run_live(base, schemes, options)
-    except RunInterrupted as exc:
-        print(format_summary(exc.result.summary))
-        print(f"run directory: {a.out}")
-        print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
-        print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
-        return _signal_exit(exc.signal_name)
-    print(format_summary(result.summary))
-    print(f"run directory: {a.out}")
-    if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
-        print(dump_json(result.summary))
-    print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
-    if not run_complete(result.summary, base.rounds, mode=base.mode):
-        return EXIT_INCOMPLETE
-    shrunk = shrink_line(result.summary)
-    if shrunk:
-        allowed = " (allowed by --allow-shrink)" if a.allow_shrink else \
-            " (--allow-shrink accepts this)"
-        print(f"aiogc run: {shrunk}{allowed}", file=sys.stderr)
-        if not a.allow_shrink:
-            return EXIT_SHRUNK
-    fid = result.summary.get("fidelity") or {}
-    if a.fidelity == "strict" and fid.get("verdict") != "faithful":
-        why = "; ".join(fid.get("reasons") or ["no fidelity measured"])
-        print(f"aiogc run: unfaithful (--fidelity strict): {why}", file=sys.stderr)
-        return EXIT_UNFAITHFUL
-    return EXIT_OK
-
-
 
 def add_plot_parsers(sub: Any) -> None:
     p = sub.add_parser("plot", help="regenerate the PNGs of a run directory")

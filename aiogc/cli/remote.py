@@ -30,6 +30,7 @@ from aiogc.cli.args import (
     log,
     read_secret,
 )
+from aiogc.coding.base import Scheme
 from aiogc.coding.registry import scheme_names
 from aiogc.config import MAX_WORKERS
 from aiogc.errors import ConfigError, EvictedError
@@ -68,7 +69,7 @@ def add_ps_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_ps)
 
 
-def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
+def _ps_event_handler(scheme_name: str, scheme: Scheme, recorder: Any,
                       ended: list[str], progress: Any = None,
                       time_scale: float = 1.0) -> Callable[[Any], None]:
     """``aiogc ps``'s event callback: advances the progress line (if ``progress``), logs

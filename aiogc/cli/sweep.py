@@ -34,98 +34,15 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiogc.cli.run import _key_actions, _run_parser, cmd_run, file_values
 from aiogc.errors import ConfigError
 
-#: Flags that are not run settings (never read from a file, never part of a cell's identity).
-_NOT_KEYS = {"help", "config"}
 #: Keys a grid may not vary.
 _NOT_GRID = {"out", "progress", "backend", "address"}
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    from aiogc.cli import add_run_args
-
-    p = argparse.ArgumentParser(prog="aiogc run", add_help=False)
-    add_run_args(p)
-    return p
-
-
-def _key_actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """File key (long flag without dashes) -> its argparse action."""
-    out: dict[str, argparse.Action] = {}
-    for act in p._actions:
-        longs = [o for o in act.option_strings if o.startswith("--")]
-        if longs and longs[0][2:] not in _NOT_KEYS:
-            out[longs[0][2:]] = act
-    return out
-
-
-def _convert(key: str, act: argparse.Action, value: Any) -> Any:
-    """The value as the flag would hold it, or ConfigError(key, value, allowed)."""
-    if isinstance(act, argparse.BooleanOptionalAction):
-        if not isinstance(value, bool):
-            raise ConfigError(key, value, "true or false")
-        return value
-    if key == "schemes" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        value = ",".join(value)
-    if act.type is None:
-        if not isinstance(value, str):
-            raise ConfigError(key, value, "a string")
-        v: Any = value
-    else:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(key, value, f"a value --{key} accepts ({_type_name(act)})")
-        try:
-            v = act.type(value if isinstance(value, str) else str(value))  # type: ignore[operator]
-        except argparse.ArgumentTypeError as exc:
-            raise ConfigError(key, value, str(exc)) from None
-        except (TypeError, ValueError):
-            raise ConfigError(key, value, f"a value --{key} accepts ({_type_name(act)})"
-                              ) from None
-    if act.choices is not None and v not in act.choices:
-        raise ConfigError(key, value, "one of " + ", ".join(map(str, act.choices)))
-    return v
-
-
-def _type_name(act: argparse.Action) -> str:
-    name = getattr(act.type, "__name__", "value").lstrip("_")
-    return {"positive_int": "an integer", "int": "an integer", "float": "a number",
-            "time_scale": "auto or a number in [1, 1000]"}.get(name, name)
-
-
-def file_values(data: Mapping[str, Any], actions: Mapping[str, argparse.Action],
-                *, prefix: str = "") -> dict[str, Any]:
-    """argparse dest -> converted value for every key of ``data`` (ConfigError on the first
-    unknown key or bad value)."""
-    out: dict[str, Any] = {}
-    for raw, value in data.items():
-        key = raw.replace("_", "-")
-        act = actions.get(key)
-        if act is None:
-            raise ConfigError(f"{prefix}{raw}", value,
-                              "one of the keys " + ", ".join(sorted(actions)))
-        out[act.dest] = _convert(f"{prefix}{raw}", act, value)
-    return out
-
-
-def with_config(a: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``aiogc run --config FILE``: the file's values as defaults, the command line on top."""
-    from aiogc.harness.sweep import load_toml
-
-    p = _run_parser()
-    data = load_toml(a.config)
-    if "grid" in data:
-        raise ConfigError("grid", data["grid"], "no [grid] table in aiogc run --config "
-                          "(use aiogc sweep FILE)")
-    p.set_defaults(**file_values(data, _key_actions(p)))
-    args = list(argv or [])
-    run_argv = args[args.index("run") + 1:] if "run" in args else args
-    return p.parse_args(run_argv)
-
 
 # ------------------------------------------------------------------ sweep
 
@@ -171,7 +88,6 @@ def plan(path: str, out: str | None) -> tuple[argparse.ArgumentParser, dict[str,
 
 def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
               *, on_cell_done: Callable[[Any, Path], None] | None = None) -> int:
-    from aiogc.cli import cmd_run
     from aiogc.cli.args import EXIT_STOPPED, _config_from_flags, _writable_dir
     from aiogc.harness.sweep import ResumeRule, cell_complete, run_sweep
 

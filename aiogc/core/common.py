@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from aiogc.coding.base import Scheme, TrustedEncoder
 from aiogc.core.attribution import Attribution
 from aiogc.protocol.messages import Message, slot_constructor
 from aiogc.protocol.status import EndReason, RoundStatus
@@ -128,6 +129,7 @@ class Endpoint:
         self._outbox: list[Outgoing] = []
         # lists, not deques: drivers drain them whole (a swap), one pop(0) per next_event
         self._events: list[Event] = []
+        #: counters of dropped, rejected and closed things, by reason
         self.stats: Counter[str] = Counter()
 
     def messages_to_send(self) -> list[Outgoing]:
@@ -138,17 +140,6 @@ class Endpoint:
     def next_event(self) -> Event | None:
         """The next event, or None."""
         return self._events.pop(0) if self._events else None
-
-    def drain_events(self) -> list[Event]:
-        """Every queued event, in order (one call instead of ``next_event`` until None)."""
-        if not self._events:
-            return []
-        out, self._events = self._events, []
-        return out
-
-    def statistics(self) -> dict[str, int]:
-        """Counters of dropped, rejected and closed things, by reason."""
-        return dict(self.stats)
 
 
 #: "No deadline" in the cores' deadline comparisons.
@@ -210,7 +201,7 @@ class WorkerJoined(Event):
 
 @dataclass(frozen=True, slots=True)
 class WorkerDropped(Event):
-    """A worker left the round (dead, timed out, payload rejected, disconnected)."""
+    """A worker left the round (dead, timed out, vector rejected, disconnected)."""
 
     worker: int
     round: int
@@ -385,6 +376,28 @@ class ComputeChunks(NamedTuple):
     model: np.ndarray
 
 
+class EncodeVector(NamedTuple):
+    """Work item: encode the worker's first ``len(grads)`` chunk gradients into its coded
+    vector for ``state`` (attempt ``attempt`` of ``round``), then call ``Worker.encode_done``.
+
+    The core has decided that the worker sends and with which coefficients: ``theta`` (a
+    send-when-done scheme's fixed (load, ell) coefficients, ``coef`` their one column when
+    ell = 1), else ``fast`` (the scheme's trusted encoder), else ``scheme.encode``. The driver
+    does the numbers and the upload type (``aiogc.training.encode``).
+    """
+
+    round: int
+    attempt: int
+    worker: int
+    state: Sequence[int]  # (m,) the broadcast state the vector is encoded against
+    digest: bytes  # state_digest(state)
+    grads: Sequence[np.ndarray]  # (c,) of shape (d,): positions 0..c-1 of the worker's order
+    scheme: Scheme  # the round's scheme (ordering="adaptive": with the round's orders)
+    theta: np.ndarray | None
+    coef: np.ndarray | None
+    fast: TrustedEncoder | None
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkComputed(Event):
     round: int
@@ -433,6 +446,8 @@ class ConnectionFailed(Event):
 new_outgoing = fast_new(Outgoing)
 #: ``new_compute_chunks(round, first, chunks, model)``
 new_compute_chunks = fast_new(ComputeChunks)
+#: ``new_encode_vector(round, attempt, worker, state, digest, grads, scheme, theta, coef, fast)``
+new_encode_vector = fast_new(EncodeVector)
 #: ``new_chunk_computed(round, position, chunk, time, compute_s)``
 new_chunk_computed = fast_new(ChunkComputed)
 #: ``new_coded_sent(round, attempt, chunks_used, time)``

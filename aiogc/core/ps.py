@@ -49,6 +49,7 @@ from aiogc.core.common import (
 from aiogc.core.ps_rounds import RoundMachine, RoundSetup, _Peer
 from aiogc.core.ps_rules import ALL, TRANSITIONS, PSPhase, accepts_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound, RoundWorker
+from aiogc.core.round_policy import round_policy
 from aiogc.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import (
     SessionKeys,
@@ -80,10 +81,11 @@ __all__ = [
     "Decoded",
     "PSPhase",
     "ParameterServer",
+    "pending_cap",
 ]
 
-#: Floor of the cap on unauthenticated connections held at once (:attr:`ParameterServer.
-#: pending_cap` is ``max(MAX_PENDING_CONNECTIONS, 2 * m)``): a connection flood must not starve
+#: Floor of the cap on unauthenticated connections held at once (:func:`pending_cap` is
+#: ``max(MAX_PENDING_CONNECTIONS, 2 * m)``): a connection flood must not starve
 #: the workers. When they are all taken, a new connection evicts the *oldest* pending one (an
 #: honest worker answers its challenge within milliseconds, so holding the slots takes a flood
 #: faster than that, not a handful of idle sockets).
@@ -93,6 +95,15 @@ MAX_PENDING_CONNECTIONS = 64
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
 PING_MIN_RATE = 10.0
+
+
+def pending_cap(m: int) -> int:
+    """Unauthenticated connections a PS of ``m`` workers holds at once: every worker of the
+    run may be mid-handshake together (m workers on one host connect in one burst, and that
+    host answers the m challenges more slowly than they are sent), plus as many again of
+    margin for a flood or reconnects. A fixed 64 made 1024 workers of one host evict each
+    other and back off for seconds; a flood still cannot hold more than 2m slots."""
+    return max(MAX_PENDING_CONNECTIONS, 2 * m)
 
 
 @dataclass(frozen=True)
@@ -120,8 +131,10 @@ class ParameterServer(RoundMachine):
         Initial model.
     aggregator : RoundWorker, optional
         What the driver runs this PS's work items with (``aggregator.run(item)``, see
-        :mod:`aiogc.core.ps_work`); the PS itself never calls it. ``harness.kit.make_ps``
-        builds an :class:`aiogc.training.aggregator.Aggregator`.
+        :mod:`aiogc.core.ps_work`); the PS itself calls only its ``screen``, the check of
+        every coded vector before it is accepted (without an aggregator every vector is
+        accepted). ``harness.kit.make_ps`` builds an
+        :class:`aiogc.training.aggregator.Aggregator`.
     scheme : Scheme, optional
         Default: ``config.build_scheme()``.
     schedule : DelaySchedule-like, optional
@@ -163,17 +176,13 @@ class ParameterServer(RoundMachine):
         epoch: int = 0,
         options: PSOptions = DEFAULT_PS_OPTIONS,
     ) -> None:
-        spare_wait, nonce_fn = options.spare_wait, options.nonce_fn
+        nonce_fn = options.nonce_fn
         auth_deadline_s = (AUTH_DEADLINE_S if options.auth_deadline_s is None
                            else options.auth_deadline_s)
         scheme = scheme if scheme is not None else config.build_scheme()
-        super().__init__(RoundSetup(config, scheme, model, schedule, epoch))
-        if not 0 <= spare_wait <= 100:
-            raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
-        self.spare_wait = float(spare_wait)
-        if type(options.spares) is not int or not 1 <= options.spares <= self.m:
-            raise ConfigError("spares", options.spares, f"an integer in [1, {self.m}]")
-        self.spares = options.spares
+        policy = round_policy(scheme, spare_wait=options.spare_wait, spares=options.spares)
+        super().__init__(RoundSetup(config, scheme, model, schedule, epoch, policy,
+                                    aggregator.screen if aggregator is not None else None))
         #: issue 21: evicted workers -> why (their key is refused for the rest of the run)
         self.evicted: dict[int, str] = {}
         self.aggregator = aggregator
@@ -190,7 +199,7 @@ class ParameterServer(RoundMachine):
         self._last_heard: dict[int, float] = {}
         self._pending: dict[Hashable, float] = {}  # unauthenticated peer -> auth deadline
         self._sweep_at: float | None = None  # next liveness sweep
-        #: True while start(join_clock=False) waits for workers_launched()
+        #: True while start(join_clock=False) waits for the launcher's start(join_clock=True)
         self._join_clock_deferred = False
 
     # ================================================================== driver contract
@@ -199,38 +208,25 @@ class ParameterServer(RoundMachine):
         """The PS is listening: the join deadline runs from here, not from the first
         connection (a PS nobody connects to ends with a reason instead of waiting forever).
 
-        ``join_clock=False``: whoever launches the workers calls :meth:`workers_launched`
-        once they exist (the Ray backend when every actor registered, a test after starting
-        its processes), so the first join deadline never races how fast a process starts on
-        a loaded machine. Until then round 0 waits for all m workers.
+        ``join_clock=False``: whoever launches the workers calls ``start(now=...)`` again once
+        they exist (the Ray backend when every actor registered, a test after starting its
+        processes), so the first join deadline never races how fast a process starts on a
+        loaded machine. Until then round 0 waits for all m workers. A later call with
+        ``join_clock=True`` starts the deferred join deadline (a no-op when the clock already
+        runs or round 0 has started).
         """
         self._join_clock_deferred = not join_clock
         if join_clock:
             self._arm_join_deadline(now)
-
-    def workers_launched(self, *, now: float) -> None:
-        """The launcher's workers exist: the deferred join deadline starts now (no-op when
-        the clock already runs or round 0 has started)."""
-        self._join_clock_deferred = False
-        self._arm_join_deadline(now)
 
     def _arm_join_deadline(self, now: float) -> None:
         if (self._join_deadline is None and self.phase is PSPhase.JOINING
                 and not self._join_clock_deferred):
             self._join_deadline = now + self.config.join_timeout_s
 
-    @property
-    def pending_cap(self) -> int:
-        """Unauthenticated connections held at once: every worker of the run may be mid-
-        handshake together (m workers on one host connect in one burst, and that host answers
-        the m challenges more slowly than they are sent), plus as many again of margin for a
-        flood or reconnects. A fixed 64 made 1024 workers of one host evict each other and
-        back off for seconds; a flood still cannot hold more than 2m slots."""
-        return max(MAX_PENDING_CONNECTIONS, 2 * self.m)
-
     def connection_made(self, peer: Hashable, *, now: float) -> None:
         """A new connection: send it a challenge; it has ``auth_deadline_s`` to answer."""
-        if len(self._pending) >= self.pending_cap:
+        if len(self._pending) >= pending_cap(self.m):
             oldest = next(iter(self._pending))  # insertion order: the oldest pending first
             self.stats["evicted_pending"] += 1
             self._close(oldest, "too_many_connections",
@@ -280,12 +276,6 @@ class ParameterServer(RoundMachine):
                 handler(worker, peer, msg, now)
         except RemoteProtocolError as exc:
             self._close(peer, exc.code, exc.reason, now)
-
-    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
-                         ) -> tuple[Sequence[Outgoing], Sequence[Event] | None, float | None]:
-        """:meth:`receive`, then :meth:`poll` (one driver call instead of two per frame)."""
-        self.receive(peer, msg, now=now)
-        return self.poll()
 
     def handle_timer(self, *, now: float) -> None:
         """Process every deadline that is due at ``now``."""
@@ -379,8 +369,8 @@ class ParameterServer(RoundMachine):
         Drains the outbox; then, when :meth:`next_work` has an item, returns
         ``(outgoing, None, None)`` (the driver flushes, runs the item, answers with
         :meth:`work_done` and polls again); otherwise also drains the events and returns
-        :meth:`next_deadline`. Same order and results as ``messages_to_send``,
-        ``has_pending``, ``drain_events``, ``next_deadline`` called in turn.
+        :meth:`next_deadline`. Same order and results as ``messages_to_send``, then (when
+        ``next_work`` is None) ``next_event`` until None and ``next_deadline``.
         """
         out, self._outbox = self._outbox, []
         if self._decode_item is not None or self._analyses:
@@ -390,48 +380,25 @@ class ParameterServer(RoundMachine):
 
     # ================================================================== public helpers
 
-    @property
-    def round(self) -> int:
-        """The current round (the aggregator's ``round`` is the one its work item is of)."""
-        return self._round_no
-
-    @property
-    def finished(self) -> bool:
-        return self.phase is PSPhase.FINISHED
-
-    def payload_buffer(self, peer: Hashable, dtype: np.dtype, n: int) -> np.ndarray | None:
-        """Destination row for a coded payload arriving from ``peer`` (zero-copy receive).
-
-        Returns None (the network layer then allocates) when the peer is not an authenticated
-        worker or the declared dtype / length is not what this run expects; the core then
-        rejects the message itself, with the reason.
-        """
+    def awaits(self, peer: Hashable) -> int | None:
+        """The worker whose coded vector ``peer`` may deliver now, or None: a driver receives
+        that vector straight into the worker's row (``CodedRows.row``, zero-copy); anything
+        else it allocates for, and the core rejects or drops it itself, with the reason."""
         info = self._peers.get(peer)
         rs = self._round
         if info is None or info.worker is None or rs is None:
-            return None
-        if n != self.payload_len or np.dtype(dtype) != self._payload_rows.dtype:
             return None
         w = info.worker
         # only a vector we are waiting for may land in the row: a duplicate or stale one must
         # not overwrite an accepted vector
         if w in rs.received or w in rs.excluded:
             return None
-        if self._sends_when_done:
-            ok = self.phase is PSPhase.COMPUTING
-        else:
-            ok = self.phase is PSPhase.COLLECTING and w in rs.expected
-        return self._rows[w] if ok else None
+        return w if self._policy.awaits(self, rs, w) else None
 
     def worker_of(self, peer: Hashable) -> int | None:
         """The worker id ``peer`` authenticated as, or None."""
         info = self._peers.get(peer)
         return None if info is None else info.worker
-
-    def is_authenticated(self, peer: Hashable) -> bool:
-        """Whether ``peer`` completed the handshake (the driver then raises its frame limits)."""
-        info = self._peers.get(peer)
-        return info is not None and info.worker is not None
 
     def stop(self, reason: str, *, now: float) -> None:
         """Abort the run (e.g. SIGTERM): tell the workers and finish."""
@@ -567,6 +534,6 @@ class ParameterServer(RoundMachine):
 
 
 #: phase -> kind -> handler name (``ParameterServer._on_<name>``), from the handlers' rows
-RULES: Final = ParameterServer.RULES
+RULES: Final = ParameterServer._RULES
 #: kind -> phases in which an authenticated worker's frame of that kind is acted on
 _ACCEPTS: Final = accepts_of(RULES)

@@ -35,6 +35,7 @@ from aiogc.core.common import (
 )
 from aiogc.core.ps_rules import IN_ROUND, TRANSITIONS, PSPhase, rules_of
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
+from aiogc.core.round_policy import RoundPolicy
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import SessionKeys
 from aiogc.protocol.messages import (
@@ -87,7 +88,7 @@ class _RoundState:
     broadcast: tuple[int, ...] | None = None
     digest: bytes = b""
     expected: set[int] = field(default_factory=set)  # workers whose vector we wait for
-    received: dict[int, np.ndarray] = field(default_factory=dict)
+    received: dict[int, CodedGradient] = field(default_factory=dict)  # accepted vectors
     excluded: set[int] = field(default_factory=set)
     collect_deadline: float | None = None
     #: t_start + round_timeout_s, and t_start + deadline_s in approx mode (inf if none):
@@ -116,23 +117,25 @@ class RoundSetup:
     model: np.ndarray  # (d,) the initial model
     schedule: Any | None  # DelaySchedule-like: compute_s[r, j, :] and network_s[r, j]
     epoch: int
+    #: how rounds collect their vectors (:func:`~aiogc.core.round_policy.round_policy`)
+    policy: RoundPolicy
+    #: ``screen(msg) -> (reason, detail) | None``: why a coded vector cannot be used (the
+    #: aggregator side's check, ``CodedRows.screen``); None accepts every vector
+    screen: Callable[[CodedGradient], tuple[str, str] | None] | None = None
 
 
 class RoundMachine(Endpoint):
     """Rounds of the parameter server (see the module docstring)."""
 
     phase: PSPhase = PSPhase.JOINING  # class default: only _set_phase assigns the attribute
-    #: see ParameterServer's ``spare_wait`` (0: decode the moment the vectors decode)
-    spare_wait: float = 0.0
-    spares: int = 1
 
     #: phase -> kind -> handler name: the rows its handlers declare (``@handles``), built once
     #: per class by :func:`~aiogc.core.ps_rules.rules_of` (read-only)
-    RULES: ClassVar[Mapping[PSPhase, Mapping[str, str]]]
+    _RULES: ClassVar[Mapping[PSPhase, Mapping[str, str]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.RULES = rules_of(cls)
+        cls._RULES = rules_of(cls)
 
     def __init__(self, setup: RoundSetup) -> None:
         super().__init__()
@@ -142,12 +145,12 @@ class RoundMachine(Endpoint):
         self.m: int = scheme.m
         self.model = np.array(setup.model, dtype=np.float64, copy=True)
         self.dim = int(self.model.shape[0])
-        self.payload_len: int = scheme.payload_len(self.dim)
+        self._screen = setup.screen
         self.schedule = setup.schedule
         self.epoch = setup.epoch
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._loads_list: list[int] = [int(x) for x in self._loads]
-        self._sends_when_done = bool(scheme.sends_when_done)
+        self._policy = setup.policy
         #: ordering="adaptive": the speed-aware order policy (coding/adaptive.py); the round's
         #: orders (flattened, sent in its round_start) and the scheme with them
         self._order_policy = policy_for(scheme, config.ordering)
@@ -167,14 +170,9 @@ class RoundMachine(Endpoint):
         self._round_no = -1
         self._join_deadline: float | None = None
         self.records: list[RoundRecord] = []
-        # payload buffers: one row per worker, reused across rounds (the network layer
-        # receives each payload straight into its row: performance.md pitfall 4)
-        self._payload_rows = np.zeros((self.m, self.payload_len), dtype=config.coded_wire_dtype)
-        #: one persistent view per row, so that "received in place" is an identity check
-        self._rows: list[np.ndarray] = list(self._payload_rows)
         #: phase -> kind -> bound handler (RULES with the names resolved once)
         self._rules: dict[PSPhase, dict[str, Callable[..., None]]] = {
-            ph: {kind: getattr(self, "_on_" + name) for kind, name in self.RULES[ph].items()}
+            ph: {kind: getattr(self, "_on_" + name) for kind, name in self._RULES[ph].items()}
             for ph in PSPhase}
         self._handlers = self._rules[PSPhase.JOINING]
 
@@ -261,7 +259,7 @@ class RoundMachine(Endpoint):
             assert sch is not None  # policy_for checked the capability
             self._round_scheme = sch
             self._round_orders = () if static else flatten_orders(orders)
-        cover = None if self._sends_when_done else self._round_scheme.progress_tracker()
+        cover = self._policy.tracker(self._round_scheme)
         cfg = self.config
         rs = self._round = _RoundState(
             record=rec, state=[0] * self.m, round=r, reports=rec.reports, cover=cover,
@@ -277,7 +275,7 @@ class RoundMachine(Endpoint):
 
     def _send_round_start(self, r: int, ready: dict[int, Hashable]) -> None:
         # a copy: the transport may still read it after we update self.model
-        model = self.model.astype(self.config.payload_dtype, copy=True)
+        model = self.model.astype(self.config.dtype, copy=True)
         orders = self._round_orders  # () unless ordering="adaptive"
         sched = self.schedule
         append = self._outbox.append
@@ -363,102 +361,38 @@ class RoundMachine(Endpoint):
             rs = self._current(msg.epoch, msg.round, "coded_gradient")  # counts, or raises
         if rs is None or not self._awaited(rs, worker, msg):
             return
-        # is it usable? A bad payload is a rejected contribution, not a closed connection:
+        # is it usable? A bad vector is a rejected contribution, not a closed connection:
         # the worker counts as a straggler this round.
-        payload = msg.payload
-        problem = self._payload_problem(payload)
+        problem = self._screen(msg) if self._screen is not None else None
         if problem is not None:
-            self.stats["payload_rejected"] += 1
-            rs.record.dropped[worker] = f"payload_rejected: {problem}"
-            self._drop_workers([worker], "payload_rejected", now)
+            reason, detail = problem
+            self.stats[reason] += 1
+            rs.record.dropped[worker] = f"{reason}: {detail}"
+            self._drop_workers([worker], reason, now)
             return
-        self._accept_coded(rs, worker, msg, payload, now)
+        self._accept_coded(rs, worker, msg, now)
 
     def _awaited(self, rs: _RoundState, worker: int, msg: CodedGradient) -> bool:
         """Is this a vector we are waiting for? (stale ones are dropped whatever they hold)"""
         if worker in rs.excluded or worker in rs.received:
             self.stats["late_or_duplicate_coded"] += 1
             return False
-        if self._sends_when_done:
-            if self.phase is not PSPhase.COMPUTING:
-                self.stats["late_or_duplicate_coded"] += 1
-                return False
-            return True
-        if self.phase is not PSPhase.COLLECTING or msg.attempt != rs.attempt or (
-            worker not in rs.expected
-        ):
-            self.stats["stale_attempt_coded"] += 1
+        refused = self._policy.refusal(self, rs, worker, msg)
+        if refused is not None:
+            self.stats[refused] += 1
             return False
-        if msg.state_digest != rs.digest:
-            raise RemoteProtocolError("coded vector encoded against another state",
-                                      code="bad_state_digest")
         return True
 
-    def _payload_problem(self, payload: np.ndarray) -> str | None:
-        """Why ``payload`` cannot be used (length, dtype, non-finite values), or None."""
-        if payload.shape != (self.payload_len,):
-            return f"length {payload.shape[0]} != {self.payload_len}"
-        dt = self._payload_rows.dtype
-        if payload.dtype is not dt and payload.dtype != dt:
-            return f"dtype {payload.dtype.str} != {dt.str}"
-        # count_nonzero of the mask: the same test as isfinite(...).all(), without the
-        # ndarray.all() wrapper that costs more than the test itself on short payloads (a
-        # sum-of-squares shortcut would warn on overflow for large finite payloads)
-        if dt.kind == "u":  # bfloat16 bits (coded_dtype): exponent all ones is inf or NaN
-            if np.count_nonzero((payload & 0x7F80) == 0x7F80):
-                return "non-finite values"
-        elif np.count_nonzero(np.isfinite(payload)) != payload.size:
-            return "non-finite values"
-        return None
-
-    def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient,
-                      payload: np.ndarray, now: float) -> None:
-        if self._sends_when_done and rs.state[worker] < self._loads_list[worker]:
-            # it finished everything (send-when-done workers send no chunk reports)
-            rs.state[worker] = self._loads_list[worker]
-        if rs.finished is not None:
-            rs.finished[worker] = self._loads_list[worker]
-        row = self._rows[worker]
-        if payload is not row:
-            row[:] = payload  # not received in place (tests, simulator): copy into the row
-        rs.received[worker] = row
+    def _accept_coded(self, rs: _RoundState, worker: int, msg: CodedGradient, now: float
+                      ) -> None:
+        rs.received[worker] = msg
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
-        if self._sends_when_done:
-            if rs.spare_at != _INF_T:
-                if len(rs.received) >= rs.spare_need:
-                    self._end_round(now, exact=True, reason="decodable")  # the spares arrived
-            elif self._decodable_received(rs):
-                rs.record.t_trigger = now
-                if not self._wait_for_spare(rs, now):
-                    self._end_round(now, exact=True, reason="decodable")
-        elif len(rs.received) >= len(rs.expected) and set(rs.received) >= rs.expected:
-            self._end_round(now, exact=not rs.approx, reason="all_expected")
+        self._policy.vector_accepted(self, rs, worker, now)
 
     def _evict_workers(self, workers: tuple[int, ...], round_: int, now: float) -> None:
         """Close ``workers`` and refuse their keys (ParameterServer)."""
         raise NotImplementedError
-
-    def _wait_for_spare(self, rs: _RoundState, now: float) -> bool:
-        """Decodable now: wait for one spare vector (the redundancy check's cross-check)?
-
-        Only with ``spare_wait`` > 0 and a worker still in the round that has not sent. The
-        wait is ``spare_wait`` times the round's own elapsed time (a round that took 40 ms to
-        decode waits at most 40 ms * spare_wait more), capped by the round timeout and the
-        approximate deadline. Returns True when waiting (``rs.spare_at`` set).
-        """
-        factor = self.spare_wait
-        if factor <= 0:
-            return False
-        if not set(range(self.m)) - rs.excluded - set(rs.received):
-            return False  # nobody left to send a spare
-        until = now + factor * max(0.0, now - rs.record.t_start)
-        rs.spare_at = min(until, rs.timeout_at, rs.approx_at)
-        rs.spare_need = len(rs.received) + self.spares
-        if rs.spare_at <= now:
-            rs.spare_at = _INF_T
-            return False
-        return True
 
     # ------------------------------------------------------------------ trigger and drops
 
@@ -510,7 +444,7 @@ class RoundMachine(Endpoint):
             rs.record.dropped.setdefault(worker, reason)
             self._events.append(WorkerDropped(worker, rs.round, reason, now))
             self.stats["dropped"] += 1
-            if self._sends_when_done:
+            if not self._policy.broadcasts:
                 continue  # a vector already received stays valid: it depends on no one else
             old = rs.state[worker]
             if old > 0 and worker in rs.expected:
@@ -587,27 +521,12 @@ class RoundMachine(Endpoint):
     def _on_approx_deadline(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self._sends_when_done:
-            if rs.received:
-                rs.record.t_trigger = now
-                self._end_round(now, exact=False, reason="deadline")
-            else:
-                self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                       "deadline with no finished worker")
-        elif any(rs.state):
-            self._trigger(now, exact=False)
-        else:
-            self._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                   "deadline with no finished chunk")
+        self._policy.approx_deadline(self, rs, now)
 
     def _on_round_timeout(self, now: float) -> None:
         rs = self._round
         assert rs is not None
-        if self._sends_when_done and rs.received and self.config.mode == "approx":
-            self._end_round(now, exact=False, reason="round_timeout")
-        else:
-            self._end_round_failed(now, EndReason.TIMEOUT,
-                                   f"round timeout ({self.config.round_timeout_s} s)")
+        self._policy.round_timeout(self, rs, now)
 
     # ------------------------------------------------------------------ end of a round
 
@@ -631,11 +550,8 @@ class RoundMachine(Endpoint):
             self._set_phase(PSPhase.DECODING)
         rec = rs.record
         rec.t_end = now
-        if decode and self._sends_when_done:
-            state = self._finished_state(rs.received)
-        elif decode:
-            assert rs.broadcast is not None
-            state = np.asarray(rs.broadcast, dtype=np.int64)
+        if decode:
+            state = self._policy.decode_state(self, rs)
         else:
             state = np.asarray(rs.state, dtype=np.int64)
         rec.state = tuple(state.tolist())  # Python ints, one call rather than m int()s
@@ -647,14 +563,10 @@ class RoundMachine(Endpoint):
                                        set(range(self.m)) - rs.excluded)
         self._round = None
         self._decode_item = DecodeRound(rec, exact, str(reason), decode, state, rs.attempt,
-                                        self.model, self._payload_rows, self.dim,
+                                        self.model, rs.received, self.dim,
                                         self._round_orders)
 
     # ------------------------------------------------------------------ the driver's work
-
-    def has_pending(self) -> bool:
-        """True while :meth:`next_work` has an item (the driver runs it after flushing)."""
-        return self._decode_item is not None or bool(self._analyses)
 
     def next_work(self) -> DecodeRound | AnalyseRound | None:
         """The next work item (the same one until :meth:`work_done` answers it), or None.

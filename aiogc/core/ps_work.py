@@ -11,15 +11,18 @@ gradients come from its driver (:class:`~aiogc.core.ComputeChunks`). The driver 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from aiogc.core.common import RoundRecord
+from aiogc.protocol.messages import CodedGradient
 
 
 class DecodeRound(NamedTuple):
-    """A round ended: decode its gradient from ``rows`` at ``state`` and take the step.
+    """A round ended: decode its gradient from the ``coded`` vectors at ``state`` and take
+    the step.
 
     The answer is a :class:`Decoded`; the PS starts the next round at the ``now`` that comes
     with it (read *after* the decode, so the decode is not billed to the next round).
@@ -34,7 +37,9 @@ class DecodeRound(NamedTuple):
     state: np.ndarray  # (m,) int64: the state the coded vectors were encoded against
     attempt: int
     model: np.ndarray  # (d,) float64: the model the round computed on
-    rows: np.ndarray  # (m, payload_len): the PS's payload rows (row j: worker j's vector)
+    #: worker -> its accepted coded vector's frame (the vectors the state weighs); the
+    #: driver side turns them into the (m, p) rows it decodes
+    coded: Mapping[int, CodedGradient]
     dim: int
     #: ordering="adaptive": the round's orders, flattened (as in its round_start); () = static
     orders: tuple[int, ...] = ()
@@ -68,6 +73,10 @@ PSWork = DecodeRound | AnalyseRound
 
 
 class RoundWorker(Protocol):
-    """What a PS driver runs the work items with (``aiogc.training.aggregator.Aggregator``)."""
+    """What a PS driver runs the work items with (``aiogc.training.aggregator.Aggregator``),
+    and the check every coded vector passes before the PS accepts it (``screen``: the
+    reason and detail of a vector that cannot be used, else None)."""
 
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None: ...
+
+    def screen(self, msg: CodedGradient) -> tuple[str, str] | None: ...

@@ -8,8 +8,12 @@ Invariants
   longer). A ``resume`` restarts the chunk that was in flight when computing stopped.
 * Application work stays out of the machine: when chunks are due the worker queues one
   :class:`ComputeChunks` work item (``next_work()``); the driver computes the gradients and
-  calls :meth:`Worker.chunks_done` with a fresh ``now``. Scheme and task are built by the
-  driver too (event :class:`SetupNeeded`, answered by :meth:`Worker.setup_ready`).
+  calls :meth:`Worker.chunks_done` with a fresh ``now``. When a vector is due the worker
+  decides with which coefficients and queues an :class:`EncodeVector` (the PS's
+  ``DecodeRound`` mirrored); the driver encodes (``aiogc.training.encode``, the upload type
+  included) and answers with :meth:`Worker.encode_done`. The core holds the driver's gradient
+  arrays but never reads them. Scheme and task are built by the driver too (event
+  :class:`SetupNeeded`, answered by :meth:`Worker.setup_ready`).
 * One cumulative report per wake-up: a report carries the count of every gradient stored so
   far, so reports are monotone.
 * The encoding uses the *broadcast* state, never the worker's newer progress.
@@ -34,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core.common import (
     FATAL_CODES,
     ComputeChunks,
     ConnectionFailed,
+    EncodeVector,
     Event,
     Outgoing,
     SetupNeeded,
@@ -47,6 +51,7 @@ from aiogc.core.common import (
     Welcomed,
     handles,
 )
+from aiogc.core.round_policy import round_policy
 from aiogc.core.worker_round import WorkerRounds
 from aiogc.core.worker_rules import HANDSHAKING, OPEN, PS_PEER, WorkerPhase, dispatch_of
 from aiogc.core.worker_setup import ChunkGradientFn, Setup, WorkerCache
@@ -84,7 +89,8 @@ _INF = float("inf")
 _NONE: tuple[()] = ()  # what poll returns for an empty queue
 
 #: what :meth:`Worker.poll` returns: ``(events, work, outgoing, deadline)``
-Polled = tuple[Sequence[Event], Sequence[ComputeChunks], Sequence[Outgoing], float | None]
+Polled = tuple[Sequence[Event], Sequence[ComputeChunks | EncodeVector], Sequence[Outgoing],
+               float | None]
 
 # Phase members as module constants: the one micro-idiom kept, because the replay shows it
 # (bench/core_replay.py's recorded calls, worker calls only, m=64, 30 rounds, median of 7
@@ -98,20 +104,6 @@ _W_SETTING_UP = WorkerPhase.SETTING_UP
 _W_IDLE = WorkerPhase.IDLE
 _W_COMPUTING = WorkerPhase.COMPUTING
 _W_CLOSED = WorkerPhase.CLOSED
-
-
-def _fixed_coefficients(scheme: Scheme, worker: int) -> np.ndarray | None:
-    """A send-when-done scheme's (load, ell) encoding coefficients of ``worker`` (they do not
-    depend on the state), or None when the scheme does not declare them
-    (:meth:`~aiogc.coding.base.Scheme.fixed_coefficients`)."""
-    if not scheme.sends_when_done:
-        return None
-    fixed = scheme.fixed_coefficients(worker)
-    if fixed is None:
-        return None
-    theta = np.asarray(fixed, dtype=np.float64)
-    load = int(scheme.loads[worker])
-    return theta if theta.ndim == 2 and theta.shape[0] == load else None
 
 
 class Worker(WorkerRounds):
@@ -222,16 +214,9 @@ class Worker(WorkerRounds):
         except Exception as exc:
             self._internal_error(exc, now)
 
-    def next_work(self) -> ComputeChunks | None:
+    def next_work(self) -> ComputeChunks | EncodeVector | None:
         """The next work item for the driver, or None."""
         return self._work.pop(0) if self._work else None
-
-    def drain_work(self) -> list[ComputeChunks]:
-        """Every queued work item, in order."""
-        if not self._work:
-            return []
-        out, self._work = self._work, []
-        return out
 
     def poll(self) -> Polled:
         """One driver call per pump instead of four: ``(events, work, outgoing, deadline)``.
@@ -253,7 +238,7 @@ class Worker(WorkerRounds):
             self._outbox = []
         else:
             out = _NONE
-        work: Sequence[ComputeChunks] = self._work
+        work: Sequence[ComputeChunks | EncodeVector] = self._work
         if work:
             self._work = []
             return events, work, out, None
@@ -270,31 +255,17 @@ class Worker(WorkerRounds):
         except Exception as exc:
             self._internal_error(exc, now)
 
-    def receive_and_poll(self, peer: Hashable, msg: Message, *, now: float
-                         ) -> Polled:
-        """:meth:`receive`, then :meth:`poll` (one driver call instead of two)."""
-        self.receive(peer, msg, now=now)
-        return self.poll()
-
-    def handle_timer_and_poll(self, *, now: float
-                              ) -> Polled:
-        """:meth:`handle_timer`, then :meth:`poll` (one driver call instead of two)."""
-        self.handle_timer(now=now)
-        return self.poll()
-
-    def finish_chunks(self, rnd: int, first: int, grads: Any, *, now: float
-                      ) -> Polled:
-        """:meth:`chunks_done`, then :meth:`poll` (one driver call instead of two)."""
-        self.chunks_done(rnd, first, grads, now=now)
-        return self.poll()
+    def encode_done(self, item: EncodeVector, vector: np.ndarray, *, now: float) -> None:
+        """The driver encoded an :class:`EncodeVector` item: ``vector`` (shape (p,), the
+        upload type) leaves as the coded vector of its attempt. A stale answer is dropped."""
+        try:
+            self._encode_done(item, vector, now)
+        except Exception as exc:
+            self._internal_error(exc, now)
 
     def work_failed(self, exc: Exception, *, now: float) -> None:
         """The driver's gradient computation raised: close with the reason (and reconnect)."""
         self._internal_error(exc, now)
-
-    def has_output(self) -> bool:
-        """Anything queued for the driver (frames, events, work)?"""
-        return bool(self._outbox or self._events or self._work)
 
     def setup_ready(self, setup: Setup, *, now: float) -> None:
         """The driver built scheme and task for the config of :class:`SetupNeeded`."""
@@ -500,14 +471,12 @@ class Worker(WorkerRounds):
         cfg = setup.config
         self._dead_after, self._heartbeat = cfg.dead_after_s, cfg.heartbeat_s
         self._report_every = cfg.report_every
-        self._swd = bool(setup.scheme.sends_when_done)
-        self._payload_dtype = cfg.payload_dtype
-        self._coded = cfg.coded_dtype
-        self._fixed_theta = _fixed_coefficients(setup.scheme, self.worker_id)
+        policy = self._policy = round_policy(setup.scheme)
+        self._fixed_theta = policy.fixed_coefficients(setup.scheme, self.worker_id)
         self._fixed_coef = (
             np.ascontiguousarray(self._fixed_theta[:, 0])
             if self._fixed_theta is not None and self._fixed_theta.shape[1] == 1 else None)
-        if self._swd:
+        if not policy.broadcasts:
             # a send-when-done vector is always encoded with "only me, all my chunks"
             st = [0] * setup.scheme.m
             st[self.worker_id] = int(setup.scheme.loads[self.worker_id])

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
 from aiogc.coding.adaptive import unflatten_orders
-from aiogc.coding.base import encode_rows
-from aiogc.coding.compress import to_coded
+from aiogc.coding.base import Scheme, TrustedEncoder
 from aiogc.core.common import (
     ComputeChunks,
+    EncodeVector,
     Endpoint,
     RoundEnded,
     fast_new,
@@ -28,8 +27,10 @@ from aiogc.core.common import (
     new_chunk_computed,
     new_coded_sent,
     new_compute_chunks,
+    new_encode_vector,
     new_outgoing,
 )
+from aiogc.core.round_policy import RoundPolicy, TriggerAndBroadcast
 from aiogc.core.worker_rules import NEXT, PS_PEER, RUNNING, WorkerPhase
 from aiogc.core.worker_setup import SchemeFacts, Setup
 from aiogc.errors import CodingError, LocalProtocolError, RemoteProtocolError
@@ -79,7 +80,7 @@ class WorkerRounds(Endpoint):
         self.progress_events = progress_events
         self.setup: Setup | None = None
         self._facts = SchemeFacts()  # the current setup's, shared through the WorkerCache
-        self._work: list[ComputeChunks] = []
+        self._work: list[ComputeChunks | EncodeVector] = []
         self._delayed: deque[tuple[float, Message]] = deque()
         self._epoch = 0
         self._last_sent = 0.0
@@ -89,7 +90,9 @@ class WorkerRounds(Endpoint):
         #: resets its reconnect backoff when a connection got one further
         self.rounds_ended = 0
         self._model: np.ndarray | None = None
-        self._grads: np.ndarray | None = None  # (load, d) stored chunk gradients
+        #: the chunk gradients of this round, positions 0, 1, ...: the driver's arrays, held
+        #: (never read) until an EncodeVector hands them back
+        self._grads: list[np.ndarray] = []
         self._count = 0
         self._requested = 0  # positions handed to the driver as work
         self._reported = 0
@@ -102,24 +105,19 @@ class WorkerRounds(Endpoint):
         self._order: list[int] = []
         # hot-path copies of setup/config values (set in Worker._setup_ready)
         self._report_every = 1
-        self._swd = False  # scheme sends when done
-        self._payload_dtype: np.dtype = np.dtype("<f8")
-        self._coded = "same"  # RunConfig.coded_dtype: a 16-bit upload type, or "same"
+        #: how rounds run (the setup's scheme's: round_policy); no chunk reports without a
+        #: broadcast trigger
+        self._policy: RoundPolicy = TriggerAndBroadcast()
         self._fixed_theta: np.ndarray | None = None
         self._fixed_coef: np.ndarray | None = None  # (load,) when ell == 1
         self._fixed_digest = b""
-        self._encode_fast: Callable[[int, Any, np.ndarray], np.ndarray] | None = None
+        self._encode_fast: TrustedEncoder | None = None
         #: ordering="adaptive": the scheme with this round's orders (None: the static one)
-        self._round_scheme: Any | None = None
+        self._round_scheme: Scheme | None = None
 
     @property
     def round(self) -> int:
         return self._round
-
-    @property
-    def count(self) -> int:
-        """Chunk gradients computed and stored in the current round."""
-        return self._count
 
     def _set_phase(self, new: WorkerPhase) -> None:
         """The one place the phase changes: an edge outside ``worker_rules.TRANSITIONS``
@@ -167,14 +165,12 @@ class WorkerRounds(Endpoint):
         if msg.orders or self._round_scheme is not None:
             self._use_round_orders(msg.orders)
         load = self._loads[self.worker_id]
-        dim = int(msg.model.shape[0])
         if msg.delays_s and len(msg.delays_s) < load:
             raise RemoteProtocolError("delays_s shorter than the load", code="bad_field")
         self._round = msg.round
         model = msg.model
         self._model = model if model.dtype is _F8 else np.asarray(model, dtype=np.float64)
-        if self._grads is None or self._grads.shape != (load, dim):
-            self._grads = np.empty((load, dim), dtype=np.float64)
+        self._grads = []
         self._count = 0
         self._requested = 0
         self._reported = 0
@@ -238,9 +234,8 @@ class WorkerRounds(Endpoint):
         self._work.append(new_compute_chunks(self._round, k, chunks, self._model))
 
     def _chunks_done(self, rnd: int, first: int, grads: Any, now: float) -> None:
-        store = self._grads
         phase = self.phase
-        if rnd != self._round or first != self._count or store is None or (
+        if rnd != self._round or first != self._count or (
                 phase is not _W_COMPUTING and phase is not _W_WAITING):
             self.stats["stale_work"] += 1
             return
@@ -256,8 +251,8 @@ class WorkerRounds(Endpoint):
         # compute_s: the scheduled (injected) duration of the chunks done so far, summed chunk
         # by chunk (the same floats as the ChunkComputed durations add up to)
         compute_s = self._compute_s
+        self._grads.extend(grads)
         for k in range(first, count):
-            store[k] = grads[k - first]  # row by row: a slice assignment converts the list
             t = dl[k]
             compute_s += t - prev
             prev = t
@@ -270,7 +265,7 @@ class WorkerRounds(Endpoint):
             self._reported = count
             # send-when-done schemes need no reports: the coded vector itself says "finished"
             # (and carries compute_s, the finish time on the worker's schedule)
-            if not self._swd:
+            if self._policy.broadcasts:
                 t0 = self._t0
                 msg = _new_report(self._epoch, rnd, count, now if now > 0.0 else 0.0,
                                   now - t0 if now > t0 else 0.0)
@@ -289,14 +284,16 @@ class WorkerRounds(Endpoint):
         assert self.setup is not None
         scheme = self.setup.scheme
         self._set_phase(_W_WAITING)
-        if scheme.sends_when_done:
+        if not self._policy.broadcasts:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
-            self._send_coded(state, attempt=0, now=now)
+            self._encode(state, attempt=0)
 
-    def _send_coded(self, state: list[int] | tuple[int, ...], *, attempt: int, now: float,
-                    digest: bytes | None = None) -> None:
-        assert self.setup is not None and self._grads is not None
+    def _encode(self, state: list[int] | tuple[int, ...], *, attempt: int,
+                digest: bytes | None = None) -> None:
+        """Decide whether this worker sends for ``state`` and with which coefficients; if it
+        does, queue the :class:`EncodeVector` its driver runs (answered by ``encode_done``)."""
+        assert self.setup is not None
         scheme = self._round_scheme if self._round_scheme is not None else self.setup.scheme
         c = state[self.worker_id]
         fast = self._encode_fast
@@ -304,36 +301,29 @@ class WorkerRounds(Endpoint):
             # send-when-done: the coefficients do not depend on the state (computed once)
             if c != self._loads[self.worker_id] or c == 0:
                 return
-            X = self._grads[:c]
-            if self._fixed_coef is not None and X.dtype == np.float64:
-                vec = self._fixed_coef.dot(X)  # encode_rows' product for ell = 1, no checks
-            else:
-                vec = encode_rows(self._fixed_theta, X, scheme.n_parts)
+            fast = None
             if digest is None:
                 digest = self._fixed_digest
         elif fast is not None:
             if c == 0:  # trigger schemes: worker j contributes iff c_j > 0
                 return
-            vec = fast(self.worker_id, state, self._grads[:c])
-        else:
-            arr = np.asarray(state, dtype=np.int64)
-            if not scheme.contributes(self.worker_id, arr):
-                return
-            vec = scheme.encode(self.worker_id, arr, self._grads[:c])
-        dt = self._payload_dtype
-        # the encoders' products are fresh, contiguous float64 vectors: converting them only
-        # when the payload dtype differs saves a numpy call per vector
-        payload = vec if vec.dtype is dt and vec.flags.c_contiguous else (
-            np.ascontiguousarray(vec, dtype=dt))
-        if self._coded != "same":  # issue 21: rounded from the run's dtype for the upload
-            payload = to_coded(payload, self._coded)
+        elif not scheme.contributes(self.worker_id, np.asarray(state, dtype=np.int64)):
+            return
         self._attempt_sent = attempt
-        msg = _new_coded(self._epoch, self._round, attempt,
-                         digest if digest is not None else state_digest(state),
-                         self._compute_s, payload)
-        self._emit(msg, now)
+        self._work.append(new_encode_vector(
+            self._round, attempt, self.worker_id, state,
+            digest if digest is not None else state_digest(state), self._grads[:c], scheme,
+            self._fixed_theta, self._fixed_coef, fast))
+
+    def _encode_done(self, item: EncodeVector, vector: np.ndarray, now: float) -> None:
+        if item.round != self._round or item.attempt != self._attempt_sent or (
+                self.phase is not _W_WAITING):
+            self.stats["stale_work"] += 1
+            return
+        self._emit(_new_coded(self._epoch, item.round, item.attempt, item.digest,
+                              self._compute_s, vector), now)
         if self.progress_events:
-            self._events.append(new_coded_sent(self._round, attempt, c, now))
+            self._events.append(new_coded_sent(item.round, item.attempt, len(item.grads), now))
 
     @handles("encode_and_transmit", RUNNING)
     def _on_encode(self, msg: EncodeAndTransmit, now: float) -> None:
@@ -345,7 +335,7 @@ class WorkerRounds(Endpoint):
             return
         assert self.setup is not None
         scheme = self.setup.scheme
-        if scheme.sends_when_done:
+        if not self._policy.broadcasts:
             raise RemoteProtocolError("encode_and_transmit for a send-when-done scheme",
                                       code="bad_kind")
         state = msg.state
@@ -373,7 +363,7 @@ class WorkerRounds(Endpoint):
             self.stats["stale_encode"] += 1
             return
         self._set_phase(_W_WAITING)
-        self._send_coded(state, attempt=msg.attempt, now=now, digest=digest)
+        self._encode(state, attempt=msg.attempt, digest=digest)
 
     @handles("resume", RUNNING)
     def _on_resume(self, msg: Resume, now: float) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.experiments._common import Experiment, Row, cells, plt, save, select
 
@@ -42,7 +43,7 @@ def exact_gd_losses(cfg: RunConfig, rounds: int) -> list[float]:
     and learning rate as the live runs (the reference every approximate scheme chases)."""
     from aiogc.training.tasks import chunk_gradients, make_task
 
-    scheme: Any = cfg.build_scheme()
+    scheme: Scheme = cfg.build_scheme()
     task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)
     lr = cfg.learning_rate or task.learning_rate
     w = np.asarray(task.initial_model(), dtype=np.float64).copy()

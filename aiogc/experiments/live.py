@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.experiments._common import (
     Experiment,
@@ -328,7 +329,7 @@ def _replay(cfg: RunConfig, records: list[Any]) -> list[tuple[float, float]]:
     loss the live PS logged, so the accuracy is that of the live model."""
     from aiogc.training.tasks import chunk_gradients, make_task
 
-    scheme: Any = cfg.build_scheme()
+    scheme: Scheme = cfg.build_scheme()
     # the live PS and workers cut the data by the cluster's chunk sizes (--chunk-sizes): the
     # replay must cut it the same way, or its losses are another model's
     task: Any = make_task(cfg.task, scheme.n_chunks, cfg.seed, chunk_sizes=cfg.sizes)

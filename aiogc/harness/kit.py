@@ -5,18 +5,20 @@ Both runners import this module and never each other, so a new backend needs onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from aiogc._version import __version__
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig, scheme_digest
 from aiogc.core import (
     AUTH_DEADLINE_S,
@@ -70,11 +72,13 @@ class RunResult:
     extra_summary: dict[str, Any] = field(default_factory=dict)
 
 
-def materialise_for(config: RunConfig, schemes: Sequence[str]) -> DelaySchedule:
-    """One schedule wide enough for every scheme's largest load."""
+def materialise_for(config: RunConfig, schemes: Sequence[str], *,
+                    built: Mapping[str, Scheme] | None = None) -> DelaySchedule:
+    """One schedule wide enough for every scheme's largest load (``built``: the run's
+    schemes by name, when it built them already)."""
     max_load = 1
     for name in schemes:
-        sch = config.replace(scheme=name).build_scheme()
+        sch = built[name] if built is not None else config.replace(scheme=name).build_scheme()
         max_load = max(max_load, int(np.max(sch.loads)))
     return materialise(config.delay, config.latency, rounds=config.rounds, m=config.workers,
                        max_chunks=max_load, seed=config.seed)
@@ -95,12 +99,12 @@ def git_sha() -> str | None:
 
 
 def build_manifest(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                   *, mode: str, loop: str, verify: bool,
-                   argv: Sequence[str] | None) -> dict[str, Any]:
+                   *, mode: str, loop: str, verify: bool, argv: Sequence[str] | None,
+                   built: Mapping[str, Scheme] | None = None) -> dict[str, Any]:
     per_scheme: dict[str, Any] = {}
     for name in schemes:
         cfg = scheme_config(config, name)
-        sch = cfg.build_scheme()
+        sch = built[name] if built is not None else cfg.build_scheme()
         entry: dict[str, Any] = {
             "config": cfg.to_wire(),
             "digest": scheme_digest(sch),
@@ -154,7 +158,7 @@ class Progress:
 
 def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool = True,
             keep_gradients: bool = False, guard: bool = True, locate: int | None = None,
-            **kwargs: Any) -> tuple[ParameterServer, Any]:
+            scheme: Scheme | None = None, **kwargs: Any) -> tuple[ParameterServer, Any]:
     """A ParameterServer for ``config`` with its task, and the :class:`Aggregator` its driver
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
@@ -165,7 +169,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
 
     At ``config.time_scale`` K > 1 the PS runs the dilated configuration (every timeout
     times K, :meth:`RunConfig.dilated`), sends the schedule's delays times K, and gives a
-    new connection K times as long to authenticate."""
+    new connection K times as long to authenticate. ``scheme``: the run's, when it built it
+    already (default ``config.build_scheme()``)."""
     k = config.time_scale
     if k != 1.0:
         config = config.dilated()
@@ -174,7 +179,8 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         opts = kwargs.get("options") or PSOptions()
         if opts.auth_deadline_s is None:  # unless the caller chose one
             kwargs["options"] = replace(opts, auth_deadline_s=AUTH_DEADLINE_S * k)
-    scheme = config.build_scheme()
+    if scheme is None:
+        scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
     if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes (issue 21)
         schedule = cluster_schedule(schedule, config, scheme)
@@ -217,7 +223,8 @@ class ExitReason:
 
 def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
                   schedule: DelaySchedule, options: RunOptions, *, mode: str,
-                  loop_kind: str) -> RunRecorder | None:
+                  loop_kind: str, built: Mapping[str, Scheme] | None = None
+                  ) -> RunRecorder | None:
     """The run directory's recorder (None without ``options.out_dir``), with the manifest
     (``options.verify``, ``options.argv``) and the delay schedule written; sets
     ``result.out_dir``."""
@@ -227,7 +234,7 @@ def open_recorder(result: RunResult, config: RunConfig, schemes: Sequence[str],
 
     out = Path(options.out_dir)
     manifest = build_manifest(config, schemes, schedule, mode=mode, loop=loop_kind,
-                              verify=options.verify, argv=options.argv)
+                              verify=options.verify, argv=options.argv, built=built)
     recorder = RunRecorder(out, manifest, flush_every_s=FLUSH_EVERY_S)
     recorder.write_schedule(schedule)
     result.out_dir = out
@@ -425,3 +432,78 @@ def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
 
 
+
+
+class RunnerBackend(Protocol):
+    """The seam between :func:`run_schemes` (the skeleton every runner shares) and a backend
+    (``harness/local.py``'s loopback processes or coroutines, ``harness/ray_backend.py``'s
+    actors). The skeleton validates every scheme's configuration, draws the schedule once,
+    runs the schemes in order, stops at the first signal, writes the summary and plots."""
+
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
+        """Before anything starts: the base configuration the run uses (e.g. its time
+        scale); ``built``: the run's schemes by name, built once. The run's resources are
+        not held yet."""
+        ...
+
+    def session(self, result: RunResult, interrupted: list[str]
+                ) -> contextlib.AbstractContextManager[None]:
+        """Holds the backend's resources (recorder, cluster, signal handlers) while the
+        schemes run; ``interrupted`` collects the names of the signals that stop the run."""
+        ...
+
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
+        """Run one scheme (``cfg.scheme``, built as ``scheme``) to its end; its records
+        (``result`` takes the end reason, evictions and what else the backend measured)."""
+        ...
+
+    def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
+        """Always, after the schemes ran or failed: the fidelity section, the summary
+        (:func:`close_run`), whatever else the backend writes."""
+        ...
+
+
+def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBackend, *,
+                schedule: DelaySchedule | None, out_dir: str | Path | None,
+                plots: bool) -> RunResult:
+    """The one runner skeleton: each scheme of ``schemes`` over the same schedule, on
+    ``backend``.
+
+    Raises
+    ------
+    RunInterrupted
+        (a KeyboardInterrupt) SIGINT or SIGTERM stopped the run: no further scheme started,
+        what was recorded is written, ``summary.json`` included (no plots); the exception
+        carries the partial result.
+    """
+    # every scheme's config validated and its scheme built once, before anything starts
+    built = {name: scheme_config(config, name).build_scheme() for name in schemes}
+    if schedule is None:
+        schedule = materialise_for(config, schemes, built=built)
+    config = backend.prepare(config, schedule, built)
+    result = RunResult(schedule=schedule)
+    interrupted: list[str] = []
+    try:
+        with backend.session(result, interrupted):
+            for name in schemes:
+                cfg = scheme_config(config, name)
+                t0 = time.monotonic()
+                result.records[name] = backend.run_scheme(cfg, built[name], result)
+                result.wall_s[name] = time.monotonic() - t0
+                if interrupted:
+                    break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
+    except BaseException as exc:
+        # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
+        if not result.end_reason:
+            result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        backend.close(result, interrupted)
+    if interrupted:
+        # after the records were written; the CLI reports it and exits with 128 + signal
+        raise RunInterrupted(interrupted[0], result)
+    if out_dir is not None and plots:
+        plot_run(out_dir)
+    return result

@@ -20,11 +20,12 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core import (
     Event,
@@ -47,13 +48,11 @@ from aiogc.harness.inproc import in_process_workers
 from aiogc.harness.kit import (
     PROCESS_GRACE_S,
     Progress,
-    RunInterrupted,
     RunResult,
     close_run,
     make_ps,
-    materialise_for,
     open_recorder,
-    plot_run,
+    run_schemes,
     scheme_config,
 )
 from aiogc.harness.options import RunOptions
@@ -105,6 +104,7 @@ async def _run_scheme(
     schedule: DelaySchedule,
     options: RunOptions,
     *,
+    scheme: Scheme | None = None,
     loop_kind: str,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
@@ -117,7 +117,7 @@ async def _run_scheme(
     mode, secret, worker_hosts = options.mode, options.secret, options.worker_hosts
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
-                    locate=options.locate,
+                    locate=options.locate, scheme=scheme,
                     options=locate_ps_options(config, options.locate, options.spare_wait))
     scheme = ps.scheme
     finished: list[str] = []
@@ -197,7 +197,7 @@ async def _run_scheme(
 
 def _scheme_event_handler(
     scheme_name: str,
-    scheme: Any,
+    scheme: Scheme,
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     on_finished: Callable[[str], None] | None,
@@ -299,61 +299,76 @@ def run_live(
         _check_ray_mode(mode)
         return run_ray(config, schemes, options, schedule=schedule)
     _check_local_args(options.backend, options.address, mode)
-    for name in schemes:
-        scheme_config(config, name)  # validate every scheme's config before starting anything
-    loop_kind, _ = loop_factory(options.loop)
-    if schedule is None:
-        schedule = materialise_for(config, schemes)
     if options.secret is None:
         options = replace(options, secret=secrets.token_bytes(32))
-    config, choice = _choose_time_scale(config, schemes, schedule, options, loop_kind)
-    _close_capture(None, truncate=options.pcap)
-    out_dir = options.out_dir
-    result = RunResult(schedule=schedule)
-    cpu0 = CpuSnapshot.take()
-    lags: list[float] = []
-    recorder = open_recorder(result, config, schemes, schedule, options, mode=mode_label,
-                             loop_kind=loop_kind)
-    interrupted: list[str] = []
-    try:
-        for name in schemes:
-            cfg = scheme_config(config, name)
-            bar = Progress(cfg.rounds, name, enabled=options.progress)
+    return run_schemes(config, schemes, _LocalBackend(schemes, options, mode_label),
+                       schedule=schedule, out_dir=options.out_dir, plots=options.plots)
 
-            def tick(_rec: RoundRecord, bar: Progress = bar) -> None:
-                bar.update()
 
-            t0 = time.monotonic()
-            try:
-                outcome = run_on(loop_kind, _run_scheme(cfg, schedule, options,
-                                                        loop_kind=loop_kind, recorder=recorder,
-                                                        on_round=tick,
-                                                        on_signal=interrupted.append))
-            finally:
-                bar.close()
-            result.wall_s[name] = time.monotonic() - t0
-            result.records[name] = outcome.records
-            lags += outcome.loop_lag_s
-            result.evicted += outcome.evicted
-            result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
-                                        else "PS ended without a reason")
-            if interrupted:
-                break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
-    except BaseException as exc:
-        # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
-        if not result.end_reason:
-            result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
-        raise
-    finally:
-        result.extra_summary["fidelity"] = _fidelity(config, schedule, result, lags, cpu0,
-                                                     options.fidelity_threshold, choice)
-        close_run(result, interrupted, recorder)
-    if interrupted:
-        # after the records were written; the CLI reports it and exits with 128 + signal
-        raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and options.plots:
-        plot_run(out_dir)
-    return result
+class _LocalBackend:
+    """The local runner's side of the skeleton (:class:`~aiogc.harness.kit.RunnerBackend`):
+    each scheme's PS and workers on this machine, on their own event loop."""
+
+    def __init__(self, schemes: Sequence[str], options: RunOptions, mode_label: str) -> None:
+        self.schemes = list(schemes)
+        self.options = options
+        self.mode_label = mode_label
+        self.loop_kind, _ = loop_factory(options.loop)
+        self.config: RunConfig | None = None
+        self.schedule: DelaySchedule | None = None
+        self.choice: Any = None
+        self.cpu0: CpuSnapshot | None = None
+        self.lags: list[float] = []
+        self.recorder: Any = None
+        self.interrupted: list[str] = []
+        self.built: Mapping[str, Scheme] = {}
+
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
+        self.built = built
+        config, self.choice = _choose_time_scale(config, self.schemes, schedule, self.options,
+                                                 self.loop_kind, built)
+        self.config, self.schedule = config, schedule
+        _close_capture(None, truncate=self.options.pcap)
+        return config
+
+    @contextlib.contextmanager
+    def session(self, result: RunResult, interrupted: list[str]) -> Iterator[None]:
+        assert self.config is not None and self.schedule is not None
+        self.interrupted = interrupted
+        self.cpu0 = CpuSnapshot.take()
+        self.recorder = open_recorder(result, self.config, self.schemes, self.schedule,
+                                      self.options, mode=self.mode_label,
+                                      loop_kind=self.loop_kind, built=self.built)
+        yield
+
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
+        assert self.schedule is not None
+        name = cfg.scheme
+        bar = Progress(cfg.rounds, name, enabled=self.options.progress)
+
+        def tick(_rec: RoundRecord) -> None:
+            bar.update()
+
+        try:
+            outcome: SchemeOutcome = run_on(self.loop_kind, _run_scheme(
+                cfg, self.schedule, self.options, scheme=scheme, loop_kind=self.loop_kind,
+                recorder=self.recorder, on_round=tick, on_signal=self.interrupted.append))
+        finally:
+            bar.close()
+        self.lags += outcome.loop_lag_s
+        result.evicted += outcome.evicted
+        result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
+                                    else "PS ended without a reason")
+        return outcome.records
+
+    def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
+        if self.config is not None and self.schedule is not None and self.cpu0 is not None:
+            result.extra_summary["fidelity"] = _fidelity(
+                self.config, self.schedule, result, self.lags, self.cpu0,
+                self.options.fidelity_threshold, self.choice)
+        close_run(result, interrupted, self.recorder)
 
 
 #: Rounds of the K = 1 calibration run behind ``--time-scale auto``.
@@ -370,7 +385,7 @@ def _fidelity(config: RunConfig, schedule: DelaySchedule, result: RunResult,
 
 
 def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
-                       options: RunOptions, loop_kind: str
+                       options: RunOptions, loop_kind: str, built: Mapping[str, Scheme]
                        ) -> tuple[RunConfig, dict[str, Any] | None]:
     """``--time-scale auto``: run the first scheme for a few rounds at K = 1 with the run's
     own mode, m and schedule, no records; its largest live-minus-simulated round time is this
@@ -385,7 +400,8 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
     cal_opts = replace(options, out_dir=None, progress=False, plots=False,
                        auto_time_scale=False, pcap=None)
     t0 = time.monotonic()
-    outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts, loop_kind=loop_kind,
+    outcome = run_on(loop_kind, _run_scheme(cal_cfg, schedule, cal_opts,
+                                            scheme=built[schemes[0]], loop_kind=loop_kind,
                                             recorder=None, on_round=None))
     k, why = auto_time_scale(config, schemes, schedule, {schemes[0]: outcome.records},
                              threshold=options.fidelity_threshold)

@@ -48,11 +48,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
 from aiogc.harness.fidelity import (
@@ -61,13 +62,10 @@ from aiogc.harness.fidelity import (
 from aiogc.harness.kit import (
     PROCESS_GRACE_S,
     Progress,
-    RunInterrupted,
     RunResult,
     build_manifest,
     close_run,
-    materialise_for,
-    plot_run,
-    scheme_config,
+    run_schemes,
 )
 from aiogc.harness.options import RayOptions, RunOptions
 from aiogc.harness.ray_actors import ClusterError, PSActor, Secret, WorkerActor
@@ -321,12 +319,11 @@ class _Driver:
         self.loop_lag_s: list[float] = []
         self.cpu: list[dict[str, Any]] = []
 
-    def run_scheme(self, cfg: RunConfig) -> list[RoundRecord]:
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme) -> list[RoundRecord]:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray = self.ray
-        scheme = cfg.build_scheme()
         m = scheme.m
         pg = placement_group([{"CPU": self.cpus}] * (m + 1), strategy="SPREAD")
         actors: list[Any] = []
@@ -391,7 +388,7 @@ class _Driver:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
 
-    def _follow(self, cfg: RunConfig, scheme: Any, ps: Any, done: Any, ctx: RaySchemeRun,
+    def _follow(self, cfg: RunConfig, scheme: Scheme, ps: Any, done: Any, ctx: RaySchemeRun,
                 bar: Progress) -> dict[str, Any]:
         """Poll the PS until it finished; write what it reports as it comes."""
         ray = self.ray
@@ -427,7 +424,7 @@ class _Driver:
                 raise ClusterError(f"the {cfg.scheme} PS ran past {_guard_s(cfg):.0f} s, longer "
                                    "than its own timeouts allow")
 
-    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Any,
+    def _write(self, got: dict[str, list[Any]] | None, cfg: RunConfig, scheme: Scheme,
                ctx: RaySchemeRun, bar: Progress) -> None:
         if got is None:
             return
@@ -508,11 +505,9 @@ def run_ray(
     KeyboardInterrupt
         SIGINT or SIGTERM stopped the run; what was recorded is written (no plots).
     """
-    from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
-
     options = options if options is not None else RunOptions()
     ray_options = ray_options if ray_options is not None else RayOptions()
-    address, out_dir, max_restarts = options.address, options.out_dir, ray_options.max_restarts
+    out_dir, max_restarts = options.out_dir, ray_options.max_restarts
     if max_restarts < 0:
         from aiogc.errors import ConfigError
 
@@ -525,50 +520,76 @@ def run_ray(
                                                 "run of auto is local; run it locally at the "
                                                 "same m and pass the K it chose)")
     ray = _import_ray()
-    for name in schemes:
-        scheme_config(config, name)  # validate every scheme's config before starting anything
-    if schedule is None:
-        schedule = materialise_for(config, schemes)
     # resolved: the secret of this run, the loop actually used
     secret = options.secret if options.secret is not None else secrets.token_bytes(32)
     options = replace(options, loop=loop_kind, secret=secret)
-    result = RunResult(schedule=schedule)
-    interrupted: list[str] = []
-    started = False
-    recorder = None
-    driver: _Driver | None = None
-    try:
+    backend = _RayBackend(ray, schemes, options, ray_options, on_round)
+    return run_schemes(config, schemes, backend, schedule=schedule, out_dir=out_dir,
+                       plots=options.plots)
+
+
+class _RayBackend:
+    """The Ray runner's side of the skeleton (:class:`~aiogc.harness.kit.RunnerBackend`): a
+    connected cluster, one PS actor and m worker actors per scheme."""
+
+    def __init__(self, ray: Any, schemes: Sequence[str], options: RunOptions,
+                 ray_options: RayOptions,
+                 on_round: Callable[[RoundRecord, RaySchemeRun], None] | None) -> None:
+        self.ray = ray
+        self.schemes = list(schemes)
+        self.options = options
+        self.ray_options = ray_options
+        self.on_round = on_round
+        self.config: RunConfig | None = None
+        self.schedule: DelaySchedule | None = None
+        self.started = False
+        self.recorder: Any = None
+        self.driver: _Driver | None = None
+        self.built: Mapping[str, Scheme] = {}
+
+    def prepare(self, config: RunConfig, schedule: DelaySchedule,
+                built: Mapping[str, Scheme]) -> RunConfig:
+        self.config, self.schedule, self.built = config, schedule, built
+        return config
+
+    @contextlib.contextmanager
+    def session(self, result: RunResult, interrupted: list[str]) -> Iterator[None]:
+        from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
+
+        assert self.config is not None and self.schedule is not None
+        ray, options, config, schedule = self.ray, self.options, self.config, self.schedule
+        address, out_dir = options.address, options.out_dir
         with _stop_signals(interrupted):
-            started = _connect(ray, address)
-            n_actors = config.workers + 1
-            cpus = cpus_per_actor(_node_cpus(ray), n_actors)
+            self.started = _connect(ray, address)
+            cpus = cpus_per_actor(_node_cpus(ray), config.workers + 1)
             if out_dir is not None:
-                manifest = build_manifest(config, schemes, schedule, mode="ray",
-                                          loop=loop_kind, verify=options.verify,
-                                          argv=options.argv)
-                manifest["cluster"] = _cluster_manifest(ray, address, cpus, max_restarts)
-                recorder = RunRecorder(Path(out_dir), manifest, flush_every_s=FLUSH_EVERY_S)
-                recorder.write_schedule(schedule)
+                manifest = build_manifest(config, self.schemes, schedule, mode="ray",
+                                          loop=options.loop, verify=options.verify,
+                                          argv=options.argv, built=self.built)
+                manifest["cluster"] = _cluster_manifest(ray, address, cpus,
+                                                        self.ray_options.max_restarts)
+                self.recorder = RunRecorder(Path(out_dir), manifest,
+                                            flush_every_s=FLUSH_EVERY_S)
+                self.recorder.write_schedule(schedule)
                 result.out_dir = Path(out_dir)
-            driver = _Driver(ray, options, ray_options, schedule=schedule, recorder=recorder,
-                             cpus=cpus, interrupted=interrupted, on_round=on_round)
-            driver.config = config
-            for name in schemes:
-                cfg = scheme_config(config, name)
-                t0 = time.monotonic()
-                result.records[name] = driver.run_scheme(cfg)
-                result.wall_s[name] = time.monotonic() - t0
-                if interrupted:
-                    break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
-    finally:
-        _close_ray_run(result, driver, interrupted, recorder, out_dir)
-        if started:
-            ray.shutdown()
-    if interrupted:
-        raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and options.plots:
-        plot_run(out_dir)
-    return result
+            self.driver = _Driver(ray, options, self.ray_options, schedule=schedule,
+                                  recorder=self.recorder, cpus=cpus, interrupted=interrupted,
+                                  on_round=self.on_round)
+            self.driver.config = config
+            yield
+
+    def run_scheme(self, cfg: RunConfig, scheme: Scheme, result: RunResult
+                   ) -> list[RoundRecord]:
+        assert self.driver is not None
+        return self.driver.run_scheme(cfg, scheme)
+
+    def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
+        try:
+            _close_ray_run(result, self.driver, interrupted, self.recorder,
+                           self.options.out_dir)
+        finally:
+            if self.started:
+                self.ray.shutdown()
 
 
 def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Sequence[str],

@@ -33,6 +33,7 @@ import numpy as np
 from aiogc.core import (
     ComputeChunks,
     ConnectionFailed,
+    EncodeVector,
     Event,
     Finished,
     Outgoing,
@@ -43,6 +44,7 @@ from aiogc.core import (
     Worker,
 )
 from aiogc.core.common import Backoff
+from aiogc.core.ps import pending_cap
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
@@ -55,11 +57,13 @@ from aiogc.net.limits import (
     is_loopback,
     send_queue_cap,
 )
-from aiogc.net.loops import _clock, _tick_bias, _Timer
+from aiogc.net.loops import MONOTONIC, Clock, _tick_bias, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
 from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
+from aiogc.training.aggregator import Aggregator
+from aiogc.training.encode import encode_vector
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 log = logging.getLogger("aiogc.net")
@@ -83,6 +87,9 @@ class PSServer:
     join_clock : bool
         False: the first join deadline starts at :meth:`workers_launched`, not at listen
         (:meth:`ParameterServer.start`).
+    clock : callable
+        ``clock() -> seconds``, the ``now`` of every core call and the timer's time line
+        (default :data:`~aiogc.net.loops.MONOTONIC`; a test passes a fake one).
     """
 
     def __init__(
@@ -94,13 +101,17 @@ class PSServer:
         frame_log: FrameLog | None = None,
         on_event: EventSink | None = None,
         join_clock: bool = True,
+        clock: Clock = MONOTONIC,
     ) -> None:
         if not is_loopback(host) and ps.secret is None:
             raise ConfigError("secret", None, f"a shared secret when binding non-loopback {host}")
-        if ps.aggregator is None:
+        if not isinstance(ps.aggregator, Aggregator):
             raise ConfigError("aggregator", None, "a PS built with its aggregator (make_ps)")
         self.ps = ps
+        #: the driver's clock (hostlink's endpoints read it too)
+        self.clock = self._clock = clock
         self._aggregator = ps.aggregator
+        self._rows = ps.aggregator.rows  # the coded vectors' rows (zero-copy receive)
         self.host = host
         self.port = port
         self._frame_log = frame_log
@@ -115,7 +126,7 @@ class PSServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         itemsize = ps.config.payload_dtype.itemsize
         self._post_auth = FrameLimits(WORKER_MAX_HEADER, max(
-            1, ps.payload_len * ps.config.coded_wire_dtype.itemsize),
+            1, self._rows.length * ps.config.coded_wire_dtype.itemsize),
             half_payloads=ps.config.coded_dtype != "same")
         # the largest frame the PS sends is a round_start: the model plus a header whose delay
         # row has at most max(loads) entries (9 bytes each)
@@ -148,12 +159,12 @@ class PSServer:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._done = loop.create_future()
-        self._timer = _Timer(loop, self._on_timer)
-        self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop)
+        self._timer = _Timer(loop, self._on_timer, clock=self._clock)
+        self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop, self._clock)
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
-        backlog = min(4096, max(128, self.ps.m + self.ps.pending_cap))
+        backlog = min(4096, max(128, self.ps.m + pending_cap(self.ps.m)))
         server = await loop.create_server(self._protocol, self.host, self.port,
                                           backlog=backlog)
         self.port = server.sockets[0].getsockname()[1]
@@ -174,14 +185,14 @@ class PSServer:
         """The launcher's workers exist: start the deferred join deadline."""
         if self._loop is None:
             return
-        self.ps.workers_launched(now=self._now())
+        self.ps.start(now=self._now())  # the deferred join deadline starts now
         self._pump()
 
     def stop(self, reason: str = "stopped") -> None:
         """Abort the run (SIGTERM, Ctrl-C): workers are told to shut down."""
         if self._loop is None:
             return
-        self.ps.stop(reason, now=_clock())
+        self.ps.stop(reason, now=self._clock())
         self._pump()
 
     async def _flush_and_close(self) -> None:
@@ -221,11 +232,12 @@ class PSServer:
 
     def _alloc(self, conn: FramedConnection, kind: str, header: dict[str, Any],
                dtype: np.dtype, n: int) -> Any:
-        # zero-copy receive: a payload lands in the PS's row for this worker
-        return self.ps.payload_buffer(conn, dtype, n)
+        # zero-copy receive: a vector the PS awaits lands in its worker's row
+        w = self.ps.awaits(conn)
+        return None if w is None else self._rows.row(w, dtype, n)
 
     def _now(self) -> float:
-        return _clock()
+        return self._clock()
 
     def _conn_made(self, conn: FramedConnection) -> None:
         self._conns.add(conn)
@@ -241,7 +253,7 @@ class PSServer:
             return
         if type(conn) is SlotEndpoint:
             # within a host link's read: the link calls _read_done at its end
-            now = _clock()
+            now = self._clock()
             self.ps.receive(conn, msg, now=now)  # as _receive does, without its pump
             if conn.limits is PREAUTH_LIMITS:
                 self._authenticated(conn)
@@ -265,7 +277,7 @@ class PSServer:
 
     def _receive(self, conn: Any, msg: Message) -> None:
         # feed the core; limits and keys change before the connection's next frame is parsed
-        self.ps.receive(conn, msg, now=_clock())
+        self.ps.receive(conn, msg, now=self._clock())
         if conn.limits is PREAUTH_LIMITS:
             self._authenticated(conn)
         self._pump()
@@ -273,7 +285,7 @@ class PSServer:
     def _authenticated(self, conn: Any) -> None:
         # a peer past its handshake: raised limits, and tagged frames from it when keyed
         ps = self.ps
-        if ps.is_authenticated(conn):
+        if ps.worker_of(conn) is not None:
             conn.set_limits(self._post_auth)
             keys = ps.session_keys(conn)
             if keys is not None:
@@ -293,7 +305,7 @@ class PSServer:
         self._conns_changed.set()
 
     def _on_timer(self) -> None:
-        self.ps.handle_timer(now=_clock())
+        self.ps.handle_timer(now=self._clock())
         self._pump()
 
     def _flush_outbox(self, outbox: Sequence[Outgoing]) -> None:
@@ -347,7 +359,8 @@ class PSServer:
                     if keys is not None:
                         conn.set_auth(send=keys.ps_to_worker)  # tags start after welcome
                     if ps.config.bandwidth:  # and shaping (aiogc.net.shaping)
-                        self._shaped[conn] = shaped_send(conn, ps.config, "down", self._loop)
+                        self._shaped[conn] = shaped_send(conn, ps.config, "down", self._loop,
+                                                         self._clock)
             if out.close:
                 (conn if shaped is None else shaped).close()  # shaped: after earlier frames
                 touched.pop(id(conn), None)
@@ -371,7 +384,7 @@ class PSServer:
                     return
                 item = ps.next_work()
                 assert item is not None and self._aggregator is not None
-                ps.work_done(item, self._aggregator.run(item), now=_clock())
+                ps.work_done(item, self._aggregator.run(item), now=self._clock())
                 continue
             break
         if events:
@@ -404,6 +417,9 @@ class ClientOptions:
     sleep : coroutine function, optional
         ``await sleep(seconds)`` between reconnects (default ``asyncio.sleep``); tests record
         the delays through it.
+    clock : callable
+        ``clock() -> seconds``, the ``now`` of every worker core call and the timers' time
+        line (default :data:`~aiogc.net.loops.MONOTONIC`; a test passes a fake one).
     """
 
     backoff_s: tuple[float, float] = (0.05, 2.0)
@@ -411,6 +427,7 @@ class ClientOptions:
     progress_events: bool | None = None
     rng: Any = None
     sleep: Callable[[float], Any] | None = None
+    clock: Clock = MONOTONIC
 
 
 DEFAULT_CLIENT_OPTIONS: Final = ClientOptions()
@@ -469,6 +486,7 @@ class WorkerClient:
         self.host = host
         self.port = port
         self._on_event = on_event
+        self._clock = options.clock
         backoff_s = self._backoff = options.backoff_s
         rng = options.rng
         if rng is None:
@@ -502,14 +520,15 @@ class WorkerClient:
         self._uplink: ShapedSend | None = None  # config.bandwidth's worker_up, once welcomed
 
     def _now(self) -> float:
-        return _clock()
+        return self._clock()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         # early-tolerant, as a worker host's scheduler: a chunk finishes within the loop's
         # resolution of its deadline, early or late alike (aiogc.net.loops._Timer)
-        self._timer = _Timer(loop, self._on_loop_timer, early_s=_tick_bias(loop))
+        self._timer = _Timer(loop, self._on_loop_timer, early_s=_tick_bias(loop),
+                             clock=self._clock)
         last_ok = time.monotonic()
         try:
             while not self._shutdown:
@@ -577,7 +596,8 @@ class WorkerClient:
         if conn is not self._conn:
             return
         w = self.worker
-        polled = w.receive_and_poll("ps", msg, now=_clock() if now is None else now)
+        w.receive("ps", msg, now=self._clock() if now is None else now)
+        polled = w.poll()
         if w.session is not None and conn is not self._tagged and not conn.authenticated:
             # a verified welcome: every frame after it, both ways, is tagged
             conn.set_auth(send=w.session.worker_to_ps, recv=w.session.ps_to_worker)
@@ -602,7 +622,8 @@ class WorkerClient:
 
     def _on_timer(self, now: float | None = None) -> None:
         """The loop timer (or a host's scheduler, with the time the wake-up counts as)."""
-        self._pump(self.worker.handle_timer_and_poll(now=_clock() if now is None else now))
+        self.worker.handle_timer(now=self._clock() if now is None else now)
+        self._pump()
 
     def _setup(self, ev: SetupNeeded) -> None:
         """Scheme and task for ``ev.config``: from the cache at once, else built in an
@@ -659,9 +680,8 @@ class WorkerClient:
                 # the answer to the last item comes back with the poll that follows it
                 polled = self._run_work(work)
                 continue
-            # nothing answered since the poll that drained every queue: nothing new (saves
-            # a has_output call on the common pump, one per frame and chunk completion)
-            if not progressed and (not events or not w.has_output()):
+            # nothing answered since the poll that drained every queue: nothing new
+            if not progressed:
                 break
             polled = w.poll()
         if self._timer is not None:
@@ -689,7 +709,7 @@ class WorkerClient:
                 self._welcomed = True
                 setup = self.worker.setup
                 self._uplink = shaped_send(self._conn, None if setup is None else setup.config,
-                                           "up", self._loop)
+                                           "up", self._loop, self._clock)
             elif isinstance(ev, ConnectionFailed):
                 if ev.fatal:
                     self._fatal = ev
@@ -707,21 +727,22 @@ class WorkerClient:
                 self._on_event(ev)
         return progressed
 
-    def _run_work(self, work: Sequence[ComputeChunks]) -> Polled:
-        """Compute the gradients the core asked for (a fresh ``now`` after each item); returns
-        the poll that follows the last answer."""
+    def _run_work(self, work: Sequence[ComputeChunks | EncodeVector]) -> Polled:
+        """Compute the gradients and encode the vectors the core asked for (a fresh ``now``
+        after each item); returns the poll that follows the last answer."""
         w = self.worker
         setup = w.setup
         assert setup is not None
         fn = setup.chunk_gradient
         for item in work:
             try:
+                if isinstance(item, EncodeVector):
+                    w.encode_done(item, encode_vector(item, setup.config), now=self._clock())
+                    continue
                 # map, not a comprehension: the same calls without a frame per item
                 grads = list(map(fn, item.chunks, repeat(item.model)))
             except Exception as exc:  # the core closes with the reason
-                w.work_failed(exc, now=_clock())
+                w.work_failed(exc, now=self._clock())
             else:
-                if item is work[-1]:
-                    return w.finish_chunks(item.round, item.first, grads, now=_clock())
-                w.chunks_done(item.round, item.first, grads, now=_clock())
+                w.chunks_done(item.round, item.first, grads, now=self._clock())
         return w.poll()

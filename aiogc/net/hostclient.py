@@ -41,7 +41,7 @@ from aiogc.net.drivers import (
 )
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import BATCH_WINDOW_S
-from aiogc.net.loops import _clock, _tick_bias, _Timer
+from aiogc.net.loops import MONOTONIC, Clock, _tick_bias, _Timer
 from aiogc.protocol.headers import DEFAULT_LIMITS
 from aiogc.protocol.hostmux import (
     CLOSE,
@@ -73,14 +73,15 @@ class HostScheduler:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, n: int,
-                 on_wake: Any) -> None:
+                 on_wake: Any, clock: Clock = MONOTONIC) -> None:
+        self._clock = clock
         self._heap: list[tuple[float, int]] = []
         self._when: list[float | None] = [None] * n
         self._on_wake = on_wake
         # a chunk's deadline met to within the loop's resolution, early or late alike (mean
         # error ~0; a timer that never fires early is on average 0.5 ms late on uvloop)
         self._early = _tick_bias(loop)
-        self._timer = _Timer(loop, self._fire, early_s=self._early)
+        self._timer = _Timer(loop, self._fire, early_s=self._early, clock=clock)
         #: per slot, the time its last wake-up counts as: its deadline if the loop woke up to
         #: ``_early`` before it, else the clock
         self.due_at: list[float] = [0.0] * n
@@ -100,7 +101,7 @@ class HostScheduler:
 
     def _fire(self) -> None:
         heap, wanted = self._heap, self._when
-        now = _clock()
+        now = self._clock()
         limit = now + self._early
         due: list[int] = []
         at = self.due_at
@@ -217,6 +218,7 @@ class HostClient:
             raise ConfigError("worker_ids", ids, f"1..{MAX_SLOTS} contiguous ids in order")
         self.first, self.count = ids[0], len(ids)
         self.host, self.port = host, port
+        self._clock = options.clock
         self._give_up = give_up_after_s
         self._connect_timeout = options.connect_timeout_s
         setups = setups if setups is not None else SetupCache(policy)
@@ -238,7 +240,7 @@ class HostClient:
         self.sched: HostScheduler | None = None
         self._accepted = False
         self._in_batch = False
-        self._read_at = 0.0  # when the read being handled arrived (_clock)
+        self._read_at = 0.0  # when the read being handled arrived (the clock's time)
         self._dirty = False
         self._dirty_since = 0.0
         #: host connections made; reason of the last refusal by the PS (an error frame)
@@ -253,7 +255,7 @@ class HostClient:
 
     async def run(self) -> list[BaseException | None]:
         loop = self._loop = asyncio.get_running_loop()
-        sched = self.sched = HostScheduler(loop, self.count, self._on_wake)
+        sched = self.sched = HostScheduler(loop, self.count, self._on_wake, self._clock)
         start = time.monotonic()
         for i, st in enumerate(self.slots):
             st.last_ok = start
@@ -365,10 +367,10 @@ class HostClient:
             # them one after another, and a worker's clock (its round's chunk deadlines) must
             # not start later for being the 64th in the batch (the emulation's cost, not the
             # protocol's: README, "Worker hosts")
-            self._read_at = _clock()
+            self._read_at = self._clock()
         self._in_batch = True
         # _window's test inlined: this runs for every frame read
-        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
+        if self._dirty and self._clock() - self._dirty_since > BATCH_WINDOW_S:
             self._window()
         kind = type(msg)
         if kind is not Preamble and kind is not Control:  # a worker's frame: the common case
@@ -480,7 +482,7 @@ class HostClient:
         if self._in_batch:
             if not self._dirty:
                 self._dirty = True
-                self._dirty_since = _clock()
+                self._dirty_since = self._clock()
         elif self.conn is not None:
             self.writes += 1
             self.conn.flush()
@@ -498,13 +500,13 @@ class HostClient:
         at = self.sched.due_at
         for i in due:
             slots[i].client._on_timer(at[i])
-            if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
+            if self._dirty and self._clock() - self._dirty_since > BATCH_WINDOW_S:
                 self._window()
         self._end_batch()
 
     def _window(self) -> None:
         """Write what the batch queued once its first frame waited ``BATCH_WINDOW_S``."""
-        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S \
+        if self._dirty and self._clock() - self._dirty_since > BATCH_WINDOW_S \
                 and self.conn is not None:
             self._dirty = False
             self.writes += 1

@@ -26,7 +26,6 @@ import numpy as np
 
 from aiogc.errors import MalformedFrame, RemoteProtocolError
 from aiogc.net.framing import FramedConnection
-from aiogc.net.loops import _clock
 from aiogc.protocol.headers import PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.hostmux import (
     CLOSE,
@@ -60,6 +59,8 @@ class _Server(Protocol):
     ps: Any
     _loop: Any
     _max_pending: int
+
+    def clock(self) -> float: ...
 
     def _conn_made(self, conn: Any) -> None: ...
     def _on_message(self, conn: Any, msg: Message) -> None: ...
@@ -161,7 +162,7 @@ class HostLink:
     def adopt(cls, server: _Server, conn: FramedConnection, rest: bytes, m: int) -> HostLink:
         """Take ``conn`` over: the PS core forgets it as a pending peer (its challenge is
         discarded by the host), the rest of the stream is decoded as a host's."""
-        server.ps.connection_lost(conn, now=_clock())
+        server.ps.connection_lost(conn, now=server.clock())
         link = cls(server, conn, m)
         conn.adopt(link._dec, link._on_message, link._on_close, rest=rest,
                    after_read=link._after_read)
@@ -184,7 +185,7 @@ class HostLink:
 
     def _on_message(self, conn: FramedConnection, msg: Any) -> None:
         self._in_read = True
-        if self._dirty and _clock() - self._dirty_since > BATCH_WINDOW_S:
+        if self._dirty and self.server.clock() - self._dirty_since > BATCH_WINDOW_S:
             self._dirty = False
             conn.flush()  # the frames queued by this read's first messages waited long enough
         kind = type(msg)
@@ -274,7 +275,7 @@ class HostLink:
         if self._in_read:
             if not self._dirty:  # the end of the read writes it all at once
                 self._dirty = True
-                self._dirty_since = _clock()
+                self._dirty_since = self.server.clock()
         else:
             self.conn.flush()
 

@@ -1,6 +1,7 @@
 """The event loops the drivers run on and their clock: :func:`loop_factory` / :func:`run_on`
-(uvloop or asyncio, no global policy touched), the drivers' ``now`` (:func:`_clock`,
-``time.monotonic``) and :class:`_Timer`, the one lazily re-armed loop timer per core that
+(uvloop or asyncio, no global policy touched), the drivers' default clock (:data:`MONOTONIC`,
+``time.monotonic``; each driver takes its clock as a constructor argument) and
+:class:`_Timer`, the one lazily re-armed loop timer per core that
 :mod:`aiogc.net.drivers` drives ``next_deadline()`` with.
 """
 
@@ -41,23 +42,26 @@ def run_on(kind: str, coro: Any) -> Any:
         return runner.run(coro)
 
 
-#: The drivers' ``now``: time.monotonic(), not loop.time() — uvloop's loop clock has
-#: millisecond resolution, too coarse for round times of a few ms. The builtin itself, not a
+#: What the drivers read ``now`` from (seconds on any monotonic line): every live driver
+#: takes one as a constructor argument (``PSServer(clock=...)``, ``ClientOptions.clock``).
+Clock = Callable[[], float]
+#: The drivers' default clock: time.monotonic(), not loop.time() (uvloop's loop clock has
+#: millisecond resolution, too coarse for round times of a few ms). The builtin itself, not a
 #: wrapper: it is read several times per frame (a Python frame per read was ~2 % of the loop).
-_clock: Callable[[], float] = time.monotonic
+MONOTONIC: Clock = time.monotonic
 
 
-def _loop_offset(loop: asyncio.AbstractEventLoop) -> float:
-    """``loop.time() - _clock()`` as a fixed offset between the two time lines.
+def _loop_offset(loop: asyncio.AbstractEventLoop, clock: Clock) -> float:
+    """``loop.time() - clock()`` as a fixed offset between the two time lines.
 
-    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :func:`_clock`'s line:
-    the offset is 0. It is *not* measured as ``loop.time() - _clock()`` on every call: uvloop's
+    asyncio's and uvloop's loop clocks are both CLOCK_MONOTONIC, i.e. :data:`MONOTONIC`'s line:
+    the offset is 0. It is *not* measured as ``loop.time() - clock()`` on every call: uvloop's
     ``time()`` is the millisecond clock cached at the start of the loop iteration, so a timer
     set at ``loop.time() + delay`` late in a busy iteration fired early by however long the
     iteration had run (a third of the workers' wake-ups at m=64 came before their deadline
-    and did nothing). Another loop clock (a test's fake loop) gets its measured offset.
+    and did nothing). Another clock (a test's fake one) gets its measured offset.
     """
-    off = loop.time() - _clock()
+    off = loop.time() - clock()
     return 0.0 if abs(off) < 1.0 else off
 
 
@@ -78,7 +82,8 @@ def _tick_bias(loop: asyncio.AbstractEventLoop) -> float:
 
 
 class _Timer:
-    """One re-armable loop timer; ``when`` is on the :func:`_clock` time line.
+    """One re-armable loop timer; ``when`` is on ``clock``'s time line (default
+    :data:`MONOTONIC`).
 
     Re-arming is lazy: the cores move their deadline after almost every pump, mostly *later*
     (a worker's next chunk, a round's timeout). Only a deadline earlier than the one the loop
@@ -88,8 +93,9 @@ class _Timer:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None], *,
-                 early_s: float = 0.0) -> None:
+                 early_s: float = 0.0, clock: Clock = MONOTONIC) -> None:
         self._loop = loop
+        self._clock = clock
         self._fire = fire
         #: ``early_s`` > 0: the handle is set for the deadline itself and a wake-up up to
         #: ``early_s`` before it counts as the deadline (the owner then acts as of the
@@ -99,7 +105,7 @@ class _Timer:
         self._early = early_s
         self._late = 0.0 if early_s > 0 else _tick_bias(loop)
         self._handle: asyncio.TimerHandle | None = None
-        self._armed = _INF  # when the loop handle fires (_clock time line), inf if none
+        self._armed = _INF  # when the loop handle fires (clock's time line), inf if none
         self._when: float | None = None  # the deadline the owner wants
         #: the time the last firing counts as (the deadline, if the wake-up was early)
         self.due_at = 0.0
@@ -115,7 +121,8 @@ class _Timer:
         self._armed = when
         loop = self._loop
         # a deadline already past: at once (the loop's next iteration)
-        self._handle = loop.call_at(max(when, _clock()) + self._late + _loop_offset(loop),
+        clock = self._clock
+        self._handle = loop.call_at(max(when, clock()) + self._late + _loop_offset(loop, clock),
                                     self._on_fire)
 
     def _on_fire(self) -> None:
@@ -127,7 +134,7 @@ class _Timer:
         # a deadline that moved later meanwhile, or a loop timer that fired early (uvloop
         # rounds delays to whole milliseconds): sleep on. Never ask the core before its
         # deadline: it would only answer with the same deadline again
-        now = _clock()
+        now = self._clock()
         if when > now + self._early:
             self._set(when)
             return

@@ -37,7 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
-from aiogc.net.loops import _clock, _Timer
+from aiogc.net.loops import MONOTONIC, Clock, _Timer
 from aiogc.protocol.messages import Message
 from aiogc.protocol.wire import encode_frame
 
@@ -104,7 +104,7 @@ class ShapedQueue(Generic[T]):
         ``make_timer(fire)`` returns a :class:`TimerLike` that calls ``fire()`` once its armed
         time has come (the drivers pass ``lambda f: _Timer(loop, f)``; tests a fake).
     clock : callable
-        The timer's time line (the drivers' ``_clock``).
+        The timer's time line (the driver's clock).
     after : callable, optional
         Called once after each batch of deliveries (the drivers flush the socket there).
     """
@@ -189,12 +189,15 @@ class ShapedSend:
     conn : FramedConnection
     link : Link
     loop : asyncio event loop (for the link's timer)
+    clock : callable
+        The driver's clock.
     """
 
-    def __init__(self, conn: Any, link: Link, loop: Any) -> None:
+    def __init__(self, conn: Any, link: Link, loop: Any, clock: Clock = MONOTONIC) -> None:
         self.conn = conn
         self.link_queue: ShapedQueue[tuple[Message | None, Any]] = ShapedQueue(
-            link, self._deliver, lambda fire: _Timer(loop, fire), _clock, after=conn.flush)
+            link, self._deliver, lambda fire: _Timer(loop, fire, clock=clock), clock,
+            after=conn.flush)
 
     def _deliver(self, item: tuple[Message | None, Any]) -> None:
         msg, parts = item
@@ -224,7 +227,7 @@ class ShapedSend:
 
 
 def shaped_send(conn: Any, config: RunConfig | None, direction: str,
-                loop: Any) -> ShapedSend | None:
+                loop: Any, clock: Clock = MONOTONIC) -> ShapedSend | None:
     """The shaped send path of ``conn`` for ``direction`` ``"up"`` (a worker's) or
     ``"down"`` (the PS's to one worker) under ``config.bandwidth``; ``None`` when that link is
     unlimited (the connection is then used directly, byte-identical to an unshaped run)."""
@@ -232,15 +235,16 @@ def shaped_send(conn: Any, config: RunConfig | None, direction: str,
         return None
     comm = config.comm
     link = link_for(comm.up_Bps if direction == "up" else comm.down_Bps, config.time_scale)
-    return None if link is None else ShapedSend(conn, link, loop)
+    return None if link is None else ShapedSend(conn, link, loop, clock)
 
 
 def ingress_queue(config: RunConfig, deliver: Callable[[T], None],
-                  loop: Any) -> ShapedQueue[T] | None:
+                  loop: Any, clock: Clock = MONOTONIC) -> ShapedQueue[T] | None:
     """The PS's shared ingress under ``config.bandwidth`` (``ps=``): frames go to
     ``deliver`` once it has carried them; ``None`` without one."""
     link = link_for(config.comm.ps_Bps, config.time_scale) if config.bandwidth else None
-    return None if link is None else ShapedQueue(link, deliver, lambda f: _Timer(loop, f), _clock)
+    return None if link is None else ShapedQueue(
+        link, deliver, lambda f: _Timer(loop, f, clock=clock), clock)
 
 
 def release_all(sends: Iterable[ShapedSend | None]) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import CommModel
 from aiogc.errors import ConfigError
 from aiogc.protocol.messages import ChunkReport, CodedGradient, EncodeAndTransmit, RoundStart
@@ -91,7 +92,7 @@ class FrameBytes:
     chunk_vector: int
 
     @classmethod
-    def of(cls, scheme: Any, dim: int, dtype: Any = "float64",
+    def of(cls, scheme: Scheme, dim: int, dtype: Any = "float64",
            model_dtype: Any = "float64") -> FrameBytes:
         """Measure every frame kind on representative messages of ``scheme`` at ``dim``
         (coded vectors of ``dtype``, the model in ``model_dtype``: ``RunConfig.payload_dtype``,

@@ -26,6 +26,7 @@ from aiogc.core import (
     PS_PEER,
     ComputeChunks,
     ConnectionFailed,
+    EncodeVector,
     Event,
     Finished,
     Outgoing,
@@ -37,6 +38,7 @@ from aiogc.core import (
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError
 from aiogc.protocol.messages import Message
+from aiogc.training.encode import encode_vector
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 LatencyFn = Callable[[int, str, Message], float]
@@ -247,7 +249,7 @@ class Simulation:
             if closed:
                 # routing a close told the PS the connection is lost (its events count in
                 # this pump, its frames leave in the next, as before poll existed)
-                events = [*events, *ps.drain_events()]
+                events = [*events, *iter(ps.next_event, None)]
                 t = ps.next_deadline()
             break
         for ev in events:
@@ -283,8 +285,9 @@ class Simulation:
                 if worker in self._paused:
                     self._schedule(at + 1e-3, deliver)
                     return
-                self._pump_worker(worker, at,
-                                  self.workers[worker].receive_and_poll(PS_PEER, msg, now=at))
+                w = self.workers[worker]
+                w.receive(PS_PEER, msg, now=at)
+                self._pump_worker(worker, at, w.poll())
 
             self._schedule(t, deliver)
         if out.close:
@@ -336,7 +339,7 @@ class Simulation:
         while True:
             # one poll per iteration: events, work, frames and the deadline at once; answering
             # an event or a work item needs another poll (it may queue frames and moves the
-            # deadline); the last work item's answer comes back with that poll (finish_chunks)
+            # deadline); the last work item's answer comes back with the poll after it
             evs, work, out, due = polled
             progressed = False
             if evs:
@@ -371,21 +374,22 @@ class Simulation:
                 answered = True
         return failed, answered
 
-    def _run_work(self, w: Worker, work: Sequence[ComputeChunks], now: float) -> Polled:
-        """Compute the chunk gradients asked for (no virtual time passes); the poll that
-        follows the last answer (finish_chunks returns it)."""
+    def _run_work(self, w: Worker, work: Sequence[ComputeChunks | EncodeVector], now: float
+                  ) -> Polled:
+        """Compute the chunk gradients and encode the vectors asked for (no virtual time
+        passes); the poll that follows the last answer."""
         setup = w.setup
         assert setup is not None
         fn = setup.chunk_gradient
-        last = len(work) - 1
-        for k, item in enumerate(work):
+        for item in work:
             try:
+                if isinstance(item, EncodeVector):
+                    w.encode_done(item, encode_vector(item, setup.config), now=now)
+                    continue
                 grads = [fn(c, item.model) for c in item.chunks]
             except Exception as exc:  # the worker closes with the reason, reconnects
                 w.work_failed(exc, now=now)
             else:
-                if k == last:
-                    return w.finish_chunks(item.round, item.first, grads, now=now)
                 w.chunks_done(item.round, item.first, grads, now=now)
         return w.poll()
 
@@ -402,7 +406,8 @@ class Simulation:
                 def deliver(at: float, msg: Message = msg, gen: int = gen) -> None:
                     if self._gen.get(worker) != gen or worker in self._dead:
                         return
-                    self._pump_ps(at, self.ps.receive_and_poll((worker, gen), msg, now=at))
+                    self.ps.receive((worker, gen), msg, now=at)
+                    self._pump_ps(at, self.ps.poll())
 
                 self._schedule(t, deliver if self._ingress is None
                                else self._through_ingress(msg, deliver))
@@ -442,7 +447,9 @@ class Simulation:
                 self._schedule(now + 1e-3, act)
                 return
             self._w_timer[worker] = None
-            self._pump_worker(worker, now, self.workers[worker].handle_timer_and_poll(now=now))
+            w = self.workers[worker]
+            w.handle_timer(now=now)
+            self._pump_worker(worker, now, w.poll())
 
         return act
 

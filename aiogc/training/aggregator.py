@@ -37,6 +37,7 @@ from aiogc.core.attribution import Attribution
 from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
+from aiogc.protocol.messages import CodedGradient
 from aiogc.protocol.status import EndReason, RoundStatus
 from aiogc.training.approx_bound import (
     approx_bound_check,
@@ -44,6 +45,7 @@ from aiogc.training.approx_bound import (
     exact_bound_check,
     model_sent,
 )
+from aiogc.training.coded_rows import CodedRows
 from aiogc.training.frameworks import Stepper
 from aiogc.training.locate import LiarLocator, payload_rounding_bound, relative
 
@@ -130,6 +132,12 @@ class Aggregator:
             if guard else None)
         #: issue 21: locate an inconsistent worker where the spares allow (None: off)
         self.locator: LiarLocator | None = None
+        #: the coded vectors' rows (the driver receives into them) and their check
+        self.rows = CodedRows(self.m, scheme.payload_len(w0.size), config.coded_wire_dtype)
+
+    def screen(self, msg: CodedGradient) -> tuple[str, str] | None:
+        """Why a coded vector cannot be used (:meth:`CodedRows.screen`), or None."""
+        return self.rows.screen(msg)
 
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None:
         """Run one work item of the PS core; the answer goes to ``ps.work_done``."""
@@ -171,7 +179,8 @@ class Aggregator:
                                           self.scheme.n_chunks)
             return Decoded(w_prev, None, ())
         rec.attempts = item.attempt + 1
-        rows = item.rows if self._coded == "same" else widen(item.rows, self._coded)
+        received = self.rows.fill(item.coded)
+        rows = received if self._coded == "same" else widen(received, self._coded)
         result = self._decode(rows, item.state, item.dim)
         rec.attribution = Attribution(self._weights(result, item.state), self._orders,
                                       self.scheme.n_chunks)
