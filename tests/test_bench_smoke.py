@@ -31,6 +31,7 @@ NAMES = {
     "loop_cpu_vs_work_floor_m64",
     "round_vs_sim_m256_auto", "speedup_vs_sim_m256_auto", "round_vs_sim_m1024_auto",
     "fidelity_flag_agrees", "coded_bytes_f16_vs_f32", "locate_round_vs_honest_m64",
+    "kernel_shaped_live_vs_sim",
 }
 KEYS = {"name", "value", "unit", "baseline", "baseline_value", "ratio", "goal", "holds",
         "trials", "note", "detail"}

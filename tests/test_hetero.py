@@ -182,16 +182,58 @@ def test_an_unfaithful_live_point_is_not_presented_as_a_result() -> None:
     from aiogc.experiments.heterogeneous import summarise
 
     row = {"kind": "live", "m": 16, "delta": 3, "ell": 1, "cluster": "spread",
-           "diff_ms": -1.0, "diff_lo": -2.0, "diff_hi": 0.0, "diff_pct": -3.0,
-           "fidelity": "unfaithful", "runs_faithful": "5/6", "worst_ratio": 1.3,
-           "time_scale": 2.0, "reasons": "r", "cyclic_aware_live": "ran"}
-    for v in ("cyclic_static", "cyclic_aware", "speed_aware"):
+           "layout": "random", "fidelity": "unfaithful", "runs_faithful": "5/6",
+           "worst_ratio": 1.3, "time_scale": 2.0, "reasons": "r", "cyclic_aware_live": "ran"}
+    for d in ("diff", "layout_diff", "relabel_diff"):
+        row.update({f"{d}_ms": -1.0, f"{d}_lo": -2.0, f"{d}_hi": 0.0, f"{d}_pct": -3.0})
+    for v in ("cyclic_static", "cyclic_aware", "cyclic_relabelled", "speed_aware"):
         row.update({f"{v}_ms": 30.0, f"{v}_lo": 29.0, f"{v}_hi": 31.0})
-    cell = summarise([row])["live|m=16|delta=3|ell=1|spread"]
+    cell = summarise([row])["live|m=16|delta=3|ell=1|spread|random"]
     assert "speed_aware" not in cell and "diff_ms" not in cell
     assert cell["fidelity"] == "unfaithful" and "speed_aware" in cell["unfaithful_not_a_result"]
     row["fidelity"] = "faithful"
-    assert summarise([row])["live|m=16|delta=3|ell=1|spread"]["speed_aware"] == "30 [29, 31]"
+    assert summarise([row])["live|m=16|delta=3|ell=1|spread|random"]["speed_aware"] == \
+        "30 [29, 31]"
+
+
+@pytest.mark.parametrize("m, delta", [(16, 3), (24, 4), (10, 3), (7, 7)])
+def test_speed_sorted_interleave_gives_every_cyclic_window_a_fast_holder(m: int,
+                                                                         delta: int) -> None:
+    from aiogc.experiments.heterogeneous import LAYOUTS, clusters, layout
+
+    rng = np.random.default_rng(m)
+    speeds = rng.permutation(np.concatenate([np.ones(m - m // 4), np.full(m // 4, 0.25)]))
+    for s in (speeds, clusters(m)["spread"][0]):
+        laid = layout(s, "interleaved", delta, 0)
+        assert sorted(laid) == sorted(s)  # a relabelling: the same cluster
+        ranked = np.sort(s)[::-1]
+        fastest_band = ranked[len(range(0, m, delta)) - 1]  # the slowest of band 0
+        # every window of delta consecutive ids that does not wrap holds a band-0 worker
+        for start in range(m - delta + 1):
+            assert laid[start:start + delta].max() >= fastest_band
+    q = clusters(m)["quarter-slow"][0]
+    assert list(layout(q, "contiguous", delta, 0)) == list(q)  # the slow ones one block
+    a, b = layout(q, "random", delta, 5, 0), layout(q, "random", delta, 5, 1)
+    assert sorted(a) == sorted(q) and np.array_equal(a, layout(q, "random", delta, 5, 0))
+    assert m < 8 or not np.array_equal(a, b)  # placements differ, each seeded
+    with pytest.raises(ValueError, match="layout"):
+        layout(q, "sorted", delta, 0)
+    assert "random" in LAYOUTS
+
+
+def test_the_headline_compares_against_the_relabelled_cyclic_assignment() -> None:
+    from aiogc.experiments.heterogeneous import DIFFS, _layout_cell, clusters
+
+    assert DIFFS["diff"] == ("speed-aware", "cyclic-relabelled")
+    speeds, sizes = clusters(16)["quarter-slow"]
+    t, _, per = _layout_cell((16, 3, 1), speeds, sizes, "contiguous", 3, 2, 30, 1)
+    # contiguous: the worst layout for cyclic; relabelling recovers most of it
+    assert t["cyclic-relabelled"].mean() < 0.7 * t["cyclic-static"].mean()
+    assert len(per) == 1
+    ti, _, _ = _layout_cell((16, 3, 1), speeds, sizes, "interleaved", 3, 2, 30, 1)
+    np.testing.assert_array_equal(ti["cyclic-static"], ti["cyclic-relabelled"])
+    tr, _, per = _layout_cell((16, 3, 1), speeds, sizes, "random", 3, 2, 30, 1)
+    assert tr["speed-aware"].shape == (6, 30) and len(per) == 3
 
 
 def test_training_replay_cuts_the_data_by_the_clusters_chunk_sizes() -> None:

@@ -42,6 +42,23 @@ def test_rounding_is_within_the_unit_roundoff(coded: str) -> None:
         assert widen(to_coded(np.array([1.0 + 3 * 2**-8]), coded), coded)[0] == 1.0 + 2**-6
 
 
+def test_bfloat16_bound_covers_both_roundings_below_the_subnormal_floor() -> None:
+    # 2^-134 + 2^-160 rounds to float32's 2^-134 (the 2^-160 is lost below float32's floor),
+    # which is a tie between bfloat16's 0 and 2^-133 and goes to 0 (even): the whole entry is lost
+    x = np.full(64, 2.0**-134 + 2.0**-160)
+    back = widen(to_coded(x, "bfloat16"), "bfloat16")
+    assert np.all(back == 0.0)
+    err = float(np.linalg.norm(back - x))
+    assert err <= rounding_bound(np.ones((1, 1)), back[None, :], "bfloat16", np.dtype("<f8"))
+    # entry by entry, across the whole subnormal range of both roundings
+    rng = np.random.default_rng(3)
+    y = rng.uniform(0.0, 2.0**-120, 20000) * rng.choice([-1.0, 1.0], 20000)
+    wide = widen(to_coded(y, "bfloat16"), "bfloat16")
+    for one, got in zip(y, wide, strict=True):
+        assert abs(got - one) <= rounding_bound(np.ones((1, 1)), np.array([[got]]), "bfloat16",
+                                                np.dtype("<f8"))
+
+
 @pytest.mark.parametrize("coded, byte", [("float16", 2), ("bfloat16", 0x82)])
 def test_coded_gradient_frames_carry_16_bit_payloads(coded: str, byte: int) -> None:
     payload = to_coded(np.linspace(-3, 3, 7), coded)

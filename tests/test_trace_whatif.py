@@ -14,7 +14,12 @@ from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness.local import run_live
 from aiogc.harness.options import RunOptions
-from aiogc.harness.whatif import no_straggler_schedule, whatif_no_stragglers
+from aiogc.harness.whatif import (
+    format_whatif,
+    no_straggler_schedule,
+    parse_typical,
+    whatif_no_stragglers,
+)
 from aiogc.training.delays import materialise, parse_delay
 from aiogc.training.schedule import DelaySchedule
 
@@ -76,9 +81,24 @@ def test_no_straggler_schedule_uses_medians_and_keeps_the_dead() -> None:
     cl = no_straggler_schedule(s, "cluster")
     finite = cl.compute_s[np.isfinite(cl.compute_s)]
     assert np.all(finite == np.median(c[np.isfinite(c)]))
-    assert w.compute_spec == "no-stragglers(worker):x"
+    assert w.compute_spec == "no-stragglers(worker,median):x"
     with pytest.raises(ConfigError, match="baseline"):
         no_straggler_schedule(s, "median")
+
+
+def test_no_straggler_schedule_takes_the_mean_or_a_quantile() -> None:
+    c = np.array([[[1.0], [2.0]], [[2.0], [np.inf]], [[6.0], [4.0]]])
+    s = DelaySchedule(compute_s=c, network_s=np.zeros((3, 2)), compute_spec="x")
+    mean = no_straggler_schedule(s, "worker", "mean")
+    assert np.all(mean.compute_s[:, 0] == 3.0)  # (1 + 2 + 6) / 3, above the median 2
+    assert mean.compute_s[0, 1, 0] == 3.0 and math.isinf(mean.compute_s[1, 1, 0])
+    q = no_straggler_schedule(s, "cluster", "quantile:1")
+    assert np.all(q.compute_s[np.isfinite(c)] == 6.0)
+    assert q.compute_spec == "no-stragglers(cluster,quantile:1):x"
+    assert parse_typical("quantile:0.90") == ("quantile:0.9", 0.9)
+    for bad in ("quantile:1.5", "quantile:x", "p90", "mode"):
+        with pytest.raises(ConfigError, match="typical"):
+            no_straggler_schedule(s, "worker", bad)
 
 
 def test_whatif_splits_stragglers_from_the_system(tmp_path: Path) -> None:
@@ -103,8 +123,22 @@ def test_whatif_splits_stragglers_from_the_system(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert res["schemes"]["partial"]["sim_mean_s"] == pytest.approx(
         summary["fidelity"]["schemes"]["partial"]["sim_mean_s"])
+    # the live speedup is the measured one, the simulated one is named as such
+    sp, v = res["speedups"]["original"], res["schemes"]
+    assert sp["live"] == v["original"]["live_mean_s"] / v["partial"]["live_mean_s"]
+    assert sp["simulated"] == v["original"]["sim_mean_s"] / v["partial"]["sim_mean_s"]
+    text = format_whatif(res)
+    assert f"live {sp['live']:.2f} (measured); simulated {sp['simulated']:.2f}" in text
+    assert "the median of that worker's own delays (--typical median --baseline worker" in text
     assert main(["whatif", str(run), "--no-stragglers"]) == 0
     saved = json.loads((run / "whatif.json").read_text())
     assert set(saved["schemes"]) == {"partial", "original"}
+    assert saved["typical"] == "median" and "live" in saved["speedups"]["original"]
+    assert main(["whatif", str(run), "--no-stragglers", "--typical", "mean"]) == 0
+    saved = json.loads((run / "whatif.json").read_text())
+    mean = whatif_no_stragglers(run, typical="mean")
+    assert saved["typical"] == "mean" and saved["schemes"]["partial"]["clean_mean_s"] == \
+        pytest.approx(mean["schemes"]["partial"]["clean_mean_s"])
+    assert main(["whatif", str(run), "--no-stragglers", "--typical", "quantile:2"]) == 2
     assert main(["whatif", str(run)]) == 2
     assert main(["whatif", str(tmp_path / "nope"), "--no-stragglers"]) == 2

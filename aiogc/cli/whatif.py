@@ -20,12 +20,17 @@ def register(sub: Any) -> None:
                                    "system's overhead.")
     p.add_argument("run_dir")
     p.add_argument("--no-stragglers", action="store_true",
-                   help="the counterfactual: straggler delays replaced by medians (required; "
+                   help="the counterfactual: straggler delays replaced by typical ones (required; "
                         "the only one so far)")
     p.add_argument("--baseline", choices=("worker", "cluster"), default="worker",
-                   help="worker: each delay -> that worker's median (keeps persistently slow "
-                        "workers slow); cluster: -> the median over all workers "
-                        "(default %(default)s)")
+                   help="worker: each delay -> the typical delay of that worker (keeps "
+                        "persistently slow workers slow); cluster: -> the typical delay of "
+                        "all workers (default %(default)s)")
+    p.add_argument("--typical", default="median", metavar="median|mean|quantile:Q",
+                   help="the statistic that is the typical delay: the median, the mean or "
+                        "the Q-quantile, 0 <= Q <= 1 (default %(default)s; under a skewed "
+                        "law the median lies below the mean, so the median baseline also "
+                        "counts that gap as stragglers)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the numbers as JSON (default: RUN/whatif.json)")
     p.set_defaults(func=cmd_whatif)
@@ -38,7 +43,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
         raise ConfigError("run_dir", a.run_dir, "an existing run directory")
     if not a.no_stragglers:
         raise ConfigError("whatif", "(none)", "a counterfactual: --no-stragglers")
-    res = whatif_no_stragglers(a.run_dir, baseline=a.baseline)
+    res = whatif_no_stragglers(a.run_dir, baseline=a.baseline, typical=a.typical)
     print(format_whatif(res))
     out = Path(a.json) if a.json else Path(a.run_dir) / "whatif.json"
     clean = json.loads(json.dumps(res, default=str).replace("NaN", "null"))

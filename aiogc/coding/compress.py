@@ -17,7 +17,8 @@ decode stay in their own precision.
 The rounding bound (docs/coding.md, "Compressed payloads"). The decode is linear in the payloads,
 ``g_hat[u] = sum_j D[u, j] v_j`` with the decoding coefficients ``D`` (ell, m) of the round's
 state. Each received entry is ``v~ = v (1 + e) + h`` with ``|e| <= u`` and ``|h| <= eta`` (half
-the smallest subnormal: float16's subnormals lose relative precision below 6.1e-5), so,
+the smallest subnormal: float16's subnormals lose relative precision below 6.1e-5; bfloat16's
+``eta = 2^-134 + 2^-150`` adds float32's floor for the first of its two roundings), so,
 entry by entry,
 
     ``|g_hat~ - g_hat| <= |D| (u |V~| / (1 - u) + eta)``
@@ -48,8 +49,10 @@ __all__ = [
 CODED_DTYPES: Final = ("same", "float16", "bfloat16")
 
 _BF16_EPS: Final = 2.0**-7
-#: half the smallest positive subnormal of each 16-bit type (the absolute rounding floor)
-_ETA: Final = {"float16": 2.0**-25, "bfloat16": 2.0**-134}
+#: the absolute rounding floor: half the smallest positive subnormal of each 16-bit type;
+#: bfloat16 adds float32's (``2^-150``): a float64 entry is first rounded to float32, whose
+#: subnormals can lose up to ``2^-150`` before the bfloat16 rounding loses up to ``2^-134``
+_ETA: Final = {"float16": 2.0**-25, "bfloat16": 2.0**-134 + 2.0**-150}
 
 
 def wire_dtype(coded: str, payload_dtype: np.dtype) -> np.dtype:

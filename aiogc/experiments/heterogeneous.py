@@ -2,32 +2,44 @@
 heterogeneous cluster (issue 21 item 2); simulated (fast path, checked against the protocol
 engine by ``tests/test_hetero.py``) and live (loopback, coroutines).
 
-Three variants of the partial scheme run on each cluster, all on the same unit-chunk delay
-draws (:func:`aiogc.training.cluster.cluster_schedule` scales them by chunk size over worker
-speed per variant), so per-round differences are paired:
+A cluster is a multiset of worker speeds; where the slow workers sit among the ids matters to
+a cyclic assignment (a chunk is slow when all its δ consecutive holders are), not to the
+speed-aware one. So every cluster is laid out three ways (:data:`LAYOUTS`): ``contiguous``
+(the slow workers one block of ids, the speeds ascending or descending in the id: the worst
+case for cyclic), ``interleaved`` (:func:`speed_sorted_interleave`) and ``random`` (several
+seeded placements per cell, :func:`layout`).
 
-* ``cyclic-static``: the paper's cyclic assignment and its static optimal order (the natural
-  order, a proper colouring), blind to the speeds;
-* ``cyclic-aware``: the cyclic assignment with ``ordering=optimal`` on the cluster (the
+Four variants of the partial scheme run on each laid-out cluster, all on the same unit-chunk
+delay draws (:func:`aiogc.training.cluster.cluster_schedule` scales them by chunk size over
+worker speed per variant), so per-round differences are paired:
+
+* ``cyclic-static``: the paper's cyclic assignment on the ids as laid out, and its static
+  optimal order (the natural order, a proper colouring), blind to the speeds;
+* ``cyclic-aware``: the same assignment with ``ordering=optimal`` on the cluster (the
   speed-aware order where it lowers the expected cover time, :mod:`aiogc.coding.hetero`);
+* ``cyclic-relabelled``: the cyclic assignment after the cheapest use of the speeds, a
+  relabelling of the workers (:func:`speed_sorted_interleave`: every window of δ consecutive
+  ids holds one worker of each speed band), static order -- the best cheap alternative, the
+  one the speed-aware assignment's gain is stated against;
 * ``speed-aware``: ``assignment=speed-aware`` (faster workers hold more chunks, every chunk
   still on δ workers) with its speed-aware order.
 
-Simulated only (``stream-chunks`` has no live form), the streaming baseline on the same
-cluster and draws: ``stream-cyclic`` / ``stream-aware``, stream-chunks on the cyclic / the
-speed-aware assignment (every finished chunk gradient uploaded; done once every chunk arrived
-from some holder; ℓ = 1 and free communication, so its price, the uploads, is reported
-beside the times).
+Simulated only (free communication), the streaming baseline on the same cluster and draws:
+``stream-cyclic`` / ``stream-aware``, stream-chunks on the cyclic / the speed-aware assignment
+(every finished chunk gradient uploaded; done once every chunk arrived from some holder;
+ℓ = 1, so its price, the uploads, is reported beside the times).
 
-Live points run at a time scale chosen by ``--time-scale auto`` (the first run; the rest keep
-its K) and interleaved: each block draws one schedule and runs every variant on it, in
-alternating order (:func:`block_order`), so load drift on the shared machine weighs on every
-variant alike. Every run's own fidelity section is kept; a point is faithful only when every
-one of its runs is (:func:`point_fidelity`), and an unfaithful point is marked in the CSV,
-the summary and the plot, not presented as a result.
+Live points run on random placements (block ``b`` draws placement ``b``) at a time scale
+chosen by ``--time-scale auto`` (the first run; the rest keep its K) and interleaved: each
+block draws one schedule and runs every variant on it, in alternating order
+(:func:`block_order`), so load drift on the shared machine weighs on every variant alike.
+Every run's own fidelity section is kept; a point is faithful only when every one of its runs
+is (:func:`point_fidelity`), and an unfaithful point is marked in the CSV, the summary and the
+plot, not presented as a result.
 
-Intervals: cluster bootstrap over instances (each its own delay draw; live: each block) and
-rounds (:func:`~aiogc.experiments._common.mean_ci`).
+Intervals: cluster bootstrap over instances (each its own delay draw; random layouts: each
+(placement, draw) pair; live: each block) and rounds
+(:func:`~aiogc.experiments._common.mean_ci`).
 """
 
 from __future__ import annotations
@@ -53,30 +65,81 @@ from aiogc.experiments._common import (
 #: (m, delta, ell) of the simulated grid.
 SHAPES = ((24, 4, 2), (16, 3, 1))
 BASE = "shiftexp:0.01,0.01"
-#: variant -> (assignment, ordering)
+#: How a cluster's speeds are laid out over the worker ids (module docstring).
+LAYOUTS = ("contiguous", "interleaved", "random")
+#: variant -> (assignment, ordering); ``cyclic-relabelled`` runs on the speed-sorted
+#: interleave of the cluster's speeds, the others on the layout.
 VARIANTS = {"cyclic-static": ("cyclic", "natural"), "cyclic-aware": ("cyclic", "optimal"),
+            "cyclic-relabelled": ("cyclic", "natural"),
             "speed-aware": ("speed-aware", "optimal")}
-#: The streaming baselines (simulated only: stream-chunks has no live form), variant ->
-#: (assignment, ordering) of ``stream-chunks``: every finished chunk gradient uploaded, done
-#: once every chunk arrived from some holder; exact, ell = 1, on the same cluster and draws.
+#: The streaming baselines (simulated only), variant -> (assignment, ordering) of
+#: ``stream-chunks``: every finished chunk gradient uploaded, done once every chunk arrived
+#: from some holder; exact, ell = 1, on the same cluster and draws.
 STREAM = {"stream-cyclic": ("cyclic", "optimal"), "stream-aware": ("speed-aware", "optimal")}
 
 
-def clusters(m: int) -> dict[str, tuple[str, str]]:
-    """Cluster name -> (worker_speeds, chunk_sizes) specs for ``m`` workers."""
+def clusters(m: int) -> dict[str, tuple[np.ndarray, str]]:
+    """Cluster name -> (speeds, shape (m,), in the contiguous layout; chunk_sizes spec)."""
     q = m // 4
-    spread = ",".join(f"{2.0 ** (2 * j / (m - 1) - 1):.3g}" for j in range(m))
+    spread = np.array([2.0 ** (2 * j / (m - 1) - 1) for j in range(m)])
     sizes = ",".join(("2" if i % 3 == 0 else "1") for i in range(m))
-    return {"quarter-slow": (f"1x{m - q},0.25x{q}", "uniform"),  # 1/4 of workers 4x slower
-            "spread": (spread, "uniform"),  # speeds 0.5 .. 2, geometric
+    quarter = np.array([1.0] * (m - q) + [0.25] * q)
+    return {"quarter-slow": (quarter, "uniform"),  # 1/4 of workers 4x slower, one block
+            "spread": (spread, "uniform"),  # speeds 0.5 .. 2, geometric in the id
             "spread+sizes": (spread, sizes)}  # every third chunk twice as large
 
 
-def _configs(m: int, delta: int, ell: int, speeds: str, sizes: str, rounds: int,
+def speed_sorted_interleave(speeds: np.ndarray, delta: int) -> np.ndarray:
+    """The speeds relabelled so that every δ consecutive ids hold one worker of each band.
+
+    The workers sorted fastest first (stable) are cut into δ bands, band ``b`` as large as
+    the number of ids ``p < m`` with ``p mod δ = b``; id ``p`` gets the ``(p // δ)``-th worker
+    of band ``p mod δ``. A cyclic chunk's δ holders are consecutive ids, so (when δ divides
+    m, and up to the wrap-around otherwise) each chunk has one holder from the fastest band.
+
+    Parameters
+    ----------
+    speeds : ndarray, shape (m,)
+    delta : int
+        The replication, 1 <= delta <= m.
+
+    Returns
+    -------
+    ndarray, shape (m,)
+        The same multiset of speeds, laid out.
+    """
+    m = speeds.size
+    ranked = speeds[np.argsort(-speeds, kind="stable")]
+    sizes = [len(range(b, m, delta)) for b in range(delta)]
+    offset = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return np.array([ranked[offset[p % delta] + p // delta] for p in range(m)])
+
+
+def layout(speeds: np.ndarray, name: str, delta: int, seed: int, placement: int = 0
+           ) -> np.ndarray:
+    """``speeds`` (contiguous) laid out as ``name`` (:data:`LAYOUTS`); ``random``: a seeded
+    permutation, placement ``placement`` of seed ``seed``. Shape (m,)."""
+    if name == "contiguous":
+        return speeds.copy()
+    if name == "interleaved":
+        return speed_sorted_interleave(speeds, delta)
+    if name == "random":
+        return speeds[np.random.default_rng([int(seed), 0x1A40, int(placement)])
+                      .permutation(speeds.size)]
+    raise ValueError(f"layout {name!r} not in {LAYOUTS}")
+
+
+def _spec(speeds: np.ndarray) -> str:
+    return ",".join(f"{float(v):.6g}" for v in speeds)
+
+
+def _configs(m: int, delta: int, ell: int, speeds: np.ndarray, sizes: str, rounds: int,
              seed: int) -> dict[str, Any]:
+    relabelled = _spec(speed_sorted_interleave(speeds, delta))
     return {v: sim_config(workers=m, delta=delta, n_parts=ell, delay=BASE, rounds=rounds,
-                          seed=seed, assignment=a, ordering=o, worker_speeds=speeds,
-                          chunk_sizes=sizes)
+                          seed=seed, assignment=a, ordering=o, chunk_sizes=sizes,
+                          worker_speeds=relabelled if v == "cyclic-relabelled"
+                          else _spec(speeds))
             for v, (a, o) in VARIANTS.items()}
 
 
@@ -84,7 +147,7 @@ def _mean(x: np.ndarray | None) -> float:
     return math.nan if x is None else float(np.mean(x))
 
 
-def _sim_cell(shape: tuple[int, int, int], speeds: str, sizes: str, instances: int,
+def _sim_cell(shape: tuple[int, int, int], speeds: np.ndarray, sizes: str, instances: int,
               rounds: int, seed: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Round times (C, R) of each variant and of the streaming baselines (:data:`STREAM`),
     on shared unit-chunk draws per instance; and the mean vector uploads per round of the
@@ -117,9 +180,25 @@ def _sim_cell(shape: tuple[int, int, int], speeds: str, sizes: str, instances: i
     return out, {v: float(np.mean(x)) for v, x in ups.items()}
 
 
+def _layout_cell(shape: tuple[int, int, int], speeds: np.ndarray, sizes: str, name: str,
+                 placements: int, instances: int, rounds: int, seed: int
+                 ) -> tuple[dict[str, np.ndarray], dict[str, float], list[float]]:
+    """:func:`_sim_cell` on layout ``name`` of ``speeds``; ``random`` pools ``placements``
+    placements (each on the same ``instances`` draws) into (placements * C, R) arrays and
+    also returns each placement's speed-aware - cyclic-static difference in percent."""
+    n = placements if name == "random" else 1
+    parts = [_sim_cell(shape, layout(speeds, name, shape[1], seed, p), sizes, instances,
+                       rounds, seed) for p in range(n)]
+    times = {v: np.concatenate([t[v] for t, _ in parts]) for v in parts[0][0]}
+    ups = {v: float(np.mean([u[v] for _, u in parts])) for v in parts[0][1]}
+    per = [100 * float(np.mean(t["speed-aware"] - t["cyclic-static"]))
+           / float(np.mean(t["cyclic-static"])) for t, _ in parts]
+    return times, ups, per
+
+
 #: Live variants, run in alternating order block by block (cyclic-aware only where its orders
 #: differ from cyclic-static's: the same scheme would run twice).
-LIVE_VARIANTS = ("cyclic-static", "cyclic-aware", "speed-aware")
+LIVE_VARIANTS = ("cyclic-static", "cyclic-aware", "cyclic-relabelled", "speed-aware")
 
 
 def block_order(variants: tuple[str, ...], block: int) -> tuple[str, ...]:
@@ -150,15 +229,16 @@ def point_fidelity(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "reasons": "; ".join(dict.fromkeys(reasons))}
 
 
-def _live_cell(speeds: str, sizes: str, blocks: int, rounds: int,
+def _live_cell(speeds: np.ndarray, sizes: str, blocks: int, rounds: int,
                seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Round times (blocks, rounds) of each live variant, and the point's fidelity.
 
-    Block ``b`` materialises one schedule (seed ``seed + 1000 b``, as the simulated
-    instances) and runs every variant on it, in :func:`block_order`; the first run chooses
-    the time scale (``--time-scale auto`` on the speed-aware variant, whose rounds are the
-    shortest, so the largest K), and every other run keeps that K so the pairs differ in the
-    assignment only. Each run's own fidelity section is kept (:func:`point_fidelity`).
+    Block ``b`` lays the cluster out at random (placement ``b``), materialises one schedule
+    (seed ``seed + 1000 b``, as the simulated instances) and runs every variant on it, in
+    :func:`block_order`; the first run chooses the time scale (``--time-scale auto`` on the
+    speed-aware variant, whose rounds are the shortest, so the largest K), and every other
+    run keeps that K so the pairs differ in the assignment only. Each run's own fidelity
+    section is kept (:func:`point_fidelity`).
     """
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
@@ -170,9 +250,10 @@ def _live_cell(speeds: str, sizes: str, blocks: int, rounds: int,
     ran_aware = False
     first = ("speed-aware", *[v for v in LIVE_VARIANTS if v != "speed-aware"])
     for b in range(blocks):
+        laid = layout(speeds, "random", 3, seed, b)
         cfgs = {v: c.replace(task="linreg", heartbeat_s=1.0, dead_after_s=5.0,
                              round_timeout_s=60.0)
-                for v, c in _configs(16, 3, 1, speeds, sizes, rounds, seed + 1000 * b).items()}
+                for v, c in _configs(16, 3, 1, laid, sizes, rounds, seed + 1000 * b).items()}
         built = {v: build_schemes(cfg, ["partial"])["partial"] for v, cfg in cfgs.items()}
         same = all(np.array_equal(a, c) for a, c in zip(built["cyclic-aware"].orders,
                                                          built["cyclic-static"].orders,
@@ -200,19 +281,27 @@ def _live_cell(speeds: str, sizes: str, blocks: int, rounds: int,
     return times, info
 
 
-def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.ndarray],
-         rng: np.random.Generator) -> Row:
+#: Differences reported per row: name -> (minuend, subtrahend); ``diff`` is the headline,
+#: the speed-aware assignment against the best cheap alternative.
+DIFFS = {"diff": ("speed-aware", "cyclic-relabelled"),
+         "layout_diff": ("speed-aware", "cyclic-static"),
+         "relabel_diff": ("cyclic-relabelled", "cyclic-static")}
+
+
+def _row(kind: str, shape: tuple[int, int, int], cluster: str, lay: str, placements: int,
+         t: dict[str, np.ndarray], rng: np.random.Generator) -> Row:
     m, delta, ell = shape
     row: Row = {"kind": kind, "m": m, "delta": delta, "ell": ell, "cluster": cluster,
+                "layout": lay, "placements": placements,
                 "instances": t["speed-aware"].shape[0], "rounds": t["speed-aware"].shape[1]}
     for v, x in t.items():
         e, lo, hi = mean_ci(x, rng=rng)
         key = v.replace("-", "_")
         row.update({f"{key}_ms": 1e3 * e, f"{key}_lo": 1e3 * lo, f"{key}_hi": 1e3 * hi})
-    base = t["cyclic-static"]
-    d, dlo, dhi = mean_ci(t["speed-aware"] - base, rng=rng)
-    row.update({"diff_ms": 1e3 * d, "diff_lo": 1e3 * dlo, "diff_hi": 1e3 * dhi,
-                "diff_pct": 100 * d / float(np.mean(base))})
+    for name, (a, b) in DIFFS.items():
+        d, dlo, dhi = mean_ci(t[a] - t[b], rng=rng)
+        row.update({f"{name}_ms": 1e3 * d, f"{name}_lo": 1e3 * dlo, f"{name}_hi": 1e3 * dhi,
+                    f"{name}_pct": 100 * d / float(np.mean(t[b]))})
     if "stream-aware" in t:  # the streaming baseline against partial, same assignment
         d, dlo, dhi = mean_ci(t["stream-aware"] - t["speed-aware"], rng=rng)
         row.update({"stream_diff_ms": 1e3 * d, "stream_diff_lo": 1e3 * dlo,
@@ -221,35 +310,40 @@ def _row(kind: str, shape: tuple[int, int, int], cluster: str, t: dict[str, np.n
 
 
 def compute(quick: bool, seed: int) -> list[Row]:
-    instances, rounds = (2, 60) if quick else (8, 300)
+    instances, rounds, placements = (2, 60, 2) if quick else (8, 300, 5)
     blocks, live_rounds = (2, 8) if quick else (6, 15)
     shapes = SHAPES[:1] if quick else SHAPES
     live_clusters = ("quarter-slow",) if quick else tuple(clusters(16))
-    tick = cells(len(shapes) * 3 + len(live_clusters))
+    tick = cells(len(shapes) * 3 * len(LAYOUTS) + len(live_clusters))
     rows: list[Row] = []
     for k, shape in enumerate(shapes):
         for name, (speeds, sizes) in clusters(shape[0]).items():
-            t, ups = _sim_cell(shape, speeds, sizes, instances, rounds, seed)
-            row = _row("simulated", shape, name, t, boot_rng(seed, k, len(rows)))
-            row.update({"speed_aware_uploads": ups["speed-aware"],
-                        "stream_aware_uploads": ups["stream-aware"]})
-            rows.append(row)
-            tick()
+            for lay in LAYOUTS:
+                t, ups, per = _layout_cell(shape, speeds, sizes, lay, placements, instances,
+                                           rounds, seed)
+                row = _row("simulated", shape, name, lay,
+                           placements if lay == "random" else 1, t,
+                           boot_rng(seed, k, len(rows)))
+                row.update({"speed_aware_uploads": ups["speed-aware"],
+                            "stream_aware_uploads": ups["stream-aware"],
+                            "placement_layout_diff_pct": ", ".join(f"{x:.1f}" for x in per)})
+                rows.append(row)
+                tick()
     for name in live_clusters:
         speeds, sizes = clusters(16)[name]
         t, info = _live_cell(speeds, sizes, blocks, live_rounds, seed)
-        rows.append({**_row("live", (16, 3, 1), name, t, boot_rng(seed, 99, len(rows))),
-                     **info})
+        rows.append({**_row("live", (16, 3, 1), name, "random", blocks, t,
+                            boot_rng(seed, 99, len(rows))), **info})
         tick()
     return rows
 
 
 def plot(rows: list[Row], path: Path) -> None:
     p = plt()
-    fig, ax = p.subplots(figsize=(max(9.0, 1.3 * len(rows)), 4))
+    fig, ax = p.subplots(figsize=(max(9.0, 0.9 * len(rows)), 4.5))
     x = np.arange(len(rows))
     for off, (v, mark) in zip((-0.3, -0.1, 0.1, 0.3),
-                              (("cyclic_static", "o"), ("cyclic_aware", "s"),
+                              (("cyclic_static", "o"), ("cyclic_relabelled", "s"),
                                ("speed_aware", "^"), ("stream_aware", "v")), strict=True):
         have = [i for i, r in enumerate(rows) if r.get(f"{v}_ms") is not None]
         if not have:
@@ -259,9 +353,9 @@ def plot(rows: list[Row], path: Path) -> None:
                         [rows[i][f"{v}_hi"] - rows[i][f"{v}_ms"] for i in have]])
         ax.errorbar(x[have] + off, y, yerr=err, fmt=mark, capsize=3,
                     label=v.replace("_", "-") + (" (sim only)" if v == "stream_aware" else ""))
-    ax.set_xticks(x, [_label(r) for r in rows], fontsize=7)
+    ax.set_xticks(x, [_label(r) for r in rows], fontsize=6)
     ax.set_ylabel("mean round time (ms), 95% CI")
-    ax.set_title("Heterogeneous cluster: speed-aware vs uniform (cyclic) assignment")
+    ax.set_title("Heterogeneous cluster: speed-aware vs cyclic, as laid out and relabelled")
     ax.legend(fontsize=8)
     save(fig, path)
 
@@ -270,21 +364,30 @@ def _label(r: Row) -> str:
     """A plot label; an unfaithful live point says so (its numbers are not a result)."""
     live_bad = r["kind"] == "live" and r.get("fidelity") != "faithful"
     mark = "\nUNFAITHFUL" if live_bad else ""
-    return f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}{mark}"
+    return (f"{r['kind'][:4]} m={r['m']} δ={r['delta']} ℓ={r['ell']}\n{r['cluster']}"
+            f"\n{r.get('layout') or ''}{mark}")
 
 
 def summarise(rows: list[Row]) -> dict[str, Any]:
-    """Per point: each variant's mean round time with its interval and the difference
-    speed-aware - cyclic-static; live points add their fidelity (verdict, faithful runs, worst
-    ratio, K). An unfaithful live point keeps its numbers under ``unfaithful_not_a_result``
-    instead of as the point's figures."""
+    """Per point (shape, cluster, layout): each variant's mean round time with its interval
+    and the differences of :data:`DIFFS` (``diff``: speed-aware - cyclic-relabelled, the
+    headline; ``layout_diff``: speed-aware - cyclic-static as laid out; ``relabel_diff``:
+    what relabelling alone gains), random layouts each placement's ``layout_diff`` in
+    percent; live points add their fidelity (verdict, faithful runs, worst ratio, K). An
+    unfaithful live point keeps its numbers under ``unfaithful_not_a_result`` instead of as
+    the point's figures."""
     out: dict[str, Any] = {}
     for r in rows:
-        key = f"{r['kind']}|m={r['m']}|delta={r['delta']}|ell={r['ell']}|{r['cluster']}"
+        key = (f"{r['kind']}|m={r['m']}|delta={r['delta']}|ell={r['ell']}|{r['cluster']}"
+               f"|{r['layout']}")
         cell: dict[str, Any] = {v: fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
-                                for v in ("cyclic_static", "cyclic_aware", "speed_aware")}
-        cell["diff_ms"] = fmt_ci(r["diff_ms"], r["diff_lo"], r["diff_hi"])
-        cell["diff_pct"] = round(float(r["diff_pct"]), 2)
+                                for v in ("cyclic_static", "cyclic_aware",
+                                          "cyclic_relabelled", "speed_aware")}
+        for name in DIFFS:
+            cell[f"{name}_ms"] = fmt_ci(r[f"{name}_ms"], r[f"{name}_lo"], r[f"{name}_hi"])
+            cell[f"{name}_pct"] = round(float(r[f"{name}_pct"]), 2)
+        if r.get("placement_layout_diff_pct") and r["layout"] == "random":
+            cell["placement_layout_diff_pct"] = r["placement_layout_diff_pct"]
         for v in ("stream_cyclic", "stream_aware"):
             if r.get(f"{v}_ms") is not None:
                 cell[v] = fmt_ci(r[f"{v}_ms"], r[f"{v}_lo"], r[f"{v}_hi"])
@@ -309,10 +412,12 @@ EXPERIMENT = Experiment(
     "heterogeneous", compute, plot, summarise,
     "partial, (m, δ, ℓ) ∈ {(24, 4, 2), (16, 3, 1)}; delay shiftexp:0.01,0.01 per unit chunk; "
     "clusters: a quarter of the workers 4x slower, speeds 0.5..2 geometric, the same with "
-    "every third chunk twice as large; cyclic + static order vs cyclic + speed-aware order "
-    "vs speed-aware assignment + order, and stream-chunks (cyclic / speed-aware, simulated "
-    "only); 8 instances x 300 rounds simulated; live at (16, 3, 1) "
-    "on the three clusters, 6 interleaved blocks x 15 rounds per variant, --time-scale auto, "
-    "each point's fidelity verdict (quick: (24, 4, 2) only, 2 x 60, live 2 x 8 on one)")
+    "every third chunk twice as large, each laid out contiguous, speed-sorted interleaved and "
+    "at random (5 seeded placements); cyclic + static order, cyclic + speed-aware order, "
+    "cyclic relabelled by the speed-sorted interleave, speed-aware assignment + order, and "
+    "stream-chunks (cyclic / speed-aware, simulated only); 8 instances x 300 rounds per "
+    "placement simulated; live at (16, 3, 1) on the three clusters, a random placement per "
+    "block, 6 interleaved blocks x 15 rounds per variant, --time-scale auto, each point's "
+    "fidelity verdict (quick: (24, 4, 2) only, 2 placements x 2 x 60, live 2 x 8 on one)")
 
-__all__ = ["EXPERIMENT", "clusters"]
+__all__ = ["DIFFS", "EXPERIMENT", "LAYOUTS", "clusters", "layout", "speed_sorted_interleave"]

@@ -1,26 +1,38 @@
-"""Late vectors that carry into the next round (the fast path's send-when-done schemes).
+"""Frames that carry into the next round: one rule for every scheme.
 
-In a send-when-done scheme (original, uncoded, ignore-stragglers) worker ``j`` hands its coded
-vector to its uplink as soon as all its chunks are done, and the PS ends the round once the
-vectors it holds decode (or at the deadline T). A straggler whose chunks were done before the
-next ``round_start`` reached it has already sent its vector: it keeps the worker's uplink and
-the shared PS ingress busy into the next round, as it does live and in the protocol engine
-(whose links persist across rounds). A straggler still computing when the ``round_start``
-arrives drops the round and sends nothing. Trigger schemes (partial) leave nothing in flight:
-every vector the PS asked for has arrived when the round ends.
+**The rule.** A frame a worker handed to its uplink before the next ``round_start`` reached it
+has been sent: it keeps the worker's uplink and the shared PS ingress busy into the next round
+until they have carried it, as it does live and in the protocol engine (whose links persist
+across rounds). A worker still computing when the ``round_start`` arrives drops the rest of
+the round and sends nothing more. What that leaves in flight depends on when a scheme sends:
+
+* send-when-done schemes (original, uncoded, ignore-stragglers): worker ``j`` hands its one
+  coded vector (slot ``loads[j] - 1``) to its uplink once all its chunks are done, and the PS
+  ends the round once the vectors it holds decode (or at the deadline T); a straggler whose
+  chunks were done before the next ``round_start`` reached it has sent its vector;
+* streaming schemes (stream-chunks): every finished chunk's gradient is a vector frame, and
+  the PS ends the round once every chunk arrived from some holder; every frame a worker
+  finished before the next ``round_start`` reached it has been sent, duplicates included;
+* trigger schemes (partial): the small reports go as chunks finish and the coded vectors only
+  when the PS asks, after the trigger; the round ends when the last asked vector arrived,
+  and every frame handed over before the trigger has exited its uplink before that vector
+  (FIFO, earlier and smaller), so their rounds are independent. The one exception is not
+  modelled: a report that a network hold (``network_s``) keeps on the wire past the last
+  vector (a few dozen bytes, beside vectors of ``8 d``).
 
 So under a limited communication model the rounds of one schedule are no longer independent:
-:func:`carried_vector_arrivals` walks them in order, with times relative to each round's start
+:func:`carried_arrivals` walks them in order, with times relative to each round's start
 (the previous round's end), and carries
 
-* ``up_free[j]``: when worker ``j``'s uplink has carried its last sent vector;
+* ``up_free[j]``: when worker ``j``'s uplink has carried its last sent frame;
 * ``ps_free``: when the ingress has served every frame that left its uplink by the round's
   end (the next round's frames all leave later: FIFO by exit time, as in
   :func:`~aiogc.sim.comm.ps_ingress`);
-* the sent vectors that left their uplinks *after* the round's end (still to be merged, by exit
+* the sent frames that left their uplinks *after* the round's end (still to be merged, by exit
   time, with the next round's frames at the ingress).
 
-``tests/test_comm_carry.py`` checks it trial by trial against the protocol engine and by hand.
+``tests/test_comm_carry.py`` checks it trial by trial against the protocol engine (the
+schemes it runs) and by hand, and stream-chunks against a frame-by-frame event reference.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import numpy as np
 
 from aiogc.config import CommModel
 
-__all__ = ["carried_vector_arrivals", "fifo_served"]
+__all__ = ["carried_arrivals", "fifo_served"]
 
 
 def fifo_served(exits: np.ndarray, service_s: float, free: float) -> np.ndarray:
@@ -57,34 +69,36 @@ def fifo_served(exits: np.ndarray, service_s: float, free: float) -> np.ndarray:
     return d + np.maximum(free, np.maximum.accumulate(exits - (d - service_s)))
 
 
-def carried_vector_arrivals(
+def carried_arrivals(
     a: np.ndarray,
     send: np.ndarray,
+    frame_slots: np.ndarray,
     network_s: np.ndarray,
     t_round_start: np.ndarray,
-    loads: np.ndarray,
-    vector_bytes: int,
+    frame_bytes: int,
     comm: CommModel,
     latency: float,
     end_of: Callable[[np.ndarray], float],
 ) -> np.ndarray:
-    """Arrival times of a send-when-done scheme's vectors with the links carried across rounds.
+    """Arrival times of the vector frames of a scheme with the links carried across rounds.
 
     Parameters
     ----------
     a : ndarray of float64, shape (R, m, K)
         The independent-round arrivals (:func:`aiogc.sim.fast.arrival_times`); a copy is
-        returned with every worker's vector slot ``loads[j] - 1`` recomputed.
+        returned with every slot of ``frame_slots`` recomputed.
     send : ndarray of float64, shape (R, m, K)
         When worker ``j`` hands its ``k``-th chunk's frame to its uplink, relative to the round
-        start (``inf`` beyond its load); the vector goes at slot ``loads[j] - 1``.
+        start (``inf`` beyond its load); ascending in ``k``.
+    frame_slots : ndarray of bool, shape (m, K)
+        The slots that carry a vector frame: ``loads[j] - 1`` for a send-when-done scheme,
+        every slot below the load for a streaming one.
     network_s : ndarray of float64, shape (R, m)
         The schedule's hold on worker ``j``'s frames (included in ``send``).
     t_round_start : ndarray of float64, shape (m,)
         When the round start reaches worker ``j`` after the PS sent it (``L`` + its download).
-    loads : ndarray of int, shape (m,)
-    vector_bytes : int
-        A coded vector's frame size.
+    frame_bytes : int
+        A vector frame's size.
     comm : CommModel
     latency : float
         One-way latency ``L`` after the links.
@@ -97,20 +111,27 @@ def carried_vector_arrivals(
     a : ndarray of float64, shape (R, m, K)
     """
     out = np.array(a, dtype=np.float64)
-    R, m, _ = out.shape
-    js = np.arange(m)
-    loads = np.asarray(loads, dtype=np.int64)
-    last = np.maximum(loads - 1, 0)
-    has = loads > 0
-    s_all = np.where(has[None, :], send[:, js, last], np.inf)
-    d_up = vector_bytes / comm.up_Bps if comm.up_Bps is not None else None
-    d_ps = vector_bytes / comm.ps_Bps if comm.ps_Bps is not None else None
+    R, m, K = out.shape
+    slots = np.asarray(frame_slots, dtype=bool)
+    jj, kk = np.nonzero(slots)  # worker by worker, each worker's frames in slot order
+    d_up = frame_bytes / comm.up_Bps if comm.up_Bps is not None else None
+    d_ps = frame_bytes / comm.ps_Bps if comm.ps_Bps is not None else None
     up_free = np.full(m, -np.inf)
     ps_free = -np.inf
-    pend = np.empty(0)  # exits (relative) of sent vectors not yet at the ingress's turn
+    pend = np.empty(0)  # exits (relative) of sent frames not yet at the ingress's turn
     for r in range(R):
-        s = s_all[r]
-        ex = s if d_up is None else np.maximum(s, up_free) + d_up
+        s = send[r, jj, kk]
+        if d_up is None:
+            ex = s
+        else:  # each uplink a FIFO over its worker's frames, from where the last round left it
+            E = np.full((m, K), np.inf)
+            prev = up_free.copy()
+            for k in range(K):
+                e_k = np.maximum(send[r, :, k], prev) + d_up
+                use = slots[:, k] & np.isfinite(send[r, :, k])
+                E[use, k] = e_k[use]
+                prev = np.where(use, e_k, prev)
+            ex = E[jj, kk]
         if d_ps is None:
             arr = ex + latency
         else:
@@ -122,15 +143,17 @@ def carried_vector_arrivals(
             f_all = np.empty_like(f_sorted)
             f_all[order] = f_sorted
             arr = f_all[pend.size:] + latency
-        out[r, js, last] = np.where(has, arr, np.inf)
+        out[r, jj, kk] = np.where(np.isfinite(s), arr, np.inf)
         end = float(end_of(out[r:r + 1]))
         if not np.isfinite(end):  # the round never ends: nothing to carry that matters
             up_free, ps_free, pend = np.full(m, -np.inf), -np.inf, np.empty(0)
             continue
-        # sent: its chunks were done before the next round start reached the worker
-        sent = has & (s - network_s[r] < end + t_round_start)
+        # sent: handed to the uplink before the next round start reached the worker
+        sent = np.isfinite(s) & (s - network_s[r, jj] < end + t_round_start[jj])
         if d_up is not None:
-            up_free = np.where(sent, ex, up_free) - end
+            last = np.full(m, -np.inf)
+            np.maximum.at(last, jj[sent], ex[sent])
+            up_free = np.maximum(up_free, last) - end
         if d_ps is not None:
             n_done = int(np.searchsorted(e_sorted, end, side="right"))
             ps_free = (float(f_sorted[n_done - 1]) if n_done else ps_free) - end

@@ -30,13 +30,14 @@ Timing model (the same in the fast path and, for the per-worker links, the proto
   head does not grow with its payload); without frame authentication (the simulators run none;
   a live authenticated frame carries :data:`~aiogc.protocol.tags.TAG_BYTES` more).
 
-Links carry from round to round, as live and in the protocol engine: for partial and
-uncoded nothing is in flight when the PS starts the next round, but in the other
-send-when-done schemes (original, ignore-stragglers) a straggler whose chunks were done before
-the next round start reached it has sent its vector, which still occupies its uplink and the
-shared ingress; the fast path walks the rounds in order for them
-(:mod:`aiogc.sim.carry`). A straggler still computing when the round start arrives sends
-nothing. (stream-chunks, fast path only, still starts every round with idle links.)
+Links carry from round to round, as live and in the protocol engine, by one rule for every
+scheme (:mod:`aiogc.sim.carry`): a frame handed to an uplink before the next round start
+reached its worker has been sent and still occupies its uplink and the shared ingress; a
+worker still computing when the round start arrives sends nothing more. For partial nothing
+is in flight when the PS starts the next round; in the send-when-done schemes (original,
+uncoded, ignore-stragglers) a straggler whose chunks were done in time has sent its vector,
+and in stream-chunks every chunk vector a worker finished in time (duplicates included), so
+the fast path walks the rounds in order for them.
 """
 
 from __future__ import annotations

@@ -22,10 +22,13 @@ sends):
   contributor's vector arrives, ``trigger + max_{contributors}(L + net_j + L)`` (``= trigger``
   with zero latency);
 * **send-when-done schemes** (original, uncoded, ignore-stragglers): worker ``j``'s vector
-  arrives at ``a[j, load_j - 1]``; the round ends at the trigger. Under a limited
-  communication model a straggler's late vector still occupies its uplink and the shared
-  ingress into the next round (:mod:`aiogc.sim.carry`), so these rounds are computed in
-  order, each from the links the previous one left;
+  arrives at ``a[j, load_j - 1]``; the round ends at the trigger;
+* **streaming schemes** (stream-chunks): every chunk's vector is a frame, ``a[j, k]`` its
+  arrival; the round ends at the trigger. Under a limited communication model a frame sent
+  before the next round start reached its worker still occupies its uplink and the shared
+  ingress into the next round (:mod:`aiogc.sim.carry`, one rule for every scheme), so the
+  rounds of these two kinds are computed in order, each from the links the previous one
+  left;
 * **status**: exact when the trigger fired and ``scheme.exact_states`` says the decode from
   that state is exact (ignore-stragglers: only with every worker);
 * **approximate mode** with deadline ``T``: if the exact rule fires by ``T`` the round is exact as
@@ -59,7 +62,7 @@ from aiogc.coding.base import Scheme
 from aiogc.config import CommModel, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.protocol.status import RoundStatus
-from aiogc.sim.carry import carried_vector_arrivals
+from aiogc.sim.carry import carried_arrivals
 from aiogc.sim.comm import FrameBytes, link_exits, ps_ingress
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
@@ -293,9 +296,9 @@ class FastResult:
 def _carried(scheme: Scheme, schedule: DelaySchedule, a: np.ndarray, mode: str,
              deadline_s: float | None, latency: float, comm: CommModel,
              frames: FrameBytes) -> np.ndarray:
-    """``a`` with the send-when-done vectors' links carried from round to round
-    (:mod:`aiogc.sim.carry`: a straggler's late vector still occupies its uplink and the
-    shared ingress when the next round starts)."""
+    """``a`` with the vector frames' links carried from round to round (:mod:`aiogc.sim.carry`:
+    a frame sent before the next round start reached its worker still occupies its uplink and
+    the shared ingress when the next round starts). Send-when-done and streaming schemes."""
     T = float("inf") if mode == "exact" or deadline_s is None else float(deadline_s)
 
     def end_of(a_r: np.ndarray) -> float:
@@ -304,8 +307,13 @@ def _carried(scheme: Scheme, schedule: DelaySchedule, a: np.ndarray, mode: str,
     t_rs = latency + (frames.round_start / comm.down_Bps if comm.down_Bps is not None
                       else np.zeros(scheme.m))
     S = _send_times(scheme, schedule, latency, comm, frames)
-    return carried_vector_arrivals(a, S, schedule.network_s, t_rs, np.asarray(scheme.loads),
-                                   frames.vector, comm, latency, end_of)
+    loads = np.asarray(scheme.loads, dtype=np.int64)
+    k = np.arange(S.shape[2])[None, :]
+    if scheme.uploads_per_chunk:
+        return carried_arrivals(a, S, k < loads[:, None], schedule.network_s, t_rs,
+                                frames.chunk_vector, comm, latency, end_of)
+    return carried_arrivals(a, S, (k == loads[:, None] - 1) & (loads[:, None] > 0),
+                            schedule.network_s, t_rs, frames.vector, comm, latency, end_of)
 
 
 def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
@@ -324,8 +332,8 @@ def outcomes(scheme: Scheme, schedule: DelaySchedule, *, mode: str = "exact",
     if mode == "approx" and deadline_s is None:
         raise ConfigError("deadline_s", None, "a positive number when mode=approx")
     a = arrival_times(scheme, schedule, latency=latency, comm=comm, frames=frames)
-    if (comm is not None and comm.limited and frames is not None and scheme.sends_when_done
-            and not scheme.uploads_per_chunk):
+    if (comm is not None and comm.limited and frames is not None
+            and (scheme.sends_when_done or scheme.uploads_per_chunk)):
         a = _carried(scheme, schedule, a, mode, deadline_s, latency, comm, frames)
     t_ex = np.asarray(scheme.decode_times(a), dtype=np.float64)
     if mode == "exact":
