@@ -31,10 +31,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
+# scripts use (they moved to cli/args.py and cli/remote.py).
+from aiogc.cli.args import EXIT_CODES as EXIT_CODES
 from aiogc.cli.args import (
-    DEFAULT_OUT,
     EXIT_CONFIG,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -47,14 +49,12 @@ from aiogc.cli.args import (
     add_config_args,
     add_log_args,
     add_spare_wait_arg,
+    claim_run_dir,
     config_from_args,
+    new_run_dir,
     read_secret,
     setup_logging,
 )
-
-# Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
-# scripts use (they moved to cli/args.py and cli/remote.py).
-from aiogc.cli.args import EXIT_CODES as EXIT_CODES
 from aiogc.cli.args import EXIT_EVICTED as EXIT_EVICTED
 from aiogc.cli.args import EXIT_STOPPED as EXIT_STOPPED
 from aiogc.cli.args import EXIT_UNREACHABLE as EXIT_UNREACHABLE
@@ -65,8 +65,11 @@ from aiogc.cli.remote import (
     add_worker_parser,
 )
 from aiogc.coding.registry import scheme_names
-from aiogc.config import MAX_WORKERS
+from aiogc.config import MAX_WORKERS, RunConfig
 from aiogc.errors import AiogcError, ConfigError
+
+if TYPE_CHECKING:
+    from aiogc.harness.options import RunOptions
 
 #: What ``from aiogc.cli import ...`` keeps offering since the split (tests and scripts use these).
 __all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT_OK",
@@ -101,7 +104,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="with --as coroutines and no --worker-hosts: one connection and loop "
                         "timer per worker, instead of one shared connection for all of them "
                         "(docs/protocol.md 2.6)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
+    p.add_argument("--out", default=None,
+                   help="run directory (default: a new runs/<UTC timestamp>, with runs/latest "
+                        "pointing at it); one holding an earlier run is refused without "
+                        "--overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier run in --out (its files are removed first)")
     p.add_argument("--pcap", default=None, metavar="FILE",
                    help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
                         "decode with tools/aiogc.lua; local backend only)")
@@ -130,6 +138,36 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
 
 
+def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
+                ) -> tuple[RunConfig, list[str], RunOptions]:
+    """What ``aiogc run`` (and :func:`aiogc.run`) hands :func:`~aiogc.harness.local.run_live`
+    for parsed flags ``a``: the base configuration, the schemes and the run options. It claims
+    the run directory (``a.out`` is set to it): a new ``runs/<timestamp>`` when none was
+    given, else one without an earlier run unless ``a.overwrite``."""
+    from aiogc.harness.options import RunOptions
+
+    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
+    if not schemes:
+        raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
+    _live_only(schemes)
+    base = config_from_args(a, schemes[0])
+    if getattr(a, "pcap", None) is not None and a.backend != "local":
+        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
+                          "connections in this process)")
+    if a.out is None:
+        a.out = str(new_run_dir())
+    else:
+        claim_run_dir(a.out, overwrite=getattr(a, "overwrite", False))
+    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
+    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
+                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
+                         address=a.address, worker_hosts=a.worker_hosts,
+                         connection_per_worker=getattr(a, "connection_per_worker", False),
+                         auto_time_scale=a.time_scale == "auto",
+                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
+                         locate=a.locate,
+                         pcap=getattr(a, "pcap", None))
+    return base, schemes, options
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -141,30 +179,12 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         shrink_line,
     )
     from aiogc.harness.local import run_live
-    from aiogc.harness.options import RunOptions
 
     if getattr(a, "config", None):
         from aiogc.cli.sweep import with_config
 
         a = with_config(a, argv)
-    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
-    if not schemes:
-        raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
-    _live_only(schemes)
-    base = config_from_args(a, schemes[0])
-    _writable_dir("out", a.out)
-    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
-    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
-                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
-                         address=a.address, worker_hosts=a.worker_hosts,
-                         connection_per_worker=getattr(a, "connection_per_worker", False),
-                         auto_time_scale=a.time_scale == "auto",
-                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
-                         locate=a.locate,
-                         pcap=getattr(a, "pcap", None))
-    if options.pcap is not None and a.backend != "local":
-        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
-                          "connections in this process)")
+    base, schemes, options = prepare_run(a, argv)
     try:
         result = run_live(base, schemes, options)
     except RunInterrupted as exc:
@@ -313,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
         _help_with_exit_codes(cmd)
         add_log_args(cmd)
     return parser
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``aiogc NAME`` (its flags, defaults and help as the command has them)."""
+    parser = build_parser()
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            return act.choices[name]  # type: ignore[no-any-return]
+    raise KeyError(name)  # pragma: no cover - build_parser always adds the commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,13 +11,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aiogc.coding.orderings import ordering_help
 from aiogc.coding.registry import scheme_names
 from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, wire_round_s, workload_timeouts
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 from aiogc.training.cluster import slowdown
 
-DEFAULT_OUT = "runs/latest"
+#: Where ``aiogc run`` writes when no ``--out`` is given: a new ``runs/<UTC timestamp>`` each
+#: time, with the link ``runs/latest`` pointing at it (:func:`new_run_dir`).
+RUNS_ROOT = "runs"
+#: The files and figures a run writes into its directory (what ``--overwrite`` removes first, so
+#: nothing of a previous run is left beside the new one's files).
+RUN_FILE_PATTERNS = ("manifest.json", "summary.json", "trace.json", "events.jsonl",
+                     "whatif.json", "delays.csv", "delays.json", "rounds.csv", "workers.csv",
+                     "reports.csv", "attribution.csv", "nodes.csv", "report.html", "*.png",
+                     "*.svg", "*.pdf")
 
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
@@ -137,6 +146,60 @@ def _writable_dir(flag: str, path: str) -> None:
         raise ConfigError(flag, path, f"a writable directory ({exc.strerror or exc})") from None
 
 
+def new_run_dir(root: str | Path = RUNS_ROOT) -> Path:
+    """A fresh ``ROOT/<UTC timestamp>`` directory, with ``ROOT/latest`` pointing at it.
+
+    Never an existing directory: a second run within the same second gets a ``-2`` suffix.
+    """
+    import time
+
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    d, n = base / stamp, 1
+    while True:
+        try:
+            d.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            d = base / f"{stamp}-{n}"
+    latest = base / "latest"
+    if latest.is_symlink() or not latest.exists():
+        tmp = base / f".latest-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(d.name, target_is_directory=True)
+        os.replace(tmp, latest)
+    else:
+        log.warning("%s is a directory, not a link: left as it is (this run: %s)", latest, d)
+    return d
+
+
+def previous_run_files(path: str | Path) -> list[Path]:
+    """The files of an earlier run in directory ``path`` (:data:`RUN_FILE_PATTERNS`)."""
+    d = Path(path)
+    if not d.is_dir():
+        return []
+    return sorted({f for pat in RUN_FILE_PATTERNS for f in d.glob(pat) if f.is_file()})
+
+
+def claim_run_dir(path: str | Path, *, overwrite: bool, flag: str = "out") -> None:
+    """Make ``path`` a writable run directory that holds no earlier run's files.
+
+    A directory holding any file a run writes (:data:`RUN_FILE_PATTERNS`) is refused
+    (ConfigError naming ``flag``) unless ``overwrite``; then those files are removed first, so
+    neither the new run's report nor a reader sees a file the new run did not write.
+    """
+    old = previous_run_files(path)
+    if old and not overwrite:
+        raise ConfigError(flag, str(path), "a directory without an earlier run (it holds "
+                          f"{len(old)} file(s) of one; --overwrite, overwrite=True in Python, "
+                          "replaces them; without --out a run gets a new runs/<timestamp>)")
+    for f in old:
+        f.unlink()
+    _writable_dir(flag, str(path))
+
+
 def _positive_int(s: str) -> int:
     try:
         v = int(s)
@@ -157,9 +220,7 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
                    help="communication split ℓ, 1 <= ℓ <= δ (default %(default)s)")
     g.add_argument("--assignment", default=d.assignment,
                    help="cyclic | fr | regular | speed-aware (faster workers hold more chunks)")
-    g.add_argument("--ordering", default=d.ordering,
-                   help="optimal | natural | random | adaptive (partial: speed-aware orders "
-                   "chosen by the PS each round)")
+    g.add_argument("--ordering", default=d.ordering, help=ordering_help())
     g.add_argument("--decoding", default=d.decoding, help="B construction: frame | gaussian")
     g.add_argument("--k", type=_positive_int, default=None,
                    help="ignore-stragglers: finished workers to wait for (default m-δ+1)")

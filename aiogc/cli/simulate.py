@@ -12,26 +12,29 @@ import math
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aiogc.coding.orderings import ordering_help
 from aiogc.coding.registry import scheme_names, scheme_spec
-from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
+from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 
-__all__ = ["register", "run_simulate", "simulate_summary"]
+__all__ = ["register", "run_simulate", "simulate_from_args", "simulate_summary"]
 
 #: RunConfig field -> the flag that sets it (for error messages).
 _FLAGS = {
     "workers": "--workers", "m": "--workers", "delta": "--delta", "n_parts": "--ell",
     "assignment": "--assignment", "ordering": "--ordering", "decoding": "--decoding",
-    "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
+    "delay": "--delay", "latency": "--latency", "rounds": "--rounds (--trials)", "seed": "--seed",
     "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
     "coded_dtype": "--payload-dtype", "worker_speeds": "--worker-speeds",
     "chunk_sizes": "--chunk-sizes",
-    "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
+    "scheme": "--schemes", "schemes": "--schemes", "out": "--out", "dim": "--dim",
+    "engine": "--engine",
     "bandwidth": "--bandwidth", "bandwidth.worker": "--bandwidth",
     "bandwidth.worker_up": "--bandwidth", "bandwidth.worker_down": "--bandwidth",
     "bandwidth.ps": "--bandwidth",
@@ -68,14 +71,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "worker_down, ps; units B/s KB/s MB/s GB/s, decimal; default unlimited). "
                    "Frames are counted at their wire size with --dim values; both engines run "
                    "every key (ps=: the shared PS ingress)")
-    p.add_argument("--trials", type=int, default=500, help="rounds simulated (default 500)")
+    p.add_argument("--rounds", "--trials", dest="trials", type=int, default=500,
+                   help="rounds (trials) simulated (default %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mode", default="exact", help="exact or approx")
     p.add_argument("--deadline", default=None, help="approx mode: T1,T2,... seconds")
     p.add_argument("--dim", type=int, default=120, help="gradient length for the MSE (120)")
     p.add_argument("--engine", default="fast", help="fast (vectorised) or protocol "
                    "(state machines on the virtual clock)")
-    p.add_argument("--ordering", default="optimal", help=f"one of {', '.join(ORDERINGS)}")
+    p.add_argument("--ordering", default="optimal", help=ordering_help())
     p.add_argument("--decoding", default="frame", help=f"one of {', '.join(DECODINGS)}")
     p.add_argument("--k", type=int, default=None, help="ignore-stragglers: workers waited for")
     p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
@@ -86,6 +90,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--chunk-sizes", default="uniform",
                    help="relative chunk sizes (same syntax as --worker-speeds)")
     p.add_argument("--format", default="json", choices=("json", "table"))
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="also write DIR/summary.json (what is printed as json) and "
+                        "DIR/results.csv (one row per result; default: no files)")
     p.set_defaults(func=cmd_simulate)
 
     from aiogc.experiments import EXPERIMENTS
@@ -351,18 +358,49 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+#: Files ``aiogc simulate --out DIR`` writes.
+SIM_SUMMARY, SIM_RESULTS = "summary.json", "results.csv"
+
+
+def simulate_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The summary ``aiogc simulate`` prints for parsed flags ``args`` (JSON-safe: no NaN);
+    with ``args.out``, also written there (:data:`SIM_SUMMARY`, :data:`SIM_RESULTS`).
+    ConfigError on a bad value (field, value, allowed range)."""
+    cfg, schemes, latency, deadlines = _parse_args(args)
+    out = getattr(args, "out", None)
+    if out is not None:
+        from aiogc.cli.args import _writable_dir
+
+        _writable_dir("out", out)
+    rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
+                        engine=args.engine, dim=args.dim, comm=args.comm)
+    summary: dict[str, Any] = _json_safe(simulate_summary(
+        cfg, schemes, rows, latency=latency, engine=args.engine, dim=args.dim,
+        deadlines=deadlines, bandwidth=args.comm.spec()))
+    if out is not None:
+        _write_sim_files(Path(out), summary)
+    return summary
+
+
+def _write_sim_files(out: Path, summary: dict[str, Any]) -> None:
+    import csv
+
+    (out / SIM_SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    rows = summary["results"]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with (out / SIM_RESULTS).open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, columns)
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Handler of ``aiogc simulate``."""
     try:
-        cfg, schemes, latency, deadlines = _parse_args(args)
-        rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
-                            engine=args.engine, dim=args.dim, comm=args.comm)
+        summary = simulate_from_args(args)
     except ConfigError as exc:
         print(_flag_error(exc), file=sys.stderr)
         return 2
-    summary = _json_safe(simulate_summary(cfg, schemes, rows, latency=latency,
-                                          engine=args.engine, dim=args.dim,
-                                          deadlines=deadlines, bandwidth=args.comm.spec()))
     if args.format == "table":
         print(format_table(summary))
     else:

@@ -32,6 +32,7 @@ per cell and scheme; ``pandas.read_csv`` needs no options). Example::
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -41,9 +42,11 @@ from typing import Any
 from aiogc.errors import ConfigError
 
 #: Flags that are not run settings (never read from a file, never part of a cell's identity).
-_NOT_KEYS = {"help", "config"}
+_NOT_KEYS = {"help", "config", "verbose", "quiet", "format"}
+#: Namespace entries that are not part of a cell's identity (cell.json ``params``).
+_NOT_PARAMS = {"out", "overwrite", "progress", "config", "func"}
 #: Keys a grid may not vary.
-_NOT_GRID = {"out", "progress", "backend", "address"}
+_NOT_GRID = {"out", "overwrite", "progress", "backend", "address"}
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -66,7 +69,7 @@ def _key_actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def _convert(key: str, act: argparse.Action, value: Any) -> Any:
     """The value as the flag would hold it, or ConfigError(key, value, allowed)."""
-    if isinstance(act, argparse.BooleanOptionalAction):
+    if isinstance(act, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
         if not isinstance(value, bool):
             raise ConfigError(key, value, "true or false")
         return value
@@ -110,6 +113,44 @@ def file_values(data: Mapping[str, Any], actions: Mapping[str, argparse.Action],
                               "one of the keys " + ", ".join(sorted(actions)))
         out[act.dest] = _convert(f"{prefix}{raw}", act, value)
     return out
+
+
+def keyword_values(p: argparse.ArgumentParser, knobs: Mapping[str, Any], *,
+                   command: str) -> dict[str, Any]:
+    """argparse dest -> converted value for Python keyword arguments (:mod:`aiogc.api`).
+
+    A keyword is a file key with ``_`` for ``-`` (``payload_dtype``, ``time_scale``; ``as_``
+    for ``as``), so the flags, the file keys and the keywords are one set of names; a list is
+    accepted where the flag takes a comma list, a path where it takes one, and None leaves
+    the flag's default. TypeError names an unknown keyword and lists
+    the known ones; ConfigError names a bad value and what is allowed.
+    """
+    actions = _key_actions(p)
+    out: dict[str, Any] = {}
+    for name, value in knobs.items():
+        key = name.rstrip("_").replace("_", "-")
+        act = actions.get(key)
+        if act is None:
+            known = ", ".join(sorted(keyword_name(k) for k in actions))
+            raise TypeError(f"{command}() got an unexpected keyword argument {name!r} "
+                            f"(known: {known})")
+        if value is None:  # the flag's default
+            continue
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, list | tuple) and act.type is None and act.nargs != 0:
+            value = ",".join(str(v) for v in value)
+        out[act.dest] = _convert(keyword_name(key), act, value)
+    return out
+
+
+def keyword_name(key: str) -> str:
+    """The Python keyword of file key ``key`` (``payload-dtype`` -> ``payload_dtype``,
+    ``as`` -> ``as_``)."""
+    import keyword
+
+    name = key.replace("-", "_")
+    return f"{name}_" if keyword.iskeyword(name) else name
 
 
 def with_config(a: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -182,7 +223,7 @@ def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
 
     def params_of(cell: Any) -> dict[str, Any]:
         d = {**defaults, **by_name[cell.name]}
-        return {k: v for k, v in d.items() if k not in ("out", "progress", "config", "func")}
+        return {k: v for k, v in d.items() if k not in _NOT_PARAMS}
 
     # every cell's configuration is checked before the first one runs
     schemes = [s.strip() for s in str(defaults["schemes"]).split(",") if s.strip()]
@@ -200,7 +241,9 @@ def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
         shutil.copyfile(a.file, sweep_dir / "sweep.toml")
 
     def run_cell(cell: Any, d: Path) -> None:
-        ns = argparse.Namespace(**params_of(cell), out=str(d), progress=False, config=None)
+        # a cell cut short is re-run in place: its earlier files go (overwrite)
+        ns = argparse.Namespace(**params_of(cell), out=str(d), overwrite=True, progress=False,
+                                config=None)
         rc = cmd_run(ns, ["sweep", a.file, "--cell", cell.name])
         if rc == EXIT_STOPPED:
             raise KeyboardInterrupt(f"cell {cell.name} stopped")
