@@ -299,7 +299,7 @@ def sweep(grid: Mapping[str, Sequence[Any]], **knobs: Any) -> SweepResult:
     ----------
     grid : mapping of keyword -> list
         The values each keyword takes (``{"workers": [6, 8], "delay": ["exp:0.002",
-        "pareto:2.5,0.002"]}``); every combination is one cell, one run directory.
+        "pareto:2.5,0.0012"]}``); every combination is one cell, one run directory.
     **knobs
         The base of every cell: :func:`run`'s keywords. ``out``: the sweep directory
         (default a new ``runs/<timestamp>``); called again with the same ``out``, complete

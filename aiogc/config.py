@@ -20,7 +20,7 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import CODED_DTYPES, coded_eps, wire_dtype
 from aiogc.coding.hetero import parse_factors
-from aiogc.coding.orderings import ordering_spec
+from aiogc.coding.ordering_registry import ordering_spec
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,

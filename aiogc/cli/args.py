@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiogc.coding.orderings import ordering_help
+from aiogc.coding.ordering_registry import ordering_help
 from aiogc.coding.registry import scheme_names
 from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, wire_round_s, workload_timeouts
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 from aiogc.training.cluster import slowdown
+from aiogc.training.delay_models import delay_usage
 
 #: Where ``aiogc run`` writes when no ``--out`` is given: a new ``runs/<UTC timestamp>`` each
 #: time, with the link ``runs/latest`` pointing at it (:func:`new_run_dir`).
@@ -233,9 +234,8 @@ def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = 
                    help="linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory "
                         "| torch:module:factory[,optimizer=sgd|adam][,lr=F] | jax:...")
     g.add_argument("--delay", default=d.delay,
-                   help="per-chunk compute delay model, e.g. exp:0.02, shiftexp:0.01,0.02, "
-                        "pareto:2.5, lognormal:-4,0.5, straggle:0.25,5,exp:0.02, "
-                        "fail:0.1,exp:0.02, markov:0.1,0.5,5,exp:0.02, replay:delays.csv, none")
+                   help="per-chunk compute delay model, seconds: " + delay_usage()
+                        + " (e.g. straggle:0.25,5,exp:0.02; default %(default)s)")
     g.add_argument("--latency", default=d.latency,
                    help="per-frame artificial one-way delay of the workers' frames (same syntax)")
     g.add_argument("--dtype", default=d.dtype, help="payload dtype: float64 | float32")
@@ -311,6 +311,7 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
     (:func:`aiogc.config.workload_timeouts`, from the schedule the run draws: same delay law,
     seed and m; as wide as ``scheme``'s largest load)."""
     config = _config_from_flags(a, scheme)
+    warn_cautions(config.delay, config.latency)
     unset = [f for f in WORKLOAD_TIMEOUTS if getattr(a, _TIMEOUT_FLAGS[f]) is None]
     if not unset:
         return config
@@ -325,6 +326,17 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
         slowest += wire_round_s(config, dim)
     derived = workload_timeouts(config, slowest)
     return config.replace(**{f: derived[f] for f in unset})
+
+
+def warn_cautions(delay: str, latency: str | None = None) -> None:
+    """Log a warning for each part of the delay specs that is easy to misread
+    (:func:`aiogc.training.delays.delay_cautions`)."""
+    from aiogc.training.delays import delay_cautions
+
+    for spec, fld in ((delay, "delay"), (latency, "latency")):
+        if spec:
+            for c in delay_cautions(spec, field=fld):
+                log.warning("%s", c)
 
 
 #: RunConfig field -> argparse dest of its flag

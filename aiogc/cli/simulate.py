@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.coding.orderings import ordering_help
+from aiogc.cli.args import warn_cautions
+from aiogc.coding.ordering_registry import ordering_help
 from aiogc.coding.registry import scheme_names, scheme_spec
 from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
+from aiogc.training.delay_models import delay_usage
 
 __all__ = ["register", "run_simulate", "simulate_from_args", "simulate_summary"]
 
@@ -61,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="comma-separated subset of: " + "; ".join(
                        f"{n} (waits for {scheme_spec(n).waiting})" for n in scheme_names()))
     p.add_argument("--delay", default="exp:1.0",
-                   help="chunk compute-time model (delays.py spec, e.g. exp:1.0, pareto:1.5, "
-                   "shiftexp:0.5,0.5, straggle:0.2,5,exp:1.0)")
+                   help="chunk compute-time model, seconds: " + delay_usage()
+                        + " (default %(default)s)")
     p.add_argument("--latency", default="0",
                    help="seconds of one-way latency per frame, or a delays.py spec for the "
                    "per-(round, worker) network hold (default 0)")
@@ -178,6 +180,7 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
     from aiogc.training.delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
+    warn_cautions(str(args.delay), spec)
     # the base config carries the configured ell; each scheme then sees its own view
     # (RunConfig.for_scheme), so the base must be a scheme that accepts any ell
     base = next((s for s in schemes if scheme_spec(s).forced_n_parts is None), "partial")

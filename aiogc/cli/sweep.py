@@ -26,7 +26,7 @@ per cell and scheme; ``pandas.read_csv`` needs no options). Example::
 
     [grid]
     workers = [6, 8]
-    delay = ["exp:0.002", "straggle:0.25,5,exp:0.002", "pareto:2.5"]
+    delay = ["exp:0.002", "straggle:0.25,5,exp:0.002", "pareto:2.5,0.0012"]
 """
 
 from __future__ import annotations

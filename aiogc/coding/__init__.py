@@ -41,17 +41,15 @@ from aiogc.coding.decoding_matrix import (
     decoding_matrix,
     worst_condition_number,
 )
+from aiogc.coding.ordering_registry import OrderingSpec, ordering_names, register_ordering
 from aiogc.coding.orderings import (
-    OrderingSpec,
     natural_order,
     optimal_order,
-    ordering_names,
     positions,
     q_max,
     q_max_bruteforce,
     q_max_per_chunk,
     random_order,
-    register_ordering,
 )
 from aiogc.coding.registry import (
     ASSIGNMENTS,

@@ -30,13 +30,8 @@ from aiogc.coding.base import (
     used_columns,
 )
 from aiogc.coding.decoding_matrix import decoding_matrix, worst_condition_number
-from aiogc.coding.orderings import (
-    build_orders,
-    optimal_order,
-    ordering_names,
-    q_max,
-    validate_orders,
-)
+from aiogc.coding.ordering_registry import build_orders, ordering_names
+from aiogc.coding.orderings import optimal_order, q_max, validate_orders
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,

@@ -28,7 +28,8 @@ import numpy as np
 
 from aiogc.coding.assignments import validate_assignment
 from aiogc.coding.base import DecodeResult, SchemeBase, combine
-from aiogc.coding.orderings import build_orders, ordering_names, q_max
+from aiogc.coding.ordering_registry import build_orders, ordering_names
+from aiogc.coding.orderings import q_max
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     SchemeParams,
