@@ -46,9 +46,6 @@ from aiogc.cli.args import (
     _live_only,
     _signal_exit,
     _writable_dir,
-    add_config_args,
-    add_log_args,
-    add_spare_wait_arg,
     claim_run_dir,
     config_from_args,
     new_run_dir,
@@ -64,7 +61,6 @@ from aiogc.cli.remote import (
     add_ps_parser,
     add_worker_parser,
 )
-from aiogc.coding.registry import scheme_names
 from aiogc.config import MAX_WORKERS, RunConfig
 from aiogc.errors import AiogcError, ConfigError
 
@@ -89,53 +85,10 @@ def add_run_parser(sub: Any) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    add_config_args(p)
-    p.add_argument("--config", default=None, metavar="FILE.toml",
-                   help="read these flags from a TOML file (keys: the long flag names without "
-                        "dashes); flags given here override it (aiogc.cli.sweep)")
-    p.add_argument("--schemes", default="partial,original",
-                   help="comma list of " + ", ".join(scheme_names()))
-    p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
-    p.add_argument("--worker-hosts", type=int, default=0, metavar="N",
-                   help="with --as coroutines: run the workers in N worker-host processes "
-                        "(coroutines sharing one loop each) instead of beside the PS on its "
-                        "loop (default 0)")
-    p.add_argument("--connection-per-worker", action="store_true",
-                   help="with --as coroutines and no --worker-hosts: one connection and loop "
-                        "timer per worker, instead of one shared connection for all of them "
-                        "(docs/protocol.md 2.6)")
-    p.add_argument("--out", default=None,
-                   help="run directory (default: a new runs/<UTC timestamp>, with runs/latest "
-                        "pointing at it); one holding an earlier run is refused without "
-                        "--overwrite")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the earlier run in --out (its files are removed first)")
-    p.add_argument("--pcap", default=None, metavar="FILE",
-                   help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
-                        "decode with tools/aiogc.lua; local backend only)")
-    add_spare_wait_arg(p)
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="record each round's decode error against the uncoded gradient")
-    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNGs (needs the plot extra)")
-    p.add_argument("--backend", default="local",
-                   help="local (processes on this machine) | ray (actors on a Ray cluster, "
-                        "needs the ray extra; see docs/cluster.md)")
-    p.add_argument("--address", default=None,
-                   help="--backend ray: auto | HOST:PORT of the cluster's GCS "
-                        "(default: start a local Ray instance for this run)")
-    p.add_argument("--allow-shrink", action="store_true",
-                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
-                        "and stderr still say so; default: exit 5)")
-    p.add_argument("--fidelity", choices=("report", "strict"), default="report",
-                   help="report: summary.json's fidelity section and a line on stdout; "
-                        f"strict: also exit {EXIT_UNFAITHFUL} when the verdict is unfaithful")
-    p.add_argument("--fidelity-threshold", type=float, default=0.10, metavar="F",
-                   help="the verdict's tolerance: every live/simulated ratio within F of 1 "
-                        "(default %(default)s)")
+    """``aiogc run``'s flags (:mod:`aiogc.cli.knobs`)."""
+    from aiogc.cli.knobs import add_knobs
+
+    add_knobs(p, "run")
 
 
 def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
@@ -306,6 +259,7 @@ def cmd_keys_derive(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from aiogc._version import __version__
+    from aiogc.cli.knobs import add_diagnostics
 
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
@@ -331,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     whatif_cli.register(sub)
     for cmd in sub.choices.values():
         _help_with_exit_codes(cmd)
-        add_log_args(cmd)
+        add_diagnostics(cmd)
     return parser
 
 

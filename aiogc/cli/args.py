@@ -11,13 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiogc.coding.ordering_registry import ordering_help
 from aiogc.coding.registry import scheme_names
 from aiogc.config import WORKLOAD_TIMEOUTS, RunConfig, wire_round_s, workload_timeouts
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 from aiogc.training.cluster import slowdown
-from aiogc.training.delay_models import delay_usage
 
 #: Where ``aiogc run`` writes when no ``--out`` is given: a new ``runs/<UTC timestamp>`` each
 #: time, with the link ``runs/latest`` pointing at it (:func:`new_run_dir`).
@@ -84,15 +82,6 @@ def _help_with_exit_codes(p: argparse.ArgumentParser) -> None:
     """Make ``p --help`` end with the exit codes (kept as written: one per line)."""
     p.epilog = exit_codes_epilog()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-
-
-def add_log_args(p: argparse.ArgumentParser) -> None:
-    """``-v`` / ``-q``: more or fewer diagnostics on stderr (stdlib logging)."""
-    g = p.add_argument_group("diagnostics")
-    g.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more diagnostics on stderr (-v: per round, -vv: debug)")
-    g.add_argument("-q", "--quiet", action="count", default=0,
-                   help="only errors on stderr (no warnings, no progress line)")
 
 
 def setup_logging(verbose: int = 0, quiet: int = 0) -> None:
@@ -207,77 +196,6 @@ def _positive_int(s: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
     return v
-
-
-def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = None) -> None:
-    """Flags shared by ``run`` and ``ps`` (everything that defines the run)."""
-    d = defaults or RunConfig()
-    g = p.add_argument_group("run configuration")
-    g.add_argument("--workers", "-m", type=_positive_int, default=d.workers,
-                   help="number of workers m (default %(default)s)")
-    g.add_argument("--delta", type=_positive_int, default=d.delta,
-                   help="chunks per worker δ (default %(default)s)")
-    g.add_argument("--ell", type=_positive_int, default=d.n_parts,
-                   help="communication split ℓ, 1 <= ℓ <= δ (default %(default)s)")
-    g.add_argument("--assignment", default=d.assignment,
-                   help="cyclic | fr | regular | speed-aware (faster workers hold more chunks)")
-    g.add_argument("--ordering", default=d.ordering, help=ordering_help())
-    g.add_argument("--decoding", default=d.decoding, help="B construction: frame | gaussian")
-    g.add_argument("--k", type=_positive_int, default=None,
-                   help="ignore-stragglers: finished workers to wait for (default m-δ+1)")
-    g.add_argument("--mode", default=d.mode, help="exact | approx (approx needs --deadline)")
-    g.add_argument("--deadline", type=float, default=None,
-                   help="approx mode: seconds after round start at which the PS decodes")
-    g.add_argument("--rounds", type=_positive_int, default=d.rounds, help="gradient steps")
-    g.add_argument("--seed", type=_positive_int, default=d.seed, help="seed of everything")
-    g.add_argument("--task", default=d.task,
-                   help="linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory "
-                        "| torch:module:factory[,optimizer=sgd|adam][,lr=F] | jax:...")
-    g.add_argument("--delay", default=d.delay,
-                   help="per-chunk compute delay model, seconds: " + delay_usage()
-                        + " (e.g. straggle:0.25,5,exp:0.02; default %(default)s)")
-    g.add_argument("--latency", default=d.latency,
-                   help="per-frame artificial one-way delay of the workers' frames (same syntax)")
-    g.add_argument("--dtype", default=d.dtype, help="payload dtype: float64 | float32")
-    g.add_argument("--payload-dtype", default=d.coded_dtype, dest="coded_dtype",
-                   help="coded upload type: same (default) | float16 | bfloat16 (workers round "
-                        "the coded vector, the PS decodes in float64; docs/coding.md)")
-    g.add_argument("--worker-speeds", default=d.worker_speeds,
-                   help="heterogeneous cluster: uniform | one relative speed per worker, "
-                        "V,V,... or run-length VxK (1x6,0.25x2) | file:PATH (docs/coding.md)")
-    g.add_argument("--chunk-sizes", default=d.chunk_sizes,
-                   help="relative chunk sizes (samples per chunk; same syntax as "
-                        "--worker-speeds); a chunk's delay is its size / its worker's speed")
-    g.add_argument("--report-every", type=_positive_int, default=d.report_every,
-                   help="report the chunk count after every k chunks")
-    g.add_argument("--max-predicted-error", type=float, default=d.max_predicted_error,
-                   help="refuse a decoding matrix B whose cond(B)*eps(dtype) exceeds this")
-    g.add_argument("--on-ill-conditioned", default=d.on_ill_conditioned,
-                   help="raise | warn, when --max-predicted-error is exceeded")
-    g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    g.add_argument("--round-timeout", type=float, default=None,
-                   help="seconds before a round that cannot decode is declared failed "
-                        "(default: max(60, 10 x the slowest worker's round in the schedule))")
-    g.add_argument("--collect-timeout", type=float, default=None,
-                   help="seconds the PS waits for coded vectors after a broadcast "
-                        "(default: max(5, 2 x the slowest worker's round in the schedule))")
-    g.add_argument("--heartbeat", type=float, default=d.heartbeat_s,
-                   help="seconds of silence after which a worker pings")
-    g.add_argument("--dead-after", type=float, default=d.dead_after_s,
-                   help="seconds of silence after which a peer is declared dead")
-    g.add_argument("--join-timeout", type=float, default=None,
-                   help="seconds the PS waits for all m workers to join "
-                        "(default: max(30, 0.05 x m))")
-    g.add_argument("--time-scale", type=_time_scale, default=d.time_scale, metavar="K|auto",
-                   help="time dilation: every delay and every timeout above times K, records "
-                        "in emulated seconds (emulates a machine K times faster); auto "
-                        "(aiogc run): the smallest K this machine keeps faithful, from a "
-                        "short calibration run (default 1)")
-    g.add_argument("--bandwidth", default=d.bandwidth, metavar="SPEC",
-                   help="shape live traffic to these link rates, e.g. worker=10MB/s,ps=1GB/s "
-                        "(keys worker, worker_up, worker_down, ps; units B/s KB/s MB/s GB/s, "
-                        "decimal; bytes per emulated second; default unlimited): see "
-                        "aiogc simulate --bandwidth")
 
 
 def _spare_wait(s: str) -> float:
@@ -407,17 +325,3 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
         module = task.partition(":")[2].partition(":")[0].strip()
     if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
         raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
-
-
-def add_spare_wait_arg(p: argparse.ArgumentParser) -> None:
-    """``--spare-wait F`` and ``--locate N`` (run and ps)."""
-    p.add_argument("--spare-wait", type=_spare_wait, default=None, metavar="F",
-                   help="after the vectors decode, wait up to F x the round's elapsed time for "
-                        "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (default 0: off, the paper's protocol; 1 with --locate; "
-                        "costs ~+22%% round time at F=0.5 on the virtual clock)")
-    p.add_argument("--locate", type=int, default=None, metavar="N",
-                   help="locate a lying worker from two spare vectors (original scheme, "
-                        "delta - ell >= 2), decode the round without it, and evict it after N "
-                        "located rounds (0: never evict; implies two spares and --spare-wait 1 "
-                        "unless given; docs/security.md)")

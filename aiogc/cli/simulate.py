@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 
 from aiogc.cli.args import warn_cautions
-from aiogc.coding.ordering_registry import ordering_help
+from aiogc.cli.knobs import add_knobs
 from aiogc.coding.registry import scheme_names, scheme_spec
-from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, RunConfig
+from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
-from aiogc.training.delay_models import delay_usage
 
 __all__ = ["register", "run_simulate", "simulate_from_args", "simulate_summary"]
 
@@ -55,46 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "materialised delay schedule; print completion times (exact mode) or MSE at "
         "deadlines (approx mode).",
     )
-    p.add_argument("--assignment", default="cyclic", help=f"one of {', '.join(ASSIGNMENTS)}")
-    p.add_argument("--workers", "-m", type=int, default=20, help="m (default 20)")
-    p.add_argument("--delta", type=int, default=4, help="chunks per worker (default 4)")
-    p.add_argument("--ell", type=int, default=1, help="communication split ℓ (default 1)")
-    p.add_argument("--schemes", default="partial,original",
-                   help="comma-separated subset of: " + "; ".join(
-                       f"{n} (waits for {scheme_spec(n).waiting})" for n in scheme_names()))
-    p.add_argument("--delay", default="exp:1.0",
-                   help="chunk compute-time model, seconds: " + delay_usage()
-                        + " (default %(default)s)")
-    p.add_argument("--latency", default="0",
-                   help="seconds of one-way latency per frame, or a delays.py spec for the "
-                   "per-(round, worker) network hold (default 0)")
-    p.add_argument("--bandwidth", default=None,
-                   help="link rates, e.g. worker=100MB/s,ps=1GB/s (keys worker, worker_up, "
-                   "worker_down, ps; units B/s KB/s MB/s GB/s, decimal; default unlimited). "
-                   "Frames are counted at their wire size with --dim values; both engines run "
-                   "every key (ps=: the shared PS ingress)")
-    p.add_argument("--rounds", "--trials", dest="trials", type=int, default=500,
-                   help="rounds (trials) simulated (default %(default)s)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--mode", default="exact", help="exact or approx")
-    p.add_argument("--deadline", default=None, help="approx mode: T1,T2,... seconds")
-    p.add_argument("--dim", type=int, default=120, help="gradient length for the MSE (120)")
-    p.add_argument("--engine", default="fast", help="fast (vectorised) or protocol "
-                   "(state machines on the virtual clock)")
-    p.add_argument("--ordering", default="optimal", help=ordering_help())
-    p.add_argument("--decoding", default="frame", help=f"one of {', '.join(DECODINGS)}")
-    p.add_argument("--k", type=int, default=None, help="ignore-stragglers: workers waited for")
-    p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
-    p.add_argument("--payload-dtype", default="same", dest="coded_dtype",
-                   help="coded upload type: same | float16 | bfloat16 (frame sizes)")
-    p.add_argument("--worker-speeds", default="uniform",
-                   help="relative worker speeds: uniform | V,V,... | VxK,... | file:PATH")
-    p.add_argument("--chunk-sizes", default="uniform",
-                   help="relative chunk sizes (same syntax as --worker-speeds)")
-    p.add_argument("--format", default="json", choices=("json", "table"))
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="also write DIR/summary.json (what is printed as json) and "
-                        "DIR/results.csv (one row per result; default: no files)")
+    add_knobs(p, "simulate")
     p.set_defaults(func=cmd_simulate)
 
     from aiogc.experiments import EXPERIMENTS
