@@ -27,6 +27,7 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from aiogc.cli.args import (
     _writable_dir,
     claim_run_dir,
     config_from_args,
+    log,
     new_run_dir,
     read_secret,
     setup_logging,
@@ -111,7 +113,9 @@ def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
         a.out = str(new_run_dir())
     else:
         claim_run_dir(a.out, overwrite=getattr(a, "overwrite", False))
-    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
+    # -v logs a line per round instead of the bar
+    progress = ((sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
+                and not log.isEnabledFor(logging.INFO))
     options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
                          progress=progress, argv=argv, plots=a.plots, backend=a.backend,
                          address=a.address, worker_hosts=a.worker_hosts,

@@ -51,7 +51,7 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
 
     from aiogc.core import Finished, RoundCompleted
     from aiogc.harness.fidelity import emulated
-    from aiogc.protocol.status import describe_end
+    from aiogc.harness.kit import round_line
 
     loads = tuple(int(x) for x in scheme.loads)
     trigger = not scheme.sends_when_done
@@ -59,12 +59,10 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = emulated(ev.record, time_scale)
-            if log.isEnabledFor(logging.INFO):
-                why = (f" ({describe_end(r.end_reason, r.end_detail)})"
-                       if r.status == "failed" and r.end_reason else "")
-                log.info("round %d: %s%s in %.4f s", r.round, r.status, why, r.duration_s)
             if progress is not None:
-                progress.update()
+                progress.update(record=r)  # and the -v line
+            elif log.isEnabledFor(logging.INFO):
+                log.info("%s %s", scheme_name, round_line(r))
             if recorder is not None:
                 recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
         elif isinstance(ev, Finished):

@@ -388,6 +388,46 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             print(f"aiogc experiment: error: {exc}", file=sys.stderr)
             return 2
         dt = time.monotonic() - t0
-        print(json.dumps(_json_safe({"experiment": name, "seconds": round(dt, 2),
-                                     "headline": summary}), indent=2))
+        print(experiment_table(name, args.out, dt, summary))
     return 0
+
+
+#: Headline rows :func:`experiment_table` prints (the rest are in NAME.json).
+TABLE_ROWS = 12
+
+
+def experiment_table(name: str, out: str, seconds: float, headline: dict[str, Any]) -> str:
+    """What ``aiogc experiment`` prints: where the files are, then the headline as
+    ``quantity  value`` rows (the first :data:`TABLE_ROWS`; all of it is in ``NAME.json``)."""
+    from pathlib import Path
+
+    d = Path(out)
+    lines = [f"{name}: {seconds:.1f} s; {d / (name + '.csv')} (table), "
+             f"{d / (name + '.png')} (figure), {d / (name + '.json')} (headline, grid, command)"]
+    rows = list(_flatten(headline))
+    if rows:
+        width = min(60, max(len(k) for k, _ in rows[:TABLE_ROWS]))
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows[:TABLE_ROWS]]
+    if len(rows) > TABLE_ROWS:
+        lines.append(f"  ... {len(rows) - TABLE_ROWS} more in {d / (name + '.json')}")
+    return "\n".join(lines)
+
+
+def _flatten(x: Any, key: str = "") -> Any:
+    """``(path, text)`` for every leaf of a headline (a list of numbers is one leaf)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _flatten(v, f"{key}/{k}" if key else str(k))
+    elif isinstance(x, list) and not all(isinstance(v, int | float) for v in x):
+        for i, v in enumerate(x):
+            yield from _flatten(v, f"{key}[{i}]")
+    else:
+        yield key, _leaf(x)
+
+
+def _leaf(v: Any) -> str:
+    if isinstance(v, list):
+        return ", ".join(_leaf(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)

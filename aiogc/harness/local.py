@@ -320,8 +320,8 @@ def run_live(
             cfg = scheme_config(config, name)
             bar = Progress(cfg.rounds, name, enabled=options.progress)
 
-            def tick(_rec: RoundRecord, bar: Progress = bar) -> None:
-                bar.update()
+            def tick(rec: RoundRecord, bar: Progress = bar) -> None:
+                bar.update(record=rec)
 
             t0 = time.monotonic()
             try:
