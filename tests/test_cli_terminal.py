@@ -89,3 +89,34 @@ def test_report_of_a_sweep_directory_links_each_cell(tmp_path: Path) -> None:
         assert (tmp_path / cell / "report.html").is_file()
         assert f'href="{cell.replace("=", "%3D")}/report.html"' in page
     assert page.count("–") >= 4  # a CI per cell and scheme
+
+
+def test_ctrl_c_on_an_experiment_keeps_the_finished_cells(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from aiogc.experiments import EXPERIMENTS
+    from aiogc.experiments._common import cells, read_csv
+
+    def compute(quick: bool, seed: int) -> list[dict[str, object]]:
+        tick = cells(3)
+        rows: list[dict[str, object]] = []
+        for i in range(2):
+            rows.append({"cell": i, "value": 0.5 + i})
+            tick(rows)
+        raise KeyboardInterrupt  # Ctrl-C during the third cell
+
+    (tmp_path / "poly-digits.png").write_bytes(b"an earlier run's figure")
+    monkeypatch.setitem(EXPERIMENTS, "poly-digits",
+                        dataclasses.replace(EXPERIMENTS["poly-digits"], compute=compute))
+    assert main(["experiment", "poly-digits", "--quick", "--out", str(tmp_path), "-q"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted after 2 of 3 cells" in err
+    assert read_csv(tmp_path / "poly-digits.csv") == [{"cell": 0, "value": 0.5},
+                                                      {"cell": 1, "value": 1.5}]
+    meta = json.loads((tmp_path / "poly-digits.json").read_text())
+    assert meta["interrupted"] is True and (meta["cells_done"], meta["cells"]) == (2, 3)
+    assert meta["headline"] is None and not (tmp_path / "poly-digits.png").exists()
+    assert main(["report", str(tmp_path)]) == 0  # the page of what finished says so
+    assert "interrupted after 2 of 3 cells" in (tmp_path / "report.html").read_text()

@@ -204,11 +204,16 @@ def _experiment_sections(d: Path) -> list[str]:
                  f'<p class="muted">seed {_e(meta.get("seed"))}, quick={_e(meta.get("quick"))},'
                  f" wall time {_e(meta.get('wall_s'))} s, Python {_e(meta.get('python'))} on "
                  f"{_e(meta.get('platform'))}</p>"]
+        if meta.get("interrupted"):
+            parts.append(f'<p class="cut"><strong>interrupted after {_e(meta.get("cells_done"))}'
+                         f" of {_e(meta.get('cells'))} cells: the table holds the finished "
+                         "cells' rows; no headline, no figure</strong></p>")
         png = d / f"{name}.png"
         if png.is_file():
             parts.append(_img(png, f"{name} figure"))
-        parts.append("<h3>Headline figures</h3>")
-        parts.append(_headline(meta["headline"], meta_path.name))
+        if meta["headline"] is not None:
+            parts.append("<h3>Headline figures</h3>")
+            parts.append(_headline(meta["headline"], meta_path.name))
         csv_path = d / f"{name}.csv"
         if csv_path.is_file():
             parts.append(f"<details><summary>{_e(csv_path.name)}</summary>"

@@ -63,17 +63,28 @@ class Experiment:
 PROGRESS_LISTENERS: list[Callable[[int, int], None]] = []
 
 
-def cells(total: int) -> Callable[[], None]:
+#: Who gets a copy of the rows of the cells finished so far, after each cell that passes them
+#: to ``tick`` (:func:`aiogc.experiments.run_experiment` keeps the last, to write them if the
+#: experiment is interrupted).
+ROW_LISTENERS: list[Callable[[list[Row]], None]] = []
+
+
+def cells(total: int) -> Callable[..., None]:
     """Announce that the running experiment's grid has ``total`` cells; returns ``tick``, to
-    call after each cell (progress with an ETA on stderr)."""
+    call after each cell (progress with an ETA on stderr) with the rows finished so far
+    (kept for an interrupted run; None for an experiment that makes its rows at the end)."""
     done = 0
     listeners = list(PROGRESS_LISTENERS)
+    keepers = list(ROW_LISTENERS)
 
-    def tick() -> None:
+    def tick(rows: Sequence[Row] | None = None) -> None:
         nonlocal done
         done += 1
         for f in listeners:
             f(done, total)
+        if rows is not None:
+            for k in keepers:
+                k(list(rows))
 
     for f in listeners:
         f(0, total)

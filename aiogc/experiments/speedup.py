@@ -103,7 +103,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
                                    base={"assignment": assignment, "delay": delay, "m": m,
                                          "delta": delta, "ell": ell, "instances": C,
                                          "trials": R})
-                tick()
+                tick(rows)
     return rows
 
 

@@ -145,9 +145,9 @@ def compute(quick: bool, seed: int) -> list[Row]:
     tick = cells(len(g["ms"]) + 1)  # + the condition numbers
     for m in g["ms"]:
         rows += _error_rows(m, g, seed)
-        tick()
+        tick(rows)
     rows += _cond_rows(g, seed)
-    tick()
+    tick(rows)
     return rows
 
 
@@ -344,7 +344,7 @@ def digits_compute(quick: bool, seed: int) -> list[Row]:
                              "rel_error_median": float(np.median(e)),
                              "rel_error_max": float(e.max()),
                              "cond": kappa if name == "partial-frame" else None})
-        tick()
+        tick(rows)
     return rows
 
 
