@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiogc.harness.records import load_run_tables
+
 if TYPE_CHECKING:
     from aiogc.harness.kit import RunResult as LiveResult
     from aiogc.harness.loaders import RunTables
@@ -407,10 +409,6 @@ def experiment(name: str, *, out: str | Path | None = None, quick: bool = False,
 # ------------------------------------------------------------------ load_run
 
 
-def load_run(run_dir: str | Path, *, frames: bool = True, pandas: bool | None = None
-             ) -> RunTables:
-    """A run directory as tables (:func:`aiogc.harness.loaders.load_run_tables`): rounds,
-    workers, reports, frames, delays; DataFrames when pandas is installed."""
-    from aiogc.harness.loaders import load_run_tables
-
-    return load_run_tables(run_dir, frames=frames, pandas=pandas)
+#: ``aiogc.load_run(DIR)``: a run directory as tables (rounds, workers, reports, frames,
+#: delays; DataFrames when pandas is installed), :func:`aiogc.harness.records.load_run_tables`.
+load_run = load_run_tables

@@ -59,10 +59,10 @@ def _ps_event_handler(scheme_name: str, scheme: Any, recorder: Any,
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):
             r = emulated(ev.record, time_scale)
+            if log.isEnabledFor(logging.INFO):
+                log.info("%s", round_line(r))  # one scheme: no label
             if progress is not None:
-                progress.update(record=r)  # and the -v line
-            elif log.isEnabledFor(logging.INFO):
-                log.info("%s %s", scheme_name, round_line(r))
+                progress.update()
             if recorder is not None:
                 recorder.round(scheme_name, r, m=scheme.m, loads=loads, trigger_scheme=trigger)
         elif isinstance(ev, Finished):
