@@ -120,3 +120,21 @@ def test_ctrl_c_on_an_experiment_keeps_the_finished_cells(
     assert meta["headline"] is None and not (tmp_path / "poly-digits.png").exists()
     assert main(["report", str(tmp_path)]) == 0  # the page of what finished says so
     assert "interrupted after 2 of 3 cells" in (tmp_path / "report.html").read_text()
+
+
+def test_experiment_page_labels_its_tables(tmp_path: Path) -> None:
+    """The quantities an experiment labels get their columns, units and CIs (lo–hi)."""
+    assert main(["experiment", "exact-speedup", "--quick", "--out", str(tmp_path), "-q"]) == 0
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.html").read_text()
+    head = json.loads((tmp_path / "exact-speedup.json").read_text())["headline"]
+    assert "<caption>cells</caption>" in text
+    for col in ("assignment", "delay", "ℓ", "speedup (x)", "95% CI"):
+        assert f"<th>{col}</th>" in text or f'<th class="">{col}</th>' in text or \
+            f'<th class="k">{col}</th>' in text, col
+    key, (est, lo, hi) = next(iter(head["cells"].items()))
+    a, d, ell = key.split("|")
+    row = (f'<td class="k">{a}</td><td class="">{d}</td><td class="">{ell.split("=")[1]}'
+           f'</td><td class="">{est:.4g}</td><td class="">{lo:.4g}–{hi:.4g}</td>')
+    assert row in text
+    assert "speedup_min_ci" in text and "[" not in text.split("speedup_min_ci")[1][:60]

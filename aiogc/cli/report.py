@@ -154,15 +154,59 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _headline(head: Any, source: str) -> str:
-    """The headline as labelled tables: one per quantity whose value is a dict keyed
-    ``case|param=value|...`` (columns: case, each param, value), one quantity/value table for
-    the rest."""
+def _range(lo: Any, hi: Any) -> str:
+    return f"{_fmt(lo)}–{_fmt(hi)}"
+
+
+def _labelled(name: str, val: dict[str, Any], lab: Any) -> str | None:
+    """The table of a quantity the experiment labels (:class:`~aiogc.experiments._common.
+    Labels`): the key parts as columns, a list value's entries as named columns (a CI as
+    lo–hi); None when the value does not have the declared shape."""
+    from aiogc.experiments._common import CI
+
+    width = sum(2 if v == CI else 1 for v in lab.value)
+    unit = f" ({lab.unit})" if lab.unit else ""
+    heads = [*lab.key, *(v if v == CI else v + unit for v in lab.value)]
+    rows = []
+    for k, v in val.items():
+        parts = str(k).split("|")
+        if len(parts) != len(lab.key) or not isinstance(v, list) or len(v) != width:
+            return None
+        cells: list[Any] = [p.partition("=")[2] if "=" in p else p for p in parts]
+        i = 0
+        for col in lab.value:
+            if col == CI:
+                cells.append(_range(v[i], v[i + 1]))
+                i += 2
+            else:
+                cells.append(v[i])
+                i += 1
+        rows.append(cells)
+    return _table(heads, rows[:MAX_ROWS], caption=_quantity(name))
+
+
+def _quantity(name: str) -> str:
+    """A headline quantity's caption: its words, and its key when that differs."""
+    words = name.replace("_", " ")
+    return words if words == name else f"{words} ({name})"
+
+
+def _headline(head: Any, source: str, labels: Any = None) -> str:
+    """The headline as labelled tables: a quantity the experiment labels (``labels``:
+    quantity -> Labels) by its declared columns; one whose value is a dict keyed
+    ``case|param=value|...`` with columns case, each param, value; one quantity/value table
+    for the rest (a ``..._ci`` pair shown lo–hi)."""
     out: list[str] = []
     plain: list[list[Any]] = []
     for name, val in (head.items() if isinstance(head, dict) else [("headline", head)]):
+        lab = (labels or {}).get(name)
+        table = _labelled(name, val, lab) if lab is not None and isinstance(val, dict) else None
+        if table is not None:
+            out.append(table)
+            continue
         if not isinstance(val, dict) or any(isinstance(v, dict) for v in val.values()):
-            plain += [[k, v] for k, v in _flatten(val, str(name))]
+            plain += [[k, _range(*v) if k.endswith("_ci") and isinstance(v, list)
+                       and len(v) == 2 else v] for k, v in _flatten(val, str(name))]
             continue
         keys = [str(k).split("|") for k in val]
         params = list(dict.fromkeys(p.partition("=")[0] for k in keys for p in k[1:] if "=" in p))
@@ -171,7 +215,7 @@ def _headline(head: Any, source: str) -> str:
             kv = dict(p.partition("=")[::2] for p in k[1:] if "=" in p)
             rows.append([k[0], *[kv.get(p, "") for p in params], v])
         out.append(_table(["case", *params, name], rows[:MAX_ROWS],
-                          caption=f"{name.replace('_', ' ')} ({name})"))
+                          caption=_quantity(name)))
     if plain:
         out.append(_table(["quantity", "value"], plain[:MAX_ROWS], caption="Other quantities"))
     out.append(f'<p class="muted">from <code>{_e(source)}</code></p>')
@@ -213,7 +257,9 @@ def _experiment_sections(d: Path) -> list[str]:
             parts.append(_img(png, f"{name} figure"))
         if meta["headline"] is not None:
             parts.append("<h3>Headline figures</h3>")
-            parts.append(_headline(meta["headline"], meta_path.name))
+            exp = EXPERIMENTS.get(name)
+            parts.append(_headline(meta["headline"], meta_path.name,
+                                   exp.labels if exp is not None else None))
         csv_path = d / f"{name}.csv"
         if csv_path.is_file():
             parts.append(f"<details><summary>{_e(csv_path.name)}</summary>"
