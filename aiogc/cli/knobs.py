@@ -274,7 +274,7 @@ def knob_table() -> tuple[Knob, ...]:
                                "shown": "no files"}}
              ),
         Knob("overwrite", "replace the earlier run in --out (its files are removed first)",
-             RUN, action="store_true", shown="off"),
+             LIVE, action="store_true", shown="off"),
         Knob("pcap", "write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; decode "
              "with tools/aiogc.lua; local backend only)", LIVE, None, None, metavar="FILE"),
         Knob("spare-wait", "after the vectors decode, wait up to F x the round's elapsed time "

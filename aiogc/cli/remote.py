@@ -22,7 +22,7 @@ from aiogc.cli.args import (
     _check_local_task_files,
     _live_only,
     _signal_exit,
-    _writable_dir,
+    claim_run_dir,
     config_from_args,
     log,
     read_secret,
@@ -116,8 +116,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     _live_only([a.scheme])
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
-    if a.out:
-        _writable_dir("out", a.out)
+    if a.out:  # never silently over an earlier run's files
+        claim_run_dir(a.out, overwrite=a.overwrite)
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
