@@ -3,8 +3,9 @@
 
 With no arguments: 8 worker processes, cyclic assignment δ=3, ℓ=1, i.i.d. exponential chunk
 delays (mean 20 ms), 30 rounds of least-squares regression, scheme ``partial`` then
-``original`` on the same delay schedule; prints a summary table and writes the run directory
-``runs/latest``. Every ``aiogc run`` flag is accepted (``python run_local.py --help``).
+``original`` on the same delay schedule; prints a summary table and writes a new run directory
+``runs/<UTC timestamp>`` (``runs/latest`` points at it). Every ``aiogc run`` flag is accepted
+(``python run_local.py --help``).
 
 Unless ``--time-scale`` is given, it runs with ``--time-scale auto``: a short calibration picks
 the smallest time dilation K that keeps this machine's overhead within the fidelity threshold,

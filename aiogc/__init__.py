@@ -10,20 +10,25 @@ from typing import Any
 
 from aiogc._version import __version__
 
-__all__ = ["__version__", "load_run"]
+#: The public names (:mod:`aiogc.api`), imported on first access.
+_API = ("simulate", "run", "run_async", "sweep", "experiment", "load_run",
+        "SimResult", "RunResult", "SweepResult", "ExperimentResult")
+
+__all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    """``aiogc.load_run(DIR)``: :func:`aiogc.harness.records.load_run_tables` (the run as
-    tables: rounds, workers, reports, frames, delays; pandas DataFrames when pandas is
-    installed)."""
-    if name == "load_run":
-        from aiogc.harness.records import load_run_tables
+    """``aiogc.simulate``, ``aiogc.run``, ``aiogc.sweep``, ``aiogc.load_run``...: the names of
+    :mod:`aiogc.api`, which is imported (with numpy) on the first access, not by ``import
+    aiogc``."""
+    if name in _API:
+        from aiogc import api
 
-        globals()[name] = load_run_tables
-        return load_run_tables
+        value = getattr(api, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'aiogc' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), "load_run"])
+    return sorted({*globals(), *_API})

@@ -20,10 +20,10 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import CODED_DTYPES, coded_eps, wire_dtype
 from aiogc.coding.hetero import parse_factors
+from aiogc.coding.ordering_registry import ordering_spec
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
-    ORDERINGS,
     SchemeParams,
     SchemeSpec,
     scheme_names,
@@ -31,7 +31,7 @@ from aiogc.coding.registry import (
 )
 from aiogc.errors import ConfigError
 
-__all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "ORDERINGS", "UNITS",
+__all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "UNITS",
            "CommModel", "RunConfig", "parse_bandwidth", "scheme_digest"]
 
 MODES = ("exact", "approx")
@@ -221,7 +221,7 @@ class RunConfig:
             raise ConfigError(
                 "delta", self.delta, f"a divisor of workers={self.workers} for assignment fr"
             )
-        _check_choice("ordering", self.ordering, ORDERINGS)
+        ordering_spec(self.ordering)  # an unknown name: ConfigError listing the known ones
         self._check_cluster()
         _check_choice("decoding", self.decoding, DECODINGS)
         if self.k is not None:

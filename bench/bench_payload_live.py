@@ -29,7 +29,7 @@ BASE = ["--as", "coroutines", "--workers", "16", "--delta", "4", "--task",
 
 def one(out: Path, coded: str, seed: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "aiogc", "run", *BASE, "--payload-dtype", coded, "--seed",
-           str(seed), "--out", str(out)]
+           str(seed), "--out", str(out), "--overwrite"]  # a re-run replaces its pairs
     subprocess.run(cmd, check=False, capture_output=True, text=True)
     s = json.loads((out / "summary.json").read_text())
     fid = s.get("fidelity") or {}

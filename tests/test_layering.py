@@ -30,7 +30,7 @@ FORBIDDEN = {"asyncio", "socket", "time", "random", "multiprocessing", "threadin
 FORBIDDEN_MATH_AND_CORE = FORBIDDEN | {"os", "io", "importlib", "subprocess", "pathlib", "shutil",
                                        "tempfile", "glob", "signal", "sys"}
 #: The wings, bottom-up. ``errors`` is errors.py and _version.py; ``facade`` is the package's
-#: own __init__ (public names re-exported lazily for users; no aiogc module imports it);
+#: own __init__ and api.py (the Python API, re-exported lazily; no other wing imports it);
 #: ``config`` is config.py, the run configuration every wing above it shares (it builds schemes
 #: from the coding registry). A wing may import itself and exactly the wings listed.
 WINGS = ("errors", "coding", "config", "protocol", "core", "training", "net", "sim", "harness",
@@ -133,7 +133,7 @@ def _wing(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "facade"
-    return {"__main__": "cli", "_version": "errors"}.get(parts[1], parts[1])
+    return {"__main__": "cli", "_version": "errors", "api": "facade"}.get(parts[1], parts[1])
 
 
 def _all_modules() -> dict[str, Path]:

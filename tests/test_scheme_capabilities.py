@@ -23,7 +23,6 @@ import pytest
 
 from aiogc.coding import (
     DECODINGS,
-    ORDERINGS,
     DecodeResult,
     PartialScheme,
     Scheme,
@@ -31,6 +30,7 @@ from aiogc.coding import (
     SchemeParams,
     SchemeSpec,
     make_scheme,
+    ordering_names,
     register_scheme,
     scheme_names,
     scheme_spec,
@@ -108,7 +108,7 @@ def scaled() -> Iterator[str]:
     spec = SchemeSpec(
         name=ScaledPartialScheme.name, build=_build_scaled, sends_when_done=False,
         waiting="as partial", exactness="as partial", decoder="as partial, scales divided out",
-        orderings=ORDERINGS, decodings=DECODINGS, setup_bytes=PartialScheme.setup_bytes)
+        orderings=ordering_names(), decodings=DECODINGS, setup_bytes=PartialScheme.setup_bytes)
     register_scheme(spec)
     try:
         yield spec.name

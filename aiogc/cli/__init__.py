@@ -45,7 +45,6 @@ from aiogc.cli.args import (
     _help_with_exit_codes,
     _signal_exit,
     _writable_dir,
-    add_log_args,
     config_from_args,
     read_secret,
     setup_logging,
@@ -62,6 +61,7 @@ from aiogc.cli.remote import (
 from aiogc.cli.run import add_run_args as add_run_args
 from aiogc.cli.run import add_run_parser
 from aiogc.cli.run import cmd_run as cmd_run
+from aiogc.cli.run import prepare_run as prepare_run
 from aiogc.config import MAX_WORKERS
 from aiogc.errors import AiogcError, ConfigError
 
@@ -71,6 +71,9 @@ __all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT
            "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
            "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
            "setup_logging"]
+
+# ------------------------------------------------------------------ run
+
 
 def add_plot_parsers(sub: Any) -> None:
     p = sub.add_parser("plot", help="regenerate the PNGs of a run directory")
@@ -162,6 +165,7 @@ def cmd_keys_derive(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from aiogc._version import __version__
+    from aiogc.cli.knobs import add_diagnostics
 
     parser = argparse.ArgumentParser(
         prog="aiogc", description="Gradient coding that leverages partial stragglers.")
@@ -187,8 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     whatif_cli.register(sub)
     for cmd in sub.choices.values():
         _help_with_exit_codes(cmd)
-        add_log_args(cmd)
+        add_diagnostics(cmd)
     return parser
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``aiogc NAME`` (its flags, defaults and help as the command has them)."""
+    parser = build_parser()
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            return act.choices[name]  # type: ignore[no-any-return]
+    raise KeyError(name)  # pragma: no cover - build_parser always adds the commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:

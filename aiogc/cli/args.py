@@ -17,7 +17,15 @@ from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 from aiogc.training.cluster import slowdown
 
-DEFAULT_OUT = "runs/latest"
+#: Where ``aiogc run`` writes when no ``--out`` is given: a new ``runs/<UTC timestamp>`` each
+#: time, with the link ``runs/latest`` pointing at it (:func:`new_run_dir`).
+RUNS_ROOT = "runs"
+#: The files and figures a run writes into its directory (what ``--overwrite`` removes first, so
+#: nothing of a previous run is left beside the new one's files).
+RUN_FILE_PATTERNS = ("manifest.json", "summary.json", "trace.json", "events.jsonl",
+                     "whatif.json", "delays.csv", "delays.json", "rounds.csv", "workers.csv",
+                     "reports.csv", "attribution.csv", "nodes.csv", "report.html", "*.png",
+                     "*.svg", "*.pdf")
 
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
@@ -76,15 +84,6 @@ def _help_with_exit_codes(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def add_log_args(p: argparse.ArgumentParser) -> None:
-    """``-v`` / ``-q``: more or fewer diagnostics on stderr (stdlib logging)."""
-    g = p.add_argument_group("diagnostics")
-    g.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more diagnostics on stderr (-v: per round, -vv: debug)")
-    g.add_argument("-q", "--quiet", action="count", default=0,
-                   help="only errors on stderr (no warnings, no progress line)")
-
-
 def setup_logging(verbose: int = 0, quiet: int = 0) -> None:
     """Route the ``aiogc`` logger to stderr at WARNING, -v INFO, -vv DEBUG, -q ERROR."""
     level = (logging.ERROR if quiet else logging.WARNING if not verbose
@@ -137,86 +136,66 @@ def _writable_dir(flag: str, path: str) -> None:
         raise ConfigError(flag, path, f"a writable directory ({exc.strerror or exc})") from None
 
 
+def new_run_dir(root: str | Path = RUNS_ROOT) -> Path:
+    """A fresh ``ROOT/<UTC timestamp>`` directory, with ``ROOT/latest`` pointing at it.
+
+    Never an existing directory: a second run within the same second gets a ``-2`` suffix.
+    """
+    import time
+
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    d, n = base / stamp, 1
+    while True:
+        try:
+            d.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            d = base / f"{stamp}-{n}"
+    latest = base / "latest"
+    if latest.is_symlink() or not latest.exists():
+        tmp = base / f".latest-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(d.name, target_is_directory=True)
+        os.replace(tmp, latest)
+    else:
+        log.warning("%s is a directory, not a link: left as it is (this run: %s)", latest, d)
+    return d
+
+
+def previous_run_files(path: str | Path) -> list[Path]:
+    """The files of an earlier run in directory ``path`` (:data:`RUN_FILE_PATTERNS`)."""
+    d = Path(path)
+    if not d.is_dir():
+        return []
+    return sorted({f for pat in RUN_FILE_PATTERNS for f in d.glob(pat) if f.is_file()})
+
+
+def claim_run_dir(path: str | Path, *, overwrite: bool, flag: str = "out") -> None:
+    """Make ``path`` a writable run directory that holds no earlier run's files.
+
+    A directory holding any file a run writes (:data:`RUN_FILE_PATTERNS`) is refused
+    (ConfigError naming ``flag``) unless ``overwrite``; then those files are removed first, so
+    neither the new run's report nor a reader sees a file the new run did not write.
+    """
+    old = previous_run_files(path)
+    if old and not overwrite:
+        raise ConfigError(flag, str(path), "a directory without an earlier run (it holds "
+                          f"{len(old)} file(s) of one; --overwrite, overwrite=True in Python, "
+                          "replaces them; without --out a run gets a new runs/<timestamp>)")
+    for f in old:
+        f.unlink()
+    _writable_dir(flag, str(path))
+
+
 def _positive_int(s: str) -> int:
     try:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
     return v
-
-
-def add_config_args(p: argparse.ArgumentParser, *, defaults: RunConfig | None = None) -> None:
-    """Flags shared by ``run`` and ``ps`` (everything that defines the run)."""
-    d = defaults or RunConfig()
-    g = p.add_argument_group("run configuration")
-    g.add_argument("--workers", "-m", type=_positive_int, default=d.workers,
-                   help="number of workers m (default %(default)s)")
-    g.add_argument("--delta", type=_positive_int, default=d.delta,
-                   help="chunks per worker δ (default %(default)s)")
-    g.add_argument("--ell", type=_positive_int, default=d.n_parts,
-                   help="communication split ℓ, 1 <= ℓ <= δ (default %(default)s)")
-    g.add_argument("--assignment", default=d.assignment,
-                   help="cyclic | fr | regular | speed-aware (faster workers hold more chunks)")
-    g.add_argument("--ordering", default=d.ordering,
-                   help="optimal | natural | random | adaptive (partial: speed-aware orders "
-                   "chosen by the PS each round)")
-    g.add_argument("--decoding", default=d.decoding, help="B construction: frame | gaussian")
-    g.add_argument("--k", type=_positive_int, default=None,
-                   help="ignore-stragglers: finished workers to wait for (default m-δ+1)")
-    g.add_argument("--mode", default=d.mode, help="exact | approx (approx needs --deadline)")
-    g.add_argument("--deadline", type=float, default=None,
-                   help="approx mode: seconds after round start at which the PS decodes")
-    g.add_argument("--rounds", type=_positive_int, default=d.rounds, help="gradient steps")
-    g.add_argument("--seed", type=_positive_int, default=d.seed, help="seed of everything")
-    g.add_argument("--task", default=d.task,
-                   help="linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory "
-                        "| torch:module:factory[,optimizer=sgd|adam][,lr=F] | jax:...")
-    g.add_argument("--delay", default=d.delay,
-                   help="per-chunk compute delay model, e.g. exp:0.02, shiftexp:0.01,0.02, "
-                        "pareto:2.5, lognormal:-4,0.5, straggle:0.25,5,exp:0.02, "
-                        "fail:0.1,exp:0.02, markov:0.1,0.5,5,exp:0.02, replay:delays.csv, none")
-    g.add_argument("--latency", default=d.latency,
-                   help="per-frame artificial one-way delay of the workers' frames (same syntax)")
-    g.add_argument("--dtype", default=d.dtype, help="payload dtype: float64 | float32")
-    g.add_argument("--payload-dtype", default=d.coded_dtype, dest="coded_dtype",
-                   help="coded upload type: same (default) | float16 | bfloat16 (workers round "
-                        "the coded vector, the PS decodes in float64; docs/coding.md)")
-    g.add_argument("--worker-speeds", default=d.worker_speeds,
-                   help="heterogeneous cluster: uniform | one relative speed per worker, "
-                        "V,V,... or run-length VxK (1x6,0.25x2) | file:PATH (docs/coding.md)")
-    g.add_argument("--chunk-sizes", default=d.chunk_sizes,
-                   help="relative chunk sizes (samples per chunk; same syntax as "
-                        "--worker-speeds); a chunk's delay is its size / its worker's speed")
-    g.add_argument("--report-every", type=_positive_int, default=d.report_every,
-                   help="report the chunk count after every k chunks")
-    g.add_argument("--max-predicted-error", type=float, default=d.max_predicted_error,
-                   help="refuse a decoding matrix B whose cond(B)*eps(dtype) exceeds this")
-    g.add_argument("--on-ill-conditioned", default=d.on_ill_conditioned,
-                   help="raise | warn, when --max-predicted-error is exceeded")
-    g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    g.add_argument("--round-timeout", type=float, default=None,
-                   help="seconds before a round that cannot decode is declared failed "
-                        "(default: max(60, 10 x the slowest worker's round in the schedule))")
-    g.add_argument("--collect-timeout", type=float, default=None,
-                   help="seconds the PS waits for coded vectors after a broadcast "
-                        "(default: max(5, 2 x the slowest worker's round in the schedule))")
-    g.add_argument("--heartbeat", type=float, default=d.heartbeat_s,
-                   help="seconds of silence after which a worker pings")
-    g.add_argument("--dead-after", type=float, default=d.dead_after_s,
-                   help="seconds of silence after which a peer is declared dead")
-    g.add_argument("--join-timeout", type=float, default=None,
-                   help="seconds the PS waits for all m workers to join "
-                        "(default: max(30, 0.05 x m))")
-    g.add_argument("--time-scale", type=_time_scale, default=d.time_scale, metavar="K|auto",
-                   help="time dilation: every delay and every timeout above times K, records "
-                        "in emulated seconds (emulates a machine K times faster); auto "
-                        "(aiogc run): the smallest K this machine keeps faithful, from a "
-                        "short calibration run (default 1)")
-    g.add_argument("--bandwidth", default=d.bandwidth, metavar="SPEC",
-                   help="shape live traffic to these link rates, e.g. worker=10MB/s,ps=1GB/s "
-                        "(keys worker, worker_up, worker_down, ps; units B/s KB/s MB/s GB/s, "
-                        "decimal; bytes per emulated second; default unlimited): see "
-                        "aiogc simulate --bandwidth")
 
 
 def _spare_wait(s: str) -> float:
@@ -250,6 +229,7 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
     (:func:`aiogc.config.workload_timeouts`, from the schedule the run draws: same delay law,
     seed and m; as wide as ``scheme``'s largest load)."""
     config = _config_from_flags(a, scheme)
+    warn_cautions(config.delay, config.latency)
     unset = [f for f in WORKLOAD_TIMEOUTS if getattr(a, _TIMEOUT_FLAGS[f]) is None]
     if not unset:
         return config
@@ -264,6 +244,17 @@ def config_from_args(a: argparse.Namespace, scheme: str) -> RunConfig:
         slowest += wire_round_s(config, dim)
     derived = workload_timeouts(config, slowest)
     return config.replace(**{f: derived[f] for f in unset})
+
+
+def warn_cautions(delay: str, latency: str | None = None) -> None:
+    """Log a warning for each part of the delay specs that is easy to misread
+    (:func:`aiogc.training.delays.delay_cautions`)."""
+    from aiogc.training.delays import delay_cautions
+
+    for spec, fld in ((delay, "delay"), (latency, "latency")):
+        if spec:
+            for c in delay_cautions(spec, field=fld):
+                log.warning("%s", c)
 
 
 #: RunConfig field -> argparse dest of its flag
@@ -334,17 +325,3 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
         module = task.partition(":")[2].partition(":")[0].strip()
     if kind == "plugin" and module.endswith(".py") and not Path(module).expanduser().is_file():
         raise ConfigError("task", task, "a FILE.py:ATTR plug-in whose file exists on this worker")
-
-
-def add_spare_wait_arg(p: argparse.ArgumentParser) -> None:
-    """``--spare-wait F`` and ``--locate N`` (run and ps)."""
-    p.add_argument("--spare-wait", type=_spare_wait, default=None, metavar="F",
-                   help="after the vectors decode, wait up to F x the round's elapsed time for "
-                        "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (default 0: off, the paper's protocol; 1 with --locate; "
-                        "costs ~+22%% round time at F=0.5 on the virtual clock)")
-    p.add_argument("--locate", type=int, default=None, metavar="N",
-                   help="locate a lying worker from two spare vectors (original scheme, "
-                        "delta - ell >= 2), decode the round without it, and evict it after N "
-                        "located rounds (0: never evict; implies two spares and --spare-wait 1 "
-                        "unless given; docs/security.md)")

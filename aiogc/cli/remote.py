@@ -21,17 +21,14 @@ from aiogc.cli.args import (
     EXIT_UNREACHABLE,
     _check_local_task_files,
     _live_only,
-    _port,
     _signal_exit,
-    _writable_dir,
-    add_config_args,
-    add_spare_wait_arg,
+    claim_run_dir,
     config_from_args,
     log,
     read_secret,
 )
+from aiogc.cli.knobs import add_knobs
 from aiogc.coding.base import Scheme
-from aiogc.coding.registry import scheme_names
 from aiogc.config import MAX_WORKERS
 from aiogc.errors import ConfigError, EvictedError
 
@@ -41,31 +38,7 @@ from aiogc.errors import ConfigError, EvictedError
 def add_ps_parser(sub: Any) -> None:
     p = sub.add_parser("ps", help="run a parameter server for remote workers",
                        description="Serve one scheme to m workers started with `aiogc worker`.")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="bind address; a non-loopback address requires a secret")
-    p.add_argument("--port", type=_port, default=7733,
-                   help="TCP port in [0, 65535] (0 = any free port)")
-    p.add_argument("--scheme", default="partial",
-                   help=" | ".join(scheme_names()))
-    add_config_args(p)
-    p.add_argument("--out", default=None, help="directory for summary.json and records")
-    add_spare_wait_arg(p)
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="compute the uncoded gradient too: record each round's decode error "
-                        "and refuse to apply a gradient that does not match it (default on)")
-    p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
-    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
-    p.add_argument("--epoch", type=int, default=None,
-                   help="PS epoch (default: derived from the clock, so a restart is new)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="one progress line on stderr (default: when stderr is a terminal; "
-                        "-v logs every round instead)")
-    p.add_argument("--pcap", default=None, metavar="FILE",
-                   help="write the PS's wire bytes to FILE (pcap, synthetic TCP/IPv4 flows, "
-                        "overwritten; decode with tools/aiogc.lua)")
-    p.add_argument("--allow-shrink", action="store_true",
-                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
-                        "and stderr still say so; default: exit 5)")
+    add_knobs(p, "ps")
     p.set_defaults(func=cmd_ps)
 
 
@@ -79,7 +52,7 @@ def _ps_event_handler(scheme_name: str, scheme: Scheme, recorder: Any,
 
     from aiogc.core import Finished, RoundCompleted
     from aiogc.harness.fidelity import emulated
-    from aiogc.protocol.status import describe_end
+    from aiogc.harness.kit import round_line
 
     loads = tuple(int(x) for x in scheme.loads)
     trigger = not scheme.sends_when_done
@@ -88,9 +61,7 @@ def _ps_event_handler(scheme_name: str, scheme: Scheme, recorder: Any,
         if isinstance(ev, RoundCompleted):
             r = emulated(ev.record, time_scale)
             if log.isEnabledFor(logging.INFO):
-                why = (f" ({describe_end(r.end_reason, r.end_detail)})"
-                       if r.status == "failed" and r.end_reason else "")
-                log.info("round %d: %s%s in %.4f s", r.round, r.status, why, r.duration_s)
+                log.info("%s", round_line(r))  # one scheme: no label
             if progress is not None:
                 progress.update()
             if recorder is not None:
@@ -146,8 +117,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     _live_only([a.scheme])
     config = config_from_args(a, a.scheme)
     secret = read_secret(a.secret_file)
-    if a.out:
-        _writable_dir("out", a.out)
+    if a.out:  # never silently over an earlier run's files
+        claim_run_dir(a.out, overwrite=a.overwrite)
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
@@ -255,24 +226,7 @@ def add_worker_parser(sub: Any) -> None:
     p = sub.add_parser("worker", help="run one worker (or a block of them) against a PS",
                        description="Connect to `aiogc ps`, reconnecting with backoff. A range "
                                    "of ids runs those workers as coroutines on one loop.")
-    p.add_argument("--connect", required=True, help="HOST:PORT of the PS")
-    p.add_argument("--id", required=True,
-                   help="worker id j in [0, m), or a range A-B (inclusive) of ids to run as "
-                        "coroutines in this process (needs the master secret)")
-    p.add_argument("--secret-file", default=None, help="shared HMAC secret (or $AIOGC_SECRET)")
-    p.add_argument("--worker-key-file", default=None,
-                   help="this worker's own key k_j (hex) instead of the master secret")
-    p.add_argument("--task", default=None,
-                   help="a task this worker may build (plug-ins and data files are never "
-                        "taken from the PS otherwise)")
-    p.add_argument("--data-dir", action="append", default=None,
-                   help="directory whose data files a logreg:PATH task may name (repeatable)")
-    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
-    p.add_argument("--give-up-after", type=float, default=30.0,
-                   help="seconds without reaching the PS before exiting with an error")
-    p.add_argument("--connection-per-worker", action="store_true",
-                   help="with a range of ids: one connection per worker instead of one "
-                        "worker-host connection for the whole range (docs/protocol.md §2.6)")
+    add_knobs(p, "worker")
     p.set_defaults(func=cmd_worker)
 
 

@@ -19,6 +19,7 @@ something failed), which a headless browser reads back from the DOM.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import html
 import json
@@ -153,15 +154,59 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _headline(head: Any, source: str) -> str:
-    """The headline as labelled tables: one per quantity whose value is a dict keyed
-    ``case|param=value|...`` (columns: case, each param, value), one quantity/value table for
-    the rest."""
+def _range(lo: Any, hi: Any) -> str:
+    return f"{_fmt(lo)}–{_fmt(hi)}"
+
+
+def _labelled(name: str, val: dict[str, Any], lab: Any) -> str | None:
+    """The table of a quantity the experiment labels (:class:`~aiogc.experiments._common.
+    Labels`): the key parts as columns, a list value's entries as named columns (a CI as
+    lo–hi); None when the value does not have the declared shape."""
+    from aiogc.experiments._common import CI
+
+    width = sum(2 if v == CI else 1 for v in lab.value)
+    unit = f" ({lab.unit})" if lab.unit else ""
+    heads = [*lab.key, *(v if v == CI else v + unit for v in lab.value)]
+    rows = []
+    for k, v in val.items():
+        parts = str(k).split("|")
+        if len(parts) != len(lab.key) or not isinstance(v, list) or len(v) != width:
+            return None
+        cells: list[Any] = [p.partition("=")[2] if "=" in p else p for p in parts]
+        i = 0
+        for col in lab.value:
+            if col == CI:
+                cells.append(_range(v[i], v[i + 1]))
+                i += 2
+            else:
+                cells.append(v[i])
+                i += 1
+        rows.append(cells)
+    return _table(heads, rows[:MAX_ROWS], caption=_quantity(name))
+
+
+def _quantity(name: str) -> str:
+    """A headline quantity's caption: its words, and its key when that differs."""
+    words = name.replace("_", " ")
+    return words if words == name else f"{words} ({name})"
+
+
+def _headline(head: Any, source: str, labels: Any = None) -> str:
+    """The headline as labelled tables: a quantity the experiment labels (``labels``:
+    quantity -> Labels) by its declared columns; one whose value is a dict keyed
+    ``case|param=value|...`` with columns case, each param, value; one quantity/value table
+    for the rest (a ``..._ci`` pair shown lo–hi)."""
     out: list[str] = []
     plain: list[list[Any]] = []
     for name, val in (head.items() if isinstance(head, dict) else [("headline", head)]):
+        lab = (labels or {}).get(name)
+        table = _labelled(name, val, lab) if lab is not None and isinstance(val, dict) else None
+        if table is not None:
+            out.append(table)
+            continue
         if not isinstance(val, dict) or any(isinstance(v, dict) for v in val.values()):
-            plain += [[k, v] for k, v in _flatten(val, str(name))]
+            plain += [[k, _range(*v) if k.endswith("_ci") and isinstance(v, list)
+                       and len(v) == 2 else v] for k, v in _flatten(val, str(name))]
             continue
         keys = [str(k).split("|") for k in val]
         params = list(dict.fromkeys(p.partition("=")[0] for k in keys for p in k[1:] if "=" in p))
@@ -170,7 +215,7 @@ def _headline(head: Any, source: str) -> str:
             kv = dict(p.partition("=")[::2] for p in k[1:] if "=" in p)
             rows.append([k[0], *[kv.get(p, "") for p in params], v])
         out.append(_table(["case", *params, name], rows[:MAX_ROWS],
-                          caption=f"{name.replace('_', ' ')} ({name})"))
+                          caption=_quantity(name)))
     if plain:
         out.append(_table(["quantity", "value"], plain[:MAX_ROWS], caption="Other quantities"))
     out.append(f'<p class="muted">from <code>{_e(source)}</code></p>')
@@ -203,11 +248,18 @@ def _experiment_sections(d: Path) -> list[str]:
                  f'<p class="muted">seed {_e(meta.get("seed"))}, quick={_e(meta.get("quick"))},'
                  f" wall time {_e(meta.get('wall_s'))} s, Python {_e(meta.get('python'))} on "
                  f"{_e(meta.get('platform'))}</p>"]
+        if meta.get("interrupted"):
+            parts.append(f'<p class="cut"><strong>interrupted after {_e(meta.get("cells_done"))}'
+                         f" of {_e(meta.get('cells'))} cells: the table holds the finished "
+                         "cells' rows; no headline, no figure</strong></p>")
         png = d / f"{name}.png"
         if png.is_file():
             parts.append(_img(png, f"{name} figure"))
-        parts.append("<h3>Headline figures</h3>")
-        parts.append(_headline(meta["headline"], meta_path.name))
+        if meta["headline"] is not None:
+            parts.append("<h3>Headline figures</h3>")
+            exp = EXPERIMENTS.get(name)
+            parts.append(_headline(meta["headline"], meta_path.name,
+                                   exp.labels if exp is not None else None))
         csv_path = d / f"{name}.csv"
         if csv_path.is_file():
             parts.append(f"<details><summary>{_e(csv_path.name)}</summary>"
@@ -335,7 +387,7 @@ def _fidelity_section(fid: Any) -> str:
 
 _FIGURE_CAPTIONS = {
     "round_time_cdf": "Distribution of round times (empirical CDF, seconds)",
-    "loss_vs_time": "Training loss against time (seconds)",
+    "loss_vs_time": "Training loss against emulated time (seconds; wall time / time scale)",
     "timeline_round": "Timeline of a representative round: per-worker compute and upload",
 }
 
@@ -447,6 +499,61 @@ def _run_sections(d: Path) -> list[str]:
     return out
 
 
+#: results.csv columns the sweep page shows after the grid keys (label, unit).
+_SWEEP_COLS = (("rounds", "rounds", ""), ("rounds_failed", "failed", ""),
+               ("round_time_mean_s", "mean round", "s"), ("round_time_p95_s", "p95 round", "s"),
+               ("speedup_vs_original", "speedup vs original", "x"),
+               ("fidelity", "fidelity", ""), ("end_reason", "end reason", ""))
+
+
+def _is_sweep(d: Path) -> bool:
+    return (d / "results.csv").is_file() and (d / "sweep.toml").is_file()
+
+
+def _sweep_sections(d: Path) -> list[str]:
+    """A sweep directory (``aiogc sweep``): one table, a row per cell and scheme, the mean
+    round time with its 95% CI (from the cell's rounds.csv) and a link to the cell's page."""
+    if not _is_sweep(d):
+        return []
+    from urllib.parse import quote
+
+    with (d / "results.csv").open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    fixed = {"cell", "scheme", "run_dir", *(c for c, _, _ in _SWEEP_COLS)}
+    grid = [c for c in header if c not in fixed and header.index(c) < header.index("scheme")]
+    heads = ["cell", *grid, "scheme", "mean round time, 95% CI (s)",
+             *(f"{label} ({unit})" if unit else label for _, label, unit in _SWEEP_COLS)]
+    cis: dict[str, dict[str, tuple[float, float]]] = {}
+    body = []
+    for r in rows:
+        cell = r.get("cell", "")
+        if cell not in cis:
+            cis[cell] = _ci_by_scheme(d / cell)
+        ci = cis[cell].get(r.get("scheme", ""))
+        link = (f'<a href="{_e(quote(cell))}/report.html">{_e(cell)}</a>'
+                if (d / cell / "manifest.json").is_file() else _e(cell))
+        cells = [link, *(_e(r.get(g, "")) for g in grid), _e(r.get("scheme", "")),
+                 _e(f"{float(ci[0]):.4g}–{float(ci[1]):.4g}") if ci else "-"]
+        for col, _, _ in _SWEEP_COLS:
+            v = r.get(col, "")
+            if col not in ("fidelity", "end_reason") and v:
+                with contextlib.suppress(ValueError):
+                    v = _fmt(float(v))
+            cells.append(_e(v or "-"))
+        body.append("<tr>" + "".join(f'<td class="{"k" if i == 0 else ""}">{c}</td>'
+                                     for i, c in enumerate(cells)) + "</tr>")
+    th = "".join(f"<th>{_e(h)}</th>" for h in heads)
+    table = (f"<table><caption>results.csv: one row per cell and scheme; each cell links to "
+             f"its own report</caption><thead><tr>{th}</tr></thead>"
+             f"<tbody>{''.join(body)}</tbody></table>")
+    toml = (d / "sweep.toml").read_text(encoding="utf-8")
+    return [f'<section id="sweep"><h2>Sweep</h2><p>{len(cis)} cell(s), {len(rows)} row(s).'
+            f"</p>{table}<details><summary>sweep.toml</summary><pre>{_e(toml)}</pre></details>"
+            "</section>"]
+
+
 def build_report(directory: str | Path) -> str:
     """The HTML text of the report for ``directory``.
 
@@ -459,11 +566,12 @@ def build_report(directory: str | Path) -> str:
     d = Path(directory)
     if not d.is_dir():
         raise ConfigError("report", str(directory), "an existing directory")
-    sections = _run_sections(d) + _experiment_sections(d)
+    sections = _run_sections(d) + _experiment_sections(d) + _sweep_sections(d)
     if not sections:
         raise ConfigError("report", str(directory),
-                          "a run directory (manifest.json) or an experiment directory "
-                          "(NAME.json from aiogc experiment)")
+                          "a run directory (manifest.json), an experiment directory "
+                          "(NAME.json from aiogc experiment) or a sweep directory "
+                          "(results.csv and sweep.toml from aiogc sweep)")
     names = [m.group(1) for sec in sections
              for m in [re.match(r'<section id="([^"]+)"><h2>([^<]*)</h2>', sec)] if m]
     toc = "".join(f'<a href="#{n}">{_e(n.removeprefix("exp-"))}</a> ' for n in names)
@@ -483,7 +591,13 @@ def build_report(directory: str | Path) -> str:
 
 
 def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report (default ``DIRECTORY/report.html``) and return its path."""
+    """Write the report (default ``DIRECTORY/report.html``) and return its path. For a sweep
+    directory, each cell's page is written too (``CELL/report.html``, which the sweep page
+    links to)."""
+    d = Path(directory)
+    if d.is_dir() and _is_sweep(d):
+        for cell in sorted(p for p in d.iterdir() if (p / "manifest.json").is_file()):
+            write_report(cell)
     text = build_report(directory)
     path = Path(out) if out is not None else Path(directory) / "report.html"
     path.write_text(text, encoding="utf-8")

@@ -1,37 +1,40 @@
 """``aiogc run``: its flags, its command, and its ``--config FILE.toml`` (the file's values as
 defaults, the command line on top; the keys are described in :mod:`aiogc.cli.sweep`, which
-runs a grid of these).
+runs a grid of these), and the Python keywords of :mod:`aiogc.api`, which are the same names.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiogc.cli.args import (
-    DEFAULT_OUT,
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SHRUNK,
     EXIT_UNFAITHFUL,
     _live_only,
     _signal_exit,
-    _writable_dir,
-    add_config_args,
-    add_spare_wait_arg,
+    claim_run_dir,
     config_from_args,
+    log,
+    new_run_dir,
 )
-from aiogc.coding.registry import scheme_names
+from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 
-__all__ = ["add_run_args", "add_run_parser", "cmd_run", "file_values", "with_config"]
+if TYPE_CHECKING:
+    from aiogc.harness.options import RunOptions
+
+__all__ = ["add_run_args", "add_run_parser", "cmd_run", "file_values", "keyword_name",
+           "keyword_values", "prepare_run", "with_config"]
 
 #: Flags that are not run settings (never read from a file, never part of a cell's identity).
-_NOT_KEYS = {"help", "config"}
-
+_NOT_KEYS = {"help", "config", "verbose", "quiet", "format"}
 
 
 def add_run_parser(sub: Any) -> None:
@@ -42,50 +45,44 @@ def add_run_parser(sub: Any) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    add_config_args(p)
-    p.add_argument("--config", default=None, metavar="FILE.toml",
-                   help="read these flags from a TOML file (keys: the long flag names without "
-                        "dashes); flags given here override it (aiogc.cli.sweep)")
-    p.add_argument("--schemes", default="partial,original",
-                   help="comma list of " + ", ".join(scheme_names()))
-    p.add_argument("--as", dest="as_", default="processes", help="processes | coroutines")
-    p.add_argument("--worker-hosts", type=int, default=0, metavar="N",
-                   help="with --as coroutines: run the workers in N worker-host processes "
-                        "(coroutines sharing one loop each) instead of beside the PS on its "
-                        "loop (default 0)")
-    p.add_argument("--connection-per-worker", action="store_true",
-                   help="with --as coroutines and no --worker-hosts: one connection and loop "
-                        "timer per worker, instead of one shared connection for all of them "
-                        "(docs/protocol.md 2.6)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="run directory (default %(default)s)")
-    p.add_argument("--pcap", default=None, metavar="FILE",
-                   help="write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; "
-                        "decode with tools/aiogc.lua; local backend only)")
-    add_spare_wait_arg(p)
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="record each round's decode error against the uncoded gradient")
-    p.add_argument("--loop", default="uvloop", help="uvloop | asyncio")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNGs (needs the plot extra)")
-    p.add_argument("--backend", default="local",
-                   help="local (processes on this machine) | ray (actors on a Ray cluster, "
-                        "needs the ray extra; see docs/cluster.md)")
-    p.add_argument("--address", default=None,
-                   help="--backend ray: auto | HOST:PORT of the cluster's GCS "
-                        "(default: start a local Ray instance for this run)")
-    p.add_argument("--allow-shrink", action="store_true",
-                   help="exit 0 even if some rounds ran with fewer than m workers (the summary "
-                        "and stderr still say so; default: exit 5)")
-    p.add_argument("--fidelity", choices=("report", "strict"), default="report",
-                   help="report: summary.json's fidelity section and a line on stdout; "
-                        f"strict: also exit {EXIT_UNFAITHFUL} when the verdict is unfaithful")
-    p.add_argument("--fidelity-threshold", type=float, default=0.10, metavar="F",
-                   help="the verdict's tolerance: every live/simulated ratio within F of 1 "
-                        "(default %(default)s)")
+    """``aiogc run``'s flags (:mod:`aiogc.cli.knobs`)."""
+    from aiogc.cli.knobs import add_knobs
+
+    add_knobs(p, "run")
 
 
+def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
+                ) -> tuple[RunConfig, list[str], RunOptions]:
+    """What ``aiogc run`` (and :func:`aiogc.run`) hands :func:`~aiogc.harness.local.run_live`
+    for parsed flags ``a``: the base configuration, the schemes and the run options. It claims
+    the run directory (``a.out`` is set to it): a new ``runs/<timestamp>`` when none was
+    given, else one without an earlier run unless ``a.overwrite``."""
+    from aiogc.harness.options import RunOptions
+
+    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
+    if not schemes:
+        raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
+    _live_only(schemes)
+    base = config_from_args(a, schemes[0])
+    if getattr(a, "pcap", None) is not None and a.backend != "local":
+        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
+                          "connections in this process)")
+    if a.out is None:
+        a.out = str(new_run_dir())
+    else:
+        claim_run_dir(a.out, overwrite=getattr(a, "overwrite", False))
+    # -v logs a line per round instead of the bar
+    progress = ((sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
+                and not log.isEnabledFor(logging.INFO))
+    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
+                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
+                         address=a.address, worker_hosts=a.worker_hosts,
+                         connection_per_worker=getattr(a, "connection_per_worker", False),
+                         auto_time_scale=a.time_scale == "auto",
+                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
+                         locate=a.locate,
+                         pcap=getattr(a, "pcap", None))
+    return base, schemes, options
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -97,28 +94,10 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         shrink_line,
     )
     from aiogc.harness.local import run_live
-    from aiogc.harness.options import RunOptions
 
     if getattr(a, "config", None):
         a = with_config(a, argv)
-    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
-    if not schemes:
-        raise ConfigError("schemes", a.schemes, "a comma list of scheme names")
-    _live_only(schemes)
-    base = config_from_args(a, schemes[0])
-    _writable_dir("out", a.out)
-    progress = (sys.stderr.isatty() if a.progress is None else a.progress) and not a.quiet
-    options = RunOptions(mode=a.as_, out_dir=a.out, verify=a.verify, loop=a.loop,
-                         progress=progress, argv=argv, plots=a.plots, backend=a.backend,
-                         address=a.address, worker_hosts=a.worker_hosts,
-                         connection_per_worker=getattr(a, "connection_per_worker", False),
-                         auto_time_scale=a.time_scale == "auto",
-                         fidelity_threshold=a.fidelity_threshold, spare_wait=a.spare_wait,
-                         locate=a.locate,
-                         pcap=getattr(a, "pcap", None))
-    if options.pcap is not None and a.backend != "local":
-        raise ConfigError("pcap", a.pcap, "the local backend (the capture taps the PS's "
-                          "connections in this process)")
+    base, schemes, options = prepare_run(a, argv)
     try:
         result = run_live(base, schemes, options)
     except RunInterrupted as exc:
@@ -149,9 +128,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-
-
-# ------------------------------------------------------------------ --config FILE
+# ------------------------------------------------------------------ --config FILE and keywords
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -172,7 +149,7 @@ def _key_actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def _convert(key: str, act: argparse.Action, value: Any) -> Any:
     """The value as the flag would hold it, or ConfigError(key, value, allowed)."""
-    if isinstance(act, argparse.BooleanOptionalAction):
+    if isinstance(act, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
         if not isinstance(value, bool):
             raise ConfigError(key, value, "true or false")
         return value
@@ -218,6 +195,44 @@ def file_values(data: Mapping[str, Any], actions: Mapping[str, argparse.Action],
     return out
 
 
+def keyword_values(p: argparse.ArgumentParser, knobs: Mapping[str, Any], *,
+                   command: str) -> dict[str, Any]:
+    """argparse dest -> converted value for Python keyword arguments (:mod:`aiogc.api`).
+
+    A keyword is a file key with ``_`` for ``-`` (``payload_dtype``, ``time_scale``; ``as_``
+    for ``as``), so the flags, the file keys and the keywords are one set of names; a list is
+    accepted where the flag takes a comma list, a path where it takes one, and None leaves
+    the flag's default. TypeError names an unknown keyword and lists
+    the known ones; ConfigError names a bad value and what is allowed.
+    """
+    actions = _key_actions(p)
+    out: dict[str, Any] = {}
+    for name, value in knobs.items():
+        key = name.rstrip("_").replace("_", "-")
+        act = actions.get(key)
+        if act is None:
+            known = ", ".join(sorted(keyword_name(k) for k in actions))
+            raise TypeError(f"{command}() got an unexpected keyword argument {name!r} "
+                            f"(known: {known})")
+        if value is None:  # the flag's default
+            continue
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, list | tuple) and act.type is None and act.nargs != 0:
+            value = ",".join(str(v) for v in value)
+        out[act.dest] = _convert(keyword_name(key), act, value)
+    return out
+
+
+def keyword_name(key: str) -> str:
+    """The Python keyword of file key ``key`` (``payload-dtype`` -> ``payload_dtype``,
+    ``as`` -> ``as_``)."""
+    import keyword
+
+    name = key.replace("-", "_")
+    return f"{name}_" if keyword.iskeyword(name) else name
+
+
 def with_config(a: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
     """``aiogc run --config FILE``: the file's values as defaults, the command line on top."""
     from aiogc.harness.sweep import load_toml
@@ -231,5 +246,3 @@ def with_config(a: argparse.Namespace, argv: Sequence[str] | None) -> argparse.N
     args = list(argv or [])
     run_argv = args[args.index("run") + 1:] if "run" in args else args
     return p.parse_args(run_argv)
-
-

@@ -12,26 +12,30 @@ import math
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aiogc.cli.args import warn_cautions
+from aiogc.cli.knobs import add_knobs
 from aiogc.coding.registry import scheme_names, scheme_spec
-from aiogc.config import ASSIGNMENTS, DECODINGS, DTYPES, ORDERINGS, RunConfig
+from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 from aiogc.harness.assignment_file import resolve_factor_spec
 
-__all__ = ["register", "run_simulate", "simulate_summary"]
+__all__ = ["register", "run_simulate", "simulate_from_args", "simulate_summary"]
 
 #: RunConfig field -> the flag that sets it (for error messages).
 _FLAGS = {
     "workers": "--workers", "m": "--workers", "delta": "--delta", "n_parts": "--ell",
     "assignment": "--assignment", "ordering": "--ordering", "decoding": "--decoding",
-    "delay": "--delay", "latency": "--latency", "rounds": "--trials", "seed": "--seed",
+    "delay": "--delay", "latency": "--latency", "rounds": "--rounds (--trials)", "seed": "--seed",
     "deadline_s": "--deadline", "mode": "--mode", "k": "--k", "dtype": "--dtype",
     "coded_dtype": "--payload-dtype", "worker_speeds": "--worker-speeds",
     "chunk_sizes": "--chunk-sizes",
-    "scheme": "--schemes", "schemes": "--schemes", "dim": "--dim", "engine": "--engine",
+    "scheme": "--schemes", "schemes": "--schemes", "out": "--out", "dim": "--dim",
+    "engine": "--engine",
     "bandwidth": "--bandwidth", "bandwidth.worker": "--bandwidth",
     "bandwidth.worker_up": "--bandwidth", "bandwidth.worker_down": "--bandwidth",
     "bandwidth.ps": "--bandwidth",
@@ -50,42 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "materialised delay schedule; print completion times (exact mode) or MSE at "
         "deadlines (approx mode).",
     )
-    p.add_argument("--assignment", default="cyclic", help=f"one of {', '.join(ASSIGNMENTS)}")
-    p.add_argument("--workers", "-m", type=int, default=20, help="m (default 20)")
-    p.add_argument("--delta", type=int, default=4, help="chunks per worker (default 4)")
-    p.add_argument("--ell", type=int, default=1, help="communication split ℓ (default 1)")
-    p.add_argument("--schemes", default="partial,original",
-                   help="comma-separated subset of: " + "; ".join(
-                       f"{n} (waits for {scheme_spec(n).waiting})" for n in scheme_names()))
-    p.add_argument("--delay", default="exp:1.0",
-                   help="chunk compute-time model (delays.py spec, e.g. exp:1.0, pareto:1.5, "
-                   "shiftexp:0.5,0.5, straggle:0.2,5,exp:1.0)")
-    p.add_argument("--latency", default="0",
-                   help="seconds of one-way latency per frame, or a delays.py spec for the "
-                   "per-(round, worker) network hold (default 0)")
-    p.add_argument("--bandwidth", default=None,
-                   help="link rates, e.g. worker=100MB/s,ps=1GB/s (keys worker, worker_up, "
-                   "worker_down, ps; units B/s KB/s MB/s GB/s, decimal; default unlimited). "
-                   "Frames are counted at their wire size with --dim values; both engines run "
-                   "every key (ps=: the shared PS ingress)")
-    p.add_argument("--trials", type=int, default=500, help="rounds simulated (default 500)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--mode", default="exact", help="exact or approx")
-    p.add_argument("--deadline", default=None, help="approx mode: T1,T2,... seconds")
-    p.add_argument("--dim", type=int, default=120, help="gradient length for the MSE (120)")
-    p.add_argument("--engine", default="fast", help="fast (vectorised) or protocol "
-                   "(state machines on the virtual clock)")
-    p.add_argument("--ordering", default="optimal", help=f"one of {', '.join(ORDERINGS)}")
-    p.add_argument("--decoding", default="frame", help=f"one of {', '.join(DECODINGS)}")
-    p.add_argument("--k", type=int, default=None, help="ignore-stragglers: workers waited for")
-    p.add_argument("--dtype", default="float64", help=f"payload dtype: {', '.join(DTYPES)}")
-    p.add_argument("--payload-dtype", default="same", dest="coded_dtype",
-                   help="coded upload type: same | float16 | bfloat16 (frame sizes)")
-    p.add_argument("--worker-speeds", default="uniform",
-                   help="relative worker speeds: uniform | V,V,... | VxK,... | file:PATH")
-    p.add_argument("--chunk-sizes", default="uniform",
-                   help="relative chunk sizes (same syntax as --worker-speeds)")
-    p.add_argument("--format", default="json", choices=("json", "table"))
+    add_knobs(p, "simulate")
     p.set_defaults(func=cmd_simulate)
 
     from aiogc.experiments import EXPERIMENTS
@@ -171,6 +140,7 @@ def _parse_args(args: argparse.Namespace) -> tuple[RunConfig, list[str], float, 
     from aiogc.training.delays import parse_delay
 
     parse_delay(str(args.delay), field="delay")
+    warn_cautions(str(args.delay), spec)
     # the base config carries the configured ell; each scheme then sees its own view
     # (RunConfig.for_scheme), so the base must be a scheme that accepts any ell
     base = next((s for s in schemes if scheme_spec(s).forced_n_parts is None), "partial")
@@ -351,18 +321,49 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+#: Files ``aiogc simulate --out DIR`` writes.
+SIM_SUMMARY, SIM_RESULTS = "summary.json", "results.csv"
+
+
+def simulate_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The summary ``aiogc simulate`` prints for parsed flags ``args`` (JSON-safe: no NaN);
+    with ``args.out``, also written there (:data:`SIM_SUMMARY`, :data:`SIM_RESULTS`).
+    ConfigError on a bad value (field, value, allowed range)."""
+    cfg, schemes, latency, deadlines = _parse_args(args)
+    out = getattr(args, "out", None)
+    if out is not None:
+        from aiogc.cli.args import _writable_dir
+
+        _writable_dir("out", out)
+    rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
+                        engine=args.engine, dim=args.dim, comm=args.comm)
+    summary: dict[str, Any] = _json_safe(simulate_summary(
+        cfg, schemes, rows, latency=latency, engine=args.engine, dim=args.dim,
+        deadlines=deadlines, bandwidth=args.comm.spec()))
+    if out is not None:
+        _write_sim_files(Path(out), summary)
+    return summary
+
+
+def _write_sim_files(out: Path, summary: dict[str, Any]) -> None:
+    import csv
+
+    (out / SIM_SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    rows = summary["results"]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with (out / SIM_RESULTS).open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, columns)
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Handler of ``aiogc simulate``."""
     try:
-        cfg, schemes, latency, deadlines = _parse_args(args)
-        rows = run_simulate(cfg, schemes, latency=latency, deadlines=deadlines,
-                            engine=args.engine, dim=args.dim, comm=args.comm)
+        summary = simulate_from_args(args)
     except ConfigError as exc:
         print(_flag_error(exc), file=sys.stderr)
         return 2
-    summary = _json_safe(simulate_summary(cfg, schemes, rows, latency=latency,
-                                          engine=args.engine, dim=args.dim,
-                                          deadlines=deadlines, bandwidth=args.comm.spec()))
     if args.format == "table":
         print(format_table(summary))
     else:
@@ -387,6 +388,46 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             print(f"aiogc experiment: error: {exc}", file=sys.stderr)
             return 2
         dt = time.monotonic() - t0
-        print(json.dumps(_json_safe({"experiment": name, "seconds": round(dt, 2),
-                                     "headline": summary}), indent=2))
+        print(experiment_table(name, args.out, dt, summary))
     return 0
+
+
+#: Headline rows :func:`experiment_table` prints (the rest are in NAME.json).
+TABLE_ROWS = 12
+
+
+def experiment_table(name: str, out: str, seconds: float, headline: dict[str, Any]) -> str:
+    """What ``aiogc experiment`` prints: where the files are, then the headline as
+    ``quantity  value`` rows (the first :data:`TABLE_ROWS`; all of it is in ``NAME.json``)."""
+    from pathlib import Path
+
+    d = Path(out)
+    lines = [f"{name}: {seconds:.1f} s; {d / (name + '.csv')} (table), "
+             f"{d / (name + '.png')} (figure), {d / (name + '.json')} (headline, grid, command)"]
+    rows = list(_flatten(headline))
+    if rows:
+        width = min(60, max(len(k) for k, _ in rows[:TABLE_ROWS]))
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows[:TABLE_ROWS]]
+    if len(rows) > TABLE_ROWS:
+        lines.append(f"  ... {len(rows) - TABLE_ROWS} more in {d / (name + '.json')}")
+    return "\n".join(lines)
+
+
+def _flatten(x: Any, key: str = "") -> Any:
+    """``(path, text)`` for every leaf of a headline (a list of numbers is one leaf)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _flatten(v, f"{key}/{k}" if key else str(k))
+    elif isinstance(x, list) and not all(isinstance(v, int | float) for v in x):
+        for i, v in enumerate(x):
+            yield from _flatten(v, f"{key}[{i}]")
+    else:
+        yield key, _leaf(x)
+
+
+def _leaf(v: Any) -> str:
+    if isinstance(v, list):
+        return ", ".join(_leaf(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)

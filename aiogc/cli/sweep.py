@@ -26,7 +26,7 @@ per cell and scheme; ``pandas.read_csv`` needs no options). Example::
 
     [grid]
     workers = [6, 8]
-    delay = ["exp:0.002", "straggle:0.25,5,exp:0.002", "pareto:2.5"]
+    delay = ["exp:0.002", "straggle:0.25,5,exp:0.002", "pareto:2.5,0.0012"]
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ from typing import Any
 from aiogc.cli.run import _key_actions, _run_parser, cmd_run, file_values
 from aiogc.errors import ConfigError
 
+#: Namespace entries that are not part of a cell's identity (cell.json ``params``).
+_NOT_PARAMS = {"out", "overwrite", "progress", "config", "func"}
 #: Keys a grid may not vary.
-_NOT_GRID = {"out", "progress", "backend", "address"}
+_NOT_GRID = {"out", "overwrite", "progress", "backend", "address"}
 
 # ------------------------------------------------------------------ sweep
 
@@ -98,7 +100,7 @@ def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
 
     def params_of(cell: Any) -> dict[str, Any]:
         d = {**defaults, **by_name[cell.name]}
-        return {k: v for k, v in d.items() if k not in ("out", "progress", "config", "func")}
+        return {k: v for k, v in d.items() if k not in _NOT_PARAMS}
 
     # every cell's configuration is checked before the first one runs
     schemes = [s.strip() for s in str(defaults["schemes"]).split(",") if s.strip()]
@@ -116,7 +118,9 @@ def cmd_sweep(a: argparse.Namespace, argv: Sequence[str] | None = None,
         shutil.copyfile(a.file, sweep_dir / "sweep.toml")
 
     def run_cell(cell: Any, d: Path) -> None:
-        ns = argparse.Namespace(**params_of(cell), out=str(d), progress=False, config=None)
+        # a cell cut short is re-run in place: its earlier files go (overwrite)
+        ns = argparse.Namespace(**params_of(cell), out=str(d), overwrite=True, progress=False,
+                                config=None)
         rc = cmd_run(ns, ["sweep", a.file, "--cell", cell.name])
         if rc == EXIT_STOPPED:
             raise KeyboardInterrupt(f"cell {cell.name} stopped")

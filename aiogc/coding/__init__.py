@@ -41,6 +41,7 @@ from aiogc.coding.decoding_matrix import (
     decoding_matrix,
     worst_condition_number,
 )
+from aiogc.coding.ordering_registry import OrderingSpec, ordering_names, register_ordering
 from aiogc.coding.orderings import (
     natural_order,
     optimal_order,
@@ -53,7 +54,6 @@ from aiogc.coding.orderings import (
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
-    ORDERINGS,
     SchemeChoices,
     SchemeParams,
     SchemeSpec,
@@ -70,9 +70,9 @@ from aiogc.coding.registry import (
 __all__ = [
     "ASSIGNMENTS",
     "DECODINGS",
-    "ORDERINGS",
     "DecodeResult",
     "IgnoreStragglersScheme",
+    "OrderingSpec",
     "OriginalScheme",
     "PartialScheme",
     "Scheme",
@@ -97,11 +97,13 @@ __all__ = [
     "make_scheme",
     "natural_order",
     "optimal_order",
+    "ordering_names",
     "positions",
     "q_max",
     "q_max_bruteforce",
     "q_max_per_chunk",
     "random_order",
+    "register_ordering",
     "register_scheme",
     "regular_assignment",
     "scheme_names",

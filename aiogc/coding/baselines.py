@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from aiogc.coding import portable
 from aiogc.coding.assignments import (
     is_cyclic,
     is_fractional_repetition,
@@ -46,6 +45,7 @@ from aiogc.coding.assignments import (
 )
 from aiogc.coding.base import DecodeResult, SchemeBase, combine, encode_rows
 from aiogc.coding.orderings import natural_order
+from aiogc.coding.portable import poly, solve
 from aiogc.coding.registry import (
     SchemeParams,
     SchemeSpec,
@@ -345,7 +345,7 @@ class OriginalScheme(_FixedCodeScheme):
         if s > 0:
             # portable: the PS and workers on other CPUs must get the bits the digest covers
             mats = np.transpose(H[:, supp[:, 1:]], (1, 0, 2))  # (m, s, s)
-            rows[:, 1:] = portable.solve(mats, -H[:, supp[:, 0]].T)
+            rows[:, 1:] = solve(mats, -H[:, supp[:, 0]].T)
         E[np.arange(m)[:, None], supp, 0] = rows
         return E
 
@@ -368,13 +368,13 @@ class OriginalScheme(_FixedCodeScheme):
             hold = np.flatnonzero(Av[i])
             # extra roots (only when chunk i has more than s+ell holders): its last holders
             roots = np.concatenate([non, hold[::-1][: deg - non.size]])
-            z = portable.poly(a[roots])  # descending, z[0] = 1
+            z = poly(a[roots])  # descending, z[0] = 1
             T = np.zeros((ell, ell))
             for v in range(ell):
                 for t in range(v + 1):
                     T[v, t] = z[v - t] if v - t < z.size else 0.0
             # column u: r_iu, descending coefficients (T^-1, one column per system)
-            Rcoef = portable.solve(np.broadcast_to(T, (ell, ell, ell)), np.eye(ell)).T
+            Rcoef = solve(np.broadcast_to(T, (ell, ell, ell)), np.eye(ell)).T
             zv = np.polyval(z, a[hold])
             for u in range(ell):
                 E[hold, i, u] = zv * np.polyval(Rcoef[:, u], a[hold])

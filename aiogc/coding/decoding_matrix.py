@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from aiogc.coding import portable
+from aiogc.coding.portable import column_norms
 from aiogc.coding.registry import SETUP_MEMORY_BUDGET, check_setup_budget, setup_bytes
 from aiogc.errors import CodingError
 
@@ -206,7 +206,7 @@ def _best_frame(ell: int, K: int, subs: np.ndarray, rng: np.random.Generator) ->
     best, best_s = None, np.inf
     for _ in range(n_cand):
         F = rng.standard_normal((ell, K))
-        F /= portable.column_norms(F)
+        F /= column_norms(F)
         s = float(_frame_score(F, subs).max())
         if s < best_s * (1 - SCORE_MARGIN):
             best, best_s = F, s
@@ -218,7 +218,7 @@ def _best_frame(ell: int, K: int, subs: np.ndarray, rng: np.random.Generator) ->
         F = best.copy()
         c = int(rng.choice(worst))
         F[:, c] += step * rng.standard_normal(ell)
-        F[:, c] /= portable.column_norms(F[:, c:c + 1])
+        F[:, c] /= column_norms(F[:, c:c + 1])
         s = float(_frame_score(F, subs).max())
         if s < best_s * (1 - SCORE_MARGIN):
             best, best_s = F, s

@@ -282,3 +282,4 @@ def optimal_order(
     _check_parts(A, n_parts)
     gen = rng if rng is not None else np.random.default_rng(0)
     return _local_search(A, nat, n_parts, gen, max_iters)
+

@@ -30,18 +30,11 @@ from aiogc.coding.base import (
     used_columns,
 )
 from aiogc.coding.decoding_matrix import decoding_matrix, worst_condition_number
-from aiogc.coding.hetero import hetero_order
-from aiogc.coding.orderings import (
-    natural_order,
-    optimal_order,
-    q_max,
-    random_order,
-    validate_orders,
-)
+from aiogc.coding.ordering_registry import build_orders, ordering_names
+from aiogc.coding.orderings import optimal_order, q_max, validate_orders
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     DECODINGS,
-    ORDERINGS,
     SchemeParams,
     SchemeSpec,
     build_assignment,
@@ -532,13 +525,7 @@ class PartialScheme(SchemeBase):
 
 def _build_partial(p: SchemeParams) -> PartialScheme:
     A = build_assignment(p)
-    if p.ordering in ("optimal", "adaptive"):  # adaptive starts from the static optimum
-        # uniform cluster: optimal_order itself; heterogeneous: the speed-aware candidate too
-        orders = hetero_order(A, p.n_parts, p.rng, p.speeds, p.sizes)
-    elif p.ordering == "natural":
-        orders = natural_order(A)
-    else:
-        orders = random_order(A, p.rng)
+    orders = build_orders(p.ordering, A, p.n_parts, p.rng, p.speeds, p.sizes)
     B = decoding_matrix(A, p.n_parts, p.decoding, p.rng)  # type: ignore[arg-type]
     return PartialScheme(A, p.n_parts, orders, B, p.rng)
 
@@ -548,5 +535,5 @@ register_scheme(SchemeSpec(
     waiting="every chunk has ell reported holders (min_i |U_i(c)| >= ell)",
     exactness="exact at the trigger; approximate (projection) at an approx deadline",
     decoder="g^(k) = sum_j B[k, j] v_j with per-chunk pinv(B_U) encoding",
-    assignments=ASSIGNMENTS, orderings=ORDERINGS, decodings=DECODINGS,
+    assignments=ASSIGNMENTS, orderings=ordering_names(), decodings=DECODINGS,
     setup_bytes=PartialScheme.setup_bytes))

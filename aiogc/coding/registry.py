@@ -38,9 +38,7 @@ __all__ = [
     "ASSIGNMENTS",
     "CLASSIC_ASSIGNMENTS",
     "DECODINGS",
-    "ORDERINGS",
     "SETUP_MEMORY_BUDGET",
-    "STATIC_ORDERINGS",
     "SchemeChoices",
     "SchemeParams",
     "SchemeSpec",
@@ -61,11 +59,7 @@ CLASSIC_ASSIGNMENTS: tuple[str, ...] = ("cyclic", "fr", "regular")
 #: Assignment constructions a configuration may name (see :func:`build_assignment`);
 #: ``speed-aware`` (:mod:`aiogc.coding.hetero`) gives faster workers more chunks.
 ASSIGNMENTS: tuple[str, ...] = (*CLASSIC_ASSIGNMENTS, "speed-aware")
-#: Processing orders fixed before training (any scheme that takes an order).
-STATIC_ORDERINGS: tuple[str, ...] = ("optimal", "natural", "random")
-#: Processing orders of the partial scheme: the static ones and ``adaptive`` (speed-aware
-#: orders chosen by the PS between rounds, :mod:`aiogc.coding.adaptive`).
-ORDERINGS: tuple[str, ...] = (*STATIC_ORDERINGS, "adaptive")
+# Processing orders: the registry of aiogc.coding.orderings (ordering_names, register_ordering).
 #: Decoding-matrix constructions of the partial scheme a configuration may name.
 DECODINGS: tuple[str, ...] = ("frame", "gaussian")
 
@@ -351,9 +345,10 @@ def build_assignment(p: SchemeParams) -> np.ndarray:
 @dataclass(frozen=True)
 class SchemeChoices:
     """How :func:`make_scheme` builds a scheme beyond its size and assignment family: the chunk
-    ``ordering`` (:data:`ORDERINGS`), the ``decoding`` matrix construction (:data:`DECODINGS`)
-    and an explicit assignment ``A`` (ndarray of bool, shape (N, m); overrides the family);
-    ``speeds`` / ``sizes`` (shape (m,)) of a heterogeneous cluster, None: uniform."""
+    ``ordering`` (:func:`~aiogc.coding.orderings.ordering_names`), the ``decoding`` matrix
+    construction (:data:`DECODINGS`) and an explicit assignment ``A`` (ndarray of bool, shape
+    (N, m); overrides the family); ``speeds`` / ``sizes`` (shape (m,)) of a heterogeneous
+    cluster, None: uniform."""
 
     ordering: str = "optimal"
     decoding: str = "frame"

@@ -28,11 +28,10 @@ import numpy as np
 
 from aiogc.coding.assignments import validate_assignment
 from aiogc.coding.base import DecodeResult, SchemeBase, combine
-from aiogc.coding.hetero import hetero_order
-from aiogc.coding.orderings import natural_order, q_max, random_order
+from aiogc.coding.ordering_registry import build_orders, ordering_names
+from aiogc.coding.orderings import q_max
 from aiogc.coding.registry import (
     ASSIGNMENTS,
-    STATIC_ORDERINGS,
     SchemeParams,
     SchemeSpec,
     build_assignment,
@@ -146,14 +145,8 @@ class StreamChunksScheme(SchemeBase):
 
 def _build_stream(p: SchemeParams) -> StreamChunksScheme:
     A = build_assignment(p)
-    if p.ordering == "optimal":
-        # partial's ell = 1 order: the static optimum on a uniform cluster (bit for bit), the
-        # speed-aware candidate too on a heterogeneous one (coding/hetero.py)
-        orders = hetero_order(A, 1, p.rng, p.speeds, p.sizes)
-    elif p.ordering == "natural":
-        orders = natural_order(A)
-    else:
-        orders = random_order(A, p.rng)
+    # partial's ell = 1 orders (optimal: the static optimum on a uniform cluster, bit for bit)
+    orders = build_orders(p.ordering, A, 1, p.rng, p.speeds, p.sizes)
     return StreamChunksScheme(A, orders)
 
 
@@ -162,4 +155,4 @@ register_scheme(SchemeSpec(
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    assignments=ASSIGNMENTS, orderings=STATIC_ORDERINGS, live=False))
+    assignments=ASSIGNMENTS, orderings=ordering_names(static=True), live=False))

@@ -49,7 +49,13 @@ from aiogc.experiments import (
     speedup,
     stability,
 )
-from aiogc.experiments._common import PROGRESS_LISTENERS, Experiment, read_csv, write_csv
+from aiogc.experiments._common import (
+    PROGRESS_LISTENERS,
+    ROW_LISTENERS,
+    Experiment,
+    read_csv,
+    write_csv,
+)
 
 __all__ = ["EXPERIMENTS", "Experiment", "refresh", "replot", "run_experiment"]
 
@@ -139,11 +145,21 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
     listener = CellProgress(name) if progress else None
     if listener is not None:
         PROGRESS_LISTENERS.append(listener)
+    done: list[list[Any]] = [[]]  # the rows of the cells finished so far
+    keep = done.__setitem__
+    ROW_LISTENERS.append(lambda rows: keep(0, rows))
+    cell_count = CellCount()
+    PROGRESS_LISTENERS.append(cell_count)
     try:
         rows = exp.compute(quick, seed)
+    except KeyboardInterrupt:
+        _write_interrupted(exp, path, done[0], cell_count, quick=quick, seed=seed, t0=t0)
+        raise
     finally:
         if listener is not None:
             PROGRESS_LISTENERS.remove(listener)
+        PROGRESS_LISTENERS.remove(cell_count)
+        ROW_LISTENERS.pop()
     if not rows:
         raise RuntimeError(f"experiment {name} produced no rows")
     write_csv(path / f"{name}.csv", rows)
@@ -169,6 +185,38 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
     }
     (path / f"{name}.json").write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
     return head
+
+
+class CellCount:
+    """The last ``(cells done, cells)`` an experiment announced."""
+
+    def __init__(self) -> None:
+        self.done, self.total = 0, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+
+def _write_interrupted(exp: Experiment, path: Path, rows: list[Any], count: CellCount, *,
+                       quick: bool, seed: int, t0: float) -> None:
+    """Ctrl-C during an experiment: keep what finished. ``NAME.csv`` holds the rows of the
+    cells done (when the experiment hands them over cell by cell), ``NAME.json`` says it was
+    interrupted and after how many cells (no headline: it would describe part of a grid)."""
+    name = exp.name
+    if rows:
+        write_csv(path / f"{name}.csv", rows)
+    else:
+        (path / f"{name}.csv").unlink(missing_ok=True)
+    (path / f"{name}.png").unlink(missing_ok=True)  # an earlier run's figure is not this one's
+    meta = {"experiment": name, "interrupted": True, "cells_done": count.done,
+            "cells": count.total, "rows": len(rows), "csv": f"{name}.csv" if rows else None,
+            "png": None, "quick": quick, "seed": seed, "grid": exp.grid,
+            "wall_s": round(time.monotonic() - t0, 2), "headline": None}
+    (path / f"{name}.json").write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
+    kept = (f"the {len(rows)} rows of the finished cells are in {path / (name + '.csv')}"
+            if rows else "no rows were finished")
+    print(f"aiogc experiment {name}: interrupted after {count.done} of {count.total} cells; "
+          f"{kept}", file=sys.stderr)
 
 
 def replot(name: str, out: str | Path) -> Path:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,30 @@ _BOOT_SALT = 0xB0075
 
 
 @dataclass(frozen=True)
+class Labels:
+    """How the report labels one headline quantity whose value maps ``a|b|c`` keys to lists.
+
+    Attributes
+    ----------
+    key : tuple of str
+        The column names of the key's ``|``-separated parts (a part ``name=value`` shows
+        its value).
+    value : tuple of str
+        The names of a list value's entries; ``"95% CI"`` takes two (lo, hi), shown lo–hi.
+    unit : str
+        The values' unit, appended to their column names.
+    """
+
+    key: tuple[str, ...]
+    value: tuple[str, ...]
+    unit: str = ""
+
+
+#: The name in :attr:`Labels.value` that takes a (lo, hi) pair.
+CI = "95% CI"
+
+
+@dataclass(frozen=True)
 class Experiment:
     """One named experiment: compute the rows, then plot and summarise them from the CSV.
 
@@ -47,6 +71,8 @@ class Experiment:
         The headline figures (JSON-able), from the CSV rows only.
     grid : str
         One line: the default grid, for ``NAME.json`` and the report.
+    labels : mapping of str to Labels
+        Headline quantity -> how the report labels its table (columns, units, CIs).
     """
 
     name: str
@@ -54,6 +80,7 @@ class Experiment:
     plot: Callable[[list[Row], Path], None]
     summarise: Callable[[list[Row]], dict[str, Any]]
     grid: str
+    labels: Mapping[str, Labels] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ progress
@@ -63,17 +90,28 @@ class Experiment:
 PROGRESS_LISTENERS: list[Callable[[int, int], None]] = []
 
 
-def cells(total: int) -> Callable[[], None]:
+#: Who gets a copy of the rows of the cells finished so far, after each cell that passes them
+#: to ``tick`` (:func:`aiogc.experiments.run_experiment` keeps the last, to write them if the
+#: experiment is interrupted).
+ROW_LISTENERS: list[Callable[[list[Row]], None]] = []
+
+
+def cells(total: int) -> Callable[..., None]:
     """Announce that the running experiment's grid has ``total`` cells; returns ``tick``, to
-    call after each cell (progress with an ETA on stderr)."""
+    call after each cell (progress with an ETA on stderr) with the rows finished so far
+    (kept for an interrupted run; None for an experiment that makes its rows at the end)."""
     done = 0
     listeners = list(PROGRESS_LISTENERS)
+    keepers = list(ROW_LISTENERS)
 
-    def tick() -> None:
+    def tick(rows: Sequence[Row] | None = None) -> None:
         nonlocal done
         done += 1
         for f in listeners:
             f(done, total)
+        if rows is not None:
+            for k in keepers:
+                k(list(rows))
 
     for f in listeners:
         f(0, total)

@@ -150,13 +150,13 @@ def compute(quick: bool, seed: int, where: Path | None = None) -> list[Row]:
                 st, ad, used = _sim_cell(m, delta, ell, spec, instances, rounds, seed)
                 rows.append(_row("simulated", (m, delta, ell), pattern, st, ad,
                                  boot_rng(seed, k, len(rows)), adopted=used))
-                tick()
+                tick(rows)
         for pattern, spec in _delays(24, base).items():
             pairs = 1 if quick else LIVE_PAIRS[pattern]
             st1, ad1, fid = _live_cell(spec, live_rounds, seed, pairs)
             rows.append(_row("live", (24, 6, 3), pattern, st1, ad1,
                              boot_rng(seed, 99, len(rows)), **fid))
-            tick()
+            tick(rows)
     finally:
         if tmp is not None:
             tmp.cleanup()

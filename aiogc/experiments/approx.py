@@ -181,7 +181,7 @@ def mse_compute(quick: bool, seed: int) -> list[Row]:
     tick = cells(3)
     for ell in (1, 2, 3):
         rows += _mse_cell(grid, ell=ell, delay="exp:1.0", key=(ell,), shared=shared)
-        tick()
+        tick(rows)
     return rows
 
 
@@ -250,7 +250,7 @@ def tails_compute(quick: bool, seed: int) -> list[Row]:
     tick = cells(len(g["delays"]))
     for d_i, delay in enumerate(g["delays"]):
         rows += _mse_cell(grid, ell=g["ell"], delay=delay, key=(100 + d_i,))
-        tick()
+        tick(rows)
     return rows
 
 

@@ -88,7 +88,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
                                  "t_s": end - t0, "loss": rec.loss,
                                  "exact_gd_loss": ref[min(rec.round + 1, len(ref) - 1)],
                                  "rel_error": rec.rel_error_plain})
-            tick()
+            tick(rows)
     return rows
 
 

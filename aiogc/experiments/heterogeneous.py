@@ -328,13 +328,13 @@ def compute(quick: bool, seed: int) -> list[Row]:
                             "stream_aware_uploads": ups["stream-aware"],
                             "placement_layout_diff_pct": ", ".join(f"{x:.1f}" for x in per)})
                 rows.append(row)
-                tick()
+                tick(rows)
     for name in live_clusters:
         speeds, sizes = clusters(16)[name]
         t, info = _live_cell(speeds, sizes, blocks, live_rounds, seed)
         rows.append({**_row("live", (16, 3, 1), name, "random", blocks, t,
                             boot_rng(seed, 99, len(rows))), **info})
-        tick()
+        tick(rows)
     return rows
 
 

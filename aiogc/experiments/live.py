@@ -53,7 +53,7 @@ def lvs_compute(quick: bool, seed: int) -> list[Row]:
     for loop in ("asyncio", "uvloop"):
         live = run_live(cfg, schemes, RunOptions(mode="coroutines", out_dir=None, verify=False,
                         loop=loop), schedule=schedule)
-        tick()
+        tick(rows)
         for name in schemes:
             lrec, srec = live.records[name], sim[name]
             n = min(len(lrec), len(srec))
@@ -244,9 +244,9 @@ def lat_compute(quick: bool, seed: int) -> list[Row]:
     g = lat_grid(quick)
     tick = cells(2)  # the simulated sweep, then the live points
     rows = _sim_latency_rows(g, seed)
-    tick()
+    tick(rows)
     rows += _live_latency_rows(g, seed)
-    tick()
+    tick(rows)
     return rows
 
 
@@ -381,7 +381,7 @@ def train_compute(quick: bool, seed: int) -> list[Row]:
                 rows.append({**base, "round": rec.round, "status": rec.status,
                              "wall_s": end - t0, "loss": loss, "loss_logged": rec.loss,
                              "accuracy": acc})
-        tick()
+        tick(rows)
     return rows
 
 

@@ -137,7 +137,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
     for s_i, (m, delta) in enumerate(g["sizes"]):
         for f_i, family in enumerate(FAMILIES):
             rows += _cell(family, m, delta, g, seed, 10 * s_i + f_i)
-            tick()
+            tick(rows)
     return rows
 
 

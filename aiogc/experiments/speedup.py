@@ -17,7 +17,9 @@ import numpy as np
 
 from aiogc.coding import SchemeChoices, make_scheme
 from aiogc.experiments._common import (
+    CI,
     Experiment,
+    Labels,
     Row,
     band,
     boot_rng,
@@ -103,7 +105,7 @@ def compute(quick: bool, seed: int) -> list[Row]:
                                    base={"assignment": assignment, "delay": delay, "m": m,
                                          "delta": delta, "ell": ell, "instances": C,
                                          "trials": R})
-                tick()
+                tick(rows)
     return rows
 
 
@@ -216,4 +218,5 @@ EXPERIMENT = Experiment(
     "exact-speedup", compute, plot, summarise,
     "cyclic, regular and fr (m=42), delays exp:1.0 / pareto:2.5 / straggle:0.2,5,exp:1.0, "
     "m=40, δ=6, ℓ=1..5; partial, original, uncoded, stream-chunks, ignore-stragglers; "
-    "20 code instances x 500 trials (quick: m=20, δ=4, 2 x 150)")
+    "20 code instances x 500 trials (quick: m=20, δ=4, 2 x 150)",
+    {"cells": Labels(("assignment", "delay", "ℓ"), ("speedup", CI), "x")})

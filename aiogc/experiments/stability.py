@@ -34,6 +34,7 @@ from aiogc.coding import (
 from aiogc.coding.decoding_matrix import subset_conditions
 from aiogc.experiments._common import (
     Experiment,
+    Labels,
     Row,
     cells,
     code_rng,
@@ -145,9 +146,9 @@ def compute(quick: bool, seed: int) -> list[Row]:
     tick = cells(len(g["ms"]) + 1)  # + the condition numbers
     for m in g["ms"]:
         rows += _error_rows(m, g, seed)
-        tick()
+        tick(rows)
     rows += _cond_rows(g, seed)
-    tick()
+    tick(rows)
     return rows
 
 
@@ -207,7 +208,9 @@ STABILITY = Experiment(
     "stability", compute, plot, summarise,
     "cyclic δ=4, ℓ=2, m ∈ {8,...,48}: decode error (float64/float32), 5 seeds x 10 trials; "
     "worst-case condition numbers of B (frame / Gaussian, min-max over 5 seeds) and of the "
-    "polynomial code's Vandermonde system (quick: m ∈ {8,16,24}, 2 x 4)")
+    "polynomial code's Vandermonde system (quick: m ∈ {8,16,24}, 2 x 4)",
+    {"error": Labels(("scheme", "dtype", "m"), ("min", "median", "max"),
+                     "relative decode error")})
 
 
 # ------------------------------------------------------------------------------ poly-digits
@@ -344,7 +347,7 @@ def digits_compute(quick: bool, seed: int) -> list[Row]:
                              "rel_error_median": float(np.median(e)),
                              "rel_error_max": float(e.max()),
                              "cond": kappa if name == "partial-frame" else None})
-        tick()
+        tick(rows)
     return rows
 
 

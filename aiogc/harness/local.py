@@ -348,8 +348,8 @@ class _LocalBackend:
         name = cfg.scheme
         bar = Progress(cfg.rounds, name, enabled=self.options.progress)
 
-        def tick(_rec: RoundRecord) -> None:
-            bar.update()
+        def tick(rec: RoundRecord) -> None:
+            bar.update(record=rec)
 
         try:
             outcome: SchemeOutcome = run_on(self.loop_kind, _run_scheme(

@@ -17,7 +17,8 @@
     is hatched grey (workers.csv ``chunks_entered``). A send-when-done worker sends no chunk
     reports: its bar runs from the round start to its reported ``compute_s``.
 ``loss_vs_time.png``
-    Training loss after each round against cumulative wall time, per scheme.
+    Training loss after each round against cumulative emulated time (the round times as
+    recorded: wall time divided by the time scale), per scheme.
 
 matplotlib is an optional dependency (``pip install 'aiogc[plot]'``). It is imported lazily and
 only through the object-oriented API with the Agg canvas, so plotting never touches pyplot's
@@ -339,9 +340,9 @@ def _plot_loss(
             ax.set_yscale("log")  # spans a decade or more
     else:
         ax.text(0.5, 0.5, "no loss recorded", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("cumulative wall time (s)")
+    ax.set_xlabel("cumulative emulated time (s)")
     ax.set_ylabel("loss")
-    ax.set_title("Loss vs wall time")
+    ax.set_title("Loss vs emulated time")
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=_DPI)
     return path

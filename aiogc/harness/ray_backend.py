@@ -439,7 +439,7 @@ class _Driver:
             if self.recorder is not None:
                 self.recorder.round(cfg.scheme, rec, m=scheme.m, loads=list(scheme.loads),
                                     trigger_scheme=not scheme.sends_when_done)
-            bar.update()
+            bar.update(record=rec)
             if self.on_round is not None:
                 self.on_round(rec, ctx)
 

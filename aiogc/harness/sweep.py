@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import re
+import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ def run_sweep(
     resume: ResumeRule = DEFAULT_RESUME,
     on_cell_done: Callable[[Cell, Path], None] | None = None,
     log: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SweepResult:
     """Run every cell that is not complete, in order; then write ``OUT/results.csv``.
 
@@ -188,18 +190,21 @@ def run_sweep(
     stops the sweep with the cell's ``IN_PROGRESS`` marker left behind, so the next sweep re-runs
     it). ``resume`` says which cells already on disk count as complete (:func:`cell_complete`'s
     ``rerun_failed`` and ``rounds``). ``on_cell_done`` is called after each cell that ran
-    (tests use it to interrupt a sweep at a known point).
+    (tests use it to interrupt a sweep at a known point). ``log`` gets one line per cell: its
+    count ``[k/N]``, and once a cell ran, the elapsed time and an ETA (the mean wall time of the
+    cells run so far, times the cells left).
     """
     out.mkdir(parents=True, exist_ok=True)
     res = SweepResult()
-    for cell in cells:
+    t0 = clock()
+    for k, cell in enumerate(cells, 1):
         d = out / cell.name
         params = params_of(cell)
         if cell_complete(d, params, schemes, rerun_failed=resume.rerun_failed,
                          rounds=resume.rounds):
             res.skipped.append(cell.name)
             if log:
-                log(f"sweep: {cell.name}: complete, skipped")
+                log(f"sweep: [{k}/{len(cells)}] {cell.name}: complete, skipped")
             continue
         d.mkdir(parents=True, exist_ok=True)
         (d / "summary.json").unlink(missing_ok=True)
@@ -208,7 +213,8 @@ def run_sweep(
                                                "params": _jsonable(params)}, indent=1) + "\n",
                                    encoding="utf-8")
         if log:
-            log(f"sweep: {cell.name}: running")
+            log(f"sweep: [{k}/{len(cells)}] {cell.name}: running"
+                + _eta(clock() - t0, len(res.ran), len(cells) - k + 1))
         run_cell(cell, d)
         (d / MARKER).unlink()
         res.ran.append(cell.name)
@@ -216,6 +222,13 @@ def run_sweep(
             on_cell_done(cell, d)
     res.results = write_results(out, cells, schemes)
     return res
+
+
+def _eta(elapsed: float, ran: int, left: int) -> str:
+    """``(12 s so far, ETA 30 s)`` once a cell ran (``left`` counts this one)."""
+    if not ran:
+        return ""
+    return f" ({elapsed:.0f} s so far, ETA {elapsed / ran * left:.0f} s)"
 
 
 def results_rows(out: Path, cells: Sequence[Cell], schemes: Sequence[str]

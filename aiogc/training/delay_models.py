@@ -1,7 +1,10 @@
 """The delay models behind the spec strings of :mod:`aiogc.training.delays`: the base laws
 (``none``, ``const``, ``exp``, ``sexp``, ``pareto``, ``lognormal``), the combinators that pick
 slow, failed or bursty workers (:class:`Stragglers`, :class:`Failures`, :class:`MarkovBursts`),
-and the file-backed ones (:class:`Replay` of a ``delays.csv``, the fail-slow :class:`Trace`).
+and the file-backed ones (:class:`Replay` of a ``delays.csv``, the fail-slow :class:`Trace`);
+and the registry of their spec strings (:func:`register_delay`): adding a model is its class
+and one :class:`DelaySyntax` row here, from which the parser, the usage text and the
+``--delay`` help follow.
 
 The spec syntax, :func:`~aiogc.training.delays.parse_delay`, the invariants every model keeps
 (``>= 0`` or ``+inf``, never NaN; no global randomness) and
@@ -13,8 +16,9 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -415,3 +419,221 @@ class Trace(DelayModel):
             t_round = float(t.max())
         out[np.isnan(out)] = np.inf  # 0 * inf: a dead chunk stays dead
         return out
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+class SpecParser(Protocol):
+    """What a custom :attr:`DelaySyntax.parse` gets from the spec parser
+    (:func:`aiogc.training.delays.parse_delay`): its error naming the field and the whole spec,
+    its number reader, and the parser itself for a base spec."""
+
+    fld: str
+
+    def bad(self, allowed: str) -> ConfigError: ...
+
+    def num(self, s: str, p: Param, usage: str) -> float: ...
+
+    def parse(self, text: str) -> DelayModel: ...
+
+
+@dataclass(frozen=True)
+class Param:
+    """One numeric parameter of a spec: its name and the rule it must satisfy."""
+
+    name: str
+    ok: Callable[[float], bool]
+
+
+def _always(values: list[float]) -> bool:
+    return True
+
+
+def _no_caution(values: list[float]) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class DelaySyntax:
+    """One delay model a spec string may name: ``NAME:P1,...,Pn[,BASE]`` and how to build it.
+
+    Attributes
+    ----------
+    name : str
+        The spec's prefix (``exp``).
+    form : str
+        Its syntax (``exp:MEAN``): the usage line of ``--delay`` is these, joined.
+    usage : str
+        The form with the parameters' ranges (the error message of a bad spec).
+    help : str
+        What the model draws, one line.
+    params : tuple of Param
+        The numeric parameters; ``optional`` trailing ones may be omitted.
+    build : callable
+        ``build(*values)`` (``build(*values, base)`` with ``takes_base``) -> DelayModel.
+    takes_base : bool
+        The text after the parameters is itself a spec (commas allowed).
+    extra : callable
+        Validates the values as a whole (pareto: ``ALPHA > 1`` when ``SCALE`` is omitted).
+    caution : callable
+        A warning for valid values that are easy to misread (None: none); the command line
+        prints it (:func:`aiogc.training.delays.delay_cautions`).
+    parse : callable, optional
+        A syntax of its own: ``parse(parser, rest)`` with ``rest`` the text after ``NAME:``
+        (None without a colon); then ``params`` and ``build`` are unused.
+    """
+
+    name: str
+    form: str
+    usage: str
+    help: str
+    params: tuple[Param, ...] = ()
+    build: Callable[..., DelayModel] | None = None
+    optional: int = 0
+    takes_base: bool = False
+    extra: Callable[[list[float]], bool] = _always
+    caution: Callable[[list[float]], str | None] = _no_caution
+    parse: Callable[[SpecParser, str | None], DelayModel] | None = None
+
+
+_DELAYS: dict[str, DelaySyntax] = {}
+
+
+def register_delay(syntax: DelaySyntax) -> DelaySyntax:
+    """Add a model to the spec strings every ``--delay`` / ``--latency`` accepts (an existing
+    name is a ConfigError)."""
+    if syntax.name in _DELAYS:
+        raise ConfigError("delay model", syntax.name, "a name not registered yet")
+    if syntax.parse is None and syntax.build is None:
+        raise ConfigError("delay model", syntax.name, "a build or a parse function")
+    _DELAYS[syntax.name] = syntax
+    return syntax
+
+
+def delay_names() -> tuple[str, ...]:
+    """The registered models' names, in registration order."""
+    return tuple(_DELAYS)
+
+
+def delay_syntax(name: str) -> DelaySyntax | None:
+    """The registry entry of ``name`` (None if unknown)."""
+    return _DELAYS.get(name)
+
+
+def delay_usage() -> str:
+    """``none | const:T | exp:MEAN | ...``: every registered form (the usage of ``--delay``)."""
+    return " | ".join(s.form for s in _DELAYS.values())
+
+
+def _nonneg(x: float) -> bool:
+    return x >= 0
+
+
+def _pos(x: float) -> bool:
+    return x > 0
+
+
+def _unit(x: float) -> bool:
+    return 0 <= x <= 1
+
+
+def _any(x: float) -> bool:
+    return True
+
+
+def _parse_none(p: SpecParser, rest: str | None) -> DelayModel:
+    if rest is not None and rest.strip():
+        raise p.bad("'none' takes no parameters")
+    return NoDelay()
+
+
+_FAIL_USAGE: Final = "fail:FRAC,BASE or fail:FRAC@K,BASE with 0 <= FRAC <= 1, integer K >= 0"
+
+
+def _parse_fail(p: SpecParser, rest: str | None) -> DelayModel:
+    parts = (rest or "").split(",", 1)
+    if len(parts) != 2 or any(not x.strip() for x in parts):
+        raise p.bad(_FAIL_USAGE)
+    frac_s, at, k_s = parts[0].partition("@")
+    frac = p.num(frac_s, Param("FRAC", _unit), _FAIL_USAGE)
+    k: int | None = None
+    if at:
+        try:
+            k = int(k_s.strip())
+        except ValueError:
+            raise p.bad(f"{_FAIL_USAGE}; K={k_s.strip()!r} is not an integer") from None
+        if k < 0:
+            raise p.bad(f"{_FAIL_USAGE}; got K={k}")
+    return Failures(frac, p.parse(parts[1].strip()), k)
+
+
+def _parse_replay(p: SpecParser, rest: str | None) -> DelayModel:
+    path = (rest or "").strip()
+    if not path:
+        raise p.bad("replay:PATH with PATH a delays.csv file")
+    try:
+        return Replay.load(path)
+    except OSError as exc:
+        raise p.bad(f"replay:PATH with PATH a readable delays.csv file ({exc})") from None
+
+
+def _parse_trace(p: SpecParser, rest: str | None) -> DelayModel:
+    path, _, base_spec = (rest or "").partition(",")
+    path = path.strip()
+    if not path:
+        raise p.bad(_TRACE_USAGE)
+    windows, file_base = read_trace(path, fld=p.fld, whole=getattr(p, "whole", None))
+    spec = base_spec.strip() or file_base
+    if not spec:
+        raise p.bad(f"{_TRACE_USAGE}; no BASE given and no '# base=' line in {path}")
+    return Trace(path, windows, p.parse(spec))
+
+
+def _pareto_caution(values: list[float]) -> str | None:
+    if len(values) == 2:
+        return None
+    alpha = values[0]
+    scale = (alpha - 1) / alpha
+    return (f"pareto:{alpha:g} has no SCALE: its scale x_m = {scale:.4g} s makes the mean "
+            f"1 second; write pareto:{alpha:g},{scale:.4g} to mean that, or give the scale "
+            "of your time unit (e.g. pareto:ALPHA,SCALE with the mean ALPHA*SCALE/(ALPHA-1) "
+            "of your other delays)")
+
+
+register_delay(DelaySyntax("none", "none", "none", "zero delay", parse=_parse_none))
+register_delay(DelaySyntax("const", "const:T", "const:T with T >= 0", "exactly T seconds",
+                           (Param("T", _nonneg),), Constant))
+register_delay(DelaySyntax("exp", "exp:MEAN", "exp:MEAN with MEAN > 0",
+                           "exponential with mean MEAN", (Param("MEAN", _pos),), Exponential))
+register_delay(DelaySyntax(
+    "shiftexp", "shiftexp:SHIFT,MEAN", "shiftexp:SHIFT,MEAN with SHIFT >= 0 and MEAN > 0",
+    "SHIFT + an exponential of mean MEAN", (Param("SHIFT", _nonneg), Param("MEAN", _pos)),
+    ShiftedExponential))
+register_delay(DelaySyntax(
+    "pareto", "pareto:ALPHA[,SCALE]",
+    "pareto:ALPHA[,SCALE] with SCALE > 0 and ALPHA > 0 (ALPHA > 1 if SCALE is omitted)",
+    "Pareto (type I) of shape ALPHA and minimum SCALE; without SCALE the mean is 1 second "
+    "(a warning says so)", (Param("ALPHA", _pos), Param("SCALE", _pos)), Pareto, optional=1,
+    extra=lambda v: len(v) == 2 or v[0] > 1, caution=_pareto_caution))
+register_delay(DelaySyntax("lognormal", "lognormal:MU,SIGMA",
+                           "lognormal:MU,SIGMA with SIGMA >= 0", "exp(N(MU, SIGMA^2))",
+                           (Param("MU", _any), Param("SIGMA", _nonneg)), LogNormal))
+register_delay(DelaySyntax(
+    "straggle", "straggle:FRAC,FACTOR,BASE",
+    "straggle:FRAC,FACTOR,BASE with 0 <= FRAC <= 1, FACTOR > 0, BASE a delay spec",
+    "persistent partial stragglers: FRAC of the workers, FACTOR times slower",
+    (Param("FRAC", _unit), Param("FACTOR", _pos)), Stragglers, takes_base=True))
+register_delay(DelaySyntax("fail", "fail:FRAC[@K],BASE", _FAIL_USAGE,
+                           "FRAC of the workers dead each round (from round K on with @K)",
+                           parse=_parse_fail))
+register_delay(DelaySyntax(
+    "markov", "markov:P_SLOW,P_RECOVER,FACTOR,BASE",
+    "markov:P_SLOW,P_RECOVER,FACTOR,BASE with probabilities in [0, 1], FACTOR > 0, "
+    "BASE a delay spec", "two-state bursts: slow workers FACTOR times slower",
+    (Param("P_SLOW", _unit), Param("P_RECOVER", _unit), Param("FACTOR", _pos)),
+    MarkovBursts, takes_base=True))
+register_delay(DelaySyntax("replay", "replay:PATH", "replay:PATH with PATH a delays.csv file",
+                           "the schedule recorded in a run's delays.csv", parse=_parse_replay))
+register_delay(DelaySyntax("trace", "trace:FILE[,BASE]", _TRACE_USAGE,
+                           "fail-slow windows from FILE on top of BASE", parse=_parse_trace))

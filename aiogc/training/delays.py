@@ -37,7 +37,7 @@ Numbers are seconds unless noted. Base models, drawn i.i.d. per (round, worker, 
     classic (type I) Pareto with shape ``ALPHA > 0`` and minimum ``x_m = SCALE > 0``: the density
     is ``ALPHA x_m^ALPHA / x^(ALPHA+1)`` on ``x >= x_m``. When ``SCALE`` is omitted the scale is
     chosen so that the **mean is 1 second**, ``x_m = (ALPHA - 1) / ALPHA``, which needs
-    ``ALPHA > 1``.
+    ``ALPHA > 1``; :func:`delay_cautions` says so (the commands print it as a warning).
 ``lognormal:MU,SIGMA``
     ``exp(N(MU, SIGMA^2))``; ``SIGMA >= 0``.
 
@@ -92,28 +92,31 @@ network delay is per (round, worker), the same for every frame of that round.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 
 from aiogc.errors import ConfigError
 from aiogc.training.delay_models import (
-    _TRACE_USAGE,
     Constant,
     DelayModel,
+    DelaySyntax,
     Exponential,
     Failures,
     LogNormal,
     MarkovBursts,
     NoDelay,
+    Param,
     Pareto,
     Replay,
     ShiftedExponential,
     Stragglers,
     Trace,
+    delay_names,
+    delay_syntax,
+    delay_usage,
     read_trace,
+    register_delay,
 )
 from aiogc.training.schedule import DelaySchedule
 
@@ -124,6 +127,7 @@ __all__ = [
     "Constant",
     "DelayModel",
     "DelaySchedule",
+    "DelaySyntax",
     "Exponential",
     "Failures",
     "LogNormal",
@@ -134,9 +138,13 @@ __all__ = [
     "ShiftedExponential",
     "Stragglers",
     "Trace",
+    "delay_cautions",
+    "delay_names",
+    "delay_usage",
     "materialise",
     "parse_delay",
     "read_trace",
+    "register_delay",
 ]
 
 #: Refuse to materialise more delay cells than this (R * m * K): 8 bytes each, so 800 MB. A
@@ -146,15 +154,9 @@ MAX_SCHEDULE_CELLS: Final = 100_000_000
 
 # --------------------------------------------------------------------------- parsing
 
-_SYNTAX: Final = (
-    "none | const:T | exp:MEAN | shiftexp:SHIFT,MEAN | pareto:ALPHA[,SCALE] | "
-    "lognormal:MU,SIGMA | straggle:FRAC,FACTOR,BASE | fail:FRAC[@K],BASE | "
-    "markov:P_SLOW,P_RECOVER,FACTOR,BASE | replay:PATH | trace:FILE[,BASE]"
-)
-
-
 def parse_delay(spec: str, *, field: str = "delay") -> DelayModel:
-    """Build a :class:`DelayModel` from a spec string (syntax in the module docstring).
+    """Build a :class:`DelayModel` from a spec string (syntax in the module docstring; the
+    models are the registry of :mod:`aiogc.training.delay_models`, :func:`delay_usage`).
 
     Parameters
     ----------
@@ -179,74 +181,22 @@ def parse_delay(spec: str, *, field: str = "delay") -> DelayModel:
     >>> parse_delay("straggle:0.25,5,exp:0.02").spec
     'straggle:0.25,5.0,exp:0.02'
     """
+    return _parsed(spec, field).parse(spec.strip())
+
+
+def delay_cautions(spec: str, *, field: str = "delay") -> list[str]:
+    """Warnings about a valid spec that is easy to misread (``pareto:ALPHA`` without a
+    scale: a mean of 1 second beside delays in milliseconds), ``field: ...`` each; the
+    command line prints them."""
+    parser = _parsed(spec, field)
+    parser.parse(spec.strip())
+    return [f"{field} {spec!r}: {c}" for c in parser.cautions]
+
+
+def _parsed(spec: object, field: str) -> _Parser:
     if not isinstance(spec, str):
-        raise ConfigError(field, spec, f"a string: {_SYNTAX}")
-    return _parse(spec.strip(), spec, field)
-
-
-@dataclass(frozen=True)
-class _Param:
-    """One numeric parameter of a spec: its name and the rule it must satisfy."""
-
-    name: str
-    ok: Callable[[float], bool]
-
-
-@dataclass(frozen=True)
-class _Syntax:
-    """How to read ``NAME:P1,...,Pn[,BASE]`` for one model (one row of :data:`_MODELS`).
-
-    ``optional`` trailing parameters may be omitted; ``takes_base`` means the text after the
-    parameters is itself a spec (commas allowed); ``extra`` validates the parameter list as a
-    whole (e.g. pareto's ``ALPHA > 1`` when ``SCALE`` is omitted).
-    """
-
-    usage: str
-    params: tuple[_Param, ...]
-    build: Callable[..., DelayModel]
-    optional: int = 0
-    takes_base: bool = False
-    extra: Callable[[list[float]], bool] = lambda v: True
-
-
-def _nonneg(x: float) -> bool:
-    return x >= 0
-
-
-def _pos(x: float) -> bool:
-    return x > 0
-
-
-def _unit(x: float) -> bool:
-    return 0 <= x <= 1
-
-
-def _any(x: float) -> bool:
-    return True
-
-
-_MODELS: Final[dict[str, _Syntax]] = {
-    "const": _Syntax("const:T with T >= 0", (_Param("T", _nonneg),), Constant),
-    "exp": _Syntax("exp:MEAN with MEAN > 0", (_Param("MEAN", _pos),), Exponential),
-    "shiftexp": _Syntax("shiftexp:SHIFT,MEAN with SHIFT >= 0 and MEAN > 0",
-                        (_Param("SHIFT", _nonneg), _Param("MEAN", _pos)), ShiftedExponential),
-    "pareto": _Syntax(
-        "pareto:ALPHA[,SCALE] with SCALE > 0 and ALPHA > 0 (ALPHA > 1 if SCALE is omitted)",
-        (_Param("ALPHA", _pos), _Param("SCALE", _pos)), Pareto, optional=1,
-        extra=lambda v: len(v) == 2 or v[0] > 1),
-    "lognormal": _Syntax("lognormal:MU,SIGMA with SIGMA >= 0",
-                         (_Param("MU", _any), _Param("SIGMA", _nonneg)), LogNormal),
-    "straggle": _Syntax(
-        "straggle:FRAC,FACTOR,BASE with 0 <= FRAC <= 1, FACTOR > 0, BASE a delay spec",
-        (_Param("FRAC", _unit), _Param("FACTOR", _pos)), Stragglers, takes_base=True),
-    "markov": _Syntax(
-        "markov:P_SLOW,P_RECOVER,FACTOR,BASE with probabilities in [0, 1], FACTOR > 0, "
-        "BASE a delay spec",
-        (_Param("P_SLOW", _unit), _Param("P_RECOVER", _unit), _Param("FACTOR", _pos)),
-        MarkovBursts, takes_base=True),
-}
-
-_FAIL_USAGE: Final = "fail:FRAC,BASE or fail:FRAC@K,BASE with 0 <= FRAC <= 1, integer K >= 0"
+        raise ConfigError(field, spec, f"a string: {delay_usage()}")
+    return _Parser(spec, field)
 
 
 class _Parser:
@@ -254,11 +204,12 @@ class _Parser:
 
     def __init__(self, whole: str, fld: str) -> None:
         self.whole, self.fld = whole, fld
+        self.cautions: list[str] = []
 
     def bad(self, allowed: str) -> ConfigError:
         return ConfigError(self.fld, self.whole, allowed)
 
-    def num(self, s: str, p: _Param, usage: str) -> float:
+    def num(self, s: str, p: Param, usage: str) -> float:
         try:
             x = float(s)
         except ValueError:
@@ -270,24 +221,18 @@ class _Parser:
     def parse(self, text: str) -> DelayModel:
         name, sep, rest = text.partition(":")
         name = name.strip().lower()
-        if name == "none":
-            if sep and rest.strip():
-                raise self.bad("'none' takes no parameters")
-            return NoDelay()
+        syn = delay_syntax(name)
+        if syn is None:
+            raise self.bad(f"one of {delay_usage()}; unknown model {name!r}" if sep
+                           else delay_usage())
+        if syn.parse is not None:
+            return syn.parse(self, rest if sep else None)
         if not sep:
-            raise self.bad(_SYNTAX)
-        if name == "fail":
-            return self.fail(rest)
-        if name == "replay":
-            return self.replay(rest)
-        if name == "trace":
-            return self.trace(rest)
-        syntax = _MODELS.get(name)
-        if syntax is None:
-            raise self.bad(f"one of {_SYNTAX}; unknown model {name!r}")
-        return self.table(syntax, rest)
+            raise self.bad(delay_usage())
+        return self.table(syn, rest)
 
-    def table(self, syn: _Syntax, rest: str) -> DelayModel:
+    def table(self, syn: DelaySyntax, rest: str) -> DelayModel:
+        assert syn.build is not None  # register_delay: a build or a parse
         n = len(syn.params)
         if syn.takes_base:
             parts = rest.split(",", n)  # the base spec keeps its own commas
@@ -302,48 +247,10 @@ class _Parser:
         values = [self.num(s, p, syn.usage) for s, p in zip(parts, syn.params, strict=False)]
         if not syn.extra(values):
             raise self.bad(f"{syn.usage}; got {','.join(parts)}")
+        caution = syn.caution(values)
+        if caution:
+            self.cautions.append(caution)
         return syn.build(*values)
-
-    def fail(self, rest: str) -> DelayModel:
-        parts = rest.split(",", 1)
-        if len(parts) != 2 or any(not p.strip() for p in parts):
-            raise self.bad(_FAIL_USAGE)
-        frac_s, at, k_s = parts[0].partition("@")
-        frac = self.num(frac_s, _Param("FRAC", _unit), _FAIL_USAGE)
-        k: int | None = None
-        if at:
-            try:
-                k = int(k_s.strip())
-            except ValueError:
-                raise self.bad(f"{_FAIL_USAGE}; K={k_s.strip()!r} is not an integer") from None
-            if k < 0:
-                raise self.bad(f"{_FAIL_USAGE}; got K={k}")
-        return Failures(frac, self.parse(parts[1].strip()), k)
-
-    def replay(self, rest: str) -> DelayModel:
-        path = rest.strip()
-        if not path:
-            raise self.bad("replay:PATH with PATH a delays.csv file")
-        try:
-            return Replay.load(path)
-        except OSError as exc:
-            raise self.bad(f"replay:PATH with PATH a readable delays.csv file ({exc})") from None
-
-
-    def trace(self, rest: str) -> DelayModel:
-        path, _, base_spec = rest.partition(",")
-        path = path.strip()
-        if not path:
-            raise self.bad(_TRACE_USAGE)
-        windows, file_base = read_trace(path, fld=self.fld, whole=self.whole)
-        spec = base_spec.strip() or file_base
-        if not spec:
-            raise self.bad(f"{_TRACE_USAGE}; no BASE given and no '# base=' line in {path}")
-        return Trace(path, windows, self.parse(spec))
-
-
-def _parse(text: str, whole: str, fld: str) -> DelayModel:
-    return _Parser(whole, fld).parse(text)
 
 
 def _as_model(model: str | DelayModel, fld: str) -> DelayModel:
