@@ -452,7 +452,7 @@ def wire_round_s(config: RunConfig, dim: int) -> float:
 def workload_timeouts(config: RunConfig, slowest_round_s: float) -> dict[str, float]:
     """Defaults of the timeouts that guard waits on the workload, in emulated seconds (the
     time scale multiplies them later, :meth:`RunConfig.dilated`). One documented hierarchy
-    (README, "Timeouts"):
+    (docs/guide/runs.md, "Timeouts"):
 
     * ``join_timeout_s = max(30, 0.05 m)``: m workers connect and handshake (about 1 s per
       1024 on one host, measured; 50 ms each leaves a CPU-starved machine 20x headroom);

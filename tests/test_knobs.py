@@ -62,8 +62,8 @@ def test_file_keys_and_keywords_are_the_flags() -> None:
         assert keyword_values(p, {keyword_name(key): None}, command="aiogc.run") == {}
 
 
-def test_readme_flag_list_names_table_flags() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_runs_page_flag_list_names_table_flags() -> None:
+    readme = (ROOT / "docs" / "guide" / "runs.md").read_text()
     para = readme[readme.index("Common flags (`aiogc run --help`)"):]
     para = para[:para.index("\n\n")]
     named = set(re.findall(r"--([a-z][a-z-]*)", para)) - {"no-verify", "help"}

@@ -1,7 +1,7 @@
 """Delay models and orderings are registries, like schemes: the usage text, the help, the docs
-and the README's list follow from them (checked here), an unknown name is refused with the
-known ones listed, a spec that is easy to misread is warned about, and adding a model or an
-ordering is one file (a copy of the package with one file edited, in a fresh interpreter)."""
+and the list in docs/guide/runs.md follow from them (checked here), an unknown name is refused
+with the known ones listed, a spec that is easy to misread is warned about, and adding a model
+or an ordering is one file (a copy of the package with one file edited, in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from aiogc.errors import ConfigError
 from aiogc.training.delay_models import _DELAYS, delay_names, delay_usage
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+RUNS_DOC = (ROOT / "docs" / "guide" / "runs.md").read_text()
 
 
 def _flat(text: str) -> str:
@@ -47,7 +47,7 @@ def test_the_usage_and_the_help_are_the_registry() -> None:
 def test_the_docs_list_every_model() -> None:
     doc = delays.__doc__ or ""
     for s in _DELAYS.values():
-        assert f"`{s.form}`" in README, f"README's delay list lacks {s.form}"
+        assert f"`{s.form}`" in RUNS_DOC, f"docs/guide/runs.md's delay list lacks {s.form}"
         assert f"``{s.name}" in doc, f"training/delays.py's docstring lacks {s.name}"
 
 

@@ -366,7 +366,7 @@ class HostClient:
             # machines the workers would handle their frames in parallel; here one loop handles
             # them one after another, and a worker's clock (its round's chunk deadlines) must
             # not start later for being the 64th in the batch (the emulation's cost, not the
-            # protocol's: README, "Worker hosts")
+            # protocol's: docs/design.md, "Worker hosts")
             self._read_at = self._clock()
         self._in_batch = True
         # _window's test inlined: this runs for every frame read
