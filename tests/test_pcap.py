@@ -1,5 +1,5 @@
-"""Wire capture (issue 20 item 7): ``aiogc run --pcap`` writes a pcap of the PS's frames and
-the Wireshark dissector ``tools/aiogc.lua`` names every frame kind.
+"""Wire capture: ``aiogc run --pcap`` writes a pcap of the PS's frames and the Wireshark
+dissector shipped in the package (``aiogc/protocol/aiogc.lua``) names every frame kind.
 
 The writer is checked on its own (pcap records, IPv4 / TCP checksums, sequence numbers that
 count the bytes of each direction). With ``tshark`` (Debian's package; .ci/run installs it,
@@ -20,6 +20,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from aiogc.protocol.messages import (
 )
 from aiogc.protocol.wire import HOST_MAGIC, encode_frame_bytes
 
-LUA = Path(__file__).resolve().parent.parent / "tools" / "aiogc.lua"
+LUA = Path(__file__).resolve().parent.parent / "aiogc" / "protocol" / "aiogc.lua"
 
 
 class _Conn:
@@ -118,11 +119,15 @@ def test_writer_builds_valid_tcp_flows(tmp_path: Path) -> None:
 
 
 def test_dissector_is_generated_from_the_field_table() -> None:
-    """tools/aiogc.lua is exactly what the generator writes from the codec's table."""
-    from aiogc.protocol.dissector import render
+    """The shipped aiogc.lua is exactly what the generator writes from the codec's table, and
+    ``--path`` names that file."""
+    from aiogc.protocol.dissector import LUA_PATH, render
 
     assert LUA.read_text(encoding="utf-8") == render(), \
-        "tools/aiogc.lua is stale: python -m aiogc.protocol.dissector tools/aiogc.lua"
+        "aiogc/protocol/aiogc.lua is stale: python -m aiogc.protocol.dissector --write"
+    out = subprocess.run([sys.executable, "-m", "aiogc.protocol.dissector", "--path"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+    assert Path(out.stdout.strip()).resolve() == LUA_PATH.resolve() == LUA.resolve()
 
 
 def _tshark() -> str:

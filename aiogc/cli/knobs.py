@@ -276,7 +276,9 @@ def knob_table() -> tuple[Knob, ...]:
         Knob("overwrite", "replace the earlier run in --out (its files are removed first)",
              LIVE, action="store_true", shown="off"),
         Knob("pcap", "write the PS's frames to FILE (pcap, synthetic TCP/IPv4 flows; decode "
-             "with tools/aiogc.lua; local backend only)", LIVE, None, None, metavar="FILE"),
+             "with the Wireshark dissector shipped with aiogc, whose path `python -m "
+             "aiogc.protocol.dissector --path` prints; local backend only)", LIVE, None, None,
+             metavar="FILE"),
         Knob("spare-wait", "after the vectors decode, wait up to F x the round's elapsed time "
              "for one spare vector so the original scheme's redundancy check can catch a liar "
              "(0: off, the paper's protocol; costs ~+22% round time at F=0.5 on the virtual "

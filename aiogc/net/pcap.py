@@ -17,8 +17,8 @@ segment per ``buffer_updated`` call. Segment boundaries are therefore those of t
 calls, not of the kernel's packets, and the timestamps are the PS's wall clock at the call.
 IP and TCP checksums are correct. :meth:`PcapWriter.close` ends every flow with a FIN pair.
 
-Decode with the Wireshark dissector in ``tools/aiogc.lua``
-(``tshark -X lua_script:tools/aiogc.lua -r FILE``).
+Decode with the Wireshark dissector shipped in the package
+(``tshark -X lua_script:"$(python -m aiogc.protocol.dissector --path)" -r FILE``).
 """
 
 from __future__ import annotations

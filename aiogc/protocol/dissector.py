@@ -1,11 +1,14 @@
-"""The Wireshark dissector ``tools/aiogc.lua``, generated from the codec's field table.
+"""The Wireshark dissector ``aiogc.lua``, generated from the codec's field table.
 
 :func:`render` fills the kinds, their fields in wire order and their msgpack forms
 (:data:`aiogc.protocol.headers.WIRE_FIELDS`) into the Lua template below, so the dissector
-and the codec cannot drift (``tests/test_pcap.py`` checks ``tools/aiogc.lua`` against it).
-Regenerate after a wire change::
+and the codec cannot drift (``tests/test_pcap.py`` checks the shipped file against it). The
+file ships inside the package, beside this module (:data:`LUA_PATH`)::
 
-    python -m aiogc.protocol.dissector tools/aiogc.lua
+    python -m aiogc.protocol.dissector --path      # where the installed dissector is
+    tshark -X lua_script:"$(python -m aiogc.protocol.dissector --path)" -r capture.pcap
+    python -m aiogc.protocol.dissector --write     # regenerate it after a wire change
+    python -m aiogc.protocol.dissector FILE        # or write it elsewhere (no argument: stdout)
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from pathlib import Path
 from aiogc.protocol.headers import DEFAULT_LIMITS, DTYPE_CODES, KIND_CODES, WIRE_FIELDS
 from aiogc.protocol.messages import PROTOCOL_VERSION
 
-__all__ = ["render"]
+__all__ = ["LUA_PATH", "main", "render"]
+
+#: the generated dissector, shipped as package data
+LUA_PATH = Path(__file__).with_name("aiogc.lua")
 
 #: how the dissector declares a field of each msgpack form (``%s``: the field's name)
 _PROTO_FIELD = {
@@ -33,7 +39,7 @@ _PROTO_FIELD = {
 
 
 def render() -> str:
-    """The text of ``tools/aiogc.lua`` for this version of the protocol."""
+    """The text of the dissector (``aiogc.lua``) for this version of the protocol."""
     kinds = sorted(KIND_CODES.items(), key=lambda kv: kv[1])
     kind_rows = [f'  [{code}] = "{kind}",' for kind, code in kinds]
     field_rows = []
@@ -57,10 +63,19 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``--path``: print :data:`LUA_PATH`; ``--write``: regenerate it; ``FILE``: write the
+    dissector there; nothing: write it to stdout."""
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--path"]:
+        sys.stdout.write(f"{LUA_PATH}\n")
+        return 0
+    if len(args) > 1 or (args and args[0].startswith("-") and args[0] != "--write"):
+        sys.stderr.write("usage: python -m aiogc.protocol.dissector [--path | --write | FILE]\n")
+        return 2
     text = render()
     if args:
-        Path(args[0]).write_text(text, encoding="utf-8")
+        target = LUA_PATH if args[0] == "--write" else Path(args[0])
+        target.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0
@@ -69,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 _TEMPLATE = r"""
 -- Wireshark dissector for the aiogc wire protocol, version @VERSION@ (docs/protocol.md §2-§3).
 --
---   tshark -X lua_script:tools/aiogc.lua -r capture.pcap
---   wireshark -X lua_script:tools/aiogc.lua capture.pcap
---   (or copy this file into Wireshark's personal plugins folder)
+--   tshark -X lua_script:aiogc.lua -r capture.pcap
+--   wireshark -X lua_script:aiogc.lua capture.pcap
+--   (this file ships inside the aiogc package: `python -m aiogc.protocol.dissector --path`
+--   prints where; or copy it into Wireshark's personal plugins folder)
 --
 -- Captures come from `aiogc run --pcap FILE` (aiogc/net/pcap.py: synthetic TCP/IPv4 flows of
 -- the PS's connections) or from any real capture of aiogc traffic. The dissector finds aiogc

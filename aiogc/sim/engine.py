@@ -60,8 +60,22 @@ def _counter_nonces(salt: int) -> Callable[[], bytes]:
 
 @dataclass(frozen=True)
 class SimNetwork:
-    """How frames travel in a :class:`Simulation` (see its parameters ``latency``,
-    ``bandwidth_Bps`` and ``ingress``); the default delivers every frame at once."""
+    """How frames travel in a :class:`Simulation`; the default delivers every frame at once.
+
+    Attributes
+    ----------
+    latency : float or callable
+        One-way delay of each frame; a callable gets ``(worker, direction, msg)`` with
+        direction ``"up"`` (worker -> PS) or ``"down"``.
+    bandwidth_Bps : float, optional
+        Adds ``array bytes / bandwidth`` to frames that carry an array.
+    ingress : (service_s, latency_s), optional
+        A shared FIFO PS ingress: the up-direction delay then means "until the frame reaches
+        the ingress"; frames are served in the order they reach it (ties: in send order), each
+        for ``service_s(msg)`` seconds, and arrive ``latency_s`` after their service ends.
+        Frames that overlap share it; a frame's arrival is known only once it reached the
+        ingress (a later send may reach it first), hence the extra action.
+    """
 
     latency: float | LatencyFn = 0.0
     bandwidth_Bps: float | None = None
@@ -80,18 +94,8 @@ class Simulation:
     workers : list of Worker
         ``workers[j].worker_id == j``.
     network : SimNetwork, optional
-        How frames travel (default: instantly); its fields:
-    latency : float or callable
-        One-way delay of each frame; a callable gets ``(worker, direction, msg)`` with
-        direction ``"up"`` (worker -> PS) or ``"down"``.
-    bandwidth_Bps : float, optional
-        Adds ``array bytes / bandwidth`` to frames that carry an array.
-    ingress : (service_s, latency_s), optional
-        A shared FIFO PS ingress: the up-direction delay then means "until the frame reaches
-        the ingress"; frames are served in the order they reach it (ties: in send order), each
-        for ``service_s(msg)`` seconds, and arrive ``latency_s`` after their service ends.
-        Frames that overlap share it; a frame's arrival is known only once it reached the
-        ingress (a later send may reach it first), hence the extra action.
+        How frames travel (default: instantly; its fields are described on
+        :class:`SimNetwork`).
     progress_events : bool
         Keep the workers' telemetry events (``ChunkComputed``, ``CodedSent``, ``RoundEnded``) in
         :attr:`worker_events`. Off by default: nothing in a simulation reads them, and they

@@ -1,8 +1,9 @@
 -- Wireshark dissector for the aiogc wire protocol, version 5 (docs/protocol.md §2-§3).
 --
---   tshark -X lua_script:tools/aiogc.lua -r capture.pcap
---   wireshark -X lua_script:tools/aiogc.lua capture.pcap
---   (or copy this file into Wireshark's personal plugins folder)
+--   tshark -X lua_script:aiogc.lua -r capture.pcap
+--   wireshark -X lua_script:aiogc.lua capture.pcap
+--   (this file ships inside the aiogc package: `python -m aiogc.protocol.dissector --path`
+--   prints where; or copy it into Wireshark's personal plugins folder)
 --
 -- Captures come from `aiogc run --pcap FILE` (aiogc/net/pcap.py: synthetic TCP/IPv4 flows of
 -- the PS's connections) or from any real capture of aiogc traffic. The dissector finds aiogc
