@@ -380,7 +380,7 @@ class RunConfig:
     def to_wire(self) -> dict[str, Any]:
         """Flat map of scalars for the ``welcome`` message. ``time_scale`` is left out at its
         default 1 (the bytes of a real-time run's welcome are those of protocol v3 before
-        time dilation existed); so is ``coded_dtype`` at its default ``same`` (issue 21: the
+        time dilation existed); so is ``coded_dtype`` at its default ``same`` (the
         default welcome is byte-identical to the one before compressed payloads), and
         ``bandwidth`` when empty (no traffic shaping)."""
         out = asdict(self)
@@ -390,7 +390,7 @@ class RunConfig:
             del out["coded_dtype"]
         if not self.bandwidth:  # likewise: an unshaped run's welcome is unchanged
             del out["bandwidth"]
-        for name in ("worker_speeds", "chunk_sizes"):  # issue 21 item 2: the same
+        for name in ("worker_speeds", "chunk_sizes"):  # the same
             if out[name] == "uniform":
                 del out[name]
         return out

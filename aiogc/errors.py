@@ -39,7 +39,7 @@ class ProtocolError(AiogcError):
 
 
 class EvictedError(ConnectionError):
-    """The PS evicted this worker (an authenticated ``error`` with code ``evicted``, issue 21):
+    """The PS evicted this worker (an authenticated ``error`` with code ``evicted``):
     its key is refused for the rest of the run, so the worker ends instead of reconnecting
     (``aiogc worker`` exits 4)."""
 

@@ -1,4 +1,4 @@
-"""Live fidelity records of bench/run.py (issue 22), each measured in the same run as its
+"""Live fidelity records of bench/run.py, each measured in the same run as its
 baseline:
 
 * ``floor_round_vs_sim_m64`` / ``_m256``: the protocol-free floor (bench/floor.py) against the

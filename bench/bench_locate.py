@@ -1,4 +1,4 @@
-"""What locating a liar costs the PS per round (issue 21 item 4), at m=64.
+"""What locating a liar costs the PS per round, at m=64.
 
 PS and worker cores back to back on the virtual clock (original scheme, cyclic ``delta``, the
 PS waiting for two spares). Worker ``--liar`` sends 3x its coded vector every round; with

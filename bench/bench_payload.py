@@ -1,4 +1,4 @@
-"""Compressed coded payloads (issue 21 item 3): bytes on the wire, simulated time, accuracy.
+"""Compressed coded payloads: bytes on the wire, simulated time, accuracy.
 
 For each ``--payload-dtype`` (same, float16, bfloat16), in one run:
 

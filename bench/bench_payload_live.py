@@ -1,4 +1,4 @@
-"""Compressed coded payloads live, with traffic shaping (issue 21 item 3): interleaved pairs.
+"""Compressed coded payloads live, with traffic shaping: interleaved pairs.
 
 Runs ``aiogc run --as coroutines ... --bandwidth worker=100MB/s --time-scale auto --payload-dtype
 same`` and ``... float16`` alternately (the order flips every pair), ``--pairs`` times, and

@@ -34,13 +34,13 @@ the oracle, against the stated bound ``(1 + gain) B(w)`` of aiogc/training/appro
 (``vs-stated-bound``: must stay <= 1). ``--no-verify`` turns the PS's
 oracle off (the guard keeps its norm, redundancy and model checks); ``--spare-wait F`` makes
 the original scheme wait up to F times the round's elapsed time for one spare vector (the
-redundancy check's cross-check). ``--locate N`` (issue 21) waits for two spares, locates the
-liar, decodes without it and evicts it after N located rounds. Issue 18's acceptance run::
+redundancy check's cross-check). ``--locate N`` waits for two spares, locates the
+liar, decodes without it and evicts it after N located rounds. The acceptance run::
 
     python bench/redteam.py --mode approx --deadline 0.004 --attacks none,scale3,signflip,huge,nudge
     python bench/redteam.py --schemes original --no-verify --spare-wait 1
 
-Issue 18's per-mode table in docs/security.md (exact and approximate, partial and original,
+The per-mode table in docs/security.md (exact and approximate, partial and original,
 ``--dtype float64`` and ``float32``; ``--repeat 3`` prints the medians of 3 runs; exact rounds
 without the oracle are reported against the truth and their stated bound ``2 B(w)``)::
 
@@ -50,7 +50,7 @@ without the oracle are reported against the truth and their stated bound ``2 B(w
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --dtype D
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify --dtype D
 
-Issue 21's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
+Liar location's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
 
     python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
         --locate 3 --attacks none,scale3,signflip,nudge,noise,huge
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="original scheme: wait this multiple of the round's elapsed time for "
                         "one spare vector")
     p.add_argument("--locate", type=int, default=None, metavar="N",
-                   help="original scheme (issue 21): wait for two spares, locate the liar, "
+                   help="original scheme: wait for two spares, locate the liar, "
                         "decode without it, evict it after N located rounds")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each (scheme, attack); with more than 1, the medians too")

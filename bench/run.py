@@ -87,7 +87,7 @@ Usage::
     python bench/run.py --json out.json              # more trials and rounds
     python bench/run.py --smoke --json out.json      # seconds; what the test runs
     python bench/run.py --only round_vs_sim_m64 decode_vs_gemv
-    python bench/run.py --table --json table.json    # issue 8's live-vs-sim table, m=16..256
+    python bench/run.py --table --json table.json    # the live-vs-sim table, m=16..256
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ GOALS: dict[str, tuple[str, str]] = {
     "speedup_vs_sim_m256_auto": ("x", "ratio >= 0.95"),
     "round_vs_sim_m1024_auto": ("s", "ratio <= 1.05"),
     "fidelity_flag_agrees": ("runs", "value >= 1.0"),
-    # issue 21 (bench/bench_payload.py, bench/bench_locate.py)
+    # 16-bit uploads and liar location (bench/bench_payload.py, bench/bench_locate.py)
     "coded_bytes_f16_vs_f32": ("B", "ratio <= 0.51"),
     # the bound is the measured ratio (15.1-17.2 in eight runs at load 2.4-3.9, one BLAS thread;
     # bench/RESULTS.md), rounded up: a located round must not get dearer than that
@@ -1210,7 +1210,7 @@ def rss_record(sz: Sizes) -> dict[str, Any]:
         return failed("ps_peak_rss_mb_m64_d1e6", base, exc)
 
 
-# ------------------------------------------------------------------------------ issue 21
+# --------------------------------------------------- 16-bit uploads, liar location
 
 
 def payload_record(sz: Sizes) -> dict[str, Any]:
@@ -1540,7 +1540,7 @@ def _git_sha() -> str | None:
 
 def live_table(ms: list[int], processes: list[int], rounds: int, trials: int, workdir: Path,
                limit_s: float) -> dict[str, Any]:
-    """Issue 8's table: per m, partial live round / simulated, live and simulated speedup."""
+    """The live-vs-sim table: per m, partial live round / simulated, live and simulated speedup."""
     rows = []
     for m, mode in [(m, "coroutines") for m in ms] + [(m, "processes") for m in processes]:
         ts = [live_vs_sim(m, rounds, mode=mode, seed=1 + t, workdir=workdir, limit_s=limit_s)
@@ -1589,7 +1589,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=list(GOALS), metavar="NAME",
                     help="measure only these records")
     ap.add_argument("--table", action="store_true",
-                    help="issue 8's live-vs-sim table instead of the suite")
+                    help="the live-vs-sim table instead of the suite")
     ap.add_argument("--table-m", type=int, nargs="+", default=[16, 32, 64, 256],
                     help="coroutine m values of --table (default 16 32 64 256)")
     ap.add_argument("--table-processes", type=int, nargs="*", default=[64],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import select
 import threading
@@ -15,6 +16,7 @@ import numpy as np
 from aiogc.config import RunConfig
 from aiogc.core import ParameterServer, PSOptions, Setup, Worker, WorkerCache
 from aiogc.harness.kit import make_ps, materialise_for
+from aiogc.protocol.messages import CodedGradient
 from aiogc.sim.engine import SimNetwork, Simulation
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.schedule import DelaySchedule
@@ -201,3 +203,24 @@ def coded_rows(rows: np.ndarray) -> dict[int, Any]:
     return {j: CodedGradient(epoch=0, round=0, attempt=0, state_digest=b"\0" * 32,
                              compute_s=0.0, payload=np.ascontiguousarray(rows[j]))
             for j in range(rows.shape[0])}
+
+
+class Scale3:
+    """Worker ``w``'s coded vectors times 3 (authenticated: it holds its key)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.sent = 0
+        polled = worker.poll
+
+        def poll() -> Any:
+            events, work, out, when = polled()
+            fixed = []
+            for o in out:
+                if isinstance(o.message, CodedGradient):
+                    self.sent += 1
+                    o = o._replace(message=dataclasses.replace(
+                        o.message, payload=np.ascontiguousarray(3 * o.message.payload)))
+                fixed.append(o)
+            return events, work, fixed, when
+
+        worker.poll = poll  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""Adaptive, speed-aware ordering (issue 21 item 1): the estimator, the exact plug-in order, the
+"""Adaptive, speed-aware ordering: the estimator, the exact plug-in order, the
 round_start extension, and the protocol engine against the fast path (virtual clock only)."""
 
 from __future__ import annotations

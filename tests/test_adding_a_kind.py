@@ -1,4 +1,4 @@
-"""Adding a message kind touches 2 production files (issue 17; docs/architecture.md, "Where to
+"""Adding a message kind touches 2 production files (docs/architecture.md, "Where to
 change what"): the message in protocol/messages.py (its dataclass, fields, kind code and
 direction) and its handler with its rule row (``@handles``) in the receiving machine's module.
 

@@ -1,4 +1,4 @@
-"""Issue 18 item 1 without the oracle: approximate rounds under ``--no-verify`` are bounded
+"""Without the oracle: approximate rounds under ``--no-verify`` are bounded
 from round 0 by what the finished chunks can justify (aiogc/training/approx_bound.py).
 
 * the data bound ``B(w)`` is an upper bound on ``sum_i ||g_i(w)||`` (least squares, logistic);

@@ -1,4 +1,4 @@
-"""Per-round attribution (issue 20 item 5): the decode's weights reproduce the decoded
+"""Per-round attribution: the decode's weights reproduce the decoded
 gradient, and the work that did not enter it is exactly the work not covered.
 
 Coding level (random states, every scheme the core runs), the protocol simulator (the real

@@ -87,7 +87,7 @@ def test_record_schema(smoke: dict[str, Any]) -> None:
 
 
 def test_live_table_mode(tmp_path: Path) -> None:
-    """``--table`` (issue 8's live-vs-sim table) at a tiny size: one row per m, in markdown."""
+    """``--table`` (the live-vs-sim table) at a tiny size: one row per m, in markdown."""
     out = tmp_path / "table.json"
     proc = subprocess.run([sys.executable, str(RUN), "--table", "--table-m", "4",
                            "--table-processes", "--table-rounds", "2", "--silent",

@@ -1,4 +1,4 @@
-"""Crash-safe records: a run killed with SIGKILL keeps every round it finished (issue 16, item 1).
+"""Crash-safe records: a run killed with SIGKILL keeps every round it finished.
 
 The recorder of a live run writes its batch at a round's end once a second has passed (and by a
 timer at most a second after a round ended), and replaces ``summary.json`` atomically by a
@@ -23,7 +23,7 @@ import pytest
 from aiogc.cli import main
 from aiogc.harness.loaders import load_run, records_from_run, run_state
 from aiogc.harness.records import RunRecorder
-from tests.test_records_buffer import LOADS, M, assert_golden, golden_calls, golden_rounds
+from tests.records_golden import LOADS, M, assert_golden, golden_calls, golden_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 

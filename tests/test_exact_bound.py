@@ -1,4 +1,4 @@
-"""Issue 18, exact rounds without the oracle: under ``--no-verify`` an exact decode is bounded
+"""Exact rounds without the oracle: under ``--no-verify`` an exact decode is bounded
 by the data too (``data_bound``, aiogc/training/approx_bound.py): an honest exact decode is the
 true gradient, ``||g|| <= sum_i ||g_i|| <= B(w)``, up to its rounding.
 
@@ -186,7 +186,7 @@ def test_where_the_bound_is_attained_honest_passes_and_one_percent_more_does_not
 @pytest.mark.parametrize(("scheme", "n_parts"), CASES)
 def test_compressed_uploads_where_the_bound_is_attained(scheme: str, n_parts: int,
                                                         coded: str) -> None:
-    """16-bit coded uploads (issue 21) round far more than float32: the round's own rounding
+    """16-bit coded uploads round far more than float32: the round's own rounding
     bound is added, so an honest round at an attained bound still passes."""
     from aiogc.coding.compress import to_coded
     from aiogc.training.approx_bound import gradient_bound_fn

@@ -44,7 +44,7 @@ from aiogc.net.drivers import PSServer
 from aiogc.protocol.messages import ChunkReport, EncodeAndTransmit, Message
 from aiogc.protocol.status import EndReason
 from aiogc.training.schedule import DelaySchedule
-from tests.test_net import (
+from tests.netkit import (
     GUARD_S,
     HOST,
     STEP_S,

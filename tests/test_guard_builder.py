@@ -1,4 +1,4 @@
-"""The protocol engine and a live PS build the same guard (issue 18): both go through
+"""The protocol engine and a live PS build the same guard: both go through
 ``aiogc.training.ps_aggregator.task_aggregator``, so the oracle, the data bound of every decode
 mode, the norm guard and the model bound cannot drift apart.
 

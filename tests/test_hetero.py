@@ -1,4 +1,4 @@
-"""Heterogeneous clusters (issue 21 item 2): worker speeds, chunk sizes, the speed-aware
+"""Heterogeneous clusters: worker speeds, chunk sizes, the speed-aware
 assignment and order, through the config, the task, the fast path and the protocol engine."""
 
 from __future__ import annotations

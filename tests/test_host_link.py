@@ -35,7 +35,7 @@ from aiogc.protocol.hostmux import (
 )
 from aiogc.protocol.messages import PROTOCOL_VERSION, Error, Hello
 from aiogc.protocol.wire import encode_frame_bytes
-from tests.test_net import (
+from tests.netkit import (
     FAST_BACKOFF,
     GUARD_S,
     HOST,

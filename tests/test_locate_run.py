@@ -1,4 +1,4 @@
-"""Issue 21 item 4 at the ``aiogc run`` level: ``--locate N`` through the options and the CLI,
+"""Locating a liar at the ``aiogc run`` level: ``--locate N`` through the options and the CLI,
 and the eviction in the run directory (events.jsonl, summary.json, workers.csv, the printed
 summary). One loopback run (port 0, coroutine workers, one authenticated liar); the rest is
 validation without sockets."""
@@ -18,7 +18,7 @@ from aiogc.harness.columns import read_csv
 from aiogc.harness.evictions import check_run_locate, eviction_lines, locate_ps_options
 from aiogc.harness.loaders import load_events
 from aiogc.training.locate import LOCATE_SPARE_WAIT, MAX_LOCATE, check_locate, locate_spares
-from tests.test_payload_locate import Scale3
+from tests.helpers import Scale3
 
 ORIGINAL = RunConfig(scheme="original", workers=16, delta=4, rounds=4)
 
@@ -82,7 +82,7 @@ def test_printed_line_of_an_eviction() -> None:
 
 def test_aiogc_run_locate_evicts_one_authenticated_liar(tmp_path: Path, capsys: Any,
                                                        monkeypatch: Any) -> None:
-    """Issue 21's acceptance through ``aiogc run``: cyclic m=16, delta=4, worker 5 sends 3x
+    """Locating and evicting one liar through ``aiogc run``: cyclic m=16, delta=4, worker 5 sends 3x
     its coded vector every round. Every round completes exactly (the liar's rounds decoded
     without it), it is evicted after 3 located rounds, and the run says so everywhere; the
     eviction is not a shrunk run (exit 0 without --allow-shrink)."""

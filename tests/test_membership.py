@@ -1,4 +1,4 @@
-"""Membership is a first-class result (issue 16, item 2): how many workers each round started
+"""Membership is a first-class result: how many workers each round started
 with (``rounds.csv`` ``workers_present``, from the PS's ``round_start`` frames), who left and
 who rejoined (events), and a run that ran any round with fewer than m workers says so in
 ``summary.json``, on stderr and in its exit code (5) unless ``--allow-shrink``."""

@@ -1,4 +1,4 @@
-"""Issue 21 items 3 and 4: compressed coded payloads, and locate / exclude / evict a liar.
+"""Compressed coded payloads, and locate / exclude / evict a liar.
 
 Cores back to back on the virtual clock (no sockets); one loopback run for eviction."""
 
@@ -21,7 +21,7 @@ from aiogc.protocol.headers import FrameLimits
 from aiogc.protocol.messages import CodedGradient
 from aiogc.protocol.wire import decode_frame_bytes, encode_frame_bytes
 from aiogc.sim.engine import Simulation
-from tests.helpers import _counter_nonces, task_workers
+from tests.helpers import Scale3, _counter_nonces, task_workers
 
 SECRET = b"payload-test-secret-0123456789ab"
 
@@ -161,27 +161,6 @@ def test_rounding_bound_is_tight_to_a_small_factor() -> None:
 
 
 # ------------------------------------------------------------------ item 4: locate and evict
-
-
-class Scale3:
-    """Worker ``w``'s coded vectors times 3 (authenticated: it holds its key)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.sent = 0
-        polled = worker.poll
-
-        def poll() -> Any:
-            events, work, out, when = polled()
-            fixed = []
-            for o in out:
-                if isinstance(o.message, CodedGradient):
-                    self.sent += 1
-                    o = o._replace(message=dataclasses.replace(
-                        o.message, payload=np.ascontiguousarray(3 * o.message.payload)))
-                fixed.append(o)
-            return events, work, fixed, when
-
-        worker.poll = poll  # type: ignore[method-assign]
 
 
 LOCATE_CFG: dict[str, Any] = dict(scheme="original", workers=16, delta=4, rounds=20, seed=2,

@@ -1,4 +1,4 @@
-"""The Perfetto trace's slices nest on every track (issue 16, item 5).
+"""The Perfetto trace's slices nest on every track.
 
 A chunk report that reaches the PS after the trigger makes its chunk slice cross the worker's
 ``encode+upload`` slice; such a slice now sits on an overflow track beside the worker's.

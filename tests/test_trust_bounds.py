@@ -1,5 +1,5 @@
-"""Bounds on what a number from outside can cost, and the oracle's float tolerance (issue 18,
-items 5 and 6). No sockets, no wall-clock assertions: allocation sizes, results and counts."""
+"""Bounds on what a number from outside can cost, and the oracle's float tolerance. No
+sockets, no wall-clock assertions: allocation sizes, results and counts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every CLI path ends with a reason and a documented exit code (issue 9, items 10 and 11).
+"""Every CLI path ends with a reason and a documented exit code.
 
 In-process calls of ``aiogc.cli.main`` for the error paths; separate processes where a signal,
 a dead parent or a second program is the point (marked ``processes``).

@@ -1,4 +1,4 @@
-"""Consistency checks before a decoded gradient is applied (issue 9, item 2)."""
+"""Consistency checks before a decoded gradient is applied."""
 
 from __future__ import annotations
 

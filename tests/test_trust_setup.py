@@ -1,4 +1,4 @@
-"""Scheme setup is bounded in time and memory (issue 9, item 7).
+"""Scheme setup is bounded in time and memory.
 
 Bounds are asserted by operation counts and allocation sizes, never by wall-clock time.
 """

@@ -1,4 +1,4 @@
-"""Summaries report the worst round and fail on non-finite values (issue 9, items 2 and 10)."""
+"""Summaries report the worst round and fail on non-finite values."""
 
 from __future__ import annotations
 
@@ -44,8 +44,7 @@ def test_nan_loss_after_a_step_fails_but_unrecorded_losses_do_not() -> None:
     s3 = summarize({"partial": [rec(0), rec(1, loss=NAN, status="failed",
                                             reason=EndReason.TIMEOUT)]})
     assert s3["schemes"]["partial"]["failure"] is None and s3["failures"] == {}
-    # ... but the run is not ok: a round failed (issue 18 item 6 made `ok` say so; this line
-    # asserted `s3["ok"]` before)
+    # ... but the run is not ok: a round failed, and `ok` says a run completed as configured
     assert s3["ok"] is False
 
 
@@ -104,7 +103,7 @@ def test_run_end_reason() -> None:
     assert run_end_reason({}) == "no scheme ran"
 
 
-# ------------------------------------------------------------------ issue 18, item 6
+# ------------------------------------------------------------------ ok means complete
 
 
 def test_rejected_rounds_make_the_run_not_ok() -> None:

@@ -1,8 +1,8 @@
-"""Issue 18, the rest of item 2 and item 5 on the worker's side: a forged ``welcome`` (its MAC
-fails) never ends a worker, and a worker caps what a PS's ``welcome`` can make it allocate.
+"""A forged ``welcome`` (its MAC fails) never ends a worker, and a worker caps what a PS's
+``welcome`` can make it allocate.
 
 No sleeps for synchronisation: the socket scenario waits on the workers' counters through an
-event log, as tests/test_trust_round3.py does.
+event log, as tests/test_forgeries_backoff_and_liars.py does.
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ from aiogc.training.caps import check_welcome_memory, welcome_memory
 from aiogc.training.memory import MEMORY_BUDGET_ENV
 from aiogc.training.setup import SetupCache, TaskPolicy, build_setup
 from tests.helpers import build_rig
-from tests.test_net import (
+from tests.netkit import (
     FAST_BACKOFF,
     HOST,
     STEP_S,
     EventLog,
     Runner,
+    SquatThenRelay,
     assert_exact_rounds,
     cfg,
     make_ps,
     make_runner,
     start_cluster,
 )
-from tests.test_trust_round3 import _SquatThenRelay
 
 SECRET = b"forged-welcome-secret-0123456789"
 
@@ -48,7 +48,7 @@ def run() -> Runner:
     return make_runner(asyncio.new_event_loop)
 
 
-class _ForgedWelcomeSquatter(_SquatThenRelay):
+class _ForgedWelcomeSquatter(SquatThenRelay):
     """While squatting, plays a PS without the key: a ``challenge``, then, on the worker's
     ``hello``, a ``welcome`` for that worker whose MAC is garbage (and whose config is the
     real run's, so only the MAC is wrong). Afterwards relays bytes to the real PS."""

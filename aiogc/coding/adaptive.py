@@ -1,4 +1,4 @@
-"""Adaptive, speed-aware chunk orders (``ordering="adaptive"``, issue 21 item 1).
+"""Adaptive, speed-aware chunk orders (``ordering="adaptive"``).
 
 The static optimal order (:func:`~aiogc.coding.orderings.optimal_order`) minimises the worst
 case over *all* speeds. A real cluster has persistent partial stragglers: the same slow workers

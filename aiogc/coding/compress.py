@@ -1,4 +1,4 @@
-"""Compressed coded payloads (issue 21 item 3): float16 and bfloat16 uploads, decoded in float64.
+"""Compressed coded payloads: float16 and bfloat16 uploads, decoded in float64.
 
 A worker rounds its coded vector (computed in the run's ``dtype``, float64 or float32) to a
 16-bit type before it uploads it; the PS widens every received row to float64 before it

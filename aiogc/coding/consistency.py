@@ -103,7 +103,7 @@ def redundancy_tolerance(dtype: object, kappa: float = 1.0,
     the second the error of the decoding coefficients themselves, which the scheme solves for in
     float64 from a system of condition number ``kappa``.
 
-    ``eps`` (issue 21): the rounding unit of a compressed upload
+    ``eps``: the rounding unit of a compressed upload
     (:attr:`aiogc.config.RunConfig.coded_eps`), whose rows are decoded widened to float64.
     Each decode's sums are then exact to float64, so the payload rounding moves either decode
     by at most ``u = eps / 2`` of the scale and the two by ``eps``: the first term is
@@ -265,7 +265,7 @@ class NormGuard:
     absolute_max : float
         Norms above this are always rejected (and non-finite ones).
     floor : float
-        Norms at or below this carry no scale (issue 18): a round decoded from round-off
+        Norms at or below this carry no scale: a round decoded from round-off
         (one finished worker, an estimate ~1e-16) is applied but never becomes the reference
         that later honest rounds are measured against. :func:`norm_floor` derives it from the
         payload dtype, ``d`` and a data scale; 0 keeps only exact zeros out.

@@ -1,6 +1,6 @@
 """Heterogeneous clusters: worker speeds, chunk sizes, the speed-aware assignment and order.
 
-The paper's assignments and orders assume equal workers and equal chunks (issue 21 item 2).
+The paper's assignments and orders assume equal workers and equal chunks.
 Here a worker ``j`` has a relative **speed** ``s_j > 0`` (2 = twice as fast as 1) and a chunk
 ``i`` a relative **size** ``z_i > 0`` (samples; normalised to mean 1), and worker ``j``
 spends ``base * z_i / s_j`` on chunk ``i``, where ``base`` is the delay model's draw for a

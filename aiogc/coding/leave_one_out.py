@@ -1,4 +1,4 @@
-"""The leave-one-out redundancy checks of liar location (issue 21), one factorisation each.
+"""The leave-one-out redundancy checks of liar location, one factorisation each.
 
 :func:`aiogc.coding.consistency.redundancy_check` of a received set ``S`` decodes from
 ``S`` without its largest id and from ``S`` without its smallest, through the scheme's own

@@ -1,6 +1,6 @@
 """Chunk streaming: every worker uploads each finished chunk's gradient as it finishes.
 
-The natural competitor of the partial scheme (issue 19): no coding, the same replicated
+The natural competitor of the partial scheme: no coding, the same replicated
 assignment (any construction, ``speed-aware`` included: streaming only needs every chunk on
 some holder) and processing orders (partial's ``optimal`` ordering at ``ell = 1``, drawn from the
 same seed, so with free communication its completion time equals partial's ``ell = 1``

@@ -22,7 +22,7 @@ from aiogc.protocol.status import EndReason, RoundStatus
 
 #: Close codes after which a worker does not reconnect: retrying cannot succeed. Only in an
 #: authenticated frame (or from the worker core's own checks): before the handshake every code
-#: is a retry (docs/protocol.md §7.7). ``evicted`` (issue 21): the PS located this worker's
+#: is a retry (docs/protocol.md §7.7). ``evicted``: the PS located this worker's
 #: vectors as inconsistent and refuses its key for the rest of the run.
 FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_worker_id",
                          "bad_version", "task_not_allowed", "evicted"})
@@ -211,7 +211,7 @@ class WorkerDropped(Event):
 
 @dataclass(frozen=True, slots=True)
 class WorkerEvicted(Event):
-    """Issue 21: ``worker`` was evicted (its vectors located as inconsistent ``evidence``
+    """``worker`` was evicted (its vectors located as inconsistent ``evidence``
     times); its connection is closed and its key refused for the rest of the run."""
 
     worker: int
@@ -298,7 +298,7 @@ class RoundRecord:
     compute_s: dict[int, float] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
     gradient: np.ndarray | None = None
-    #: issue 21: a compressed upload's bound on what its rounding moved the decode (absolute,
+    #: a compressed upload's bound on what its rounding moved the decode (absolute,
     #: aiogc.coding.compress.rounding_bound); NaN when the upload is not compressed
     rounding_bound: float = float("nan")
     #: the decode's coefficients (who entered the gradient, with what weight), set by the

@@ -51,7 +51,7 @@ class Decoded(NamedTuple):
     model: np.ndarray  # (d,) the model after the step (the same object if none was taken)
     gradient: np.ndarray | None  # (d,) the applied gradient, None if none was applied
     counters: tuple[str, ...]  # PS statistics to bump (e.g. "rejected_norm", "failed_rounds")
-    #: workers to evict (issue 21: located as inconsistent often enough; the PS closes them
+    #: workers to evict (located as inconsistent often enough; the PS closes them
     #: and refuses their key for the rest of the run)
     evict: tuple[int, ...] = ()
 

@@ -1,5 +1,5 @@
 """``heterogeneous``: the speed-aware assignment vs the uniform (cyclic) one on the same
-heterogeneous cluster (issue 21 item 2); simulated (fast path, checked against the protocol
+heterogeneous cluster; simulated (fast path, checked against the protocol
 engine by ``tests/test_hetero.py``) and live (loopback, coroutines).
 
 A cluster is a multiset of worker speeds; where the slow workers sit among the ids matters to

@@ -89,7 +89,7 @@ class RunOptions:
     #: (0: off, the paper's protocol; docs/security.md, "The original scheme's spare vector");
     #: None: 0, or with ``locate`` :data:`aiogc.training.locate.LOCATE_SPARE_WAIT` (two spares)
     spare_wait: float | None = None
-    #: issue 21: locate one inconsistent (lying) worker where two spare vectors allow, decode
+    #: locate one inconsistent (lying) worker where two spare vectors allow, decode
     #: the round without it, and evict it after this many located rounds (0: never evict;
     #: None: off). Implies two spares and a spare wait; refused, naming why, for a scheme that
     #: cannot locate (:func:`aiogc.training.locate.check_locate`). Local backend only.

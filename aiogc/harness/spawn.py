@@ -32,7 +32,7 @@ from aiogc.protocol.auth import derive_worker_key
 #: read as the 4 of an evicted worker.
 EXIT_PARENT_DIED = 7
 #: Exit status of a worker (or worker-host) process the PS evicted: ``aiogc worker``'s
-#: EXIT_EVICTED (issue 21; the CLI's code list lives above this wing, in cli/args.py).
+#: EXIT_EVICTED (the CLI's code list lives above this wing, in cli/args.py).
 EXIT_EVICTED = 4
 
 
@@ -98,7 +98,7 @@ def _worker_process(worker_id: int, host: str, port: int, worker_key: bytes | No
             run_on(loop_kind, client.run())
         else:
             run_on(loop_kind, _watched(client, parent_alive, died))
-    except EvictedError as exc:  # issue 21: the PS evicted it
+    except EvictedError as exc:  # the PS evicted it
         _say(f"aiogc worker {worker_id}: exiting: evicted by the PS ({exc})")
         sys.exit(EXIT_EVICTED)
     except ConnectionError as exc:
@@ -161,7 +161,7 @@ def _worker_host_process(worker_ids: Sequence[int], host: str, port: int,
 def _host_exit_code(worker_ids: Sequence[int], results: Sequence[Any],
                     whys: Sequence[Any]) -> int:
     """Say why each worker of a host process ended; its exit code: 3 if one was unreachable,
-    else :data:`EXIT_EVICTED` if one was evicted (issue 21), else 0."""
+    else :data:`EXIT_EVICTED` if one was evicted, else 0."""
     unreachable = evicted = False
     for j, res, why in zip(worker_ids, results, whys, strict=False):
         if isinstance(res, EvictedError):

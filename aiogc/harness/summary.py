@@ -67,7 +67,7 @@ def _verification(applied: Sequence[RoundRecord]) -> tuple[int, str | None]:
 
 
 def _rounding_bound(stepped: Sequence[RoundRecord]) -> dict[str, Any] | None:
-    """Issue 21: the compressed uploads' rounding bound over the rounds that applied a step
+    """The compressed uploads' rounding bound over the rounds that applied a step
     (:attr:`RoundRecord.rounding_bound`, absolute, in gradient units): ``worst`` and its
     ``worst_round``, ``median``, ``rounds`` (how many had one). None when no round was
     compressed (``--payload-dtype same``: the key is left out of the summary)."""

@@ -212,7 +212,7 @@ _wire(_array, None, "payload")
 
 
 #: coded_gradient's payload may also be one of the 16-bit upload types of ``coded_dtype``
-#: (issue 21): IEEE float16, or bfloat16 carried as ``<u2`` words (aiogc.coding.compress)
+#: (IEEE float16, or bfloat16 carried as ``<u2`` words (aiogc.coding.compress))
 CODED_ARRAY_DTYPES: Final = {**ARRAY_DTYPES, "<f2": np.dtype("<f2"), "<u2": np.dtype("<u2")}
 
 

@@ -513,7 +513,7 @@ def simulate_fast(config: RunConfig, schemes: Sequence[str], *,
     for name in schemes:
         s = sch[name]
         frames = FrameBytes.of(s, dim, config.coded_wire_dtype, config.payload_dtype)
-        sched_s = cluster_schedule(schedule, config, s)  # heterogeneous cluster (issue 21)
+        sched_s = cluster_schedule(schedule, config, s)  # heterogeneous cluster
         if config.ordering == "adaptive" and policy_for(s, "adaptive") is not None:
             _adaptive_supported(config, comm)
             trig, end, states, _ = adaptive_outcomes(s, sched_s, latency=latency)

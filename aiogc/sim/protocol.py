@@ -208,7 +208,7 @@ def simulate_protocol(
     out: dict[str, list[RoundRecord]] = {}
     for name in schemes:
         cfg = simulation_config(config.for_scheme(name))
-        # a heterogeneous cluster: this scheme's chunks on its workers (issue 21)
+        # a heterogeneous cluster: this scheme's chunks on its workers
         out[name] = _run_one(cfg, sch[name], cluster_schedule(schedule, cfg, sch[name]),
                              network=network, gradients=gradients, dim=dim, comm=comm,
                              verify=verify)

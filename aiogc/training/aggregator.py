@@ -122,7 +122,7 @@ class Aggregator:
         # verify_fn is not called here (it may read state that does not exist yet): with it,
         # the oracle check vouches for the first rounds; without, the norm guard's warm-up does
         w0 = np.array(model, dtype=np.float64, copy=True)
-        #: issue 21: a 16-bit coded upload ("same": none), widened to float64 to decode
+        #: a 16-bit coded upload ("same": none), widened to float64 to decode
         self._coded = config.coded_dtype
         coded_eps = None if self._coded == "same" else config.coded_eps
         self.guard: RoundGuard | None = (
@@ -130,7 +130,7 @@ class Aggregator:
                        norm_guard=NormGuard(floor=norm_floor(config.payload_dtype, w0.size)),
                        coded_eps=coded_eps)
             if guard else None)
-        #: issue 21: locate an inconsistent worker where the spares allow (None: off)
+        #: locate an inconsistent worker where the spares allow (None: off)
         self.locator: LiarLocator | None = None
         #: the coded vectors' rows (the driver receives into them) and their check
         self.rows = CodedRows(self.m, scheme.payload_len(w0.size), config.coded_wire_dtype)
@@ -255,14 +255,14 @@ class Aggregator:
         if self.stepper is not None:
             self.stepper.commit()
         if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
-            # issue 18: say so per round (only size bounds held this step)
+            # say so per round (only size bounds held this step)
             bounds = "norm and model" if self.grad_bound_fn is None else "norm, data and model"
             rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "
                               f"only the {bounds} bounds applied")
         return Decoded(new, grad, ())
 
     def _locate_and_exclude(self, item: DecodeRound, rows: np.ndarray) -> Decoded | None:
-        """Issue 21: the one worker whose vector breaks consistency, if the spares say whose;
+        """The one worker whose vector breaks consistency, if the spares say whose;
         the round is then decoded (and guarded again) from the others. None: not located."""
         assert self.locator is not None
         j = self.locator.locate(self.scheme, rows, item.state, item.dim)
@@ -316,7 +316,7 @@ class Aggregator:
 
     def _estimate_verdict(self, item: DecodeRound, grad: np.ndarray, G: np.ndarray,
                           amplification: float, rounding: float = 0.0) -> Verdict:
-        """The approximate-round oracle (issue 18): ``grad`` against :meth:`honest_estimate`."""
+        """The approximate-round oracle: ``grad`` against :meth:`honest_estimate`."""
         honest = self.honest_estimate(item.state, G, item.dim)
         absum = np.abs(G).sum(axis=0)
         return estimate_check(grad, honest, float(math.sqrt(absum.dot(absum))),
@@ -334,7 +334,7 @@ class Aggregator:
         return np.asarray(probe, dtype=np.float64).reshape(ell, self.m)
 
     def _data_bound(self, item: DecodeRound, grad: np.ndarray) -> Decoded | None:
-        """Without the oracle (issue 18): the round rejected if ``||grad||`` exceeds what the
+        """Without the oracle: the round rejected if ``||grad||`` exceeds what the
         finished chunks can justify, ``decode gain x B(w)`` (gain 1 for an exact round) plus
         the decode's rounding (training/approx_bound.py); None when it passes or no bound
         applies. A bound on size, not a content check: a passing round stays unverified."""

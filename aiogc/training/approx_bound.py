@@ -1,4 +1,4 @@
-"""A bound for approximate rounds that exists from round 0, without the PS's oracle (issue 18).
+"""A bound for approximate rounds that exists from round 0, without the PS's oracle.
 
 Under ``--no-verify`` the PS does not compute the uncoded chunk gradients, so an approximate
 round (decoded at the deadline) had only the norm guard, which has no reference before its

@@ -1,4 +1,4 @@
-"""What a PS's configuration may make a worker allocate (issue 18, item 5, the worker's side).
+"""What a PS's configuration may make a worker allocate (the worker's side).
 
 A worker builds its scheme and task from the configuration in ``welcome``. Each piece already
 has its own bound (the scheme's setup estimate against ``SETUP_MEMORY_BUDGET``, checked when

@@ -1,4 +1,4 @@
-"""A heterogeneous cluster's delays: the schedule one scheme runs on (issue 21 item 2).
+"""A heterogeneous cluster's delays: the schedule one scheme runs on.
 
 A materialised schedule (:func:`aiogc.training.delays.materialise`) holds the delay model's
 draws for a *unit* chunk on a worker of speed 1, indexed by (round, worker, position). On a

@@ -51,5 +51,5 @@ def task_aggregator(config: RunConfig, scheme: Scheme, task: Task, *,
         stepper=task_stepper(task, lr),
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
         keep_gradients=keep_gradients, guard=guard,
-        # no oracle: every decode is bounded by the data instead (issue 18)
+        # no oracle: every decode is bounded by the data instead
         grad_bound_fn=None if verify else gradient_bound_fn(task))

@@ -1,5 +1,7 @@
-"""Issue 18 (trust, round three): nothing unauthenticated ends a worker; reconnects back off
-exponentially with seeded jitter; the norm guard's round-off floor.
+"""Nothing unauthenticated ends a worker (forged frames before the handshake, a squatter on the
+PS's port, an error injected after it); reconnects back off exponentially with seeded jitter;
+the norm guard's round-off floor; an authenticated liar is bounded in approximate mode and
+caught by a spare vector in the original scheme.
 
 No sleeps for synchronisation: the socket scenarios wait on event logs and counters; the
 backoff is observed through the delays the client asks its (injected) sleep for.
@@ -34,12 +36,13 @@ from aiogc.protocol.wire import encode_frame_bytes
 from aiogc.sim.engine import Simulation
 from aiogc.training.schedule import DelaySchedule
 from tests.helpers import _counter_nonces, build_rig, task_workers
-from tests.test_net import (
+from tests.netkit import (
     FAST_BACKOFF,
     HOST,
     STEP_S,
     EventLog,
     Runner,
+    SquatThenRelay,
     assert_exact_rounds,
     cfg,
     make_ps,
@@ -160,47 +163,6 @@ def test_client_reconnects_with_backoff_to_a_squatter(run: Runner) -> None:
 # ------------------------------------------------------------------ squatter, then the real PS
 
 
-class _SquatThenRelay:
-    """Listens on one port: answers each connection with a forged frame (``error(auth_failed)``
-    and ``shutdown`` in turn) while ``squatting``; afterwards relays bytes to the real PS."""
-
-    def __init__(self) -> None:
-        self.squatting = True
-        self.target: int | None = None
-        self.squatted = 0
-        self.changed = asyncio.Event()
-        #: the writer towards the worker of the latest relayed connection, once connected up
-        self.down: asyncio.StreamWriter | None = None
-        self.ready = asyncio.Event()
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.squatting:
-            self.squatted += 1
-            frame = (Error(code="auth_failed", reason="squatter") if self.squatted % 2
-                     else Shutdown(reason="all rounds done"))
-            writer.write(encode_frame_bytes(frame))
-            await writer.drain()
-            writer.close()
-            self.changed.set()
-            return
-        assert self.target is not None
-        up_r, up_w = await asyncio.open_connection(HOST, self.target)
-        self.down = writer
-        self.ready.set()
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while chunk := await r.read(65536):
-                    w.write(chunk)
-                    await w.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                w.close()
-
-        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
-
-
 def _both_forgeries_seen(client: WorkerClient) -> Callable[[], bool]:
     stats = client.worker.stats
     return lambda: stats["preauth_auth_failed"] >= 1 and stats["preauth_shutdown"] >= 1
@@ -210,7 +172,7 @@ def test_squatter_then_real_ps_every_round_completes(run: Runner) -> None:
     config = cfg(workers=4, delta=2, rounds=4)
 
     async def scenario() -> tuple[Any, list[Any], list[int]]:
-        relay = _SquatThenRelay()
+        relay = SquatThenRelay()
         front = await asyncio.start_server(relay.handle, HOST, 0)
         port = front.sockets[0].getsockname()[1]
         logs = [EventLog() for _ in range(config.workers)]
@@ -289,7 +251,7 @@ def test_error_injected_after_the_handshake_fails_the_tag(run: Runner) -> None:
     config = cfg(workers=4, delta=2, rounds=3)
 
     async def scenario() -> tuple[Any, BaseException | None, int, list[Any]]:
-        relay = _SquatThenRelay()
+        relay = SquatThenRelay()
         relay.squatting = False
         front = await asyncio.start_server(relay.handle, HOST, 0)
         port = front.sockets[0].getsockname()[1]
