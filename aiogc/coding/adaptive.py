@@ -273,8 +273,9 @@ class SpeedEstimator:
         Each worker's median; those within a factor ``distinct`` (default: the estimator's)
         of the median of all workers (and the workers never observed) are set to that median.
         """
-        # statistics.median of <= WINDOW floats: np.median's value, without its ~15 us a call
-        # (m calls per round on the critical path between decode and round_start)
+        # statistics.median of <= WINDOW floats: np.median's value, without numpy's dispatch,
+        # which dominates on so few floats (m calls per round on the critical path between
+        # decode and round_start)
         med = np.array([median(h) if h else np.nan for h in self._hist], dtype=np.float64)
         return self._snap(med, self.distinct if distinct is None else distinct)
 

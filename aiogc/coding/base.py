@@ -263,8 +263,8 @@ def combine(
         Dc = D.astype(dt)
         if rows.size * p <= _GATHER_MAX:
             # small payloads: one gathered product. Below this size the copy of the rows costs
-            # less than a matmul call per contiguous run (~3 us each, and ``runs`` itself ~15 us
-            # at m = 64): the per-round decode of the PS at d ~ 10^2..10^4
+            # less than a matmul call per contiguous run plus finding the runs (fixed costs
+            # that dominate small products): the per-round decode of the PS at d ~ 10^2..10^4
             if rows.size == 0:
                 return np.zeros(dim, dtype=dt)
             return np.asarray((Dc.take(rows, axis=1) @ coded.take(rows, axis=0))

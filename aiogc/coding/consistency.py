@@ -237,8 +237,8 @@ def redundancy_check(
 
 def _median(xs: list[float]) -> float:
     """``float(np.median(xs))`` of a short non-empty list, bit for bit (the middle element,
-    or the mean ``(a + b) / 2`` of the two middle ones), without numpy's ~20 us of dispatch
-    on a window of 16 floats: the PS bounds every round's norm with it."""
+    or the mean ``(a + b) / 2`` of the two middle ones), without numpy's dispatch, which costs
+    far more than sorting a window of 16 floats: the PS bounds every round's norm with it."""
     s = sorted(xs)
     n = len(s)
     h = n // 2

@@ -42,7 +42,7 @@ MAX_ENUMERATED_SUBSETS = 200_000
 _SAMPLE_OVERDRAW = 2
 #: Candidate budget of the frame search, in scored subsets of size ell <= 3 (~ 0.5 s of batched
 #: SVDs). A larger ell costs ~ell^3 per SVD, so the subset counts shrink by (ell/3)^3: the
-#: search then takes the same time whatever ell (at ell = 8 unscaled it took ~5 s).
+#: search then takes the same time whatever ell (unscaled, ell = 8 would take ten times as long).
 FRAME_SEARCH_BUDGET = 400_000
 #: Fewest colour subsets a frame candidate is scored on, however large ell.
 MIN_FRAME_SUBSETS = 500
@@ -69,8 +69,8 @@ def _conflict_lists(A: np.ndarray) -> list[np.ndarray]:
 
     The co-holding counts ``A^T A`` go through BLAS in float32: they are integers <= N, exact
     in float32 up to 2^24 (float64 beyond), so ``> 0`` is the same boolean matrix an integer
-    product gives. numpy's integer matmul has no BLAS path and took ~4 s at m = 1024, which
-    made ``aiogc ps -m 1024 --delta 64 --ell 8`` spend ~12 s of its set-up here.
+    product gives. numpy's integer matmul has no BLAS path: at m = 1024 it was most of
+    ``aiogc ps -m 1024 --delta 64 --ell 8``'s set-up.
     """
     Af: np.ndarray = A.astype(np.float32 if A.shape[0] < 2**24 else np.float64)
     C: np.ndarray = (Af.T @ Af) > 0
@@ -326,7 +326,7 @@ def worst_condition_number(
     else:
         gen = rng if rng is not None else np.random.default_rng(0)
         which = gen.choice(len(groups), size=max_subsets, p=counts / counts.sum())
-        # one batched draw per group (a Python call per subset cost ~0.5 s at 20000)
+        # one batched draw per group (a Python call per subset is slow at tens of thousands)
         parts = []
         for w in np.unique(which):
             g = np.asarray(groups[int(w)], dtype=np.int64)

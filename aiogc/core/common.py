@@ -28,8 +28,8 @@ FATAL_CODES = frozenset({"auth_failed", "config_mismatch", "bad_config", "bad_wo
                          "bad_version", "task_not_allowed", "evicted"})
 
 #: Seconds a new connection has to authenticate before it is closed (the default of the PS's
-#: ``auth_deadline_s``). Every bad connection should be closed within 2 s; timer latency adds
-#: up to ~30 ms under load (measured in bench/soak_socket_fuzz.py), so the deadline itself
+#: ``auth_deadline_s``). Every bad connection should be closed within 2 s; a loaded loop fires
+#: its timers late (bench/soak_socket_fuzz.py measures by how much), so the deadline itself
 #: sits a little below.
 AUTH_DEADLINE_S = 1.9
 

@@ -73,7 +73,8 @@ class WorkerCache:
 
     * validated configs by the SHA-256 of their canonical bytes (``config_hash``, which the
       welcome MAC covers anyway): the coroutine workers of one process all receive the same
-      config, and ``RunConfig.from_wire`` (~70 us) then runs once, not once per worker. Equal
+      config, and ``RunConfig.from_wire`` (a full validation) then runs once, not once per
+      worker. Equal
       canonical bytes are an equal map, which ``from_wire`` turns into an equal (frozen)
       value; a map it rejects is never stored;
     * per scheme object, its :class:`SchemeFacts` (weakly: a scheme nobody uses any more is

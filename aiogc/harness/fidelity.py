@@ -477,11 +477,12 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
                 excess.append(r.duration_s - float(comp[r.round]))
     if excess:
         # the worst calibration round, not the mean: the machine's load moves between the
-        # calibration and the run (a mean of 31 ms at m=256 met 75 ms per round in the run
-        # that followed on a loaded machine, and live/sim came out 1.06, not 1.025)
-        # ... but not one stalled round (a one-off 1.1 s stall at m=1024 chose K=1000, a
-        # ~50-minute run): with >= ROBUST_MIN_ROUNDS rounds the single largest is set aside;
-        # if the load really is that high, the run's own verdict says unfaithful
+        # calibration and the run, so a mean under-predicts the run's overhead on a loaded
+        # machine and the chosen K misses its target
+        # ... but not one stalled round (a one-off stall of a second would choose K in the
+        # hundreds and make the run last an hour): with >= ROBUST_MIN_ROUNDS rounds the single
+        # largest is set aside; if the load really is that high, the run's own verdict says
+        # unfaithful
         ranked = sorted(excess, reverse=True)
         robust = len(ranked) >= ROBUST_MIN_ROUNDS
         overhead = max(0.0, ranked[1] if robust else ranked[0])

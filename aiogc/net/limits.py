@@ -20,15 +20,15 @@ POSTAUTH_MAX_HEADER = 1 << 20
 
 #: Header bound for frames *from* an authenticated worker: the largest legal worker header is
 #: an ``error`` / ``bye`` with a reason of MAX_TEXT characters (4 UTF-8 bytes each) plus a
-#: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed (a 1 MiB
-#: header cost the PS ~100 ms of CPU).
+#: code; a coded_gradient header is ~150 bytes. Anything larger is refused unparsed: parsing
+#: costs CPU in proportion to its size, and a peer must not be able to buy PS time with bytes.
 WORKER_MAX_HEADER = 2 * MAX_STR_BYTES + 512
 
 
 #: Frames the PS writes per slice of a large outbox (a round_start or encode_and_transmit
 #: broadcast to m peers). Between slices the loop polls its sockets, so a chunk report that
-#: arrives during a broadcast to 1024 workers waits for one slice (~1 ms of writes and tags),
-#: not for the whole broadcast (~15 ms); outboxes up to this size are written at once.
+#: arrives during a broadcast to 1024 workers waits for one slice of writes and tags, not for
+#: the whole broadcast (16 times as long); outboxes up to this size are written at once.
 OUTBOX_SLICE = 64
 
 

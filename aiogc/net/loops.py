@@ -68,8 +68,8 @@ def _loop_offset(loop: asyncio.AbstractEventLoop, clock: Clock) -> float:
 #: uvloop's timers: libuv counts whole milliseconds, and ``call_at`` rounds the delay to the
 #: *nearest* one, so a handle fires up to 0.5 ms before its deadline. Re-set for the rest of
 #: it, it rounds to 0 ms and fires on the next loop iteration, and again, until the deadline
-#: passes: a spin of ~10 iterations per wake-up that cost ~1.3 ms CPU per m=64 round (of ~7.5;
-#: /work/prof/cpu.py with and without, 3 pairs). Half a millisecond added to the handle's time
+#: passes: a spin of several loop iterations per wake-up, a large share of the loop's CPU when
+#: every worker wakes for each chunk. Half a millisecond added to the handle's time
 #: makes the rounding go up: the handle fires at the first millisecond tick at or after the
 #: deadline (never before it; on average ~0.5 ms after, within the loop's own resolution).
 UVLOOP_TICK_BIAS_S = 0.0005

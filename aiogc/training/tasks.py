@@ -354,7 +354,7 @@ class LinearRegression(_DataTask):
             w = self._check_w(w)
             self._w_ok = w
         # ndarray.dot, not ``@``: the same two gemv calls and bits, without the matmul ufunc's
-        # overhead (~2 µs a call, most of the cost on a chunk of ~30 rows of 50)
+        # dispatch, which is most of the cost on a small chunk (tens of rows)
         g: np.ndarray = (Xi.dot(w) - yi).dot(Xi) / self.n_samples
         return g
 
