@@ -45,6 +45,7 @@ from aiogc.core import (
 from aiogc.core.common import Backoff
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
+from aiogc.net.admission import Admission
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import BATCH_WINDOW_S, HostLink, SlotEndpoint
 from aiogc.net.limits import (
@@ -140,6 +141,8 @@ class PSServer:
         # welcome -> their shaped downlink (None: unlimited), and the shared ingress
         self._shaped: dict[FramedConnection, ShapedSend | None] = {}
         self._ingress: ShapedQueue[tuple[FramedConnection, Message]] | None = None
+        #: deadlines and caps on the connections without an authenticated worker
+        self._admission: Admission | None = None
 
     # ------------------------------------------------------------------ lifetime
 
@@ -150,6 +153,8 @@ class PSServer:
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer)
         self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop)
+        self._admission = Admission.for_ps(loop, self.ps.m, self.ps.pending_cap,
+                                           self.ps.auth_deadline_s)
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
@@ -165,6 +170,7 @@ class PSServer:
         finally:
             server.close()
             self._timer.cancel()
+            self._admission.close_all()
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
             release_all(self._shaped.values())  # ... without waiting for an emulated link
             await self._flush_and_close()
@@ -228,6 +234,8 @@ class PSServer:
         return _clock()
 
     def _conn_made(self, conn: FramedConnection) -> None:
+        if self._admission is not None and type(conn) is FramedConnection:
+            self._admission.admit(conn)
         self._conns.add(conn)
         self.ps.connection_made(conn, now=self._now())
         self._pump()
@@ -275,6 +283,8 @@ class PSServer:
         ps = self.ps
         if ps.is_authenticated(conn):
             conn.set_limits(self._post_auth)
+            if self._admission is not None:
+                self._admission.authenticated(conn)
             keys = ps.session_keys(conn)
             if keys is not None:
                 # every frame after hello is tagged (the welcome we send is not: see _pump)
@@ -282,6 +292,8 @@ class PSServer:
 
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
         self._conns.discard(conn)
+        if self._admission is not None:
+            self._admission.closed(conn)
         shaped = self._shaped.pop(conn, None)
         if shaped is not None:
             shaped.cancel()
