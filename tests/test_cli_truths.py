@@ -40,6 +40,7 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
         EXIT_EVICTED,
         EXIT_INCOMPLETE,
         EXIT_OK,
+        EXIT_RECORDS,
         EXIT_SHRUNK,
         EXIT_STOPPED,
         EXIT_UNFAITHFUL,
@@ -47,7 +48,7 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
     )
 
     codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_EVICTED,
-             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_STOPPED}
+             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_RECORDS, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:

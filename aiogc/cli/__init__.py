@@ -38,6 +38,7 @@ from aiogc.cli.args import (
     EXIT_CONFIG,
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_RECORDS,
     EXIT_SHRUNK,
     EXIT_UNFAITHFUL,
     _help_with_exit_codes,
@@ -70,7 +71,7 @@ from aiogc.errors import AiogcError, ConfigError
 
 #: What ``from aiogc.cli import ...`` keeps offering since the split (tests and scripts use these).
 __all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT_OK",
-           "EXIT_SHRUNK", "EXIT_STOPPED",
+           "EXIT_RECORDS", "EXIT_SHRUNK", "EXIT_STOPPED",
            "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
            "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
            "setup_logging"]
@@ -178,6 +179,11 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
         print(dump_json(result.summary))
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
+    records_error = result.summary.get("records_error")
+    if records_error:
+        print(f"aiogc run: the run's records could not be written: {records_error}; the run "
+              "was stopped (what was written before is kept)", file=sys.stderr)
+        return EXIT_RECORDS
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
     shrunk = shrink_line(result.summary)
@@ -337,6 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as exc:
+        from aiogc.harness.records import RecordsError
+
+        if isinstance(exc, RecordsError):
+            print(f"aiogc: the run's records could not be written: {exc}", file=sys.stderr)
+            return EXIT_RECORDS
         print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
         return EXIT_INCOMPLETE
     except Exception as exc:

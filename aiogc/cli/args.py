@@ -30,6 +30,9 @@ EXIT_SHRUNK = 5
 #: times or speedups differ from the simulator's replay of its own schedule by more than the
 #: threshold): its timings are not a result
 EXIT_UNFAITHFUL = 6
+#: run / ps: a write of the run's records failed (a full disk): the run was stopped, its
+#: workers told to shut down, and what was written before is kept
+EXIT_RECORDS = 8
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
@@ -53,6 +56,9 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_UNFAITHFUL, "run --fidelity strict: every round completed, but the fidelity verdict "
                       "is unfaithful (live round times or speedups off the simulator's replay "
                       "of the run's own schedule by more than --fidelity-threshold)"),
+    (EXIT_RECORDS, "run / ps: the run's records could not be written (a full disk or another "
+                   "write error, named on stderr and in summary.json's records_error): the "
+                   "run was stopped, what was written before is kept"),
     (EXIT_STOPPED, "stopped by SIGINT or SIGTERM (run / ps still write summary.json)"),
 )
 

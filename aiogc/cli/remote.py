@@ -17,6 +17,7 @@ from aiogc.cli.args import (
     EXIT_EVICTED,
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_RECORDS,
     EXIT_SHRUNK,
     EXIT_UNREACHABLE,
     _check_local_task_files,
@@ -135,7 +136,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         format_summary,
         make_ps,
         materialise_for,
-        run_complete,
+        stop_on_write_error,
     )
     from aiogc.harness.local import _started
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
@@ -174,6 +175,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event, frame_log=frame_log)
     close_capture = _open_capture(server, a.pcap)
+    if recorder is not None:
+        recorder.on_write_error = stop_on_write_error(server.stop)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -205,19 +208,34 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
         summary["evicted"] = evicted
-        end_reason = summary["end_reason"]
         if recorder is not None:
             recorder.close(summary)
+            if recorder.write_error is not None:
+                summary["records_error"] = recorder.write_error
+                summary["ok"] = False
         elif a.out:
             (Path(a.out) / "summary.json").write_text(dump_json(summary))
+        end_reason = summary["end_reason"]
     print(format_summary(summary))
     print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
+    return _ps_exit(summary, stopped, config, a.allow_shrink)
+
+
+def _ps_exit(summary: dict[str, Any], stopped: list[str], config: Any, allow_shrink: bool
+             ) -> int:
+    """``aiogc ps``'s exit status (said on stderr when it is not a plain success)."""
+    from aiogc.harness.kit import run_complete
+
     if stopped:
         print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
+    if summary.get("records_error"):
+        print(f"aiogc ps: the run's records could not be written: {summary['records_error']}; "
+              "the run was stopped (what was written before is kept)", file=sys.stderr)
+        return EXIT_RECORDS
     if not run_complete(summary, config.rounds, mode=config.mode):
         return EXIT_INCOMPLETE
-    return _shrink_exit(summary, a.allow_shrink)
+    return _shrink_exit(summary, allow_shrink)
 
 
 def _open_capture(server: Any, path: str | None) -> Callable[[], None]:

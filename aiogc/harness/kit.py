@@ -5,11 +5,12 @@ Both runners import this module and never each other, so a new backend needs onl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,6 +250,9 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
     result.summary.update(result.extra_summary)
+    if recorder is not None and recorder.write_error is not None:
+        result.summary["records_error"] = recorder.write_error
+        result.summary["ok"] = False
     # ok only when every round of every scheme completed: never for a stopped run (nor one
     # that ended on an error before its summary); the records are final now
     if interrupted or result.end_reason.startswith("runner error"):
@@ -256,6 +260,25 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["in_progress"] = False
     if recorder is not None:
         recorder.close(result.summary)
+
+
+#: The end reason of a run stopped because its records could not be written (then
+#: ``summary["records_error"]`` says which file and why).
+RECORDS_FAILED = "records could not be written"
+
+
+def stop_on_write_error(stop: Callable[[str], None]) -> Callable[[str], None]:
+    """A recorder's ``on_write_error``: ``stop(reason)`` at the loop's next iteration (the
+    failed write may be inside the PS's own event delivery); nothing once the loop is gone."""
+
+    def on_write_error(why: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the run is over: close() reports it
+        loop.call_soon(stop, f"{RECORDS_FAILED}: {why}")
+
+    return on_write_error
 
 
 def plot_run(out_dir: str | Path) -> None:

@@ -55,6 +55,7 @@ from aiogc.harness.kit import (
     open_recorder,
     plot_run,
     scheme_config,
+    stop_on_write_error,
 )
 from aiogc.harness.options import RunOptions
 from aiogc.harness.spawn import _mp_context, _reap, _single_thread_blas_env, _worker_spawns
@@ -131,6 +132,8 @@ async def _run_scheme(
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event,
                       join_clock=False)
     capture = _attach_capture(server, options.pcap)
+    if recorder is not None:
+        recorder.on_write_error = stop_on_write_error(server.stop)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
     loop = asyncio.get_running_loop()
@@ -337,8 +340,8 @@ def run_live(
             result.evicted += outcome.evicted
             result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
                                         else "PS ended without a reason")
-            if interrupted:
-                break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
+            if interrupted or (recorder is not None and recorder.write_error is not None):
+                break  # SIGTERM / Ctrl-C / a failed write stops the whole run
     except BaseException as exc:
         # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
         if not result.end_reason:
@@ -351,7 +354,7 @@ def run_live(
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and options.plots:
+    if out_dir is not None and options.plots and "records_error" not in result.summary:
         plot_run(out_dir)
     return result
 
