@@ -43,12 +43,13 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
         EXIT_RECORDS,
         EXIT_SHRUNK,
         EXIT_STOPPED,
+        EXIT_TASK,
         EXIT_UNFAITHFUL,
         EXIT_UNREACHABLE,
     )
 
     codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_EVICTED,
-             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_RECORDS, EXIT_STOPPED}
+             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_RECORDS, EXIT_TASK, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:

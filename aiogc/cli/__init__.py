@@ -40,6 +40,7 @@ from aiogc.cli.args import (
     EXIT_OK,
     EXIT_RECORDS,
     EXIT_SHRUNK,
+    EXIT_TASK,
     EXIT_UNFAITHFUL,
     _help_with_exit_codes,
     _live_only,
@@ -51,6 +52,7 @@ from aiogc.cli.args import (
     config_from_args,
     read_secret,
     setup_logging,
+    task_line,
 )
 
 # Re-exported: ``aiogc.cli`` stays the one import for the exit codes and the helpers tests and
@@ -70,11 +72,27 @@ from aiogc.config import MAX_WORKERS
 from aiogc.errors import AiogcError, ConfigError
 
 #: What ``from aiogc.cli import ...`` keeps offering since the split (tests and scripts use these).
-__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT_OK",
-           "EXIT_RECORDS", "EXIT_SHRUNK", "EXIT_STOPPED",
-           "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
-           "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
-           "setup_logging"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_CONFIG",
+    "EXIT_EVICTED",
+    "EXIT_INCOMPLETE",
+    "EXIT_OK",
+    "EXIT_RECORDS",
+    "EXIT_SHRUNK",
+    "EXIT_STOPPED",
+    "EXIT_TASK",
+    "EXIT_UNFAITHFUL",
+    "EXIT_UNREACHABLE",
+    "_ps_event_handler",
+    "_ps_summary",
+    "add_run_args",
+    "build_parser",
+    "cmd_run",
+    "config_from_args",
+    "main",
+    "setup_logging",
+]
 
 # ------------------------------------------------------------------ run
 
@@ -184,6 +202,10 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(f"aiogc run: the run's records could not be written: {records_error}; the run "
               "was stopped (what was written before is kept)", file=sys.stderr)
         return EXIT_RECORDS
+    task_error = result.summary.get("task_error")
+    if task_error:
+        print(f"aiogc run: {task_line(task_error)}", file=sys.stderr)
+        return EXIT_TASK
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
     shrunk = shrink_line(result.summary)

@@ -33,6 +33,9 @@ EXIT_UNFAITHFUL = 6
 #: run / ps: a write of the run's records failed (a full disk): the run was stopped, its
 #: workers told to shut down, and what was written before is kept
 EXIT_RECORDS = 8
+#: run / ps: a worker's task raised, or returned a non-finite gradient (summary.json's
+#: task_error names the worker, the round and the error): the run was stopped
+EXIT_TASK = 9
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
@@ -59,11 +62,22 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_RECORDS, "run / ps: the run's records could not be written (a full disk or another "
                    "write error, named on stderr and in summary.json's records_error): the "
                    "run was stopped, what was written before is kept"),
+    (EXIT_TASK, "run / ps: a worker's task raised or returned a non-finite gradient (worker, "
+                "round and error on stderr and in summary.json's task_error): the run was "
+                "stopped"),
     (EXIT_STOPPED, "stopped by SIGINT or SIGTERM (run / ps still write summary.json)"),
 )
 
 #: The diagnostics logger of the command line (``-v`` / ``-q`` set its level).
 log = logging.getLogger("aiogc")
+
+
+def task_line(task_error: dict[str, Any]) -> str:
+    """The stderr line of a run stopped by a failing task (``summary["task_error"]``)."""
+    worker = task_error.get("worker")
+    who = "on the PS" if worker == "PS" else f"on worker {worker}"
+    return (f"the task failed {who}, round {task_error.get('round')} "
+            f"({task_error.get('scheme')}): {task_error.get('error')}; the run was stopped")
 
 
 def exit_codes_epilog() -> str:

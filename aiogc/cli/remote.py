@@ -19,6 +19,7 @@ from aiogc.cli.args import (
     EXIT_OK,
     EXIT_RECORDS,
     EXIT_SHRUNK,
+    EXIT_TASK,
     EXIT_UNREACHABLE,
     _check_local_task_files,
     _live_only,
@@ -30,6 +31,7 @@ from aiogc.cli.args import (
     config_from_args,
     log,
     read_secret,
+    task_line,
 )
 from aiogc.coding.registry import scheme_names
 from aiogc.config import MAX_WORKERS
@@ -129,6 +131,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
     from aiogc.harness.evictions import eviction_sink, locate_ps_options
+    from aiogc.harness.failures import TaskFailures
     from aiogc.harness.kit import (
         Progress,
         build_manifest,
@@ -170,6 +173,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     on_event = eviction_sink(_ps_event_handler(a.scheme, scheme, recorder, ended, bar,
                                                time_scale=k),
                              ps, a.scheme, recorder, evicted, time_scale=k)
+    failures = TaskFailures()
+    on_event = failures.sink(on_event, a.scheme, lambda why: server.stop(why))
     # every frame recorded (as `aiogc run` does): the membership columns come from them
     frame_log = None if recorder is None else recorder.frame_logger(
         a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
@@ -208,6 +213,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
         summary["evicted"] = evicted
+        failures.add_to(summary)
         if recorder is not None:
             recorder.close(summary)
             if recorder.write_error is not None:
@@ -233,6 +239,9 @@ def _ps_exit(summary: dict[str, Any], stopped: list[str], config: Any, allow_shr
         print(f"aiogc ps: the run's records could not be written: {summary['records_error']}; "
               "the run was stopped (what was written before is kept)", file=sys.stderr)
         return EXIT_RECORDS
+    if summary.get("task_error"):
+        print(f"aiogc ps: {task_line(summary['task_error'])}", file=sys.stderr)
+        return EXIT_TASK
     if not run_complete(summary, config.rounds, mode=config.mode):
         return EXIT_INCOMPLETE
     return _shrink_exit(summary, allow_shrink)

@@ -563,7 +563,11 @@ class ParameterServer(RoundMachine):
     @handles("error", ALL)
     def _on_bye(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         self.stats[f"peer_{msg.kind}"] += 1
-        self._close(peer, "bye", getattr(msg, "reason", ""), now)
+        reason = getattr(msg, "reason", "")
+        if getattr(msg, "code", None) == "task_failed":  # its task raised: named, per worker
+            self._close(peer, "task_failed", f"worker {worker}: {reason}", now)
+            return
+        self._close(peer, "bye", reason, now)
 
 
 #: phase -> kind -> handler name (``ParameterServer._on_<name>``), from the handlers' rows

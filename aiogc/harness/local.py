@@ -35,6 +35,7 @@ from aiogc.core import (
 )
 from aiogc.errors import ConfigError
 from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
+from aiogc.harness.failures import TaskFailures
 from aiogc.harness.fidelity import (
     LAG_INTERVAL_S,
     CpuSnapshot,
@@ -110,6 +111,7 @@ async def _run_scheme(
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     on_signal: Callable[[str], None] | None = None,
+    failures: TaskFailures | None = None,
 ) -> SchemeOutcome:
     """One scheme, live (``options.mode``, ``verify``, ``secret``, ``start_method`` and
     ``worker_hosts`` apply). SIGTERM / SIGINT stop the PS gracefully (it tells every worker
@@ -126,6 +128,9 @@ async def _run_scheme(
     on_event = eviction_sink(_scheme_event_handler(config.scheme, scheme, recorder, on_round,
                                                    finished.append, time_scale=k),
                              ps, config.scheme, recorder, evicted, time_scale=k)
+    # a failing task stops the run (server: bound below)
+    on_event = (failures or TaskFailures()).sink(on_event, config.scheme,
+                                                 lambda why: server.stop(why))
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
     lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
     # the join deadline starts when the workers are launched, not at listen
@@ -318,6 +323,7 @@ def run_live(
     recorder = open_recorder(result, config, schemes, schedule, options, mode=mode_label,
                              loop_kind=loop_kind)
     interrupted: list[str] = []
+    failures = TaskFailures()
     try:
         for name in schemes:
             cfg = scheme_config(config, name)
@@ -331,7 +337,8 @@ def run_live(
                 outcome = run_on(loop_kind, _run_scheme(cfg, schedule, options,
                                                         loop_kind=loop_kind, recorder=recorder,
                                                         on_round=tick,
-                                                        on_signal=interrupted.append))
+                                                        on_signal=interrupted.append,
+                                                        failures=failures))
             finally:
                 bar.close()
             result.wall_s[name] = time.monotonic() - t0
@@ -340,14 +347,16 @@ def run_live(
             result.evicted += outcome.evicted
             result.end_reasons[name] = (outcome.end_reason if outcome.end_reason is not None
                                         else "PS ended without a reason")
-            if interrupted or (recorder is not None and recorder.write_error is not None):
-                break  # SIGTERM / Ctrl-C / a failed write stops the whole run
+            if interrupted or failures.first is not None or (
+                    recorder is not None and recorder.write_error is not None):
+                break  # SIGTERM / Ctrl-C, a failing task, a failed write: the whole run
     except BaseException as exc:
         # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
         if not result.end_reason:
             result.end_reason = f"runner error: {type(exc).__name__}: {exc}"
         raise
     finally:
+        failures.add_to(result.extra_summary)
         result.extra_summary["fidelity"] = _fidelity(config, schedule, result, lags, cpu0,
                                                      options.fidelity_threshold, choice)
         close_run(result, interrupted, recorder)

@@ -33,6 +33,7 @@ import numpy as np
 from aiogc.core import (
     ComputeChunks,
     ConnectionFailed,
+    DecodeRound,
     Event,
     Finished,
     Outgoing,
@@ -68,6 +69,11 @@ _INF = float("inf")
 
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
+
+
+#: The end reason's prefix of a run stopped because the PS's own work (decode, loss, the
+#: oracle: the task's code run on the PS) raised.
+PS_TASK_FAILED = "task failed on the PS"
 
 
 class PSServer:
@@ -141,6 +147,8 @@ class PSServer:
         # welcome -> their shaped downlink (None: unlimited), and the shared ingress
         self._shaped: dict[FramedConnection, ShapedSend | None] = {}
         self._ingress: ShapedQueue[tuple[FramedConnection, Message]] | None = None
+        #: a decode raised: the run is stopped and the decode never answered
+        self._work_failed = False
         #: deadlines and caps on the connections without an authenticated worker
         self._admission: Admission | None = None
 
@@ -374,6 +382,9 @@ class PSServer:
             # round_start first), then the events and the timer deadline come with the poll
             outbox, events, when = ps.poll()
             self._flush_outbox(outbox)
+            if events is None and self._work_failed:
+                # the run stopped on a decode that raised: it is never answered
+                events, when = ps.drain_events(), None
             if events is None:
                 if self._outq and (outbox or self._run_after_outq):
                     # frames just queued (a broadcast) are still going out slice by slice:
@@ -383,7 +394,17 @@ class PSServer:
                     return
                 item = ps.next_work()
                 assert item is not None and self._aggregator is not None
-                ps.work_done(item, self._aggregator.run(item), now=_clock())
+                try:
+                    done = self._aggregator.run(item)
+                except Exception as exc:  # the task's code on the PS (loss, oracle...)
+                    log.debug("the PS's work failed", exc_info=True)
+                    ps.stop(f"{PS_TASK_FAILED}: round {item.record.round}: "
+                            f"{type(exc).__name__}: {exc}", now=_clock())
+                    if type(item) is DecodeRound:
+                        self._work_failed = True
+                        continue
+                    done = None  # an analysis: its round completes without it
+                ps.work_done(item, done, now=_clock())
                 continue
             break
         if events:
