@@ -92,6 +92,9 @@ MAX_PENDING_CONNECTIONS = 64
 #: max(PING_MIN_RATE, 4 / heartbeat_s) per second; pings beyond it are dropped unanswered
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
+#: Seconds after a stall of the PS (:meth:`ParameterServer.stalled`) during which a lost
+#: worker is the stall's doing: its EOF or reset, sent while the PS was silent, is read then.
+PS_STALL_GRACE_S = 1.0
 PING_MIN_RATE = 10.0
 
 
@@ -432,6 +435,20 @@ class ParameterServer(RoundMachine):
         """Whether ``peer`` completed the handshake (the driver then raises its frame limits)."""
         info = self._peers.get(peer)
         return info is not None and info.worker is not None
+
+    def stalled(self, seconds: float, *, now: float) -> None:
+        """The driver saw this process not run for ``seconds`` (SIGSTOP, a long GC or decode,
+        a blocked loop): the workers' silence during it is the PS's. Their liveness clocks
+        move forward by the stall, and a worker lost in the next :data:`PS_STALL_GRACE_S`
+        (a connection it closed because the PS went silent) is dropped as ``ps_stall``; a
+        round that fails for it ends as ``EndReason.PS_STALL``."""
+        self.stats["ps_stalls"] += 1
+        self._stall_s = max(self._stall_s, seconds) if now < self._stall_until else seconds
+        self._stall_until = now + PS_STALL_GRACE_S
+        for w, t in self._last_heard.items():
+            self._last_heard[w] = min(now, t + seconds)
+        if self._sweep_at is not None:
+            self._sweep_at = max(self._sweep_at, now)
 
     def stop(self, reason: str, *, now: float) -> None:
         """Abort the run (e.g. SIGTERM): tell the workers and finish."""

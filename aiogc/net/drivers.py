@@ -59,6 +59,7 @@ from aiogc.net.limits import (
 )
 from aiogc.net.loops import _clock, _tick_bias, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
+from aiogc.net.stall import StallWatch
 from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
@@ -147,6 +148,8 @@ class PSServer:
         # welcome -> their shaped downlink (None: unlimited), and the shared ingress
         self._shaped: dict[FramedConnection, ShapedSend | None] = {}
         self._ingress: ShapedQueue[tuple[FramedConnection, Message]] | None = None
+        #: notices this process not running (its silence is then the PS's, not the workers')
+        self._stall: StallWatch | None = None
         #: a decode raised: the run is stopped and the decode never answered
         self._work_failed = False
         #: deadlines and caps on the connections without an authenticated worker
@@ -163,6 +166,8 @@ class PSServer:
         self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop)
         self._admission = Admission.for_ps(loop, self.ps.m, self.ps.pending_cap,
                                            self.ps.auth_deadline_s)
+        self._stall = StallWatch(loop, self._on_stall)
+        self._stall.start()
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
@@ -179,6 +184,7 @@ class PSServer:
             server.close()
             self._timer.cancel()
             self._admission.close_all()
+            self._stall.stop()
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
             release_all(self._shaped.values())  # ... without waiting for an emulated link
             await self._flush_and_close()
@@ -298,7 +304,14 @@ class PSServer:
                 # every frame after hello is tagged (the welcome we send is not: see _pump)
                 conn.set_auth(recv=keys.worker_to_ps)
 
+    def _on_stall(self, seconds: float) -> None:
+        log.warning("the PS did not run for %.1f s (stopped, or its loop blocked): workers "
+                    "lost meanwhile are not blamed", seconds)
+        self.ps.stalled(seconds, now=_clock())
+
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
+        if self._stall is not None:
+            self._stall.check()  # a connection the peer closed while we were stopped
         self._conns.discard(conn)
         if self._admission is not None:
             self._admission.closed(conn)
@@ -313,6 +326,8 @@ class PSServer:
         self._conns_changed.set()
 
     def _on_timer(self) -> None:
+        if self._stall is not None:
+            self._stall.check()  # before the liveness sweep judges the workers' silence
         self.ps.handle_timer(now=_clock())
         self._pump()
 
