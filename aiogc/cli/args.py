@@ -361,8 +361,9 @@ def add_spare_wait_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spare-wait", type=_spare_wait, default=None, metavar="F",
                    help="after the vectors decode, wait up to F x the round's elapsed time for "
                         "one spare vector so the original scheme's redundancy check can "
-                        "catch a liar (default 0: off, the paper's protocol; 1 with --locate; "
-                        "costs ~+22%% round time at F=0.5 on the virtual clock)")
+                        "catch a liar (default 0, the paper's protocol, with --verify; 1 with "
+                        "--locate, and for the original scheme with --no-verify; costs ~+23%% "
+                        "round time at F=1 on the virtual clock; --spare-wait 0 turns it off)")
     p.add_argument("--locate", type=int, default=None, metavar="N",
                    help="locate a lying worker from two spare vectors (original scheme, "
                         "delta - ell >= 2), decode the round without it, and evict it after N "

@@ -154,7 +154,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
-                    locate=a.locate, options=locate_ps_options(config, a.locate, a.spare_wait))
+                    locate=a.locate, options=locate_ps_options(config, a.locate, a.spare_wait,
+                                                               verify=a.verify))
     scheme = ps.scheme
     recorder = None
     if a.out:

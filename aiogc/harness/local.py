@@ -121,7 +121,8 @@ async def _run_scheme(
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
                     locate=options.locate,
-                    options=locate_ps_options(config, options.locate, options.spare_wait))
+                    options=locate_ps_options(config, options.locate, options.spare_wait,
+                                              verify=options.verify))
     scheme = ps.scheme
     finished: list[str] = []
     evicted: list[dict[str, Any]] = []
