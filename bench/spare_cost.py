@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+from collections.abc import Callable
 
 from aiogc.config import RunConfig
 from aiogc.core import PSOptions
@@ -37,9 +38,10 @@ def _run(config: RunConfig, spare_wait: float) -> tuple[float, float]:
             built[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
         return built[cfg]
 
-    workers = [Worker(j, setup=setup,
-                      nonce_fn=lambda j=j: (next(counter) + (j << 64)).to_bytes(16, "big"))
-               for j in range(ps.m)]
+    def nonces(j: int) -> Callable[[], bytes]:
+        return lambda: (next(counter) + (j << 64)).to_bytes(16, "big")
+
+    workers = [Worker(j, setup=setup, nonce_fn=nonces(j)) for j in range(ps.m)]
     Simulation(ps, workers).run()
     recs = ps.records
     mean = statistics.fmean(r.duration_s for r in recs)
