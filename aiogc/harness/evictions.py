@@ -57,7 +57,7 @@ def locate_ps_options(config: RunConfig, locate: int | None, spare_wait: float |
                           "does not pass --locate to its PS actor)")
     check_locate(locate, config)
     spare_wait = default_spare_wait(config, verify, locate, spare_wait)
-    wait, spares = locate_spares(locate, spare_wait)
+    wait, spares = locate_spares(locate, spare_wait, tolerated=config.stragglers_tolerated)
     return PSOptions(spare_wait=wait, spares=spares)
 
 

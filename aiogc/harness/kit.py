@@ -31,7 +31,12 @@ from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
-from aiogc.training.locate import LiarLocator, check_locate
+from aiogc.training.locate import (
+    LiarLocator,
+    check_locate,
+    liars_supported,
+    locate_spare_count,
+)
 from aiogc.training.ps_aggregator import task_aggregator
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import make_task
@@ -187,7 +192,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         check_locate(locate, config)
         aggregator.locator = LiarLocator(
             evict_after=locate,
-            eps=None if config.coded_dtype == "same" else config.coded_eps)
+            eps=None if config.coded_dtype == "same" else config.coded_eps,
+            liars=liars_supported(locate_spare_count(config.stragglers_tolerated)),
+            min_finished=config.workers - config.stragglers_tolerated)
     ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
                          schedule=schedule, **kwargs)
     return ps, task
