@@ -51,6 +51,7 @@ from aiogc.cli.args import (
     add_spare_wait_arg,
     config_from_args,
     read_secret,
+    settle_ok,
     setup_logging,
     task_line,
 )
@@ -156,8 +157,6 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         RunInterrupted,
         dump_json,
         format_summary,
-        run_complete,
-        shrink_line,
     )
     from aiogc.harness.local import run_live
     from aiogc.harness.options import RunOptions
@@ -191,12 +190,19 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(f"run directory: {a.out}")
         print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
         print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
-        return _signal_exit(exc.signal_name)
+        return settle_ok(exc.result.summary, a.out, _signal_exit(exc.signal_name))
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
         print(dump_json(result.summary))
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
+    return settle_ok(result.summary, a.out, _run_exit(result, base, a))
+
+
+def _run_exit(result: Any, base: Any, a: argparse.Namespace) -> int:
+    """``aiogc run``'s exit status (said on stderr when it is not a plain success)."""
+    from aiogc.harness.kit import run_complete, shrink_line
+
     records_error = result.summary.get("records_error")
     if records_error:
         print(f"aiogc run: the run's records could not be written: {records_error}; the run "

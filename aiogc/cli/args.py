@@ -72,6 +72,25 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 log = logging.getLogger("aiogc")
 
 
+def settle_ok(summary: dict[str, Any], out_dir: str | None, rc: int) -> int:
+    """Make ``summary.json`` agree with the exit status ``rc`` and return it: ``exit_code``
+    is recorded, and ``ok`` is false whenever ``rc`` is not 0 (a run that shrank, was
+    unfaithful under --fidelity strict, ... is not ok). Best effort on a disk that failed."""
+    summary["exit_code"] = rc
+    if rc != EXIT_OK:
+        summary["ok"] = False
+    path = Path(out_dir) / "summary.json" if out_dir else None
+    if path is not None and path.is_file() and not summary.get("records_error"):
+        from aiogc.harness.records import write_json_atomic
+
+        try:
+            write_json_atomic(path, summary)
+        except OSError as exc:
+            print(f"aiogc: summary.json could not be rewritten: {exc.strerror or exc}",
+                  file=sys.stderr)
+    return rc
+
+
 def task_line(task_error: dict[str, Any]) -> str:
     """The stderr line of a run stopped by a failing task (``summary["task_error"]``)."""
     worker = task_error.get("worker")

@@ -31,6 +31,7 @@ from aiogc.cli.args import (
     config_from_args,
     log,
     read_secret,
+    settle_ok,
     task_line,
 )
 from aiogc.coding.registry import scheme_names
@@ -225,7 +226,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         end_reason = summary["end_reason"]
     print(format_summary(summary))
     print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
-    return _ps_exit(summary, stopped, config, a.allow_shrink)
+    return settle_ok(summary, a.out, _ps_exit(summary, stopped, config, a.allow_shrink))
 
 
 def _ps_exit(summary: dict[str, Any], stopped: list[str], config: Any, allow_shrink: bool
