@@ -41,14 +41,16 @@ def test_help_lists_every_exit_code(argv: list[str], capsys: pytest.CaptureFixtu
         EXIT_EVICTED,
         EXIT_INCOMPLETE,
         EXIT_OK,
+        EXIT_RECORDS,
         EXIT_SHRUNK,
         EXIT_STOPPED,
+        EXIT_TASK,
         EXIT_UNFAITHFUL,
         EXIT_UNREACHABLE,
     )
 
     codes = {EXIT_OK, EXIT_INCOMPLETE, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_EVICTED,
-             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_STOPPED}
+             EXIT_SHRUNK, EXIT_UNFAITHFUL, EXIT_RECORDS, EXIT_TASK, EXIT_STOPPED}
     assert {c for c, _ in EXIT_CODES} == codes
     section = text.split("exit codes:", 1)[1]
     for code, _ in EXIT_CODES:
@@ -193,3 +195,20 @@ def test_experiment_command_prints_progress(tmp_path: Path,
     assert "aiogc experiment approx-mse: 3/3 cells" in err and "ETA" in err
     assert main(["experiment", "approx-mse", "--quick", "--out", str(tmp_path), "-q"]) == 0
     assert "cells" not in capsys.readouterr().err
+
+
+def test_ok_agrees_with_the_exit_status(tmp_path: Path) -> None:
+    """summary.json's ``ok`` is false whenever the command exits non-zero (a run that shrank,
+    exit 5, used to say ``ok: true``), and ``exit_code`` records the status."""
+    import json
+
+    from aiogc.cli.args import EXIT_SHRUNK, settle_ok
+
+    (tmp_path / "summary.json").write_text(json.dumps({"ok": True, "shrunk": {"partial": 2}}))
+    summary = {"ok": True, "shrunk": {"partial": 2}}
+    assert settle_ok(summary, str(tmp_path), EXIT_SHRUNK) == EXIT_SHRUNK
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["ok"] is False and on_disk["exit_code"] == EXIT_SHRUNK
+    summary = {"ok": True}
+    assert settle_ok(summary, str(tmp_path), 0) == 0
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"ok": True, "exit_code": 0}

@@ -525,8 +525,9 @@ def test_round0_not_started_when_ready_workers_cannot_decode() -> None:
 
 
 def test_worker_survives_an_exception_in_its_own_code() -> None:
-    """A task error (e.g. a wrong-length model) closes the connection with worker_error and
-    the worker reconnects: its timer never dies, the run completes."""
+    """A task error (e.g. a wrong-length model) closes the connection with task_failed and
+    the worker reconnects: its timer never dies, the core's run completes (ending the run on
+    it is the runner's decision)."""
     cfg = _cfg(rounds=3)
     rig = build_rig(cfg)
     inner = rig.workers[2].setup_fn
@@ -547,7 +548,7 @@ def test_worker_survives_an_exception_in_its_own_code() -> None:
     rig.workers[2].setup_fn = flaky
     rig.sim.run()
     failed = [e for e in rig.sim.worker_events[2] if isinstance(e, ConnectionFailed)]
-    assert [(e.code, e.fatal) for e in failed] == [("worker_error", False)]
+    assert [(e.code, e.fatal) for e in failed] == [("task_failed", False)]
     assert "wrong length" in failed[0].reason
     assert rig.ps.phase is PSPhase.FINISHED and len(rig.ps.records) == 3
     assert rig.ps.records[-1].status == "exact"

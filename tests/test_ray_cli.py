@@ -175,3 +175,28 @@ def test_coroutines_do_not_apply_to_the_ray_backend(capsys: pytest.CaptureFixtur
                "--rounds", "1"])
     assert rc == 2
     assert "as='coroutines'" in capsys.readouterr().err
+
+
+def test_auto_is_resolved_and_checked_before_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--address auto`` resolving to an address this driver cannot reach fails at once,
+    naming what it resolved to, instead of ray.init retrying through the default route."""
+    import ray._private.services as services
+
+    class NeverCalled:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kwargs: object) -> None:
+            raise AssertionError("ray.init must not be reached")
+
+    with socket.socket() as s:  # a loopback port nobody listens on (bound, not listening)
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+        monkeypatch.setattr(services, "canonicalize_bootstrap_address",
+                            lambda a, temp_dir=None: addr)
+        with pytest.raises(ray_backend.ClusterError) as ei:
+            ray_backend._connect(NeverCalled(), "auto")
+    msg = str(ei.value)
+    assert f"address='auto' (resolved to {addr})" in msg and "no TCP connection" in msg

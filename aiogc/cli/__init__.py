@@ -40,7 +40,9 @@ from aiogc.cli.args import (
     EXIT_CONFIG,
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_RECORDS,
     EXIT_SHRUNK,
+    EXIT_TASK,
     EXIT_UNFAITHFUL,
     _help_with_exit_codes,
     _signal_exit,
@@ -66,11 +68,27 @@ from aiogc.config import MAX_WORKERS
 from aiogc.errors import AiogcError, ConfigError
 
 #: What ``from aiogc.cli import ...`` keeps offering since the split (tests and scripts use these).
-__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_EVICTED", "EXIT_INCOMPLETE", "EXIT_OK",
-           "EXIT_SHRUNK", "EXIT_STOPPED",
-           "EXIT_UNFAITHFUL", "EXIT_UNREACHABLE", "_ps_event_handler", "_ps_summary",
-           "add_run_args", "build_parser", "cmd_run", "config_from_args", "main",
-           "setup_logging"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_CONFIG",
+    "EXIT_EVICTED",
+    "EXIT_INCOMPLETE",
+    "EXIT_OK",
+    "EXIT_RECORDS",
+    "EXIT_SHRUNK",
+    "EXIT_STOPPED",
+    "EXIT_TASK",
+    "EXIT_UNFAITHFUL",
+    "EXIT_UNREACHABLE",
+    "_ps_event_handler",
+    "_ps_summary",
+    "add_run_args",
+    "build_parser",
+    "cmd_run",
+    "config_from_args",
+    "main",
+    "setup_logging",
+]
 
 # ------------------------------------------------------------------ run
 
@@ -226,6 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as exc:
+        from aiogc.harness.records import RecordsError
+
+        if isinstance(exc, RecordsError):
+            print(f"aiogc: the run's records could not be written: {exc}", file=sys.stderr)
+            return EXIT_RECORDS
         print(f"aiogc: {_os_error(exc)}", file=sys.stderr)
         return EXIT_INCOMPLETE
     except Exception as exc:

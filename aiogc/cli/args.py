@@ -38,6 +38,12 @@ EXIT_SHRUNK = 5
 #: times or speedups differ from the simulator's replay of its own schedule by more than the
 #: threshold): its timings are not a result
 EXIT_UNFAITHFUL = 6
+#: run / ps: a write of the run's records failed (a full disk): the run was stopped, its
+#: workers told to shut down, and what was written before is kept
+EXIT_RECORDS = 8
+#: run / ps: a worker's task raised, or returned a non-finite gradient (summary.json's
+#: task_error names the worker, the round and the error): the run was stopped
+EXIT_TASK = 9
 
 
 #: Exit status of a run stopped by SIGINT or SIGTERM (both mean "the operator stopped it").
@@ -61,11 +67,44 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_UNFAITHFUL, "run --fidelity strict: every round completed, but the fidelity verdict "
                       "is unfaithful (live round times or speedups off the simulator's replay "
                       "of the run's own schedule by more than --fidelity-threshold)"),
+    (EXIT_RECORDS, "run / ps: the run's records could not be written (a full disk or another "
+                   "write error, named on stderr and in summary.json's records_error): the "
+                   "run was stopped, what was written before is kept"),
+    (EXIT_TASK, "run / ps: a worker's task raised or returned a non-finite gradient (worker, "
+                "round and error on stderr and in summary.json's task_error): the run was "
+                "stopped"),
     (EXIT_STOPPED, "stopped by SIGINT or SIGTERM (run / ps still write summary.json)"),
 )
 
 #: The diagnostics logger of the command line (``-v`` / ``-q`` set its level).
 log = logging.getLogger("aiogc")
+
+
+def settle_ok(summary: dict[str, Any], out_dir: str | None, rc: int) -> int:
+    """Make ``summary.json`` agree with the exit status ``rc`` and return it: ``exit_code``
+    is recorded, and ``ok`` is false whenever ``rc`` is not 0 (a run that shrank, was
+    unfaithful under --fidelity strict, ... is not ok). Best effort on a disk that failed."""
+    summary["exit_code"] = rc
+    if rc != EXIT_OK:
+        summary["ok"] = False
+    path = Path(out_dir) / "summary.json" if out_dir else None
+    if path is not None and path.is_file() and not summary.get("records_error"):
+        from aiogc.harness.records import write_json_atomic
+
+        try:
+            write_json_atomic(path, summary)
+        except OSError as exc:
+            print(f"aiogc: summary.json could not be rewritten: {exc.strerror or exc}",
+                  file=sys.stderr)
+    return rc
+
+
+def task_line(task_error: dict[str, Any]) -> str:
+    """The stderr line of a run stopped by a failing task (``summary["task_error"]``)."""
+    worker = task_error.get("worker")
+    who = "on the PS" if worker == "PS" else f"on worker {worker}"
+    return (f"the task failed {who}, round {task_error.get('round')} "
+            f"({task_error.get('scheme')}): {task_error.get('error')}; the run was stopped")
 
 
 def exit_codes_epilog() -> str:

@@ -281,8 +281,10 @@ def knob_table() -> tuple[Knob, ...]:
              metavar="FILE"),
         Knob("spare-wait", "after the vectors decode, wait up to F x the round's elapsed time "
              "for one spare vector so the original scheme's redundancy check can catch a liar "
-             "(0: off, the paper's protocol; costs ~+22% round time at F=0.5 on the virtual "
-             "clock)", LIVE, _spare_wait, None, metavar="F", shown="0, or 1 with --locate"),
+             "(0: off, the paper's protocol; costs ~+23% round time at F=1 on the virtual "
+             "clock; bench/spare_cost.py)", LIVE, _spare_wait, None, metavar="F",
+             shown="0 with --verify; 1 with --locate, and for the original scheme with "
+                   "--no-verify"),
         Knob("locate", "locate a lying worker from two spare vectors (original scheme, delta - "
              "ell >= 2), decode the round without it, and evict it after N located rounds (0: "
              "never evict; implies two spares and --spare-wait 1 unless given; "

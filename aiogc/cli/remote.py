@@ -17,7 +17,9 @@ from aiogc.cli.args import (
     EXIT_EVICTED,
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_RECORDS,
     EXIT_SHRUNK,
+    EXIT_TASK,
     EXIT_UNREACHABLE,
     _check_local_task_files,
     _live_only,
@@ -26,6 +28,8 @@ from aiogc.cli.args import (
     config_from_args,
     log,
     read_secret,
+    settle_ok,
+    task_line,
 )
 from aiogc.cli.knobs import add_knobs
 from aiogc.coding.base import Scheme
@@ -100,6 +104,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     import time
 
     from aiogc.harness.evictions import eviction_sink, locate_ps_options
+    from aiogc.harness.failures import TaskFailures
     from aiogc.harness.kit import (
         Progress,
         build_manifest,
@@ -107,7 +112,7 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         format_summary,
         make_ps,
         materialise_for,
-        run_complete,
+        stop_on_write_error,
     )
     from aiogc.harness.local import _started
     from aiogc.harness.records import FLUSH_EVERY_S, RunRecorder
@@ -122,7 +127,8 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     schedule = materialise_for(config, [a.scheme])
     epoch = a.epoch if a.epoch is not None else time.time_ns() // 1_000_000 % (2**52)
     ps, _ = make_ps(config, schedule=schedule, verify=a.verify, secret=secret, epoch=epoch,
-                    locate=a.locate, options=locate_ps_options(config, a.locate, a.spare_wait))
+                    locate=a.locate, options=locate_ps_options(config, a.locate, a.spare_wait,
+                                                               verify=a.verify))
     scheme = ps.scheme
     recorder = None
     if a.out:
@@ -141,11 +147,15 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     on_event = eviction_sink(_ps_event_handler(a.scheme, scheme, recorder, ended, bar,
                                                time_scale=k),
                              ps, a.scheme, recorder, evicted, time_scale=k)
+    failures = TaskFailures()
+    on_event = failures.sink(on_event, a.scheme, lambda why: server.stop(why))
     # every frame recorded (as `aiogc run` does): the membership columns come from them
     frame_log = None if recorder is None else recorder.frame_logger(
         a.scheme, ps.worker_of, clock=lambda: int(time.monotonic_ns() / k))
     server = PSServer(ps, host=a.host, port=a.port, on_event=on_event, frame_log=frame_log)
     close_capture = _open_capture(server, a.pcap)
+    if recorder is not None:
+        recorder.on_write_error = stop_on_write_error(server.stop)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -177,19 +187,38 @@ def cmd_ps(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         bar.close()
         summary = _ps_summary(a.scheme, ps.records, ended, stopped)
         summary["evicted"] = evicted
-        end_reason = summary["end_reason"]
+        failures.add_to(summary)
         if recorder is not None:
             recorder.close(summary)
+            if recorder.write_error is not None:
+                summary["records_error"] = recorder.write_error
+                summary["ok"] = False
         elif a.out:
             (Path(a.out) / "summary.json").write_text(dump_json(summary))
+        end_reason = summary["end_reason"]
     print(format_summary(summary))
     print(f"aiogc ps: end reason: {end_reason}", file=sys.stderr)
+    return settle_ok(summary, a.out, _ps_exit(summary, stopped, config, a.allow_shrink))
+
+
+def _ps_exit(summary: dict[str, Any], stopped: list[str], config: Any, allow_shrink: bool
+             ) -> int:
+    """``aiogc ps``'s exit status (said on stderr when it is not a plain success)."""
+    from aiogc.harness.kit import run_complete
+
     if stopped:
         print(f"aiogc: interrupted by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
+    if summary.get("records_error"):
+        print(f"aiogc ps: the run's records could not be written: {summary['records_error']}; "
+              "the run was stopped (what was written before is kept)", file=sys.stderr)
+        return EXIT_RECORDS
+    if summary.get("task_error"):
+        print(f"aiogc ps: {task_line(summary['task_error'])}", file=sys.stderr)
+        return EXIT_TASK
     if not run_complete(summary, config.rounds, mode=config.mode):
         return EXIT_INCOMPLETE
-    return _shrink_exit(summary, a.allow_shrink)
+    return _shrink_exit(summary, allow_shrink)
 
 
 def _open_capture(server: Any, path: str | None) -> Callable[[], None]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from aiogc._version import __version__
 from aiogc.errors import ConfigError
+from aiogc.harness.runfiles import RunFileError, read_json
 
 __all__ = ["build_report", "write_report"]
 
@@ -224,7 +225,9 @@ def _headline(head: Any, source: str, labels: Any = None) -> str:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return read_json(path, kind=object)
+    except RunFileError:
+        raise
     except (OSError, ValueError) as exc:
         raise ConfigError("report", str(path), f"a readable JSON file ({exc})") from None
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from aiogc.cli.args import (
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_RECORDS,
     EXIT_SHRUNK,
+    EXIT_TASK,
     EXIT_UNFAITHFUL,
     _live_only,
     _signal_exit,
@@ -23,6 +25,8 @@ from aiogc.cli.args import (
     config_from_args,
     log,
     new_run_dir,
+    settle_ok,
+    task_line,
 )
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
@@ -86,13 +90,7 @@ def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
 
 
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    from aiogc.harness.kit import (
-        RunInterrupted,
-        dump_json,
-        format_summary,
-        run_complete,
-        shrink_line,
-    )
+    from aiogc.harness.kit import RunInterrupted, dump_json, format_summary
     from aiogc.harness.local import run_live
 
     if getattr(a, "config", None):
@@ -105,12 +103,28 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(f"run directory: {a.out}")
         print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
         print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
-        return _signal_exit(exc.signal_name)
+        return settle_ok(exc.result.summary, a.out, _signal_exit(exc.signal_name))
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
         print(dump_json(result.summary))
     print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
+    return settle_ok(result.summary, a.out, _run_exit(result, base, a))
+
+
+def _run_exit(result: Any, base: Any, a: argparse.Namespace) -> int:
+    """``aiogc run``'s exit status (said on stderr when it is not a plain success)."""
+    from aiogc.harness.kit import run_complete, shrink_line
+
+    records_error = result.summary.get("records_error")
+    if records_error:
+        print(f"aiogc run: the run's records could not be written: {records_error}; the run "
+              "was stopped (what was written before is kept)", file=sys.stderr)
+        return EXIT_RECORDS
+    task_error = result.summary.get("task_error")
+    if task_error:
+        print(f"aiogc run: {task_line(task_error)}", file=sys.stderr)
+        return EXIT_TASK
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
     shrunk = shrink_line(result.summary)

@@ -94,6 +94,9 @@ MAX_PENDING_CONNECTIONS = 64
 #: max(PING_MIN_RATE, 4 / heartbeat_s) per second; pings beyond it are dropped unanswered
 #: (``ping_dropped``), so a ping flood cannot make the PS queue pongs without bound.
 PING_BURST = 20.0
+#: Seconds after a stall of the PS (:meth:`ParameterServer.stalled`) during which a lost
+#: worker is the stall's doing: its EOF or reset, sent while the PS was silent, is read then.
+PS_STALL_GRACE_S = 1.0
 PING_MIN_RATE = 10.0
 
 
@@ -277,8 +280,17 @@ class ParameterServer(RoundMachine):
         except RemoteProtocolError as exc:
             self._close(peer, exc.code, exc.reason, now)
 
-    def handle_timer(self, *, now: float) -> None:
-        """Process every deadline that is due at ``now``."""
+    def handle_timer(self, *, now: float, stalled_s: float = 0.0) -> None:
+        """Process every deadline that is due at ``now``.
+
+        ``stalled_s``: the driver saw this process not run for that long just before ``now``
+        (SIGSTOP, a long GC or decode, a blocked loop), so the workers' silence during it is
+        the PS's. Their liveness clocks move forward by the stall, and a worker lost in the
+        next :data:`PS_STALL_GRACE_S` (a connection it closed because the PS went silent) is
+        dropped as ``ps_stall``; a round that fails for it ends as ``EndReason.PS_STALL``.
+        """
+        if stalled_s > 0:
+            self._note_stall(stalled_s, now)
         if self._pending:
             self._expire_pending(now)
         dead_after = self.config.dead_after_s
@@ -291,6 +303,15 @@ class ParameterServer(RoundMachine):
         rs = self._round  # None outside COMPUTING and COLLECTING
         if rs is not None:
             self._round_deadlines(rs, now)
+
+    def _note_stall(self, seconds: float, now: float) -> None:
+        self.stats["ps_stalls"] += 1
+        self._stall_s = max(self._stall_s, seconds) if now < self._stall_until else seconds
+        self._stall_until = now + PS_STALL_GRACE_S
+        for w, t in self._last_heard.items():
+            self._last_heard[w] = min(now, t + seconds)
+        if self._sweep_at is not None:
+            self._sweep_at = max(self._sweep_at, now)
 
     def _expire_pending(self, now: float) -> None:
         for peer, deadline in list(self._pending.items()):
@@ -530,7 +551,11 @@ class ParameterServer(RoundMachine):
     @handles("error", ALL)
     def _on_bye(self, worker: int, peer: Hashable, msg: Message, now: float) -> None:
         self.stats[f"peer_{msg.kind}"] += 1
-        self._close(peer, "bye", getattr(msg, "reason", ""), now)
+        reason = getattr(msg, "reason", "")
+        if getattr(msg, "code", None) == "task_failed":  # its task raised: named, per worker
+            self._close(peer, "task_failed", f"worker {worker}: {reason}", now)
+            return
+        self._close(peer, "bye", reason, now)
 
 
 #: phase -> kind -> handler name (``ParameterServer._on_<name>``), from the handlers' rows

@@ -124,6 +124,10 @@ class RoundSetup:
     screen: Callable[[CodedGradient], tuple[str, str] | None] | None = None
 
 
+#: The drop reason of a worker lost while the PS caught up with its own stall.
+PS_STALL_DROP = "ps_stall"
+
+
 class RoundMachine(Endpoint):
     """Rounds of the parameter server (see the module docstring)."""
 
@@ -164,6 +168,10 @@ class RoundMachine(Endpoint):
         self._analyses: list[AnalyseRound] = []
         #: events held back until the analyses before them are done (RoundStarted, Finished)
         self._deferred_events: list[Event] = []
+        #: losses before this time happened while the PS caught up with a stall of its own
+        #: (:meth:`ParameterServer.stalled`): they are the PS's, not the workers'
+        self._stall_until = -INF
+        self._stall_s = 0.0
         self._peers: dict[Hashable, _Peer] = {}
         self._worker_peer: dict[int, Hashable] = {}
         self._round: _RoundState | None = None
@@ -437,6 +445,8 @@ class RoundMachine(Endpoint):
         if rs is None:  # between rounds: the next round starts without them
             return
         lost_expected = False
+        if now < self._stall_until:
+            reason = PS_STALL_DROP
         for worker in workers:
             if worker in rs.excluded:
                 continue
@@ -457,8 +467,14 @@ class RoundMachine(Endpoint):
             # not even every remaining worker finishing everything could decode exactly: say
             # so now instead of waiting for the round timeout (approx mode waits for its
             # deadline, which decodes what there is)
-            self._end_round_failed(now, EndReason.WORKERS_GONE,
-                                   f"cannot decode: workers {sorted(rs.excluded)} gone")
+            stall = sorted(w for w in rs.excluded if rs.record.dropped.get(w) == PS_STALL_DROP)
+            if stall:
+                self._end_round_failed(now, EndReason.PS_STALL, (
+                    f"cannot decode: the PS stalled for {self._stall_s:.1f} s and lost "
+                    f"workers {stall} meanwhile"))
+            else:
+                self._end_round_failed(now, EndReason.WORKERS_GONE,
+                                       f"cannot decode: workers {sorted(rs.excluded)} gone")
         elif self.phase is PSPhase.COLLECTING and lost_expected:
             self._after_lost_vector(rs, now)
 

@@ -264,8 +264,14 @@ class Worker(WorkerRounds):
             self._internal_error(exc, now)
 
     def work_failed(self, exc: Exception, *, now: float) -> None:
-        """The driver's gradient computation raised: close with the reason (and reconnect)."""
-        self._internal_error(exc, now)
+        """The driver's gradient computation raised (the task's code, or a non-finite
+        gradient): close with ``task_failed``, naming the round and the exception; the PS
+        ends the run with it."""
+        if self.phase is _W_CLOSED:
+            self.stats["error_while_closed"] += 1
+            return
+        self._fail("task_failed", f"round {self._round}: {type(exc).__name__}: {exc}", now,
+                   send_error=True)
 
     def setup_ready(self, setup: Setup, *, now: float) -> None:
         """The driver built scheme and task for the config of :class:`SetupNeeded`."""

@@ -8,8 +8,6 @@ describes the files.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -259,8 +257,9 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     if text and not text.endswith("\n"):
         # a run killed mid-write: its last row is incomplete, drop it
         text = text[: text.rfind("\n") + 1]
-    return [{k: parse_cell(types.get(k, str), v) for k, v in row.items()}
-            for row in csv.DictReader(io.StringIO(text, newline=""))]
+    from aiogc.harness.runfiles import read_csv_rows
+
+    return read_csv_rows(path, text, types, parse_cell)
 
 
 # ------------------------------------------------------------------------------ per-worker rows

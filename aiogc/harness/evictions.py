@@ -23,19 +23,41 @@ from aiogc.core import Event, ParameterServer, PSOptions, WorkerEvicted
 from aiogc.errors import ConfigError
 from aiogc.training.locate import check_locate, locate_spares
 
-__all__ = ["check_run_locate", "eviction_lines", "eviction_sink", "locate_ps_options"]
+__all__ = ["NO_VERIFY_SPARE_WAIT", "check_run_locate", "default_spare_wait", "eviction_lines",
+           "eviction_sink", "locate_ps_options"]
+
+#: The spare wait of a ``--no-verify`` run of the original scheme when ``--spare-wait`` is not
+#: given: up to the round's own elapsed time again for one spare vector, so the redundancy
+#: check cross-checks every round it can (docs/security.md measures its cost).
+NO_VERIFY_SPARE_WAIT = 1.0
+
+
+def default_spare_wait(config: RunConfig, verify: bool, locate: int | None,
+                       spare_wait: float | None) -> float | None:
+    """``spare_wait``, or :data:`NO_VERIFY_SPARE_WAIT` when none was given for a run without
+    the oracle (``verify`` False) of a scheme whose redundancy check can catch a liar with one
+    spare vector (a fixed code sent when done, exact, tolerating a straggler: the original
+    scheme): without it such a run applies whatever decodes first, unchecked."""
+    if spare_wait is not None or verify or locate is not None:
+        return spare_wait
+    spec = config.spec
+    if spec.sends_when_done and not spec.uses_k and config.stragglers_tolerated >= 1:
+        return NO_VERIFY_SPARE_WAIT
+    return spare_wait
 
 
 def locate_ps_options(config: RunConfig, locate: int | None, spare_wait: float | None,
-                      *, backend: str = "local") -> PSOptions:
+                      *, backend: str = "local", verify: bool = True) -> PSOptions:
     """The PS options of one scheme's run: spare wait and spares (two, with ``locate``: see
     :func:`aiogc.training.locate.locate_spares`), after :func:`check_locate` (which names the
-    field and why when the configuration cannot locate)."""
+    field and why when the configuration cannot locate); without ``verify`` the original
+    scheme waits for a spare unless told otherwise (:func:`default_spare_wait`)."""
     if locate is not None and backend != "local":
         raise ConfigError("locate", locate, "the local backend or `aiogc ps` (the Ray backend "
                           "does not pass --locate to its PS actor)")
     check_locate(locate, config)
-    wait, spares = locate_spares(locate, spare_wait)
+    spare_wait = default_spare_wait(config, verify, locate, spare_wait)
+    wait, spares = locate_spares(locate, spare_wait, tolerated=config.stragglers_tolerated)
     return PSOptions(spare_wait=wait, spares=spares)
 
 

@@ -5,13 +5,14 @@ Both runners import this module and never each other, so a new backend needs onl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +34,12 @@ from aiogc.harness.evictions import eviction_lines
 from aiogc.protocol.status import describe_end
 from aiogc.training.cluster import cluster_schedule
 from aiogc.training.delays import materialise
-from aiogc.training.locate import LiarLocator, check_locate
+from aiogc.training.locate import (
+    LiarLocator,
+    check_locate,
+    liars_supported,
+    locate_spare_count,
+)
 from aiogc.training.ps_aggregator import task_aggregator
 from aiogc.training.schedule import DelaySchedule
 from aiogc.training.tasks import make_task
@@ -216,7 +222,9 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
         check_locate(locate, config)
         aggregator.locator = LiarLocator(
             evict_after=locate,
-            eps=None if config.coded_dtype == "same" else config.coded_eps)
+            eps=None if config.coded_dtype == "same" else config.coded_eps,
+            liars=liars_supported(locate_spare_count(config.stragglers_tolerated)),
+            min_finished=config.workers - config.stragglers_tolerated)
     ps = ParameterServer(config, scheme=scheme, model=model, aggregator=aggregator,
                          schedule=schedule, **kwargs)
     return ps, task
@@ -280,6 +288,9 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["end_reason"] = result.end_reason
     result.summary["interrupted_by"] = interrupted[0] if interrupted else None
     result.summary.update(result.extra_summary)
+    if recorder is not None and recorder.write_error is not None:
+        result.summary["records_error"] = recorder.write_error
+        result.summary["ok"] = False
     # ok only when every round of every scheme completed: never for a stopped run (nor one
     # that ended on an error before its summary); the records are final now
     if interrupted or result.end_reason.startswith("runner error"):
@@ -287,6 +298,25 @@ def close_run(result: RunResult, interrupted: Sequence[str],
     result.summary["in_progress"] = False
     if recorder is not None:
         recorder.close(result.summary)
+
+
+#: The end reason of a run stopped because its records could not be written (then
+#: ``summary["records_error"]`` says which file and why).
+RECORDS_FAILED = "records could not be written"
+
+
+def stop_on_write_error(stop: Callable[[str], None]) -> Callable[[str], None]:
+    """A recorder's ``on_write_error``: ``stop(reason)`` at the loop's next iteration (the
+    failed write may be inside the PS's own event delivery); nothing once the loop is gone."""
+
+    def on_write_error(why: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the run is over: close() reports it
+        loop.call_soon(stop, f"{RECORDS_FAILED}: {why}")
+
+    return on_write_error
 
 
 def plot_run(out_dir: str | Path) -> None:
@@ -483,6 +513,11 @@ class RunnerBackend(Protocol):
         (``result`` takes the end reason, evictions and what else the backend measured)."""
         ...
 
+    def halted(self) -> bool:
+        """True once something other than a signal must end the whole run (a failing task, a
+        failed write of the records): no further scheme starts."""
+        ...
+
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
         """Always, after the schemes ran or failed: the fidelity section, the summary
         (:func:`close_run`), whatever else the backend writes."""
@@ -516,8 +551,8 @@ def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBacken
                 t0 = time.monotonic()
                 result.records[name] = backend.run_scheme(cfg, built[name], result)
                 result.wall_s[name] = time.monotonic() - t0
-                if interrupted:
-                    break  # SIGTERM / Ctrl-C stops the whole run, not just this scheme
+                if interrupted or backend.halted():
+                    break  # a signal, a failing task or a failed write: the whole run
     except BaseException as exc:
         # a crash or Ctrl-C outside the PS's own signal handling: still say why in the files
         if not result.end_reason:
@@ -528,6 +563,6 @@ def run_schemes(config: RunConfig, schemes: Sequence[str], backend: RunnerBacken
     if interrupted:
         # after the records were written; the CLI reports it and exits with 128 + signal
         raise RunInterrupted(interrupted[0], result)
-    if out_dir is not None and plots:
+    if out_dir is not None and plots and "records_error" not in result.summary:
         plot_run(out_dir)
     return result

@@ -9,7 +9,6 @@ plots and inspection need nothing but the files). The file formats are
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -23,6 +22,7 @@ from aiogc.harness.columns import (
     NOT_IN_ROUNDS,
     read_csv,
 )
+from aiogc.harness.runfiles import check_event, read_json
 from aiogc.protocol.status import EndReason, RoundStatus
 from aiogc.training.schedule import DelaySchedule
 
@@ -42,13 +42,12 @@ def load_events(
     out: list[dict[str, Any]] = []
     if not path.exists():
         return out
-    with path.open(encoding="utf-8") as f:
-        for line in f:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
             if limit is not None and len(out) >= limit:
                 break
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
+            ev = check_event(path, lineno, line)
+            if ev is None:  # not complete JSON: a run cut short mid-line
                 continue
             if scheme is not None and ev.get("scheme") != scheme:
                 continue
@@ -76,11 +75,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(run_dir)
     if not d.is_dir():
         raise FileNotFoundError(f"no run directory at {d}")
-    manifest = (
-        json.loads((d / "manifest.json").read_text("utf-8"))
-        if (d / "manifest.json").exists()
-        else {}
-    )
+    manifest = read_json(d / "manifest.json") if (d / "manifest.json").exists() else {}
     summary_path = d / "summary.json"
     return {
         "dir": d,
@@ -89,7 +84,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "workers": read_csv(d / "workers.csv"),
         "reports": read_csv(d / "reports.csv"),
         "attribution": read_csv(d / "attribution.csv"),
-        "summary": json.loads(summary_path.read_text("utf-8")) if summary_path.exists() else None,
+        "summary": read_json(summary_path) if summary_path.exists() else None,
     }
 
 

@@ -36,6 +36,7 @@ from aiogc.core import (
 )
 from aiogc.errors import ConfigError
 from aiogc.harness.evictions import check_run_locate, eviction_sink, locate_ps_options
+from aiogc.harness.failures import TaskFailures
 from aiogc.harness.fidelity import (
     LAG_INTERVAL_S,
     CpuSnapshot,
@@ -54,6 +55,7 @@ from aiogc.harness.kit import (
     open_recorder,
     run_schemes,
     scheme_config,
+    stop_on_write_error,
 )
 from aiogc.harness.options import RunOptions
 from aiogc.harness.spawn import _mp_context, _reap, _single_thread_blas_env, _worker_spawns
@@ -109,6 +111,7 @@ async def _run_scheme(
     recorder: Any | None,
     on_round: Callable[[RoundRecord], None] | None,
     on_signal: Callable[[str], None] | None = None,
+    failures: TaskFailures | None = None,
 ) -> SchemeOutcome:
     """One scheme, live (``options.mode``, ``verify``, ``secret``, ``start_method`` and
     ``worker_hosts`` apply). SIGTERM / SIGINT stop the PS gracefully (it tells every worker
@@ -118,19 +121,25 @@ async def _run_scheme(
     k = config.time_scale
     ps, _ = make_ps(config, schedule=schedule, verify=options.verify, secret=secret,
                     locate=options.locate, scheme=scheme,
-                    options=locate_ps_options(config, options.locate, options.spare_wait))
+                    options=locate_ps_options(config, options.locate, options.spare_wait,
+                                              verify=options.verify))
     scheme = ps.scheme
     finished: list[str] = []
     evicted: list[dict[str, Any]] = []
     on_event = eviction_sink(_scheme_event_handler(config.scheme, scheme, recorder, on_round,
                                                    finished.append, time_scale=k),
                              ps, config.scheme, recorder, evicted, time_scale=k)
+    # a failing task stops the run (server: bound below)
+    on_event = (failures or TaskFailures()).sink(on_event, config.scheme,
+                                                 lambda why: server.stop(why))
     frame_log = None if recorder is None else _frame_logger(config.scheme, ps, recorder, k)
     lag = LoopLagMonitor(interval_s=LAG_INTERVAL_S)
     # the join deadline starts when the workers are launched, not at listen
     server = PSServer(ps, host="127.0.0.1", port=0, frame_log=frame_log, on_event=on_event,
                       join_clock=False)
     capture = _attach_capture(server, options.pcap)
+    if recorder is not None:
+        recorder.on_write_error = stop_on_write_error(server.stop)
     procs: list[Any] = []
     parent_alive: Any = None  # read end of the workers' parent-watch pipe (processes mode)
     loop = asyncio.get_running_loop()
@@ -321,6 +330,7 @@ class _LocalBackend:
         self.lags: list[float] = []
         self.recorder: Any = None
         self.interrupted: list[str] = []
+        self.failures = TaskFailures()
         self.built: Mapping[str, Scheme] = {}
 
     def prepare(self, config: RunConfig, schedule: DelaySchedule,
@@ -354,7 +364,8 @@ class _LocalBackend:
         try:
             outcome: SchemeOutcome = run_on(self.loop_kind, _run_scheme(
                 cfg, self.schedule, self.options, scheme=scheme, loop_kind=self.loop_kind,
-                recorder=self.recorder, on_round=tick, on_signal=self.interrupted.append))
+                recorder=self.recorder, on_round=tick, on_signal=self.interrupted.append,
+                failures=self.failures))
         finally:
             bar.close()
         self.lags += outcome.loop_lag_s
@@ -363,7 +374,12 @@ class _LocalBackend:
                                     else "PS ended without a reason")
         return outcome.records
 
+    def halted(self) -> bool:
+        return self.failures.first is not None or (
+            self.recorder is not None and self.recorder.write_error is not None)
+
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
+        self.failures.add_to(result.extra_summary)
         if self.config is not None and self.schedule is not None and self.cpu0 is not None:
             result.extra_summary["fidelity"] = _fidelity(
                 self.config, self.schedule, result, self.lags, self.cpu0,

@@ -196,7 +196,11 @@ def _connect(ray: Any, address: str | None) -> bool:
     kwargs: dict[str, Any] = {"log_to_driver": True}
     if address in (None, "local"):
         kwargs["include_dashboard"] = False
-    elif address != "auto":
+    elif address == "auto":
+        resolved = _resolve_auto()
+        if resolved is not None:  # else ray.init says why it found none
+            _check_reachable(resolved, shown=f"'auto' (resolved to {resolved})")
+    else:
         _check_reachable(address)
     try:
         ray.init(address=address or "local", **kwargs)
@@ -217,16 +221,31 @@ def _connect(ray: Any, address: str | None) -> bool:
 REACH_TIMEOUT_S: Final = 5.0
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast, in one line, when ``HOST:PORT`` accepts no TCP connection."""
+def _resolve_auto() -> str | None:
+    """``--address auto`` as Ray resolves it (``RAY_ADDRESS``, else the cluster this machine
+    last started), so that the address can be checked before ``ray.init``; None when Ray
+    finds none (``ray.init`` then says so)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address("auto")
+    except Exception:  # Ray's own lookup failed: ray.init reports it
+        return None
+    return str(resolved) if resolved else None
+
+
+def _check_reachable(address: str, *, shown: str | None = None) -> None:
+    """Fail fast, in one line, when ``HOST:PORT`` accepts no TCP connection (``shown``: how
+    the address is named, e.g. what ``auto`` resolved to)."""
+    name = repr(address) if shown is None else shown
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"address={address!r} is not auto or HOST:PORT of the cluster's GCS")
+        raise ClusterError(f"address={name} is not auto or HOST:PORT of the cluster's GCS")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise ClusterError(f"cannot reach the Ray cluster at address={address!r}: no TCP "
+        raise ClusterError(f"cannot reach the Ray cluster at address={name}: no TCP "
                            f"connection within {REACH_TIMEOUT_S:g} s "
                            f"({exc.strerror or type(exc).__name__})") from None
 
@@ -582,6 +601,9 @@ class _RayBackend:
                    ) -> list[RoundRecord]:
         assert self.driver is not None
         return self.driver.run_scheme(cfg, scheme)
+
+    def halted(self) -> bool:
+        return False  # the Ray PS actor ends its own run on a failing task or write
 
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
         try:

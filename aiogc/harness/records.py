@@ -82,12 +82,13 @@ Invariants
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final
@@ -183,6 +184,21 @@ def _detached(record: RoundRecord) -> RoundRecord:
 # ------------------------------------------------------------------------------ the recorder
 
 
+class RecordsError(OSError):
+    """A file of the run directory could not be written when the run started (the message
+    names it and why); a failure later in the run is :attr:`RunRecorder.write_error`."""
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except RecordsError:
+        raise
+    except OSError as exc:
+        raise RecordsError(f"{exc.strerror or exc} writing {path}") from exc
+
+
 class RunRecorder:
     """Writes one run directory (see the module docstring for the files and their columns).
 
@@ -229,8 +245,11 @@ class RunRecorder:
         self._trace = trace
         self._records: dict[str, list[RoundRecord]] = {}
         self._closed = False
-        write_json(self.out_dir / "manifest.json", dict(manifest))
-        self._events: IO[str] = (self.out_dir / "events.jsonl").open("w", encoding="utf-8")
+        with _naming(self.out_dir / "manifest.json"):
+            write_json(self.out_dir / "manifest.json", dict(manifest))
+        with _naming(self.out_dir / "events.jsonl"):
+            self._events: IO[str] = (self.out_dir / "events.jsonl").open("w",
+                                                                        encoding="utf-8")
         self._files: list[IO[str]] = [self._events]
         self._rounds = self._open_csv("rounds.csv", ROUND_COLUMNS)
         self._workers = self._open_csv("workers.csv", WORKER_COLUMNS)
@@ -262,13 +281,20 @@ class RunRecorder:
         self._rejoined: dict[str, list[list[int]]] = {}
         # per scheme: evicted workers (issue 21) -> the round they were evicted in
         self._evicted: dict[str, dict[int, int]] = {}
+        #: the first write of the records that failed (``"No space left on device writing
+        #: DIR/events.jsonl"``), None while every write succeeded; after it nothing more is
+        #: written (what is on disk is kept) and the rows recorded are dropped
+        self.write_error: str | None = None
+        #: called once with :attr:`write_error` when it is set (the runner stops the run)
+        self.on_write_error: Callable[[str], None] | None = None
         if flush_every_s is not None:
             self._write_progress()
 
     def _open_csv(self, name: str, columns: Sequence[str]) -> IO[str]:
-        f = (self.out_dir / name).open("w", newline="", encoding="utf-8")
-        self._files.append(f)
-        csv.writer(f).writerow(columns)
+        with _naming(self.out_dir / name):
+            f = (self.out_dir / name).open("w", newline="", encoding="utf-8")
+            self._files.append(f)
+            csv.writer(f).writerow(columns)
         return f
 
     # context manager ------------------------------------------------------------------
@@ -320,14 +346,38 @@ class RunRecorder:
         self._check_open()
         self._write_buffers()
 
+    def _write_failed(self, exc: OSError, name: str) -> None:
+        """A write of ``name`` failed: keep what is on disk, write nothing more, tell the
+        runner once."""
+        if self.write_error is not None:
+            return
+        self.write_error = f"{exc.strerror or exc} writing {self.out_dir / name}"
+        self._event_buf.clear()
+        self._round_buf.clear()
+        self._round_rows = 0
+        if self.on_write_error is not None:
+            self.on_write_error(self.write_error)
+
+    def _put(self, f: IO[str], text: str) -> None:
+        """Write ``text`` to ``f`` and flush it; a failure ends the recording."""
+        if self.write_error is not None:
+            return
+        try:
+            f.write(text)
+            f.flush()
+        except OSError as exc:
+            self._write_failed(exc, Path(f.name).name)
+
     def _write_buffers(self) -> None:
         # events, workers and reports first, rounds.csv last: a round row on disk has its
         # other rows there too; each file gets its batch in one write
+        if self.write_error is not None:  # nothing is written after a failed write
+            self._event_buf.clear()
+            self._round_buf.clear()
         if self._event_buf:
             rows, self._event_buf[:] = list(self._event_buf), []
-            self._events.write(_event_lines(rows, self._mids))
+            self._put(self._events, _event_lines(rows, self._mids))
             self._frames_written += sum(type(r) is tuple for r in rows)
-            self._events.flush()
         if self._round_buf:
             pending, self._round_buf[:] = list(self._round_buf), []
             self._write_rounds(pending)
@@ -357,15 +407,16 @@ class RunRecorder:
         for f, rows_ in ((self._workers, workers), (self._reports, reports),
                          (self._attribution, chunks), (self._rounds, rounds)):
             if rows_:
-                f.write(_csv_text(rows_))
-                f.flush()
+                self._put(f, _csv_text(rows_))
 
     # crash safety -------------------------------------------------------------------------
 
     def _write_progress(self) -> None:
         """Replace ``summary.json`` (atomically) by the progress summary: the run is in
         progress, with the rounds written per scheme; :meth:`close` writes the final one."""
-        write_json_atomic(self.out_dir / "summary.json", {
+        if self.write_error is not None:
+            return
+        self._write_json(self.out_dir / "summary.json", {
             "in_progress": True,
             "ok": False,
             "end_reason": None,
@@ -374,6 +425,18 @@ class RunRecorder:
             "note": "written while the run went on: if the run is gone, it was cut short "
                     "(rounds.csv holds every round written so far)",
         })
+
+    def _write_json(self, path: Path, obj: Mapping[str, Any], *, compact: bool = False
+                    ) -> None:
+        """``path`` written atomically (compact: in one go); a failure ends the recording
+        and leaves the previous file, if any, in place."""
+        try:
+            if compact:
+                write_json_compact(path, obj)
+            else:
+                write_json_atomic(path, obj)
+        except OSError as exc:
+            self._write_failed(exc, path.name)
 
     def _timed_write(self) -> None:
         """Write the batch and the progress summary (the round-end check or the timer)."""
@@ -410,7 +473,8 @@ class RunRecorder:
 
     def write_schedule(self, schedule: DelaySchedule) -> None:
         """Write ``delays.csv`` through ``schedule.to_csv(path)``."""
-        schedule.to_csv(self.out_dir / "delays.csv")
+        with _naming(self.out_dir / "delays.csv"):
+            schedule.to_csv(self.out_dir / "delays.csv")
 
     def frame(
         self,
@@ -626,15 +690,22 @@ class RunRecorder:
                 self._closed = True
                 self._update_room()
                 for f in self._files:
-                    f.close()
-            if self._trace:
+                    try:
+                        f.close()
+                    except OSError as exc:  # the last buffered bytes did not fit
+                        self._write_failed(exc, Path(f.name).name)
+            if self._trace and self.write_error is None:
                 from aiogc.harness.trace import chrome_trace
 
                 frames = load_events(self.out_dir, limit=self.MAX_TRACE_FRAMES)
-                write_json_compact(self.out_dir / "trace.json",
-                                    chrome_trace(self._records, frames))
+                self._write_json(self.out_dir / "trace.json",
+                                 chrome_trace(self._records, frames), compact=True)
         if summary is not None:
-            write_json_atomic(self.out_dir / "summary.json", dict(summary))
+            summary = dict(summary)
+            if self.write_error is not None:
+                summary.setdefault("records_error", self.write_error)
+                summary["ok"] = False
+            self._write_json(self.out_dir / "summary.json", summary)
 
     @property
     def records(self) -> dict[str, list[RoundRecord]]:
@@ -660,5 +731,9 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """:func:`write_json` to a temporary file beside ``path``, then ``os.replace``: a reader
     (or a crash) sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_json(tmp, obj)
-    os.replace(tmp, path)
+    try:
+        write_json(tmp, obj)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written temporary left behind
+        raise

@@ -32,7 +32,6 @@ schedule).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
+from aiogc.harness.runfiles import RunFileError, read_json
 from aiogc.training.schedule import DelaySchedule
 
 __all__ = ["BASELINES", "TYPICAL", "format_whatif", "no_straggler_schedule", "parse_typical",
@@ -165,7 +165,10 @@ def whatif_no_stragglers(run_dir: str | os.PathLike[str], *, baseline: str = "wo
     for name in ("manifest.json", "delays.csv"):
         if not (d / name).is_file():
             raise ConfigError("run_dir", str(run_dir), f"a run directory with {name}")
-    manifest = json.loads((d / "manifest.json").read_text("utf-8"))
+    manifest = read_json(d / "manifest.json")
+    if not isinstance(manifest.get("config"), dict):
+        raise RunFileError(d / "manifest.json", "field config", "a JSON object (the run's "
+                           "configuration)")
     config = RunConfig.from_wire(manifest["config"])
     schemes = list(manifest.get("schemes") or [config.scheme])
     schedule = DelaySchedule.from_csv(d / "delays.csv")
@@ -173,7 +176,7 @@ def whatif_no_stragglers(run_dir: str | os.PathLike[str], *, baseline: str = "wo
     clean = no_straggler_schedule(schedule, baseline, typical)
     summary = {}
     if (d / "summary.json").is_file():
-        summary = json.loads((d / "summary.json").read_text("utf-8"))
+        summary = read_json(d / "summary.json")
     fid = (summary.get("fidelity") or {}) if isinstance(summary, dict) else {}
     live = {n: v.get("live_mean_s") for n, v in (fid.get("schemes") or {}).items()}
     built = build_schemes(config, schemes)

@@ -33,6 +33,7 @@ import numpy as np
 from aiogc.core import (
     ComputeChunks,
     ConnectionFailed,
+    DecodeRound,
     EncodeVector,
     Event,
     Finished,
@@ -47,6 +48,7 @@ from aiogc.core.common import Backoff
 from aiogc.core.ps import pending_cap
 from aiogc.core.worker import Polled
 from aiogc.errors import ConfigError, EvictedError, RemoteProtocolError
+from aiogc.net.admission import Admission
 from aiogc.net.framing import FramedConnection
 from aiogc.net.hostlink import BATCH_WINDOW_S, HostLink, SlotEndpoint
 from aiogc.net.limits import (
@@ -59,6 +61,7 @@ from aiogc.net.limits import (
 )
 from aiogc.net.loops import MONOTONIC, Clock, _tick_bias, _Timer
 from aiogc.net.shaping import ShapedQueue, ShapedSend, ingress_queue, release_all, shaped_send
+from aiogc.net.stall import StallWatch
 from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
@@ -71,6 +74,11 @@ _INF = float("inf")
 
 FrameLog = Callable[[str, Any, Message, int], None]  # (direction, peer, msg, nbytes)
 EventSink = Callable[[Event], None]
+
+
+#: The end reason's prefix of a run stopped because the PS's own work (decode, loss, the
+#: oracle: the task's code run on the PS) raised.
+PS_TASK_FAILED = "task failed on the PS"
 
 
 class PSServer:
@@ -151,6 +159,12 @@ class PSServer:
         # welcome -> their shaped downlink (None: unlimited), and the shared ingress
         self._shaped: dict[FramedConnection, ShapedSend | None] = {}
         self._ingress: ShapedQueue[tuple[FramedConnection, Message]] | None = None
+        #: notices this process not running (its silence is then the PS's, not the workers')
+        self._stall: StallWatch | None = None
+        #: a decode raised: the run is stopped and the decode never answered
+        self._work_failed = False
+        #: deadlines and caps on the connections without an authenticated worker
+        self._admission: Admission | None = None
 
     # ------------------------------------------------------------------ lifetime
 
@@ -161,6 +175,10 @@ class PSServer:
         self._done = loop.create_future()
         self._timer = _Timer(loop, self._on_timer, clock=self._clock)
         self._ingress = ingress_queue(self.ps.config, self._ingress_done, loop, self._clock)
+        self._admission = Admission.for_ps(loop, self.ps.m, pending_cap(self.ps.m),
+                                           self.ps.auth_deadline_s)
+        self._stall = StallWatch(loop, self._on_stall, clock=self._clock)
+        self._stall.start()
         # a backlog for every worker connecting at once: when the accept queue overflows,
         # Linux completes the client's handshake but drops the connection server-side, and
         # that worker waits for a challenge that never comes (HANDSHAKE_TIMEOUT_S)
@@ -176,6 +194,8 @@ class PSServer:
         finally:
             server.close()
             self._timer.cancel()
+            self._admission.close_all()
+            self._stall.stop()
             self._write_outq(len(self._outq))  # the last frames (shutdown) before closing
             release_all(self._shaped.values())  # ... without waiting for an emulated link
             await self._flush_and_close()
@@ -240,6 +260,8 @@ class PSServer:
         return self._clock()
 
     def _conn_made(self, conn: FramedConnection) -> None:
+        if self._admission is not None and type(conn) is FramedConnection:
+            self._admission.admit(conn)
         self._conns.add(conn)
         self.ps.connection_made(conn, now=self._now())
         self._pump()
@@ -287,13 +309,26 @@ class PSServer:
         ps = self.ps
         if ps.worker_of(conn) is not None:
             conn.set_limits(self._post_auth)
+            if self._admission is not None:
+                self._admission.authenticated(conn)
             keys = ps.session_keys(conn)
             if keys is not None:
                 # every frame after hello is tagged (the welcome we send is not: see _pump)
                 conn.set_auth(recv=keys.worker_to_ps)
 
+    def _on_stall(self, seconds: float) -> None:
+        log.warning("the PS did not run for %.1f s (stopped, or its loop blocked): workers "
+                    "lost meanwhile are not blamed", seconds)
+        self.ps.handle_timer(now=self._clock(), stalled_s=seconds)
+        if self._loop is not None:
+            self._loop.call_soon(self._pump)  # what the deadlines queued goes out
+
     def _on_close(self, conn: FramedConnection, exc: BaseException | None) -> None:
+        if self._stall is not None:
+            self._stall.check()  # a connection the peer closed while we were stopped
         self._conns.discard(conn)
+        if self._admission is not None:
+            self._admission.closed(conn)
         shaped = self._shaped.pop(conn, None)
         if shaped is not None:
             shaped.cancel()
@@ -305,6 +340,8 @@ class PSServer:
         self._conns_changed.set()
 
     def _on_timer(self) -> None:
+        if self._stall is not None:
+            self._stall.check()  # before the liveness sweep judges the workers' silence
         self.ps.handle_timer(now=self._clock())
         self._pump()
 
@@ -375,6 +412,9 @@ class PSServer:
             # round_start first), then the events and the timer deadline come with the poll
             outbox, events, when = ps.poll()
             self._flush_outbox(outbox)
+            if events is None and self._work_failed:
+                # the run stopped on a decode that raised: it is never answered
+                events, when = list(iter(ps.next_event, None)), None
             if events is None:
                 if self._outq and (outbox or self._run_after_outq):
                     # frames just queued (a broadcast) are still going out slice by slice:
@@ -384,7 +424,17 @@ class PSServer:
                     return
                 item = ps.next_work()
                 assert item is not None and self._aggregator is not None
-                ps.work_done(item, self._aggregator.run(item), now=self._clock())
+                try:
+                    done = self._aggregator.run(item)
+                except Exception as exc:  # the task's code on the PS (loss, oracle...)
+                    log.debug("the PS's work failed", exc_info=True)
+                    ps.stop(f"{PS_TASK_FAILED}: round {item.record.round}: "
+                            f"{type(exc).__name__}: {exc}", now=self._clock())
+                    if type(item) is DecodeRound:
+                        self._work_failed = True
+                        continue
+                    done = None  # an analysis: its round completes without it
+                ps.work_done(item, done, now=self._clock())
                 continue
             break
         if events:

@@ -59,6 +59,7 @@ class _Server(Protocol):
     ps: Any
     _loop: Any
     _max_pending: int
+    _admission: Any
 
     def clock(self) -> float: ...
 
@@ -237,6 +238,10 @@ class HostLink:
             if ep is not None:
                 raise RemoteProtocolError(f"OPEN on slot {c.slot}, which is open or closing",
                                           code="slot_busy")
+            adm = self.server._admission
+            if adm is not None and not adm.may_open(self.conn, self.count):
+                raise RemoteProtocolError("too many OPENs before a slot authenticated",
+                                          code="open_flood")
             ep = self._slots[c.slot] = SlotEndpoint(self, c.slot, self.first + c.slot)
             self.server._conn_made(ep)
         elif c.op == CLOSE:

@@ -51,7 +51,8 @@ class EndReason(_Vocabulary):
     Failed rounds: ``WORKERS_GONE`` (the remaining workers cannot decode), ``NOTHING_COMPUTED``
     (nothing to decode at the deadline or after losses), ``TIMEOUT`` (no decode within
     ``round_timeout_s``), ``NONFINITE`` (the decoded gradient was not finite), ``REJECTED``
-    (the round guard refused the decoded step: a consistency or verification check failed).
+    (the round guard refused the decoded step: a consistency or verification check failed),
+    ``PS_STALL`` (workers were lost while the PS itself had stalled: the PS's fault, not theirs).
     """
 
     DECODABLE = "decodable"
@@ -64,6 +65,7 @@ class EndReason(_Vocabulary):
     TIMEOUT = "timeout"
     NONFINITE = "nonfinite"
     REJECTED = "rejected"
+    PS_STALL = "ps_stall"
 
 
 def describe_end(reason: object, detail: object = "") -> str:

@@ -31,6 +31,7 @@ code (:mod:`aiogc.coding.leave_one_out`; ``bench/bench_locate.py`` reports it at
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -40,13 +41,19 @@ import numpy as np
 
 from aiogc.coding.base import Scheme
 from aiogc.coding.compress import rounding_bound
-from aiogc.coding.consistency import redundancy_check
+from aiogc.coding.consistency import (
+    REDUNDANCY_SAFETY,
+    redundancy_check,
+    redundancy_tolerance,
+)
 from aiogc.coding.leave_one_out import leave_one_out_values
 from aiogc.config import RunConfig
 from aiogc.errors import ConfigError
 
 __all__ = ["EVICT_AFTER", "LOCATE_SPARE_WAIT", "MAX_LOCATE", "LiarLocator", "check_locate",
-           "decoding_coefficients", "locate_spares", "payload_rounding_bound"]
+           "decoding_coefficients", "fully_consistent", "liars_supported", "locate_spare_count",
+           "locate_spares",
+           "payload_rounding_bound"]
 
 #: located rounds against one worker before it is evicted
 EVICT_AFTER = 3
@@ -102,22 +109,83 @@ def check_locate(locate: int | None, config: RunConfig) -> None:
                           f"--delta {config.n_parts + 2})")
 
 
-def locate_spares(locate: int | None, spare_wait: float | None) -> tuple[float, int]:
+def locate_spares(locate: int | None, spare_wait: float | None, *,
+                  tolerated: int = 2) -> tuple[float, int]:
     """``(spare_wait, spares)`` of the PS (:class:`aiogc.core.PSOptions`).
 
-    Without ``locate``: ``spare_wait`` (None: 0) and one spare. With it: two spares and
-    ``spare_wait``, or :data:`LOCATE_SPARE_WAIT` when None; an explicit 0 cannot locate
-    (no spare is ever waited for) and is refused, naming ``spare_wait``.
+    Without ``locate``: ``spare_wait`` (None: 0) and one spare. With it: ``spare_wait``, or
+    :data:`LOCATE_SPARE_WAIT` when None, and :func:`locate_spare_count` spares for a code that
+    tolerates ``tolerated`` stragglers; an explicit 0 cannot locate (no spare is ever waited
+    for) and is refused, naming ``spare_wait``.
     """
+    spares = locate_spare_count(tolerated)
     if locate is None:
         return (0.0 if spare_wait is None else float(spare_wait)), 1
     if spare_wait is None:
-        return LOCATE_SPARE_WAIT, 2
+        return LOCATE_SPARE_WAIT, spares
     if spare_wait <= 0:
         raise ConfigError("spare_wait", spare_wait, f"a number in (0, 100] with --locate {locate} "
                           "(locating needs two spare vectors; leave --spare-wait out for the "
                           f"default {LOCATE_SPARE_WAIT:g})")
-    return float(spare_wait), 2
+    return float(spare_wait), spares
+
+
+def locate_spare_count(tolerated: int) -> int:
+    """Spares ``--locate`` waits for: four (two liars located uniquely) where the code
+    tolerates four stragglers, else two (one liar)."""
+    return 4 if tolerated >= 4 else 2
+
+
+def liars_supported(spares: int) -> int:
+    """Liars that ``spares`` spare vectors locate uniquely: a set of ``t`` liars is told apart
+    from every other set of at most ``t`` only when ``2 t`` vectors beyond a decodable set
+    arrived (two explanations then still leave a decodable, honest rest in common)."""
+    return max(0, int(spares)) // 2
+
+
+def fully_consistent(scheme: Scheme, rows64: np.ndarray, subset: list[int],
+                     eps: float | None = None) -> float | None:
+    """How far the decodes of the sum from ``subset``'s vectors disagree, relative to their
+    rounding tolerance (at most 1: every decode agrees). The vectors' component in the left
+    null space of the subset's encoding rows (where every difference of two decoders lies),
+    over ``sqrt(k) ||V||_F`` (what honest rounding can put there), over the redundancy
+    check's tolerance; inf when not finite. None when the subset has no redundancy or the
+    scheme no fixed code.
+
+    Parameters
+    ----------
+    scheme : Scheme
+        A scheme with an ``encoding_tensor()`` (a fixed code).
+    rows64 : ndarray, shape (m, p)
+    subset : list of int
+    eps : float, optional
+        The payloads' rounding unit when compressed (as the redundancy check's).
+    """
+    E = scheme.encoding_tensor()
+    if E is None or len(subset) < 2:
+        return None
+    m = int(scheme.m)
+    Es = np.asarray(E, dtype=np.float64).reshape(m, -1)[subset]
+    U, sv, _ = np.linalg.svd(Es, full_matrices=True)
+    if sv.size == 0 or sv[0] == 0:
+        return None
+    rank = int(np.sum(sv > sv[0] * 1e-10))
+    N = U[:, rank:]  # (r, r - rank): n^T Es = 0
+    if N.shape[1] == 0:
+        return None
+    V = np.asarray(rows64, dtype=np.float64)[subset]
+    with np.errstate(over="ignore", invalid="ignore"):
+        resid = float(np.linalg.norm(N.T @ V))
+        # the honest rounding E (|E| <= eps |V| entrywise) moves it by at most
+        # ||N^T E||_F <= sqrt(k) eps ||V||_F (N has k orthonormal columns)
+        scale = float(np.sqrt(N.shape[1]) * np.linalg.norm(V))
+    if not (math.isfinite(resid) and math.isfinite(scale)):
+        return math.inf
+    kappa = float(sv[0] / sv[rank - 1])
+    tol = redundancy_tolerance(rows64.dtype, kappa, REDUNDANCY_SAFETY, eps)
+    if scale <= 0:
+        return 0.0 if resid == 0 else math.inf
+    return resid / scale / tol
 
 
 def decoding_coefficients(scheme: Scheme, state: np.ndarray) -> np.ndarray:
@@ -162,6 +230,13 @@ class LiarLocator:
 
     evict_after: int = EVICT_AFTER
     eps: float | None = None
+    #: the most liars location must tell apart (:func:`liars_supported` of the spares the PS
+    #: waits for); a round whose received set has fewer than twice as many spares, or whose
+    #: evidence another set of at most this many workers explains as well, locates nobody
+    liars: int = 1
+    #: the fewest received vectors that decode (``m - stragglers_tolerated``); None: the
+    #: spare count of a round is not checked
+    min_finished: int | None = None
     #: one factorisation per decoded subset for fixed codes (False: the scheme's decoder,
     #: three solves per subset; kept for the bench's before/after and the equivalence test)
     fast: bool = True
@@ -197,10 +272,32 @@ class LiarLocator:
         # the set without the liar is consistent to its rounding; a set that keeps the liar
         # can pass too where the lie nearly cancels between its two decodes, so the located
         # set must also stand out: LOCATE_MARGIN times more consistent than any other
-        if math.isfinite(best) and (not math.isfinite(second)
-                                    or second > LOCATE_MARGIN * max(best, _TINY)):
-            return j
-        return None
+        if not (math.isfinite(best) and (not math.isfinite(second)
+                                         or second > LOCATE_MARGIN * max(best, _TINY))):
+            return None
+        return j if self._unique(scheme, rows64, rec, j, dim) else None
+
+    def _unique(self, scheme: Scheme, rows64: np.ndarray, rec: list[int], j: int,
+                dim: int) -> bool:
+        """Whether "``j`` lied" is the only explanation of the round with at most
+        :attr:`liars` liars: the round has ``2 * liars`` spares, every decode of the set
+        without ``j`` agrees (not only the two the redundancy check compares), and no set of
+        at most ``liars`` other workers leaves a consistent rest. Two colluders can make the
+        set without an honest worker consistent; with four spares the rest without them
+        still decodes and contradicts it, with two nothing can tell the two apart."""
+        if self.min_finished is not None and len(rec) - self.min_finished < 2 * self.liars:
+            return False
+        rest = [w for w in rec if w != j]
+        mine = fully_consistent(scheme, rows64, rest, self.eps)
+        if mine is None or mine > 1:
+            return False
+        for size in range(1, self.liars + 1):
+            for others in itertools.combinations(rest, size):
+                keep = [w for w in rec if w not in others]
+                alt = fully_consistent(scheme, rows64, keep, self.eps)
+                if alt is not None and alt <= 1 and alt <= LOCATE_MARGIN * max(mine, _TINY):
+                    return False  # "these lied" explains the round as well as "j lied"
+        return True
 
     def _values(self, scheme: Scheme, rows64: np.ndarray, rec: list[int],
                 dim: int) -> list[tuple[float, int]] | None:

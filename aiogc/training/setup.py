@@ -13,12 +13,36 @@ import os
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from aiogc.config import RunConfig
 from aiogc.core import Setup
+from aiogc.core.worker_setup import ChunkGradientFn
 from aiogc.errors import ConfigError
 from aiogc.training.caps import check_welcome_memory
 
-__all__ = ["SetupCache", "TaskNotAllowed", "TaskPolicy", "build_setup"]
+__all__ = ["NonFiniteGradient", "SetupCache", "TaskNotAllowed", "TaskPolicy", "build_setup",
+           "finite_gradients"]
+
+
+class NonFiniteGradient(ValueError):
+    """A task's chunk gradient has NaN or infinite values."""
+
+
+def finite_gradients(fn: ChunkGradientFn) -> ChunkGradientFn:
+    """``fn`` (a plug-in task's ``chunk_gradient(chunk, w) -> (dim,)``), raising
+    :class:`NonFiniteGradient` (naming the chunk) for a gradient with NaN or inf values: the
+    worker reports it as its task's failure instead of sending it."""
+
+    def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
+        g = fn(chunk, w)
+        if not np.isfinite(g).all():
+            bad = np.asarray(g).ravel()[~np.isfinite(np.asarray(g).ravel())][0]
+            raise NonFiniteGradient(f"chunk {chunk}: the gradient has non-finite values "
+                                    f"({float(bad)})")
+        return g
+
+    return chunk_gradient
 
 
 class TaskNotAllowed(ConfigError):
@@ -68,7 +92,12 @@ def build_setup(config: RunConfig, policy: TaskPolicy | None = None) -> Setup:
     check_welcome_memory(config)  # scheme + task within this process's budget, before building
     scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
-    return Setup(config, scheme, task.chunk_gradient)
+    from aiogc.training.tasks import task_kind
+
+    fn: ChunkGradientFn = task.chunk_gradient
+    if task_kind(config.task)[0] == "plugin":  # user code: its values are checked
+        fn = finite_gradients(fn)
+    return Setup(config, scheme, fn)
 
 
 class SetupCache:
