@@ -35,7 +35,7 @@ from aiogc.protocol.hostmux import (
     encode_control,
     encode_preamble,
 )
-from tests.test_net import (
+from tests.netkit import (
     GUARD_S,
     STEP_S,
     Runner,
