@@ -1,4 +1,4 @@
-"""The command line says what is true (issue 16, item 4): exit codes in --help, --version,
+"""The command line says what is true: exit codes in --help, --version,
 every scheme exits 0 when its rounds completed as configured, ``ok`` false for a stopped run,
 ``aiogc ps``'s one progress line and -v / -q logging, a worker that left is absent in
 ``workers.csv`` (not one row), experiments' progress with an ETA."""

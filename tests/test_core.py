@@ -708,7 +708,7 @@ def test_welcome_mac_covers_the_configuration() -> None:
     """A relay that passes the handshake through but rewrites the config is caught.
 
     The welcome is rejected (its config is never used: no setup is asked for, no session
-    keys). The consequence is a retry, not an exit (issue 18: nothing unauthenticated ends a
+    keys). The consequence is a retry, not an exit (nothing unauthenticated ends a
     worker; a welcome whose MAC fails is itself unauthenticated, so a port squatter could
     otherwise stop every worker with one forged frame; docs/protocol.md §7.7). The worker
     closes the connection, reconnects with backoff and gives up only after give_up_after_s.

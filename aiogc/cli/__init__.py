@@ -14,7 +14,7 @@ Exit codes (every command; errors are one line on stderr, never a traceback):
   file or directory, an unwritable ``--out``, an unknown round or scheme for ``inspect``.
 * 3 -- ``worker``: the PS was unreachable for ``--give-up-after`` seconds or refused it for good
   (wrong secret, config mismatch, task not allowed); the message says which.
-* 4 -- ``worker``: the PS evicted it (issue 21, ``--locate N``: its coded vectors were located as
+* 4 -- ``worker``: the PS evicted it (``--locate N``: its coded vectors were located as
   inconsistent in N rounds; an authenticated ``error`` ``evicted``, its key refused for the rest
   of the run): ``aiogc worker J: exiting: evicted by the PS (...)``.
 * 5 -- ``run``: every round completed, but some ran with fewer than m workers (a worker left

@@ -31,7 +31,7 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
-#: worker: the PS evicted it (issue 21: its vectors located as inconsistent; its key refused)
+#: worker: the PS evicted it (its vectors located as inconsistent; its key refused)
 EXIT_EVICTED = 4
 EXIT_SHRUNK = 5
 #: --fidelity strict: the run completed but its fidelity verdict is "unfaithful" (its round

@@ -361,7 +361,7 @@ def _worker_exit(ids: list[int], results: list[BaseException | None], whys: list
     code = EXIT_OK
     for j, res, why in zip(ids, results, whys, strict=True):
         me = f"aiogc worker {j}"
-        if isinstance(res, EvictedError):  # issue 21: ends the worker, not a retry
+        if isinstance(res, EvictedError):  # ends the worker, not a retry
             print(f"{me}: exiting: evicted by the PS ({res}); its key is refused for the rest "
                   f"of the run", file=sys.stderr)
             code = EXIT_EVICTED

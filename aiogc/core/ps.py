@@ -117,7 +117,7 @@ class PSOptions:
     auth_deadline_s: float | None = None
     spare_wait: float = 0.0
     nonce_fn: Any | None = None
-    #: spare vectors waited for (issue 21: locating one liar needs 2)
+    #: spare vectors waited for (locating one liar needs 2)
     spares: int = 1
 
 
@@ -161,7 +161,7 @@ class ParameterServer(RoundMachine):
         Send-when-done schemes (original): once the received vectors decode, wait up to
         ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
         the approximate deadline) for one more vector, so that the redundancy check has a
-        spare to cross-check with (issue 18). 0 (default): decode at once, as before.
+        spare to cross-check with. 0 (default): decode at once, as before.
     spares : int
         How many spare vectors that wait is for (default 1; 2 lets the aggregator locate one
         inconsistent worker, :mod:`aiogc.training.locate`).
@@ -186,7 +186,7 @@ class ParameterServer(RoundMachine):
         policy = round_policy(scheme, spare_wait=options.spare_wait, spares=options.spares)
         super().__init__(RoundSetup(config, scheme, model, schedule, epoch, policy,
                                     aggregator.screen if aggregator is not None else None))
-        #: issue 21: evicted workers -> why (their key is refused for the rest of the run)
+        #: evicted workers -> why (their key is refused for the rest of the run)
         self.evicted: dict[int, str] = {}
         self.aggregator = aggregator
         self.secret = secret
@@ -470,7 +470,7 @@ class ParameterServer(RoundMachine):
             )
         if msg.epoch != self.epoch:
             raise RemoteProtocolError(f"hello for epoch {msg.epoch}", code="stale_epoch")
-        if msg.worker in self.evicted:  # issue 21: its key is refused for the run
+        if msg.worker in self.evicted:  # its key is refused for the run
             raise RemoteProtocolError(f"worker {msg.worker} was evicted: "
                                       f"{self.evicted[msg.worker]}", code="evicted")
         keys = None

@@ -618,7 +618,7 @@ class RoundMachine(Endpoint):
             self.stats[key] += 1
         self.model = answer.model
         self.records.append(rec)
-        if answer.evict:  # issue 21: before the next round starts, so it is not in it
+        if answer.evict:  # before the next round starts, so it is not in it
             self._evict_workers(answer.evict, rec.round, now)
         live = rec.round in self._oracle_hints
         hint = self._oracle_hints.pop(rec.round, None)

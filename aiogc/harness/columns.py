@@ -54,7 +54,7 @@ COLUMN_OF_FIELD: Final[dict[str, str]] = {
     "oracle_elapsed_s": "oracle_s",
 }
 #: RoundRecord fields written to other files (or not at all: the gradient).
-#: (rounding_bound, issue 21: kept on the record, not a column, so that a
+#: (rounding_bound, kept on the record, not a column, so that a
 #: default run's rounds.csv keeps its columns; attribution: workers.csv and attribution.csv)
 NOT_IN_ROUNDS: Final = frozenset({"reports", "arrivals", "compute_s", "dropped", "gradient",
                                   "rounding_bound", "attribution"})

@@ -1,4 +1,4 @@
-"""Liar location in a live run (issue 21 item 4): ``--locate N`` as PS options, and the
+"""Liar location in a live run: ``--locate N`` as PS options, and the
 evictions it causes as records.
 
 The numerics are :mod:`aiogc.training.locate`; the PS core closes an evicted worker and refuses

@@ -69,7 +69,7 @@ class RunResult:
     out_dir: Path | None = None
     schedule: DelaySchedule | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
-    #: issue 21: workers the PS evicted (summary.json ``evicted``, aiogc.harness.evictions)
+    #: workers the PS evicted (summary.json ``evicted``, aiogc.harness.evictions)
     evicted: list[dict[str, Any]] = field(default_factory=list)
     #: why each scheme's run ended (the PS's finish reason, e.g. "all rounds done")
     end_reasons: dict[str, str] = field(default_factory=dict)
@@ -193,7 +193,7 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     runs its work with (``ps.aggregator``: initial model, learning rate, loss and, if
     ``verify``, the uncoded chunk gradients as oracle; ``keep_gradients`` and ``guard`` are
     the aggregator's). ``kwargs`` go to the PS (``secret``, ``epoch``,
-    ``options=PSOptions(...)``). ``locate`` (issue 21): locate an inconsistent worker where
+    ``options=PSOptions(...)``). ``locate``: locate an inconsistent worker where
     two spares allow and evict it after that many located rounds (0: never evict; None: off;
     :mod:`aiogc.training.locate`); it needs ``PSOptions(spare_wait > 0, spares=2)``.
 
@@ -212,7 +212,7 @@ def make_ps(config: RunConfig, *, schedule: DelaySchedule | None, verify: bool =
     if scheme is None:
         scheme = config.build_scheme()
     task = make_task(config.task, scheme.n_chunks, config.seed, chunk_sizes=config.sizes)
-    if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes (issue 21)
+    if schedule is not None:  # a heterogeneous cluster's speeds and chunk sizes
         schedule = cluster_schedule(schedule, config, scheme)
     model = task.initial_model()
     # the protocol engine builds its aggregator the same way (training/ps_aggregator.py)
@@ -454,7 +454,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"{name}: worst round {worst['round']} "
                          f"(rel decode error {worst['rel_error']:.1e})")
         rb = s.get("rounding_bound")
-        if rb:  # issue 21: compressed uploads
+        if rb:  # compressed uploads
             lines.append(f"{name}: 16-bit payload rounding bound {rb['worst']:.1e} worst "
                          f"(round {rb['worst_round']}), median {rb['median']:.1e} "
                          f"(absolute, over {rb['rounds']} rounds)")

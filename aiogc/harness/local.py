@@ -76,7 +76,7 @@ class SchemeOutcome:
     end_reason: str | None
     #: the PS loop's timer lag samples, wall seconds (:class:`LoopLagMonitor`)
     loop_lag_s: list[float] = field(default_factory=list)
-    #: issue 21: the workers the PS evicted (:mod:`aiogc.harness.evictions`)
+    #: the workers the PS evicted (:mod:`aiogc.harness.evictions`)
     evicted: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -363,7 +363,7 @@ class _Driver:
                     "max_restarts": restarts,
                     # a restarted actor's ``run`` is resubmitted for as long as Ray restarts
                     # the actor (max_restarts bounds it): with a finite count, a node loss
-                    # spent the retries and the restarted actors sat idle (issue 16)
+                    # spent the retries and the restarted actors sat idle
                     "max_task_retries": -1 if restarts else 0,
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=bundle),

@@ -279,7 +279,7 @@ class RunRecorder:
         self._members: dict[str, dict[str, Any]] = {}
         self._left: dict[str, list[list[int]]] = {}
         self._rejoined: dict[str, list[list[int]]] = {}
-        # per scheme: evicted workers (issue 21) -> the round they were evicted in
+        # per scheme: evicted workers -> the round they were evicted in
         self._evicted: dict[str, dict[int, int]] = {}
         #: the first write of the records that failed (``"No space left on device writing
         #: DIR/events.jsonl"``), None while every write succeeded; after it nothing more is
@@ -609,7 +609,7 @@ class RunRecorder:
                 self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
 
     def _mark_evicted(self, scheme: str, keep: RoundRecord) -> int:
-        """Workers evicted before ``keep``'s round (issue 21): their ``workers.csv`` rows say
+        """Workers evicted before ``keep``'s round: their ``workers.csv`` rows say
         ``absent: evicted in round R``; how many there are (the round is not short of them:
         the PS refused them on purpose)."""
         out = self._evicted.get(scheme)
@@ -625,7 +625,7 @@ class RunRecorder:
 
     def evicted(self, scheme: str, worker: int, round_: int, *, t_ns: int, reason: str,
                 **extra: Any) -> None:
-        """A ``worker_evicted`` event (issue 21: the PS located ``worker``'s vectors as
+        """A ``worker_evicted`` event (the PS located ``worker``'s vectors as
         inconsistent often enough and refuses its key): one ``events.jsonl`` line (``round``
         and ``worker`` set, ``extra`` such as ``rounds_located``), ``membership`` ->
         ``evicted``, and its later rounds marked absent rather than short."""

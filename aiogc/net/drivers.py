@@ -485,7 +485,7 @@ DEFAULT_CLIENT_OPTIONS: Final = ClientOptions()
 
 def fatal_error(worker_id: int, ev: ConnectionFailed) -> ConnectionError:
     """The exception a worker ends with after the fatal close ``ev``: :class:`EvictedError`
-    for ``evicted`` (issue 21, exit 4), else ``ConnectionError`` (exit 3)."""
+    for ``evicted`` (exit 4), else ``ConnectionError`` (exit 3)."""
     cls = EvictedError if ev.code == "evicted" else ConnectionError
     return cls(f"worker {worker_id}: {ev.code}: {ev.reason}")
 

@@ -1,4 +1,4 @@
-"""Locate, exclude, continue (issue 21 item 4); and the per-round rounding bound of item 3.
+"""Locate, exclude, continue; and the per-round rounding bound of a compressed upload.
 
 **Locating a liar.** The redundancy check (:func:`aiogc.coding.consistency.redundancy_check`)
 detects an inconsistent vector where a fixed code (the original scheme) received a spare. With
