@@ -643,12 +643,14 @@ def _plain_frames(data: bytes, secret: bool) -> list[tuple[int | None, str, dict
         values = dict(zip((n for n, _ in fields), obj[2:], strict=True))
         for (name, checker), v in zip(fields, obj[2:], strict=True):
             assert isinstance(v, _PLAIN_TYPES[checker.tag]), (kind, name, v)
-        if slot != HOST_SLOT and slot in tagged:
-            pos += 16
         if kind in ("challenge", "hello", "welcome"):
-            tagged.discard(slot)  # a new session's handshake
-            if secret and kind == ("welcome" if from_ps else "hello"):
-                tagged.add(slot)
+            # a new session's handshake (a slot reopened after its session ended, too): its
+            # frames carry no tag, and the ones after it do once it authenticated
+            tagged.discard(slot)
+        elif slot != HOST_SLOT and slot in tagged:
+            pos += 16
+        if secret and kind == ("welcome" if from_ps else "hello"):
+            tagged.add(slot)
         out.append((slot, kind, values))
     assert pos == len(data)
     return out
