@@ -179,7 +179,7 @@ def test_fidelity_replays_the_adaptive_policy_not_the_static_order() -> None:
     built = build_schemes(cfg, ["partial"])
     sched = schedule_for(cfg, built)
     recs = simulate_protocol(cfg, ["partial"], schedule=sched, built=built)["partial"]
-    got = replay_ratios(cfg, sched, {"partial": recs})["schemes"]["partial"]
+    got = replay_ratios(cfg, sched, {"partial": recs}, built=built)["schemes"]["partial"]
     assert got["ratio"] == pytest.approx(1.0, abs=1e-9)
     static = float(np.mean(exact_times(built["partial"], sched)[1]))
     assert got["sim_mean_s"] != pytest.approx(static)  # the static order's time differs

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from aiogc.coding.base import Scheme
 from aiogc.config import RunConfig
 from aiogc.core import RoundRecord
 from aiogc.harness.fidelity import (
@@ -29,15 +30,16 @@ from aiogc.sim.protocol import simulate_protocol
 from aiogc.training.schedule import DelaySchedule
 
 SCHEMES = ["partial", "original"]
-Run = tuple[RunConfig, DelaySchedule, dict[str, list[RoundRecord]]]
+Run = tuple[RunConfig, DelaySchedule, dict[str, list[RoundRecord]], dict[str, Scheme]]
 
 
 @pytest.fixture(scope="module")
 def engine_run() -> Run:
     cfg = RunConfig(workers=8, delta=3, rounds=12, seed=5, delay="exp:0.01")
-    schedule = schedule_for(cfg, build_schemes(cfg, SCHEMES))
-    records = simulate_protocol(cfg, SCHEMES, schedule=schedule)
-    return cfg, schedule, records
+    built = build_schemes(cfg, SCHEMES)
+    schedule = schedule_for(cfg, built)
+    records = simulate_protocol(cfg, SCHEMES, schedule=schedule, built=built)
+    return cfg, schedule, records, built
 
 
 def _stretched(records: dict[str, list[RoundRecord]], k: float, extra_s: float = 0.0
@@ -53,9 +55,9 @@ def _stretched(records: dict[str, list[RoundRecord]], k: float, extra_s: float =
 
 
 def test_a_run_that_took_its_simulated_time_is_faithful(engine_run: Run) -> None:
-    cfg, schedule, records = engine_run
+    cfg, schedule, records, built = engine_run
     for k in (1.0, 7.0):
-        rep = replay_ratios(cfg, schedule, _stretched(records, k), time_scale=k)
+        rep = replay_ratios(cfg, schedule, _stretched(records, k), time_scale=k, built=built)
         for name in SCHEMES:
             assert rep["schemes"][name]["ratio"] == pytest.approx(1.0, rel=1e-9)
             assert rep["schemes"][name]["rounds_compared"] == cfg.rounds
@@ -67,10 +69,10 @@ def test_a_run_that_took_its_simulated_time_is_faithful(engine_run: Run) -> None
 
 
 def test_a_slow_run_is_unfaithful_and_says_which_ratio(engine_run: Run) -> None:
-    cfg, schedule, records = engine_run
+    cfg, schedule, records, built = engine_run
     mean = float(np.mean([r.duration_s for r in records["partial"]]))
     slow = _stretched(records, 1.0, extra_s=0.5 * mean)  # every round 50 % of a round late
-    rep = replay_ratios(cfg, schedule, slow)
+    rep = replay_ratios(cfg, schedule, slow, built=built)
     assert rep["schemes"]["partial"]["ratio"] == pytest.approx(1.5, rel=0.25)
     fid = fidelity_report(rep, threshold=0.1, time_scale=1.0)
     assert fid["verdict"] == "unfaithful"
@@ -79,28 +81,31 @@ def test_a_slow_run_is_unfaithful_and_says_which_ratio(engine_run: Run) -> None:
 
 
 def test_starved_cpu_is_a_warning_beside_the_ratios(engine_run: Run) -> None:
-    cfg, schedule, records = engine_run
-    rep = replay_ratios(cfg, schedule, records)
+    cfg, schedule, records, built = engine_run
+    rep = replay_ratios(cfg, schedule, records, built=built)
     cpu = {"share_when_runnable": 0.4, "starved": True}
     fid = fidelity_report(rep, threshold=0.1, time_scale=1.0, cpu=cpu)
     assert fid["verdict"] == "faithful" and "CPU starved" in fid["warnings"][0]
-    slow = fidelity_report(replay_ratios(cfg, schedule, _stretched(records, 1.0, 1.0)),
+    slow = fidelity_report(replay_ratios(cfg, schedule, _stretched(records, 1.0, 1.0),
+                                         built=built),
                            threshold=0.1, time_scale=1.0, cpu=cpu)
     assert slow["verdict"] == "unfaithful" and slow["warnings"] == fid["warnings"]
 
 
 def test_chosen_scale_keeps_the_predicted_overhead_under_a_quarter_of_the_threshold() -> None:
     cfg = RunConfig(workers=256, delta=4, rounds=20, seed=1, delay="exp:0.01")
-    schedule = schedule_for(cfg, build_schemes(cfg, SCHEMES))
+    built = build_schemes(cfg, SCHEMES)
+    schedule = schedule_for(cfg, built)
     cal = Calibration(frame_s=20e-6, core_s_per_worker=60e-6)
-    k, why = auto_time_scale(cfg, SCHEMES, schedule, {}, threshold=0.1, model=cal)
+    k, why = auto_time_scale(cfg, SCHEMES, schedule, {}, built=built, threshold=0.1,
+                             model=cal)
     assert k >= 1 and k == math.ceil(k)
     assert why["predicted_ratio"] <= 1.025 + 1e-12
     # the next smaller scale would not have been enough (K is the smallest)
     if k > 1:
         assert predicted_ratio(why["overhead_s_per_round"], why["sim_round_s"], k - 1) > 1.025
     # a free machine needs no dilation
-    k0, _ = auto_time_scale(cfg, SCHEMES, schedule, {}, threshold=0.1,
+    k0, _ = auto_time_scale(cfg, SCHEMES, schedule, {}, built=built, threshold=0.1,
                             model=Calibration(0.0, 0.0))
     assert k0 == 1.0
 
@@ -108,19 +113,20 @@ def test_chosen_scale_keeps_the_predicted_overhead_under_a_quarter_of_the_thresh
 def test_one_stalled_calibration_round_does_not_choose_the_scale(engine_run: Run) -> None:
     """K from the second-worst calibration round once there are ROBUST_MIN_ROUNDS of them
     (a one-off 1.1 s stall at m=1024 once chose K=1000); from the worst below that."""
-    cfg, schedule, records = engine_run
+    cfg, schedule, records, built = engine_run
     steady = _stretched(records, 1.0, 0.002)  # 2 ms over the simulator in every round
     stalled = {n: list(recs) for n, recs in steady.items()}
     r0 = stalled["partial"][0]
     assert r0.t_end is not None
     stalled["partial"][0] = dataclasses.replace(r0, t_end=r0.t_end + 0.5)
-    k_steady, _ = auto_time_scale(cfg, SCHEMES, schedule, steady, threshold=0.1)
-    k, why = auto_time_scale(cfg, SCHEMES, schedule, stalled, threshold=0.1)
+    k_steady, _ = auto_time_scale(cfg, SCHEMES, schedule, steady, built=built, threshold=0.1)
+    k, why = auto_time_scale(cfg, SCHEMES, schedule, stalled, built=built, threshold=0.1)
     assert k == k_steady and "set aside" in why["overhead_source"]
     assert why["overhead_s_per_round"] == pytest.approx(0.002, abs=1e-9)
     # too few rounds to call one an outlier: the worst counts
     few = {"partial": stalled["partial"][:ROBUST_MIN_ROUNDS - 1]}
-    k_few, why_few = auto_time_scale(cfg, ["partial"], schedule, few, threshold=0.1)
+    k_few, why_few = auto_time_scale(cfg, ["partial"], schedule, few, built=built,
+                                     threshold=0.1)
     assert why_few["overhead_s_per_round"] == pytest.approx(0.502, abs=1e-9)
     assert k_few > 10 * k
 

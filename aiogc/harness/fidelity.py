@@ -40,6 +40,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from aiogc.coding.base import Scheme
 from aiogc.config import MAX_TIME_SCALE, RunConfig
 from aiogc.core import RoundRecord
 from aiogc.errors import ConfigError
@@ -88,7 +89,7 @@ def _completed(recs: Sequence[RoundRecord]) -> list[RoundRecord]:
 
 def replay_ratios(config: RunConfig, schedule: DelaySchedule,
                   records: Mapping[str, Sequence[RoundRecord]], *,
-                  time_scale: float = 1.0) -> dict[str, Any]:
+                  built: Mapping[str, Scheme], time_scale: float = 1.0) -> dict[str, Any]:
     """Live against simulated round times on the run's own (emulated) schedule.
 
     Parameters
@@ -99,6 +100,8 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
         The emulated schedule the run used (what ``delays.csv`` holds), shape (R, m, K).
     records : mapping scheme -> round records
         Live records; their times are wall seconds, divided here by ``time_scale``.
+    built : mapping scheme -> Scheme
+        The run's schemes, as it built them (each replayed on the same instance).
     time_scale : float
         K of the run (1: real time).
 
@@ -113,7 +116,7 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
     out: dict[str, Any] = {"schemes": {}, "speedups": {}}
     if not names:
         return out
-    sim = _replay(config, names, schedule)
+    sim = _replay(config, names, schedule, built)
     for name in names:
         done = [r for r in _completed(records[name]) if r.round < schedule.rounds]
         live = [r.duration_s / time_scale for r in done]
@@ -135,15 +138,16 @@ def replay_ratios(config: RunConfig, schedule: DelaySchedule,
     return out
 
 
-def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule) -> dict[str, Any]:
+def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule,
+            built: Mapping[str, Scheme]) -> dict[str, Any]:
     """The fast path on ``schedule`` with the run's communication model: a shaped run
     (``config.bandwidth``, :mod:`aiogc.net.shaping`) is replayed with the same link rates and
     frames sized at its task's dimension, as ``aiogc simulate --delay replay:RUN/delays.csv
     --bandwidth SPEC --dim D`` does (``ordering="adaptive"`` included, where the fast path
     can walk it)."""
-    from aiogc.sim.fast import build_schemes, simulate_fast
+    from aiogc.sim.fast import simulate_fast
 
-    built = build_schemes(config, names)
+    built = {name: built[name] for name in names}
     comm = config.comm
     dim = 120  # only sizes frames, and frames are free without a bandwidth
     if comm.limited:
@@ -158,7 +162,8 @@ def _replay(config: RunConfig, names: Sequence[str], schedule: DelaySchedule) ->
             raise
     # an adaptive run the fast path cannot walk (approximate mode, or shaped links): replayed
     # on the static optimal order the policy starts from, as before the fast path learned
-    # adaptive orders; its ratio then carries the policy's effect too (docs/experiments.md)
+    # adaptive orders; its ratio then carries the policy's effect too (docs/experiments.md);
+    # a different order makes a different scheme, so this one is built here
     static = config.replace(ordering="optimal")
     return simulate_fast(static, list(names), schedule=schedule, mse=False, dim=dim,
                          comm=comm if comm.limited else None)
@@ -198,8 +203,8 @@ def _pcts(xs: Sequence[float]) -> dict[str, float]:
 
 
 def chunk_lateness(schedule: DelaySchedule, records: Mapping[str, Sequence[RoundRecord]], *,
-                   time_scale: float = 1.0, config: RunConfig | None = None
-                   ) -> dict[str, float]:
+                   time_scale: float = 1.0, config: RunConfig | None = None,
+                   built: Mapping[str, Scheme] | None = None) -> dict[str, float]:
     """Workers' lateness of reported chunks against the schedule, emulated seconds.
 
     Each accepted report ``(t, worker, count, elapsed_s)`` says when (on the worker's clock,
@@ -211,17 +216,19 @@ def chunk_lateness(schedule: DelaySchedule, records: Mapping[str, Sequence[Round
     dict
         ``n``, ``p50``, ``p99``, ``max`` (seconds; NaN without reports). With ``config`` on a
         heterogeneous cluster, each scheme's schedule is its cluster's
-        (:func:`~aiogc.training.cluster.cluster_schedule`).
+        (:func:`~aiogc.training.cluster.cluster_schedule`), for its scheme in ``built`` (the
+        run's schemes, required then).
     """
     late: list[float] = []
     cum = np.cumsum(schedule.compute_s, axis=2)
     hetero = config is not None and (config.speeds is not None or config.sizes is not None)
     for name, recs in records.items():
         if hetero:
-            assert config is not None
+            if config is None or built is None:
+                raise ValueError("chunk_lateness: a heterogeneous cluster needs the run's "
+                                 "config and its built schemes")
             cfg = config.for_scheme(name)
-            cum = np.cumsum(cluster_schedule(schedule, cfg, cfg.build_scheme()).compute_s,
-                            axis=2)
+            cum = np.cumsum(cluster_schedule(schedule, cfg, built[name]).compute_s, axis=2)
         # every report of the scheme at once (one fancy index, not a numpy scalar per report)
         rep = [(rec.round, w, count, elapsed) for rec in recs if rec.round < schedule.rounds
                for _t, w, count, elapsed in rec.reports]
@@ -446,7 +453,7 @@ ROBUST_MIN_ROUNDS = 4
 
 def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySchedule,
                     calibration_records: Mapping[str, Sequence[RoundRecord]], *,
-                    threshold: float = DEFAULT_THRESHOLD,
+                    built: Mapping[str, Scheme], threshold: float = DEFAULT_THRESHOLD,
                     model: Calibration | None = None) -> tuple[float, dict[str, Any]]:
     """``--time-scale auto``: the smallest K whose predicted overhead stays under
     :data:`AUTO_TARGET_FRACTION` of the threshold.
@@ -465,7 +472,7 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
     (K, why)
         ``why`` is recorded in the summary (``why["explanation"]`` is one line).
     """
-    sim = _replay(config, list(schemes), schedule)
+    sim = _replay(config, list(schemes), schedule, built)
     means = {n: float(np.mean(r.completion_s[np.isfinite(r.completion_s)]))
              for n, r in sim.items() if np.isfinite(r.completion_s).any()}
     round_s = min(means.values()) if means else math.nan
@@ -510,14 +517,16 @@ def auto_time_scale(config: RunConfig, schemes: Sequence[str], schedule: DelaySc
 
 def live_fidelity(config: RunConfig, schedule: DelaySchedule,
                   records: Mapping[str, Sequence[RoundRecord]], *,
-                  loop_lag_s: Sequence[float], cpu: Mapping[str, Any] | None,
+                  built: Mapping[str, Scheme], loop_lag_s: Sequence[float],
+                  cpu: Mapping[str, Any] | None,
                   threshold: float = DEFAULT_THRESHOLD,
                   time_scale_choice: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``fidelity`` section of a live run whose ``records`` are in emulated seconds
-    (``loop_lag_s`` is wall time: divided here by the time scale)."""
+    (``loop_lag_s`` is wall time: divided here by the time scale; ``built``: the run's
+    schemes)."""
     k = config.time_scale
-    rep = replay_ratios(config, schedule, records)
-    late = chunk_lateness(schedule, records, config=config)
+    rep = replay_ratios(config, schedule, records, built=built)
+    late = chunk_lateness(schedule, records, config=config, built=built)
     return fidelity_report(rep, threshold=threshold, time_scale=k,
                            loop_lag={key: (v / k if key != "n" else v)
                                      for key, v in _pcts(loop_lag_s).items()},

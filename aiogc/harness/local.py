@@ -382,7 +382,7 @@ class _LocalBackend:
         self.failures.add_to(result.extra_summary)
         if self.config is not None and self.schedule is not None and self.cpu0 is not None:
             result.extra_summary["fidelity"] = _fidelity(
-                self.config, self.schedule, result, self.lags, self.cpu0,
+                self.config, self.schedule, self.built, result, self.lags, self.cpu0,
                 self.options.fidelity_threshold, self.choice)
         close_run(result, interrupted, self.recorder)
 
@@ -391,11 +391,11 @@ class _LocalBackend:
 CALIBRATION_ROUNDS = 5
 
 
-def _fidelity(config: RunConfig, schedule: DelaySchedule, result: RunResult,
-              lags: list[float], cpu0: CpuSnapshot | None, threshold: float,
+def _fidelity(config: RunConfig, schedule: DelaySchedule, built: Mapping[str, Scheme],
+              result: RunResult, lags: list[float], cpu0: CpuSnapshot | None, threshold: float,
               choice: dict[str, Any] | None) -> dict[str, Any]:
     cpu1 = CpuSnapshot.take()
-    return live_fidelity(config, schedule, result.records, loop_lag_s=lags,
+    return live_fidelity(config, schedule, result.records, built=built, loop_lag_s=lags,
                          cpu=cpu1.since(cpu0) if cpu0 is not None and cpu1 is not None else None,
                          threshold=threshold, time_scale_choice=choice)
 
@@ -420,7 +420,7 @@ def _choose_time_scale(config: RunConfig, schemes: Sequence[str], schedule: Dela
                                             scheme=built[schemes[0]], loop_kind=loop_kind,
                                             recorder=None, on_round=None))
     k, why = auto_time_scale(config, schemes, schedule, {schemes[0]: outcome.records},
-                             threshold=options.fidelity_threshold)
+                             built=built, threshold=options.fidelity_threshold)
     why["calibration_wall_s"] = time.monotonic() - t0
     print(f"aiogc: --time-scale auto chose K={k:g}: {why['explanation']}", file=sys.stderr,
           flush=True)

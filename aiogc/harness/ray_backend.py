@@ -607,15 +607,16 @@ class _RayBackend:
 
     def close(self, result: RunResult, interrupted: Sequence[str]) -> None:
         try:
-            _close_ray_run(result, self.driver, interrupted, self.recorder,
+            _close_ray_run(result, self.driver, self.built, interrupted, self.recorder,
                            self.options.out_dir)
         finally:
             if self.started:
                 self.ray.shutdown()
 
 
-def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Sequence[str],
-                   recorder: Any, out_dir: str | Path | None) -> None:
+def _close_ray_run(result: RunResult, driver: _Driver | None, built: Mapping[str, Scheme],
+                   interrupted: Sequence[str], recorder: Any, out_dir: str | Path | None
+                   ) -> None:
     """Fill ``result.summary`` and write it, and ``nodes.csv``: the same summary keys as a
     local run, even when the run stopped early."""
     if driver is not None and driver.config is not None:
@@ -624,7 +625,8 @@ def _close_ray_run(result: RunResult, driver: _Driver | None, interrupted: Seque
         # scheme's CPU share stands for the run
         cpu = min(driver.cpu, key=lambda c: c.get("share_when_runnable", 1.0), default=None)
         result.extra_summary["fidelity"] = live_fidelity(
-            driver.config, driver.schedule, result.records, loop_lag_s=driver.loop_lag_s,
+            driver.config, driver.schedule, result.records, built=built,
+            loop_lag_s=driver.loop_lag_s,
             cpu=cpu, threshold=driver.threshold)
     close_run(result, interrupted, recorder)
     if driver is not None and out_dir is not None:
