@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +38,7 @@ from aiogc.protocol.wire import encode_frame_bytes
 from aiogc.training.schedule import DelaySchedule
 
 HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
 #: Hang guard for one whole scenario (never an assertion on duration).
 GUARD_S = 30.0
 #: Hang guard for one awaited condition inside a scenario.
@@ -285,3 +291,30 @@ class SquatThenRelay:
                 w.close()
 
         await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+
+
+# ------------------------------------------------------------------ the CLI as processes
+
+#: ``--join-timeout`` of a CLI PS: its join clock starts at listen, before the worker processes
+#: exist, so this is a hang guard far beyond their start-up on a busy machine, not a race
+CLI_JOIN_TIMEOUT_S = "600"
+
+
+def cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    """``python -m aiogc ARGS`` as a process from the repository's root: text pipes for stdout
+    and stderr, unbuffered, without the caller's ``AIOGC_SECRET`` (``kw``: more ``Popen``
+    arguments)."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOGC_SECRET"}
+    env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "aiogc", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, **kw)
+
+
+def listening(ps: subprocess.Popen[str]) -> str:
+    """The ``HOST:PORT`` an ``aiogc ps`` process announces on its first stderr line
+    ("aiogc ps listening on HOST:PORT (epoch N)"; EOF if it died first)."""
+    assert ps.stderr is not None
+    line = ps.stderr.readline()
+    match = re.search(r"listening on ([\d.]+):(\d+)", line)
+    assert match, line
+    return f"{match[1]}:{match[2]}"

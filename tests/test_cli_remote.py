@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.netkit import CLI_JOIN_TIMEOUT_S, cli, listening
 
 pytestmark = pytest.mark.processes
 
@@ -23,28 +24,15 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     secret = tmp_path / "secret"
     secret.write_bytes(b"0123456789abcdef0123456789abcdef")
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ps = subprocess.Popen(
-        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
-         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
-         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
-         # the join clock starts at listen, before the worker processes exist: a hang guard
-         # far beyond their start-up on a busy machine, not a race against it
-         "--join-timeout", "600"],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ps = cli("ps", "--port", "0", "--workers", "4", "--delta", "2", "--rounds", "3",
+             "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+             "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
+             "--join-timeout", CLI_JOIN_TIMEOUT_S)
     workers: list[subprocess.Popen[str]] = []
     try:
-        assert ps.stderr is not None
-        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
-        match = re.search(r"listening on ([\d.]+):(\d+)", line)
-        assert match, line
-        addr = f"{match.group(1)}:{match.group(2)}"
-        workers = [
-            subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
-                              "--id", ids, "--secret-file", str(secret)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for ids in id_groups
-        ]
+        addr = listening(ps)
+        workers = [cli("worker", "--connect", addr, "--id", ids, "--secret-file", str(secret))
+                   for ids in id_groups]
         ps_out, ps_err = ps.communicate(timeout=GUARD_S)
         outs = [w.communicate(timeout=GUARD_S) for w in workers]
     finally:
@@ -68,19 +56,13 @@ def test_worker_with_wrong_secret_exits_with_error(tmp_path: Path) -> None:
     good.write_bytes(b"g" * 32)
     bad = tmp_path / "bad"
     bad.write_bytes(b"b" * 32)
-    # --join-timeout only as a hang guard: the worker process may take seconds to start, and the
-    # PS is killed once the worker has exited
-    ps = subprocess.Popen(
-        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "1", "--delta", "1",
-         "--rounds", "1", "--secret-file", str(good), "--join-timeout", "600"],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # the PS is killed once the worker has exited
+    ps = cli("ps", "--port", "0", "--workers", "1", "--delta", "1", "--rounds", "1",
+             "--secret-file", str(good), "--join-timeout", CLI_JOIN_TIMEOUT_S)
     try:
-        assert ps.stderr is not None
-        match = re.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
-        assert match
         w = subprocess.run(
-            [sys.executable, "-m", "aiogc", "worker", "--connect",
-             f"{match.group(1)}:{match.group(2)}", "--id", "0", "--secret-file", str(bad)],
+            [sys.executable, "-m", "aiogc", "worker", "--connect", listening(ps), "--id", "0",
+             "--secret-file", str(bad)],
             capture_output=True, text=True, timeout=GUARD_S)
     finally:
         ps.kill()

@@ -7,10 +7,11 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.netkit import CLI_JOIN_TIMEOUT_S, cli, listening
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "independent_worker.py"
@@ -29,31 +30,20 @@ def test_independent_worker_joins_an_aiogc_run(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_bytes(b"0123456789abcdef0123456789abcdef")
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ps = subprocess.Popen(
-        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--scheme", "uncoded",
-         "--workers", "3", "--delta", "1", "--rounds", "4", "--delay", "exp:0.003",
-         "--task", "linreg:samples=120,dim=6", "--secret-file", str(secret), "--out", str(out),
-         "--loop", "asyncio",
-         # the join clock starts at listen, before the worker processes exist: a hang guard
-         # far beyond their start-up on a busy machine, not a race against it
-         "--join-timeout", "600"],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ps = cli("ps", "--port", "0", "--scheme", "uncoded", "--workers", "3", "--delta", "1",
+             "--rounds", "4", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+             "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+             "--join-timeout", CLI_JOIN_TIMEOUT_S)
     workers: list[subprocess.Popen[str]] = []
     try:
-        assert ps.stderr is not None
-        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
-        match = re.search(r"listening on ([\d.]+):(\d+)", line)
-        assert match, line
-        addr = f"{match[1]}:{match[2]}"
+        addr = listening(ps)
         workers = [
-            subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
-                              "--id", "0-1", "--secret-file", str(secret)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+            cli("worker", "--connect", addr, "--id", "0-1", "--secret-file", str(secret)),
             subprocess.Popen([sys.executable, str(WORKER), "--connect", addr, "--id", "2",
                               "--secret-file", str(secret)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**env, "PYTHONPATH": ""}, cwd=tmp_path)]
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ""},
+                             cwd=tmp_path)]
         _, ps_err = ps.communicate(timeout=300)  # hang guard only
         outs = [w.communicate(timeout=300) for w in workers]
     finally:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 
 from aiogc.cli.args import EXIT_RECORDS
 from aiogc.harness.records import RunRecorder
+from tests.netkit import CLI_JOIN_TIMEOUT_S, cli, listening
 
 #: Hang guard only (no assertion on durations).
 GUARD_S = 180
@@ -101,11 +100,7 @@ def _small_disk(path: Path, size: str = "512k") -> Iterator[Path]:
 
 
 def _aiogc(*args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("AIOGC_SECRET", None)
-    return subprocess.Popen([sys.executable, "-m", "aiogc", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+    return cli(*args, start_new_session=True)
 
 
 def _group_gone(p: subprocess.Popen[str]) -> bool:
@@ -176,13 +171,10 @@ def test_ps_on_a_full_disk_ends_with_its_exit_code_and_stops_its_workers(
         out = disk / "run"
         ps = _aiogc("ps", "--port", "0", "--workers", "4", "--delta", "2", "--rounds", "400",
                     "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
-                    "--join-timeout", "600", *TASK)
+                    "--join-timeout", CLI_JOIN_TIMEOUT_S, *TASK)
         procs = [ps]
         try:
-            assert ps.stderr is not None
-            match = re.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
-            assert match
-            procs.append(_aiogc("worker", "--connect", f"{match.group(1)}:{match.group(2)}",
+            procs.append(_aiogc("worker", "--connect", listening(ps),
                                 "--id", "0-3", "--secret-file", str(secret)))
         finally:
             (_, ps_err), (_, w_err) = _finish(procs)

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,7 @@ from typing import Any
 import pytest
 
 from aiogc.cli import main
+from tests.netkit import cli, listening
 
 #: Hang guard only (no assertion on durations).
 GUARD_S = 120
@@ -163,28 +160,12 @@ def test_join_timeout_writes_summary_with_end_reason(tmp_path: Path,
 # ------------------------------------------------------------------------------ processes
 
 
-def _aiogc(*args: str, **kw: Any) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("AIOGC_SECRET", None)
-    return subprocess.Popen([sys.executable, "-m", "aiogc", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parent.parent, **kw)
-
-
-def _listening(ps: subprocess.Popen[str]) -> str:
-    assert ps.stderr is not None
-    line = ps.stderr.readline()
-    match = re.search(r"listening on ([\d.]+):(\d+)", line)
-    assert match, line
-    return f"{match.group(1)}:{match.group(2)}"
-
-
 @pytest.mark.processes
 def test_ps_sigterm_while_joining_writes_summary(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    ps = _aiogc("ps", "--port", "0", "--loop", "asyncio", "--out", str(out), *SMALL)
+    ps = cli("ps", "--port", "0", "--loop", "asyncio", "--out", str(out), *SMALL)
     try:
-        _listening(ps)
+        listening(ps)
         ps.send_signal(signal.SIGTERM)
         _, err = ps.communicate(timeout=GUARD_S)
     finally:
@@ -266,14 +247,14 @@ class _Relay:
 def test_worker_says_why_it_exits_when_the_ps_ends_early(tmp_path: Path) -> None:
     relay = _Relay()
     ps = None
-    w = _aiogc("worker", "--connect", relay.addr, "--id", "0", "--loop", "asyncio")
+    w = cli("worker", "--connect", relay.addr, "--id", "0", "--loop", "asyncio")
     try:
         # the worker is up when it connects (an event, not a duration)
         while not relay.connected.wait(0.1):
             if w.poll() is not None:
                 pytest.fail(f"worker exited before connecting: {w.communicate()[1]}")
-        ps = _aiogc("ps", "--port", "0", "--loop", "asyncio", "--join-timeout", "1", *SMALL)
-        relay.point_at(_listening(ps))
+        ps = cli("ps", "--port", "0", "--loop", "asyncio", "--join-timeout", "1", *SMALL)
+        relay.point_at(listening(ps))
         _, werr = w.communicate(timeout=GUARD_S)
         _, perr = ps.communicate(timeout=GUARD_S)
     finally:
@@ -296,7 +277,7 @@ def test_sigkill_of_run_leaves_no_worker(tmp_path: Path) -> None:
     exited, so reading it to the end is the check; no timing is asserted.
     """
     out = tmp_path / "run"
-    run = _aiogc("run", "--as", "processes", "--workers", "3", "--delta", "2", "--rounds",
+    run = cli("run", "--as", "processes", "--workers", "3", "--delta", "2", "--rounds",
                  "5000", "--delay", "exp:0.005", "--schemes", "partial", "--no-plots",
                  "--task", "linreg:samples=60,dim=4", "--out", str(out))
     lines: list[str] = []
@@ -333,7 +314,7 @@ def test_sigkill_of_run_leaves_no_worker(tmp_path: Path) -> None:
 @pytest.mark.processes
 def test_run_sigterm_writes_summary_and_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = _aiogc("run", "--as", "coroutines", "--rounds", "20000", "--schemes", "partial",
+    run = cli("run", "--as", "coroutines", "--rounds", "20000", "--schemes", "partial",
                  "--no-plots", "--loop", "asyncio", "--out", str(out), "--workers", "2",
                  "--delta", "1", "--task", "linreg:samples=40,dim=3", "--delay", "exp:0.002")
     try:
