@@ -13,6 +13,7 @@ wrong round as exact. Several seeds; no sockets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -207,3 +208,129 @@ def test_an_engine_run_with_two_colluders_evicts_nobody_honest(seed: int) -> Non
         scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
         assert np.linalg.norm(r.gradient - G.sum(axis=0)) / scale <= 1e-9, r.round
         w = w - lr * r.gradient
+
+
+def _engine_run(config: RunConfig, liars: Callable[[Any], dict[int, Any]],
+                spares: int) -> tuple[Any, Any]:
+    """The protocol engine's run of ``config`` (original scheme, ``--locate 2
+    --no-verify``, a spare wait long enough for every vector); ``liars(task)`` maps a worker
+    id to its lying setup."""
+    schedule = materialise_for(config, [config.scheme])
+    ps, task = make_ps(config, schedule=schedule, verify=False, keep_gradients=True,
+                       locate=2, options=PSOptions(nonce_fn=_counter_nonces(),
+                                                   spare_wait=100.0, spares=spares))
+    good: dict[RunConfig, Setup] = {}
+
+    def honest_setup(cfg: RunConfig) -> Setup:
+        if cfg not in good:
+            good[cfg] = Setup(cfg, cfg.build_scheme(), task.chunk_gradient)
+        return good[cfg]
+
+    bad = liars(task)
+    workers = [Worker(j, setup=bad.get(j, honest_setup), nonce_fn=_counter_nonces(j))
+               for j in range(ps.m)]
+    Simulation(ps, workers).run()
+    return ps, task
+
+
+def _wrong_rounds(ps: Any, task: Any) -> list[Any]:
+    """The applied rounds whose gradient is off the true one (replayed from the start)."""
+    w = task.initial_model().astype(np.float64)
+    out = []
+    for r in ps.records:
+        if r.gradient is None:
+            continue
+        G = np.stack([task.chunk_gradient(i, w) for i in range(ps.scheme.n_chunks)])
+        scale = float(np.linalg.norm(np.abs(G).sum(axis=0)))
+        if np.linalg.norm(r.gradient - G.sum(axis=0)) / scale > 1e-9:
+            out.append(r)
+        w = w - task.learning_rate * r.gradient
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_spares_framed_rounds_are_recorded_unverified(seed: int) -> None:
+    """Beyond the stated bound (two colluders, two spares) the frame holds: the honest worker
+    is located and evicted and the colluders' chunk is applied wrong. Those rounds rest on
+    the colluders' agreement alone (the chunk's other holder never agreed with them), so
+    every one of them says ``unverified``, never a plain exact round. The shift is small
+    enough that the data bound lets it through (a large one is rejected by it)."""
+    config = RunConfig(scheme="original", workers=10, delta=3, rounds=12, seed=seed,
+                       task="linreg:samples=200,dim=8", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None)
+    scheme = config.build_scheme()
+    honest = 0
+    c, a, b = _colluders(scheme, honest)
+
+    def liars(task: Any) -> dict[int, Any]:
+        bad = _Offset(task, c, np.full(task.initial_model().shape[0], 0.1))
+        return {a: bad, b: bad}
+
+    ps, task = _engine_run(config, liars, spares=2)
+    assert honest in ps.evicted  # outside the bound: the test has teeth
+    wrong = _wrong_rounds(ps, task)
+    assert wrong
+    for r in wrong:
+        assert r.end_detail.startswith("unverified:"), (r.round, r.end_detail)
+        assert "held only by worker(s) " in r.end_detail
+
+
+class _LateLiar:
+    """A worker setup whose every chunk gradient is 3x from the second round on (its model
+    then differs from the initial one): honest long enough to be cross-checked."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.w0 = np.asarray(task.initial_model(), dtype=np.float64)
+        self.built: dict[RunConfig, Setup] = {}
+
+    def __call__(self, cfg: RunConfig) -> Setup:
+        if cfg not in self.built:
+            def grad(chunk: int, w: np.ndarray) -> np.ndarray:
+                g = np.asarray(self.task.chunk_gradient(chunk, w))
+                return g if np.array_equal(np.asarray(w, dtype=np.float64), self.w0) else 3 * g
+
+            self.built[cfg] = Setup(cfg, cfg.build_scheme(), grad)
+        return self.built[cfg]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_located_liar_that_was_cross_checked_leaves_verified_rounds(seed: int) -> None:
+    """One liar within the bound, honest in round 0: its chunks' other holders agreed with
+    it then, so after its eviction they are cross-checked and the rounds carry no
+    ``unverified`` mark; all of them are right."""
+    config = RunConfig(scheme="original", workers=10, delta=3, rounds=10, seed=seed,
+                       task="linreg:samples=200,dim=8", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None)
+    ps, task = _engine_run(config, lambda task: {4: _LateLiar(task)}, spares=2)
+    assert list(ps.evicted) == [4]
+    assert not _wrong_rounds(ps, task)
+    after = [r for r in ps.records if r.round > max(ps.aggregator.locator.rounds[4])]
+    assert after and all(r.status == "exact" for r in after)
+    assert not any(r.end_detail.startswith("unverified") for r in ps.records)
+
+
+def test_a_liar_from_the_first_round_leaves_its_chunks_unverified() -> None:
+    """One liar lying from round 0: its chunks' other holders never agreed with another
+    holder, so after its eviction the rounds are right (within the bound) but say
+    ``unverified``: the PS cannot tell them from colluders that framed it."""
+    config = RunConfig(scheme="original", workers=10, delta=3, rounds=8, seed=0,
+                       task="linreg:samples=200,dim=8", delay="exp:0.05", heartbeat_s=None,
+                       dead_after_s=None)
+
+    def liars(task: Any) -> dict[int, Any]:
+        return {4: _Offset(task, int(config.build_scheme().orders[4][0]),
+                           np.full(task.initial_model().shape[0], 0.1))}
+
+    ps, task = _engine_run(config, liars, spares=2)
+    assert list(ps.evicted) == [4]
+    assert not _wrong_rounds(ps, task)
+    evicted_in = max(ps.aggregator.locator.rounds[4])
+    after = [r for r in ps.records if r.round > evicted_in]
+    assert after
+    held = sorted(w for w in range(10) if w != 4 and set(ps.scheme.orders[w])
+                  & set(ps.scheme.orders[4]))
+    for r in after:
+        assert r.status == "exact"
+        assert r.end_detail.startswith("unverified:"), r.end_detail
+        assert f"held only by worker(s) {held}" in r.end_detail
