@@ -54,6 +54,13 @@ without the oracle are reported against the truth and their stated bound ``2 B(w
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --dtype D
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify --dtype D
 
+The run-level damage of a persistent drift (docs/security.md, "Over a run: a persistent
+drift"; the final loss against the honest run's)::
+
+    python bench/redteam.py --repeat 3 --no-verify --attacks none,drift:0.3,drift:1,drift:3
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify \
+        --attacks none,drift:0.3,drift:1,drift:3
+
 Liar location's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
 
     python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
