@@ -259,6 +259,13 @@ class LiarLocator:
         self.located = 0
         #: workers seen agreeing with every other holder of their chunks (module docstring)
         self.cross_checked: set[int] = set()
+        #: the orders last seen and their chunk -> holders map
+        self._holders: tuple[list[list[int]] | None, dict[int, set[int]]] = (None, {})
+
+    def _holders_of(self, orders: list[list[int]]) -> dict[int, set[int]]:
+        if self._holders[0] is not orders:
+            self._holders = (orders, _holders(orders))
+        return self._holders[1]
 
     def vouched(self, orders: list[list[int]], received: np.ndarray) -> None:
         """A round passed a content check with every vector of ``received`` in it: each of
@@ -273,7 +280,7 @@ class LiarLocator:
             The workers whose vectors the round used.
         """
         got = {int(w) for w in received}
-        holders = _holders(orders)
+        holders = self._holders_of(orders)
         for w in got - self.cross_checked:
             if all(holders[c] <= got for c in orders[w]):
                 self.cross_checked.add(w)
@@ -295,7 +302,7 @@ class LiarLocator:
         if not gone:
             return {}
         out: dict[int, list[int]] = {}
-        for c, who in sorted(_holders(orders).items()):
+        for c, who in sorted(self._holders_of(orders).items()):
             left = sorted(who - gone)
             if left and not self.cross_checked.intersection(left):
                 out[c] = left
