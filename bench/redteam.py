@@ -11,6 +11,10 @@ replay      the vector it sent in the previous round (stale gradient)
 nudge       its true vector plus 1 % of its norm in one coordinate
 noise       a random vector of the same norm
 huge        every entry 1e300 (the issue's blow-up)
+drift:S     its true vector plus S (absolute, in gradient units) in one fixed (seeded) unit
+            direction, every round: a persistent drift that each step's bounds let through,
+            measured by its damage over the run (the final loss; the bench's task starts at
+            a gradient norm of 3.5 and a data bound B(w0) of 3.8)
 none        honest (the baseline every other class is compared with)
 ==========  ======================================================================
 
@@ -50,6 +54,13 @@ without the oracle are reported against the truth and their stated bound ``2 B(w
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --dtype D
     python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify --dtype D
 
+The run-level damage of a persistent drift (docs/security.md, "Over a run: a persistent
+drift"; the final loss against the honest run's)::
+
+    python bench/redteam.py --repeat 3 --no-verify --attacks none,drift:0.3,drift:1,drift:3
+    python bench/redteam.py --repeat 3 --mode approx --deadline 0.004 --no-verify \
+        --attacks none,drift:0.3,drift:1,drift:3
+
 Liar location's (one authenticated liar at cyclic m=16, delta=4; no round lost, the liar evicted)::
 
     python bench/redteam.py --schemes original --workers 16 --delta 4 --spare-wait 100 \
@@ -83,6 +94,21 @@ from aiogc.training.delays import materialise
 ATTACKS = ("none", "scale3", "signflip", "replay", "nudge", "noise", "huge")
 
 
+def _check_attack(attack: str) -> str:
+    """``attack`` if it names a class (``drift:S`` with a finite S >= 0), else a usage error."""
+    if attack in ATTACKS:
+        return attack
+    if attack.startswith("drift:"):
+        try:
+            size = float(attack[len("drift:"):])
+        except ValueError:
+            size = math.nan
+        if math.isfinite(size) and size >= 0:
+            return attack
+    raise SystemExit(f"redteam: --attacks: unknown attack {attack!r}; expected one of "
+                     f"{', '.join(ATTACKS)} or drift:S (S a finite number >= 0)")
+
+
 class Tamper:
     """Replaces the payload of every CodedGradient a worker sends, per attack class."""
 
@@ -91,6 +117,8 @@ class Tamper:
         self.rng = np.random.default_rng(seed)
         self.previous: np.ndarray | None = None
         self.sent = 0
+        #: drift:S: the fixed offset (S times one seeded unit vector)
+        self.offset: np.ndarray | None = None
 
     def payload(self, v: np.ndarray) -> np.ndarray:
         true = np.array(v, copy=True)
@@ -109,6 +137,12 @@ class Tamper:
             out = r * (np.linalg.norm(true) / max(np.linalg.norm(r), 1e-300))
         elif a == "huge":
             out = np.full_like(true, 1e300)
+        elif a.startswith("drift:"):
+            if self.offset is None:
+                u = self.rng.standard_normal(true.shape)
+                u /= max(float(np.linalg.norm(u)), 1e-300)
+                self.offset = float(a[len("drift:"):]) * u
+            out = true + self.offset
         else:
             out = true
         self.previous = true
@@ -315,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     tol = a.tol if a.tol is not None else max(1e-6, 1000 * float(np.finfo(a.dtype).eps))
+    attacks = [_check_attack(x) for x in a.attacks.split(",")]
     secret = b"redteam-secret-0123456789abcdef!"
     rows: list[dict[str, Any]] = []
     medians: list[dict[str, Any]] = []
@@ -325,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                         delay="exp:0.002", join_timeout_s=30.0, mode=a.mode, dtype=a.dtype,
                         deadline_s=a.deadline if a.mode == "approx" else None)
         base_lost: list[int] = []
-        for attack in a.attacks.split(","):
+        for attack in attacks:
             reps = []
             for k in range(a.repeat):
                 run = asyncio.run(_one_run(cfg, attack, a.liar, secret, verify=a.verify,

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +201,66 @@ def test_auto_is_resolved_and_checked_before_ray_init(monkeypatch: pytest.Monkey
             ray_backend._connect(NeverCalled(), "auto")
     msg = str(ei.value)
     assert f"address='auto' (resolved to {addr})" in msg and "no TCP connection" in msg
+
+
+def test_closing_lines_come_last_and_apart_after_a_ray_run(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capfd: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """aiogc run's closing lines are written after everything the runner (and Ray, through
+    the process's stderr) printed: under a banner after a Ray run, with the runner's own
+    warnings from during the run repeated first; a local run's lines are unchanged. The Ray
+    backend is stood in for by a local run whose runner then prints as Ray's shutdown does
+    (straight to fd 2, and buffered through sys.stderr) and leaves a note."""
+    import dataclasses
+
+    import aiogc.harness.local as local
+    from aiogc.cli.run import END_BANNER
+
+    real = local.run_live
+    note = "aiogc: ray: worker 1 was lost with its node 10.0.0.2 (dead: node died) and never " \
+           "restarted"
+
+    def ray_like(base: Any, schemes: Any, options: Any) -> Any:
+        result = real(base, schemes, dataclasses.replace(options, backend="local",
+                                                          mode="coroutines"))
+        result.notes.append(note)
+        os.write(2, b"[raylet] Failed to connect to GCS, retrying (1/5)\n")
+        sys.stderr.write("Ray's own shutdown line, buffered\n")
+        return result
+
+    monkeypatch.setattr(local, "run_live", ray_like)
+    common = ["run", "--workers", "2", "--delta", "1", "--rounds", "2", "--schemes", "partial",
+              "--task", "linreg:samples=40,dim=4", "--delay", "none", "--no-plots",
+              "--no-progress"]
+    assert main([*common, "--backend", "ray", "--out", str(tmp_path / "ray")]) == 0
+    err = capfd.readouterr().err
+    assert err.endswith(f"\n\n{END_BANNER}\n{note}\naiogc run: end reason: all rounds done\n"), \
+        err[-600:]
+    monkeypatch.setattr(local, "run_live", real)
+    assert main([*common, "--as", "coroutines", "--out", str(tmp_path / "local")]) == 0
+    err = capfd.readouterr().err
+    assert END_BANNER not in err and note not in err
+    assert err.endswith("aiogc run: end reason: all rounds done\n"), err[-600:]
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_ray_runs_closing_lines_come_after_rays(tmp_path: Path) -> None:
+    """On a local Ray instance the driver starts (and stops) itself: the closing block is the
+    end of stderr, after every line Ray printed."""
+    if os.environ.get("AIOGC_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray", reason="the ray extra is not installed "
+                                          "(pip install -e '.[ray]')")
+    from aiogc.cli.run import END_BANNER
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiogc", "run", "--backend", "ray", "--workers", "2",
+         "--delta", "1", "--rounds", "2", "--schemes", "partial",
+         "--task", "linreg:samples=40,dim=4", "--delay", "none", "--out", str(tmp_path / "r"),
+         "--no-plots", "--no-progress"],
+        capture_output=True, text=True, timeout=GUARD_S, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Ray" in proc.stderr  # Ray said something first (its start-up lines)
+    assert proc.stderr.endswith(f"\n\n{END_BANNER}\naiogc run: end reason: all rounds done\n"), \
+        proc.stderr[-3000:]

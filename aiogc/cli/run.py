@@ -89,6 +89,48 @@ def prepare_run(a: argparse.Namespace, argv: Sequence[str] | None = None
     return base, schemes, options
 
 
+#: The line a Ray run's closing lines start under (:class:`EndLines`).
+END_BANNER = "==== aiogc run: the run's outcome (Ray's own lines are above) ===="
+
+
+class EndLines:
+    """``aiogc run``'s closing lines on stderr: collected while the exit status is worked out
+    and written together, last. A Ray run has stopped Ray (``ray.shutdown()``) by then; its
+    lines come under :data:`END_BANNER`, after a blank line, with the runner's own warnings
+    from during the run (``notes``: a worker lost with its node, ...) repeated first, so
+    that Ray's retry and shutdown lines cannot bury them.
+
+    Parameters
+    ----------
+    banner : bool
+        Set the lines apart (a Ray run).
+    notes : sequence of str
+        What the runner said on stderr during the run, repeated (with the banner only).
+    """
+
+    def __init__(self, *, banner: bool = False, notes: Sequence[str] = ()) -> None:
+        self.banner = banner
+        self.lines: list[str] = list(notes) if banner else []
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def text(self) -> str:
+        """The block as written: each line ends in a newline; with the banner, a blank line
+        and the banner first."""
+        head = ["", END_BANNER] if self.banner and self.lines else []
+        return "".join(f"{line}\n" for line in [*head, *self.lines])
+
+    def emit(self, stream: Any = None) -> None:
+        """Write the block to ``stream`` (default ``sys.stderr``) in one write, after what
+        this process buffered on stdout and stderr, and flush it."""
+        out = sys.stderr if stream is None else stream
+        sys.stdout.flush()
+        out.flush()
+        out.write(self.text())
+        out.flush()
+
+
 def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from aiogc.harness.kit import RunInterrupted, dump_json, format_summary
     from aiogc.harness.local import run_live
@@ -101,29 +143,34 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as exc:
         print(format_summary(exc.result.summary))
         print(f"run directory: {a.out}")
-        print(f"aiogc run: end reason: {exc.result.end_reason}", file=sys.stderr)
-        print(f"aiogc: interrupted by {exc.signal_name}", file=sys.stderr)
+        end = EndLines(banner=a.backend == "ray", notes=exc.result.notes)
+        end.add(f"aiogc run: end reason: {exc.result.end_reason}")
+        end.add(f"aiogc: interrupted by {exc.signal_name}")
+        end.emit()
         return settle_ok(exc.result.summary, a.out, _signal_exit(exc.signal_name))
     print(format_summary(result.summary))
     print(f"run directory: {a.out}")
     if os.environ.get("AIOGC_PRINT_SUMMARY_JSON"):
         print(dump_json(result.summary))
-    print(f"aiogc run: end reason: {result.end_reason}", file=sys.stderr)
-    return settle_ok(result.summary, a.out, _run_exit(result, base, a))
+    end = EndLines(banner=a.backend == "ray", notes=result.notes)
+    end.add(f"aiogc run: end reason: {result.end_reason}")
+    rc = _run_exit(result, base, a, end)
+    end.emit()
+    return settle_ok(result.summary, a.out, rc)
 
 
-def _run_exit(result: Any, base: Any, a: argparse.Namespace) -> int:
-    """``aiogc run``'s exit status (said on stderr when it is not a plain success)."""
+def _run_exit(result: Any, base: Any, a: argparse.Namespace, end: EndLines) -> int:
+    """``aiogc run``'s exit status (said in ``end`` when it is not a plain success)."""
     from aiogc.harness.kit import run_complete, shrink_line
 
     records_error = result.summary.get("records_error")
     if records_error:
-        print(f"aiogc run: the run's records could not be written: {records_error}; the run "
-              "was stopped (what was written before is kept)", file=sys.stderr)
+        end.add(f"aiogc run: the run's records could not be written: {records_error}; the run "
+                "was stopped (what was written before is kept)")
         return EXIT_RECORDS
     task_error = result.summary.get("task_error")
     if task_error:
-        print(f"aiogc run: {task_line(task_error)}", file=sys.stderr)
+        end.add(f"aiogc run: {task_line(task_error)}")
         return EXIT_TASK
     if not run_complete(result.summary, base.rounds, mode=base.mode):
         return EXIT_INCOMPLETE
@@ -131,13 +178,13 @@ def _run_exit(result: Any, base: Any, a: argparse.Namespace) -> int:
     if shrunk:
         allowed = " (allowed by --allow-shrink)" if a.allow_shrink else \
             " (--allow-shrink accepts this)"
-        print(f"aiogc run: {shrunk}{allowed}", file=sys.stderr)
+        end.add(f"aiogc run: {shrunk}{allowed}")
         if not a.allow_shrink:
             return EXIT_SHRUNK
     fid = result.summary.get("fidelity") or {}
     if a.fidelity == "strict" and fid.get("verdict") != "faithful":
         why = "; ".join(fid.get("reasons") or ["no fidelity measured"])
-        print(f"aiogc run: unfaithful (--fidelity strict): {why}", file=sys.stderr)
+        end.add(f"aiogc run: unfaithful (--fidelity strict): {why}")
         return EXIT_UNFAITHFUL
     return EXIT_OK
 

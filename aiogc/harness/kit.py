@@ -77,6 +77,9 @@ class RunResult:
     end_reason: str = ""
     #: sections the runner adds to summary.json beside summarize()'s (e.g. ``fidelity``)
     extra_summary: dict[str, Any] = field(default_factory=dict)
+    #: what the runner said on stderr during the run about its outcome (a Ray worker lost
+    #: with its node, ...); ``aiogc run`` repeats it with its closing lines after a Ray run
+    notes: list[str] = field(default_factory=list)
 
 
 def materialise_for(config: RunConfig, schemes: Sequence[str], *,

@@ -337,6 +337,13 @@ class _Driver:
         self.threshold = options.fidelity_threshold
         self.loop_lag_s: list[float] = []
         self.cpu: list[dict[str, Any]] = []
+        #: what :meth:`say` printed (``RunResult.notes``)
+        self.notes: list[str] = []
+
+    def say(self, line: str) -> None:
+        """A line about the run's outcome: on stderr now, and kept for the closing lines."""
+        print(line, file=sys.stderr, flush=True)
+        self.notes.append(line)
 
     def run_scheme(self, cfg: RunConfig, scheme: Scheme) -> list[RoundRecord]:
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -473,18 +480,18 @@ class _Driver:
                 where = last.get(j, {})
                 if where.get("node_id") in dead:
                     # the actor died with its node and Ray found no room to restart it
-                    print(f"aiogc: ray: worker {j} was lost with its node "
-                          f"{where.get('node_ip')} (dead: {dead[where['node_id']]}) and never "
-                          "restarted (no node had room for its placement-group bundle)",
-                          file=sys.stderr)
+                    self.say(f"aiogc: ray: worker {j} was lost with its node "
+                             f"{where.get('node_ip')} (dead: {dead[where['node_id']]}) and "
+                             "never restarted (no node had room for its placement-group "
+                             "bundle)")
                 else:
-                    print(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after "
-                          "the PS finished; killed", file=sys.stderr)
+                    self.say(f"aiogc: ray: worker {j} still running {PROCESS_GRACE_S} s after "
+                             "the PS finished; killed")
                 continue
             try:
                 ray.get(ref)
             except Exception as exc:
-                print(f"aiogc: ray: worker {j} failed: {exc}", file=sys.stderr)
+                self.say(f"aiogc: ray: worker {j} failed: {exc}")
 
 
 def run_ray(
@@ -619,6 +626,8 @@ def _close_ray_run(result: RunResult, driver: _Driver | None, built: Mapping[str
                    ) -> None:
     """Fill ``result.summary`` and write it, and ``nodes.csv``: the same summary keys as a
     local run, even when the run stopped early."""
+    if driver is not None:
+        result.notes = list(driver.notes)
     if driver is not None and driver.config is not None:
         result.end_reasons = dict(driver.end_reasons)
         # the PS actor's own loop lag and CPU (the driver process only polls); the worst

@@ -132,6 +132,8 @@ class Aggregator:
             if guard else None)
         #: locate an inconsistent worker where the spares allow (None: off)
         self.locator: LiarLocator | None = None
+        #: the worker a located round is being decoded without (no cross-check counts then)
+        self._excluding: int | None = None
         #: the coded vectors' rows (the driver receives into them) and their check
         self.rows = CodedRows(self.m, scheme.payload_len(w0.size), config.coded_wire_dtype)
 
@@ -254,12 +256,42 @@ class Aggregator:
         self.guard.accept()
         if self.stepper is not None:
             self.stepper.commit()
-        if estimate is None and not _CONTENT_CHECKS.intersection(self.guard.last_passed):
-            # say so per round (only size bounds held this step)
-            bounds = "norm and model" if self.grad_bound_fn is None else "norm, data and model"
-            rec.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to cross-check; "
-                              f"only the {bounds} bounds applied")
+        self._say_what_vouched(item, estimate is not None)
         return Decoded(new, grad, ())
+
+    def _say_what_vouched(self, item: DecodeRound, estimated: bool) -> None:
+        """An applied round that no content check vouched for says so in its record (only
+        size bounds held this step); with a locator, see :meth:`_after_evictions`."""
+        assert self.guard is not None
+        passed = set(self.guard.last_passed)
+        if not estimated and not _CONTENT_CHECKS.intersection(passed):
+            bounds = "norm and model" if self.grad_bound_fn is None else "norm, data and model"
+            item.record.end_detail = (f"{UNVERIFIED}: no oracle and no spare vector to "
+                                      f"cross-check; only the {bounds} bounds applied")
+        elif self.locator is not None:
+            self._after_evictions(item, vouched_by_oracle=estimated or "oracle" in passed)
+
+    def _after_evictions(self, item: DecodeRound, *, vouched_by_oracle: bool) -> None:
+        """A round a content check passed: its workers cross-checked (when no vector was
+        excluded), and, when only the redundancy check vouched, the round marked
+        ``unverified`` where an eviction (or this round's exclusion) left chunks held only by
+        workers never cross-checked (:class:`~aiogc.training.locate.LiarLocator`)."""
+        assert self.locator is not None
+        received = np.flatnonzero(item.state > 0)
+        excluded = () if self._excluding is None else (self._excluding,)
+        if not excluded:
+            self.locator.vouched(self._orders, received)
+        if vouched_by_oracle:
+            return
+        bare = self.locator.unvouched(self._orders, excluded)
+        if bare:
+            chunks = sorted(bare)
+            holders = sorted({w for ws in bare.values() for w in ws})
+            gone = sorted({*self.locator.evicted, *excluded})
+            item.record.end_detail = (
+                f"{UNVERIFIED}: without worker(s) {gone} (evicted or excluded), chunk(s) "
+                f"{chunks} are held only by worker(s) {holders}, never cross-checked with "
+                "another holder; their agreement is all the redundancy check saw")
 
     def _locate_and_exclude(self, item: DecodeRound, rows: np.ndarray) -> Decoded | None:
         """The one worker whose vector breaks consistency, if the spares say whose;
@@ -270,12 +302,17 @@ class Aggregator:
             return None
         rest = item.state.copy()
         rest[j] = 0
-        redo = self.decode_round(item._replace(state=rest))
+        self._excluding = j
+        try:
+            redo = self.decode_round(item._replace(state=rest))
+        finally:
+            self._excluding = None
         if redo.gradient is None:
             return None  # the rest did not pass the guard either: rejected as found
         evict = self.locator.record(j, item.record.round)
         rec = item.record
-        rec.end_detail = self.locator.describe(j)
+        note = rec.end_detail if rec.end_detail.startswith(UNVERIFIED) else ""
+        rec.end_detail = (f"{note}; " if note else "") + self.locator.describe(j)
         return Decoded(redo.model, redo.gradient, (*redo.counters, "located_inconsistent"),
                        (j,) if evict else ())
 

@@ -18,6 +18,15 @@ confusion, three independent rounds in which the same vector alone breaks consis
 not) the aggregator asks the PS core to evict the worker: its connection is closed, its key is
 refused on reconnect for the rest of the run, and an event and a summary line say so.
 
+**After an eviction.** A worker is *cross-checked* once it took part in a round that passed a
+content check (the oracle, or the redundancy check with a spare) with every received vector,
+together with every other worker holding one of its chunks. After an eviction, the chunks
+whose remaining holders were never cross-checked rest on the locator's bound alone: their
+holders may be the very liars that outvoted the evicted worker (two colluders beyond that
+bound frame an honest one exactly so), and the redundancy check sees them agree. A round the
+oracle did not vouch for is then recorded as ``unverified`` (:meth:`LiarLocator.unvouched`),
+and so is a located round decoded without a worker whose chunks are left that way.
+
 The PS waits for two spare vectors (``PSOptions(spares=2)``, with ``spare_wait`` > 0) so that
 location has the redundancy it needs (cyclic ``delta >= 3``: ``m - delta + 1`` vectors decode,
 two more locate one liar). :func:`check_locate` refuses a configuration that cannot locate
@@ -248,6 +257,56 @@ class LiarLocator:
         self.evicted: list[int] = []
         #: located rounds in total
         self.located = 0
+        #: workers seen agreeing with every other holder of their chunks (module docstring)
+        self.cross_checked: set[int] = set()
+        #: the orders last seen and their chunk -> holders map
+        self._holders: tuple[list[list[int]] | None, dict[int, set[int]]] = (None, {})
+
+    def _holders_of(self, orders: list[list[int]]) -> dict[int, set[int]]:
+        if self._holders[0] is not orders:
+            self._holders = (orders, _holders(orders))
+        return self._holders[1]
+
+    def vouched(self, orders: list[list[int]], received: np.ndarray) -> None:
+        """A round passed a content check with every vector of ``received`` in it: each of
+        those workers that took part together with every other holder of its chunks (evicted
+        ones included, who can take part no more) is now cross-checked.
+
+        Parameters
+        ----------
+        orders : list of list of int
+            The chunks each worker holds (the scheme's orders), ``m`` lists.
+        received : ndarray of int, shape (k,)
+            The workers whose vectors the round used.
+        """
+        got = {int(w) for w in received}
+        holders = self._holders_of(orders)
+        for w in got - self.cross_checked:
+            if all(holders[c] <= got for c in orders[w]):
+                self.cross_checked.add(w)
+
+    def unvouched(self, orders: list[list[int]],
+                  excluded: tuple[int, ...] = ()) -> dict[int, list[int]]:
+        """Without the evicted workers and ``excluded``: each chunk whose remaining holders
+        were never cross-checked, with those holders (empty when nobody is gone, or when
+        every such chunk has a cross-checked holder left).
+
+        Parameters
+        ----------
+        orders : list of list of int
+            The chunks each worker holds, ``m`` lists.
+        excluded : tuple of int
+            The worker a located round is decoded without.
+        """
+        gone = {*self.evicted, *excluded}
+        if not gone:
+            return {}
+        out: dict[int, list[int]] = {}
+        for c, who in sorted(self._holders_of(orders).items()):
+            left = sorted(who - gone)
+            if left and not self.cross_checked.intersection(left):
+                out[c] = left
+        return out
 
     def locate(self, scheme: Scheme, rows64: np.ndarray, state: np.ndarray,
                dim: int) -> int | None:
@@ -334,6 +393,15 @@ class LiarLocator:
         n = self.evidence[worker]
         return (f"worker {worker} located as inconsistent (leave-one-out decodes; "
                 f"{n} round{'s' if n != 1 else ''} of evidence) and excluded")
+
+
+def _holders(orders: list[list[int]]) -> dict[int, set[int]]:
+    """chunk -> the workers holding it."""
+    out: dict[int, set[int]] = {}
+    for w, chunks in enumerate(orders):
+        for c in chunks:
+            out.setdefault(int(c), set()).add(w)
+    return out
 
 
 def relative(bound: float, scale: float) -> float:
