@@ -27,7 +27,7 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     ps = subprocess.Popen(
         [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
          "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
-         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
+         "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio", "-v",
          # the join clock starts at listen, before the worker processes exist: a hang guard
          # far beyond their start-up on a busy machine, not a race against it
          "--join-timeout", "600"],
@@ -41,7 +41,7 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
         addr = f"{match.group(1)}:{match.group(2)}"
         workers = [
             subprocess.Popen([sys.executable, "-m", "aiogc", "worker", "--connect", addr,
-                              "--id", ids, "--secret-file", str(secret)],
+                              "--id", ids, "--secret-file", str(secret), "-v"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for ids in id_groups
         ]
@@ -56,6 +56,11 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     assert [w.returncode for w in workers] == [0] * len(id_groups), outs
     said = "".join(err for _, err in outs)
     assert all(f"aiogc worker {j}: exiting" in said for j in range(4)), said
+    # -v: a line per round on both sides
+    for r in range(3):
+        assert f"aiogc: round {r}: exact in " in ps_err, ps_err
+    for j in range(4):
+        assert f"aiogc: worker {j} round 0: " in said, said
     summary = json.loads((out / "summary.json").read_text())
     s = summary["schemes"]["partial"]
     assert s["rounds"] == 3 and s["rounds_failed"] == 0
