@@ -197,15 +197,16 @@ def _run_blocking(knobs: Mapping[str, Any], stop: RunStop | None,
     ns = _namespace("run", knobs, caller="aiogc.run")
     base, schemes, options = prepare_run(ns, _argv(knobs))
     options = replace(options, stop=stop, on_round=on_round)
+    stopped: str | None = None
     try:
         result = run_live(base, schemes, options)
     except RunInterrupted as exc:
         if stop is None or exc.signal_name != stop.label:
             raise  # a signal (Ctrl-C in a script): as on the command line
-        result = exc.result
+        result, stopped = exc.result, stop.reason
     return RunResult(dir=Path(ns.out), summary=result.summary, end_reason=result.end_reason,
                      complete=run_complete(result.summary, base.rounds, mode=base.mode),
-                     live=result, stopped=None if stop is None else stop.reason)
+                     live=result, stopped=stopped)
 
 
 def _argv(knobs: Mapping[str, Any]) -> list[str]:
