@@ -11,7 +11,7 @@ from typing import Any
 from aiogc._version import __version__
 
 #: The public names (:mod:`aiogc.api`), imported on first access.
-_API = ("simulate", "run", "run_async", "sweep", "experiment", "load_run",
+_API = ("simulate", "run", "run_async", "sweep", "experiment", "load_run", "RunStop",
         "SimResult", "RunResult", "SweepResult", "ExperimentResult")
 
 __all__ = ["__version__", *_API]

@@ -16,6 +16,11 @@ how to install it; ``.rows`` holds the same table as dicts).
 ``run`` works inside a running event loop (a Jupyter notebook): it then runs in a worker
 thread with a loop of its own and blocks until done; ``await aiogc.run_async(...)`` does the
 same without blocking the caller's loop.
+
+A run in progress stops cleanly on ``stop=aiogc.RunStop()`` (call ``.stop(reason)`` from any
+thread, a cell, or an ``on_round(scheme, record)`` callback), or by cancelling the task of
+``run_async``: the workers are told to shut down, no further scheme starts, what finished is
+written, and ``summary.json`` says ``"stopped by the caller: REASON"``.
 """
 
 from __future__ import annotations
@@ -24,19 +29,24 @@ import argparse
 import asyncio
 import csv
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiogc.harness.options import RunStop
 from aiogc.harness.records import load_run_tables
 
 if TYPE_CHECKING:
+    from aiogc.core import RoundRecord
     from aiogc.harness.kit import RunResult as LiveResult
     from aiogc.harness.loaders import RunTables
 
-__all__ = ["ExperimentResult", "RunResult", "SimResult", "SweepResult", "experiment",
-           "load_run", "run", "run_async", "simulate", "sweep"]
+__all__ = ["ExperimentResult", "RunResult", "RunStop", "SimResult", "SweepResult",
+           "experiment", "load_run", "run", "run_async", "simulate", "sweep"]
+
+#: ``on_round(scheme, record)``: called after each completed round of a live run.
+OnRound = Callable[[str, "RoundRecord"], None]
 
 
 def _pandas(what: str) -> Any:
@@ -133,12 +143,15 @@ class RunResult:
     summary : dict
         ``summary.json`` as written.
     end_reason : str
-        Why the run ended ("all rounds done" when it ran to its end).
+        Why the run ended ("all rounds done" when it ran to its end; "stopped by the caller:
+        REASON" after a :class:`RunStop`).
     complete : bool
         Every requested round of every scheme completed (exit status 0 of ``aiogc run``,
         shrinking aside).
     live : aiogc.harness.kit.RunResult
         The runner's own result (round records with their gradients, the schedule).
+    stopped : str or None
+        The reason given to the run's :class:`RunStop` when it stopped the run, else None.
     """
 
     dir: Path
@@ -146,6 +159,7 @@ class RunResult:
     end_reason: str
     complete: bool
     live: LiveResult = field(repr=False)
+    stopped: str | None = None
 
     def tables(self) -> RunTables:
         """The run directory as tables (``aiogc.load_run(self.dir)``)."""
@@ -168,17 +182,31 @@ class RunResult:
         return load_run_tables(self.dir, frames=False, pandas=True).rounds
 
 
-def _run_blocking(knobs: Mapping[str, Any]) -> RunResult:
+def _run_blocking(knobs: Mapping[str, Any], stop: RunStop | None,
+                  on_round: OnRound | None) -> RunResult:
+    from dataclasses import replace
+
     from aiogc.cli import prepare_run
-    from aiogc.harness.kit import run_complete
+    from aiogc.harness.kit import RunInterrupted, run_complete
     from aiogc.harness.local import run_live
 
+    if stop is not None and not isinstance(stop, RunStop):
+        raise TypeError(f"aiogc.run: stop= takes an aiogc.RunStop, not {type(stop).__name__}")
+    if on_round is not None and not callable(on_round):
+        raise TypeError("aiogc.run: on_round= takes a callable (scheme, record)")
     ns = _namespace("run", knobs, caller="aiogc.run")
     base, schemes, options = prepare_run(ns, _argv(knobs))
-    result = run_live(base, schemes, options)
+    options = replace(options, stop=stop, on_round=on_round)
+    stopped: str | None = None
+    try:
+        result = run_live(base, schemes, options)
+    except RunInterrupted as exc:
+        if stop is None or exc.signal_name != stop.label:
+            raise  # a signal (Ctrl-C in a script): as on the command line
+        result, stopped = exc.result, stop.reason
     return RunResult(dir=Path(ns.out), summary=result.summary, end_reason=result.end_reason,
                      complete=run_complete(result.summary, base.rounds, mode=base.mode),
-                     live=result)
+                     live=result, stopped=stopped)
 
 
 def _argv(knobs: Mapping[str, Any]) -> list[str]:
@@ -186,7 +214,8 @@ def _argv(knobs: Mapping[str, Any]) -> list[str]:
     return ["aiogc.run", *(f"{k}={v!r}" for k, v in knobs.items())]
 
 
-def run(**knobs: Any) -> RunResult:
+def run(*, stop: RunStop | None = None, on_round: OnRound | None = None,
+        **knobs: Any) -> RunResult:
     """Run the schemes live: a PS and m workers over loopback TCP (``aiogc run``).
 
     Inside a running event loop (a notebook) the run goes to a worker thread with a loop of
@@ -194,6 +223,16 @@ def run(**knobs: Any) -> RunResult:
 
     Parameters
     ----------
+    stop : RunStop, optional
+        A handle whose ``stop(reason)`` (from any thread, or from ``on_round``) ends the run
+        early and cleanly: the running scheme's PS tells its workers to shut down, no further
+        scheme starts, the finished rounds are written with ``summary.json`` (``end_reason``
+        "stopped by the caller: REASON", ``ok`` false), and this call returns them
+        (``RunResult.stopped`` is REASON).
+    on_round : callable, optional
+        ``on_round(scheme, record)`` after each completed round
+        (:class:`aiogc.core.RoundRecord`, times in emulated seconds). It runs on the run's
+        event loop between rounds: keep it short.
     **knobs
         ``aiogc run``'s flags as keywords, its defaults when left out: ``workers`` (8),
         ``delta``, ``ell``, ``schemes`` (partial, original), ``delay``, ``rounds``, ``seed``,
@@ -219,17 +258,35 @@ def run(**knobs: Any) -> RunResult:
     except RuntimeError:
         in_a_loop = False
     if not in_a_loop:
-        return _run_blocking(knobs)
+        return _run_blocking(knobs, stop, on_round)
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aiogc-run") as pool:
-        return pool.submit(_run_blocking, dict(knobs)).result()
+        return pool.submit(_run_blocking, dict(knobs), stop, on_round).result()
 
 
-async def run_async(**knobs: Any) -> RunResult:
+async def run_async(*, stop: RunStop | None = None, on_round: OnRound | None = None,
+                    **knobs: Any) -> RunResult:
     """:func:`run` for a coroutine: the run goes to a worker thread with its own event loop,
-    and the caller's loop keeps running meanwhile."""
-    return await asyncio.to_thread(_run_blocking, dict(knobs))
+    and the caller's loop keeps running meanwhile.
+
+    Cancelling the task that awaits it stops the run as ``stop.stop("run_async
+    cancelled")`` would (a fresh :class:`RunStop` when none was given): the cancellation
+    waits until the workers were told to shut down and the finished rounds are written, then
+    propagates (``summary.json`` says "stopped by the caller: run_async cancelled").
+    """
+    handle = stop if stop is not None else RunStop()
+    job = asyncio.ensure_future(asyncio.to_thread(_run_blocking, dict(knobs), handle, on_round))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        handle.stop("run_async cancelled")
+        # the run ends at its next step and writes what finished; then the cancellation
+        # goes on (a result or an error of the stopped run is not the caller's any more)
+        await asyncio.wait({job})
+        if not job.cancelled():
+            job.exception()  # retrieved: no "exception was never retrieved" warning
+        raise
 
 
 # ------------------------------------------------------------------ sweep

@@ -5,6 +5,7 @@ and an ``import aiogc`` that stays light."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import subprocess
@@ -48,7 +49,7 @@ def test_version_answers_without_scipy() -> None:
 
 
 def test_public_names_are_listed_and_resolve() -> None:
-    for name in ("simulate", "run", "run_async", "sweep", "experiment", "load_run",
+    for name in ("simulate", "run", "run_async", "sweep", "experiment", "load_run", "RunStop",
                  "SimResult", "RunResult", "SweepResult", "ExperimentResult"):
         assert name in aiogc.__all__ and name in dir(aiogc)
         assert getattr(aiogc, name) is getattr(api, name)
@@ -151,6 +152,76 @@ def test_run_inside_a_running_event_loop(tmp_path: Path) -> None:
     a, b = asyncio.run(notebook())
     assert a.complete and b.complete
     assert aiogc.load_run(b.dir).summary == b.summary
+
+
+def _rounds_csv(d: Path) -> list[tuple[str, int]]:
+    with (d / "rounds.csv").open(newline="", encoding="utf-8") as fh:
+        return [(r["scheme"], int(r["round"])) for r in csv.DictReader(fh)]
+
+
+def test_a_stop_handle_ends_a_run_after_the_rounds_that_finished(tmp_path: Path) -> None:
+    stop = aiogc.RunStop()
+    seen: list[tuple[str, int]] = []
+
+    def on_round(scheme: str, rec: Any) -> None:
+        seen.append((scheme, rec.round))
+        if rec.round == 2:
+            stop.stop("three rounds are enough")
+
+    out = tmp_path / "stopped"
+    res = aiogc.run(**{**LIVE, "rounds": 200}, out=out, stop=stop, on_round=on_round)
+    assert res.stopped == "three rounds are enough" and not res.complete
+    assert res.end_reason == "stopped by the caller: three rounds are enough"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["end_reason"] == res.end_reason
+    assert summary["interrupted_by"] == "the caller: three rounds are enough"
+    assert summary["ok"] is False and summary["in_progress"] is False
+    # the stop runs at the run loop's next step, before a round started later could finish
+    # (that needs frames from the workers): at most the round in flight completes. The
+    # rounds that finished are written, each one was seen by on_round, and the second
+    # scheme never started
+    assert 3 <= len(seen) <= 4 and {s for s, _ in seen} == {"partial"}
+    assert _rounds_csv(out) == seen == [("partial", r) for r in range(len(seen))]
+    assert summary["schemes"]["partial"]["rounds"] == len(seen)
+    assert "original" not in summary["schemes"]
+    assert not (out / "IN_PROGRESS").exists()
+    # a handle stopped before its run stops the run at its start; the handle says why once
+    stop.stop("again")
+    assert stop.reason == "three rounds are enough"
+    early = aiogc.run(**LIVE, out=tmp_path / "early", stop=stop)
+    assert early.stopped == "three rounds are enough" and not early.complete
+    assert early.summary["interrupted_by"] == "the caller: three rounds are enough"
+    with pytest.raises(TypeError, match="RunStop"):
+        aiogc.run(**LIVE, out=tmp_path / "bad", stop=object())
+
+
+def test_cancelling_run_async_stops_the_run_and_keeps_what_finished(tmp_path: Path) -> None:
+    out = tmp_path / "cancelled"
+
+    async def notebook() -> None:
+        loop = asyncio.get_running_loop()
+        second_round = asyncio.Event()
+
+        def on_round(scheme: str, rec: Any) -> None:  # on the run's own loop and thread
+            if rec.round == 1:
+                loop.call_soon_threadsafe(second_round.set)
+
+        task = asyncio.create_task(aiogc.run_async(**{**LIVE, "rounds": 200}, out=out,
+                                                   on_round=on_round))
+        waiter = asyncio.create_task(second_round.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task  # the run is in progress
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(notebook())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["end_reason"] == "stopped by the caller: run_async cancelled"
+    assert summary["ok"] is False
+    done = _rounds_csv(out)
+    assert 2 <= len(done) < 200 and done == [("partial", r) for r in range(len(done))]
+    assert summary["schemes"]["partial"]["rounds"] == len(done)
 
 
 def test_cli_run_refuses_an_earlier_run_without_overwrite(

@@ -27,11 +27,12 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     ps = cli("ps", "--port", "0", "--workers", "4", "--delta", "2", "--rounds", "3",
              "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
              "--secret-file", str(secret), "--out", str(out), "--verify", "--loop", "asyncio",
-             "--join-timeout", CLI_JOIN_TIMEOUT_S)
+             "-v", "--join-timeout", CLI_JOIN_TIMEOUT_S)
     workers: list[subprocess.Popen[str]] = []
     try:
         addr = listening(ps)
-        workers = [cli("worker", "--connect", addr, "--id", ids, "--secret-file", str(secret))
+        workers = [cli("worker", "--connect", addr, "--id", ids, "--secret-file", str(secret),
+                       "-v")
                    for ids in id_groups]
         ps_out, ps_err = ps.communicate(timeout=GUARD_S)
         outs = [w.communicate(timeout=GUARD_S) for w in workers]
@@ -44,6 +45,11 @@ def test_ps_and_workers_as_separate_processes(tmp_path: Path, id_groups: tuple[s
     assert [w.returncode for w in workers] == [0] * len(id_groups), outs
     said = "".join(err for _, err in outs)
     assert all(f"aiogc worker {j}: exiting" in said for j in range(4)), said
+    # -v: a line per round on both sides
+    for r in range(3):
+        assert f"aiogc: round {r}: exact in " in ps_err, ps_err
+    for j in range(4):
+        assert f"aiogc: worker {j} round 0: " in said, said
     summary = json.loads((out / "summary.json").read_text())
     s = summary["schemes"]["partial"]
     assert s["rounds"] == 3 and s["rounds_failed"] == 0

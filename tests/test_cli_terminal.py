@@ -1,6 +1,7 @@
-"""The command line as a terminal user meets it: ``-v`` logs every round of ``aiogc run``,
-progress shows a rate and an ETA (runs and sweeps), an experiment prints a short table and
-leaves its JSON in the file, and ``aiogc report`` takes a sweep directory."""
+"""The command line as a terminal user meets it: ``-v`` logs every round of every command that
+runs rounds (run, sweep, simulate; an experiment's finished cells), progress shows a rate and an
+ETA (runs and sweeps), an experiment prints a short table and leaves its JSON in the file, and
+``aiogc report`` takes a sweep directory."""
 
 from __future__ import annotations
 
@@ -45,6 +46,70 @@ def test_run_v_logs_every_round_of_every_scheme(tmp_path: Path,
     assert "rounds/s" not in err and "[###" not in err  # the log replaces the bar
     assert main(["run", "--rounds", "2", "--out", str(tmp_path / "q"), *SMALL]) == 0
     assert " round 0: " not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["fast", "protocol"])
+def test_simulate_v_logs_every_round_of_every_scheme(engine: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--workers", "6", "--delta", "2", "--rounds", "4", "--engine", engine]
+    assert main([*argv, "-v"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    lines = [ln for ln in captured.err.splitlines() if " round " in ln]
+    assert len(lines) == 2 * 4
+    for row in summary["results"]:
+        for r in range(4):
+            assert any(ln.startswith(f"aiogc: {row['scheme']} round {r}: exact in ")
+                       for ln in lines), (row["scheme"], r)
+    assert main(argv) == 0
+    assert " round " not in capsys.readouterr().err
+    # approximate mode: a line per deadline and round, with its MSE
+    assert main([*argv, "-v", "--mode", "approx", "--deadline", "0.5,2"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("aiogc: partial (deadline 0.5 s) round ") == 4
+    assert err.count("aiogc: original (deadline 2 s) round 3: ") == 1 and ", mse " in err
+
+
+def test_sweep_v_logs_every_round_of_every_cell(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from aiogc.api import sweep_toml
+
+    file = tmp_path / "grid.toml"
+    file.write_text(sweep_toml({"workers": [4, 5]}, {
+        "delta": 2, "rounds": 2, "as": "coroutines", "loop": "asyncio", "plots": False,
+        "task": "linreg:samples=80,dim=6", "delay": "exp:0.002", "schemes": ["partial"]}))
+    assert main(["sweep", "-v", str(file), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("aiogc: partial round 0: exact in ") == 2
+    assert err.count("aiogc: partial round 1: exact in ") == 2
+
+
+def test_experiment_v_logs_each_finished_cell(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from aiogc.experiments import EXPERIMENTS
+    from aiogc.experiments._common import cells
+
+    def compute(quick: bool, seed: int) -> list[dict[str, object]]:
+        tick = cells(2)
+        rows: list[dict[str, object]] = []
+        for i in range(2):
+            rows.append({"cell": i, "value": 0.5 + i})
+            tick(rows)
+        return rows
+
+    monkeypatch.setitem(EXPERIMENTS, "poly-digits",
+                        dataclasses.replace(EXPERIMENTS["poly-digits"], compute=compute,
+                                            plot=lambda rows, path: None,
+                                            summarise=lambda rows: {}))
+    assert main(["experiment", "poly-digits", "--quick", "--out", str(tmp_path), "-v"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("aiogc: poly-digits: cell=0, value=0.5\n") == 1
+    assert err.count("aiogc: poly-digits: cell=1, value=1.5\n") == 1
+    assert main(["experiment", "poly-digits", "--quick", "--out", str(tmp_path)]) == 0
+    assert "cell=0" not in capsys.readouterr().err
 
 
 def test_sweep_lines_count_cells_and_give_an_eta(tmp_path: Path) -> None:

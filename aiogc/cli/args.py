@@ -357,8 +357,8 @@ def _check_local_task_files(task: str | None, data_dirs: Sequence[str]) -> None:
     if task is None:
         return
     kind, path = task_kind(task)
-    if kind == "logreg-file" and path is not None and not Path(path).expanduser().is_file():
-        raise ConfigError("task", task, "a logreg:PATH whose data file exists on this worker")
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ConfigError("task", task, "a task whose data file exists on this worker")
     module = task.partition(":")[0].strip()
     if module in ("torch", "jax"):  # torch:FILE.py:ATTR
         module = task.partition(":")[2].partition(":")[0].strip()

@@ -154,6 +154,7 @@ def knob_table() -> tuple[Knob, ...]:
     from aiogc.coding.registry import ASSIGNMENTS, DECODINGS, scheme_names, scheme_spec
     from aiogc.config import DTYPES, MODES, RunConfig
     from aiogc.training.delay_models import delay_usage
+    from aiogc.training.tasks import task_usage
 
     d = RunConfig()
     i = _positive_int
@@ -184,12 +185,11 @@ def knob_table() -> tuple[Knob, ...]:
                                "help": "rounds (trials) simulated"}}),
         Knob("seed", "seed of everything", CONFIG, i, d.seed, group=cfg,
              per={"simulate": {"default": 1}}),
-        Knob("task", "linreg[:samples=N,dim=D,noise=S] | logreg:PATH|builtin | module:factory "
-             "| torch:module:factory[,optimizer=sgd|adam][,lr=F] | jax:...", LIVE | WORKER,
+        Knob("task", task_usage(), LIVE | WORKER,
              None, d.task, group=cfg,
              per={"worker": {"default": None, "group": "run", "help": "a task this worker "
                              "may build (plug-ins and data files are never taken from the PS "
-                             "otherwise)"}}),
+                             "otherwise): " + task_usage()}}),
         Knob("delay", "per-chunk compute delay model, seconds: " + delay_usage()
              + " (e.g. straggle:0.25,5,exp:0.02)", CONFIG, None, d.delay, group=cfg,
              per={"simulate": {"default": "exp:1.0"}}),

@@ -319,17 +319,20 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     policy = TaskPolicy(task=a.task, data_dirs=tuple(a.data_dir or ()))
     setups = SetupCache(policy)  # one scheme and task for every worker of this process
     whys = [ExitReason() for _ in ids]
-    opts = ClientOptions(progress_events=False)
+    # -v: a line per round (the round events cost a little, so only then)
+    verbose = log.isEnabledFor(logging.INFO)
+    sinks = [_round_logger(j, why) if verbose else why for j, why in zip(ids, whys, strict=True)]
+    opts = ClientOptions(progress_events=verbose)
     cores = _worker_cores(a, ids)
     runs: list[Callable[[], Any]]
     if len(ids) > 1 and not a.connection_per_worker:  # one worker-host connection
         host_client = HostClient(cores, host, int(port), give_up_after_s=a.give_up_after,
-                                 setups=setups, on_events=whys, options=opts)
+                                 setups=setups, on_events=sinks, options=opts)
         runs = [host_client.run]
     else:
         runs = [WorkerClient(w, host, int(port), give_up_after_s=a.give_up_after,
-                             setups=setups, on_event=why, options=opts).run
-                for w, why in zip(cores, whys, strict=True)]
+                             setups=setups, on_event=sink, options=opts).run
+                for w, sink in zip(cores, sinks, strict=True)]
     stopped: list[str] = []
 
     async def main() -> list[BaseException | None]:
@@ -354,6 +357,20 @@ def cmd_worker(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(f"aiogc worker {a.id}: exiting: stopped by {stopped[0]}", file=sys.stderr)
         return _signal_exit(stopped[0])
     return _worker_exit(ids, results, whys)
+
+
+def _round_logger(j: int, why: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Worker ``j``'s event sink under ``-v``: ``why``, and a line per ended round
+    (``worker 3 round 5: exact``; ``ended`` when the PS folded the round's end into the next
+    round's start)."""
+    from aiogc.core import RoundEnded
+
+    def sink(ev: Any) -> None:
+        why(ev)
+        if isinstance(ev, RoundEnded):
+            log.info("worker %d round %d: %s", j, ev.round, ev.status or "ended")
+
+    return sink
 
 
 def _worker_exit(ids: list[int], results: list[BaseException | None], whys: list[Any]) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from aiogc.cli.args import warn_cautions
+from aiogc.cli.args import log, warn_cautions
 from aiogc.cli.knobs import add_knobs
 from aiogc.coding.registry import scheme_names, scheme_spec
 from aiogc.config import RunConfig
@@ -188,6 +189,22 @@ def _row(name: str, mode: str, deadline: float | None, comp: np.ndarray, status:
     return row
 
 
+def log_rounds(name: str, deadline: float | None, completion: np.ndarray, status: np.ndarray,
+               mse: np.ndarray | None = None) -> None:
+    """The ``-v`` log of simulated rounds: one line per round at INFO on the ``aiogc`` logger,
+    as ``aiogc run -v`` logs a live one (``partial round 3: exact in 0.0301 s``; a deadline
+    and the MSE in approximate mode). ``completion`` and ``status``: shape (R,); ``mse``:
+    shape (R,) or None."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    label = name if deadline is None else f"{name} (deadline {deadline:g} s)"
+    for r in range(int(completion.size)):
+        t = float(completion[r])
+        when = f"in {t:.4f} s" if math.isfinite(t) else "unfinished"
+        err = "" if mse is None else f", mse {float(mse[r]):.4g}"
+        log.info("%s round %d: %s %s%s", label, r, status[r], when, err)
+
+
 def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                  deadlines: list[float] | None = None, engine: str = "fast",
                  dim: int = 120, comm: Any = None) -> list[dict[str, Any]]:
@@ -229,14 +246,16 @@ def run_simulate(cfg: RunConfig, schemes: list[str], *, latency: float = 0.0,
                 ups = None if r.uploads is None or r.upload_bytes is None else (
                     r.uploads, r.upload_bytes)
                 rows.append(_row(name, c.mode, t, r.completion_s, r.status, r.mse, ups))
+                log_rounds(name, t, r.completion_s, r.status, r.mse)
         else:
             recs = simulate_protocol(c, schemes, schedule=schedule,
                                      network=SimNetwork(latency=latency),
                                      gradients="gaussian", dim=dim, built=built, comm=comm)
             for name in schemes:
                 a = record_arrays(recs[name], mode=c.mode)
-                rows.append(_row(name, c.mode, t, a["completion_s"], a["status"],
-                                 a["mse"] if c.mode == "approx" else None))
+                mse = a["mse"] if c.mode == "approx" else None
+                rows.append(_row(name, c.mode, t, a["completion_s"], a["status"], mse))
+                log_rounds(name, t, a["completion_s"], a["status"], mse)
     return rows
 
 

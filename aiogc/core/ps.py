@@ -111,13 +111,28 @@ def pending_cap(m: int) -> int:
 
 @dataclass(frozen=True)
 class PSOptions:
-    """The :class:`ParameterServer`'s handshake deadline, spare wait and nonce source (see its
-    parameters); ``auth_deadline_s=None`` is :data:`~aiogc.core.common.AUTH_DEADLINE_S`."""
+    """The :class:`ParameterServer`'s handshake deadline, spare wait and nonce source.
+
+    Attributes
+    ----------
+    auth_deadline_s : float, optional
+        Seconds a new connection has to complete the handshake (None:
+        :data:`~aiogc.core.common.AUTH_DEADLINE_S`).
+    spare_wait : float
+        Send-when-done schemes (original): once the received vectors decode, wait up to
+        ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
+        the approximate deadline) for one more vector, so that the redundancy check has a
+        spare to cross-check with. 0 (default): decode at once.
+    nonce_fn : callable, optional
+        Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
+    spares : int
+        How many spare vectors that wait is for (default 1; 2 lets the aggregator locate one
+        inconsistent worker, :mod:`aiogc.training.locate`).
+    """
 
     auth_deadline_s: float | None = None
     spare_wait: float = 0.0
     nonce_fn: Any | None = None
-    #: spare vectors waited for (locating one liar needs 2)
     spares: int = 1
 
 
@@ -148,23 +163,8 @@ class ParameterServer(RoundMachine):
     epoch : int
         This PS incarnation; messages of other epochs are stale.
     options : PSOptions, optional
-        Handshake deadline, spare wait and nonce source (defaults: as for a real run).
-
-    The options (:class:`PSOptions`):
-
-    nonce_fn : callable, optional
-        Fresh 16-byte nonces; drivers install one (``secrets.token_bytes``) when None.
-    auth_deadline_s : float, optional
-        Seconds a new connection has to complete the handshake (default
-        :data:`~aiogc.core.common.AUTH_DEADLINE_S`).
-    spare_wait : float
-        Send-when-done schemes (original): once the received vectors decode, wait up to
-        ``spare_wait`` times the round's elapsed time so far (never past the round timeout or
-        the approximate deadline) for one more vector, so that the redundancy check has a
-        spare to cross-check with. 0 (default): decode at once, as before.
-    spares : int
-        How many spare vectors that wait is for (default 1; 2 lets the aggregator locate one
-        inconsistent worker, :mod:`aiogc.training.locate`).
+        Handshake deadline, spare wait and nonce source (defaults: as for a real run;
+        the fields are described in :class:`PSOptions`).
     """
 
     def __init__(

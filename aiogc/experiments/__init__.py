@@ -31,6 +31,7 @@ live-vs-sim     one schedule live on loopback and in the protocol simulator, gap
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import sys
 import time
@@ -147,7 +148,15 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
         PROGRESS_LISTENERS.append(listener)
     done: list[list[Any]] = [[]]  # the rows of the cells finished so far
     keep = done.__setitem__
-    ROW_LISTENERS.append(lambda rows: keep(0, rows))
+    verbose = _log.isEnabledFor(logging.INFO)
+
+    def on_rows(rows: list[Any]) -> None:
+        if verbose:  # -v: each finished cell's rows, as -v logs each round of a run
+            for row in rows[len(done[0]):]:
+                _log.info("%s: %s", name, ", ".join(f"{k}={_short(v)}" for k, v in row.items()))
+        keep(0, rows)
+
+    ROW_LISTENERS.append(on_rows)
     cell_count = CellCount()
     PROGRESS_LISTENERS.append(cell_count)
     try:
@@ -185,6 +194,14 @@ def run_experiment(name: str, out: str | Path, *, quick: bool = False,
     }
     (path / f"{name}.json").write_text(json.dumps(_json_safe(meta), indent=2) + "\n")
     return head
+
+
+#: The command line's diagnostics logger (``-v``: the rows of each finished cell).
+_log = logging.getLogger("aiogc")
+
+
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 class CellCount:

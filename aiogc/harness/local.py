@@ -6,9 +6,10 @@ the scheme differs. Worker processes come from a ``forkserver`` that preloads th
 (starting 64 workers: ~0.5 s instead of ~4.5 s with ``spawn``), with BLAS limited to one thread
 each (performance.md pitfall 5).
 
-Shutdown: Ctrl-C or SIGTERM stops the PS, which tells the workers to exit, and ends the whole
-run (no further scheme starts); worker processes still alive after a grace period are
-terminated, then killed. No process outlives the runner.
+Shutdown: Ctrl-C, SIGTERM or the caller's stop handle (``RunOptions.stop``) stops the PS,
+which tells the workers to exit, and ends the whole run (no further scheme starts); worker
+processes still alive after a grace period are terminated, then killed. No process outlives
+the runner.
 """
 
 from __future__ import annotations
@@ -157,10 +158,12 @@ async def _run_scheme(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop_on, sig.name)
             stop_handlers.append(sig)
+    unsubscribe: Callable[[], None] = _nothing
     try:
         async with asyncio.TaskGroup() as tg:
             serving = tg.create_task(server.serve())
             await _started(server, serving)
+            unsubscribe = _subscribe(options, loop, stop_on)
             lag.start()
             if mode == "coroutines" and not worker_hosts:
                 # one host connection for all of them, or one each (--connection-per-worker)
@@ -192,6 +195,7 @@ async def _run_scheme(
         server.stop("runner interrupted")
         raise
     finally:
+        unsubscribe()
         lag.stop()
         _close_capture(capture)
         for sig in stop_handlers:
@@ -202,6 +206,26 @@ async def _run_scheme(
             c.close()
     return SchemeOutcome([emulated(r, k) for r in ps.records],
                          finished[0] if finished else None, lag.lags, evicted)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _subscribe(options: RunOptions, loop: asyncio.AbstractEventLoop,
+               stop_on: Callable[[str], None]) -> Callable[[], None]:
+    """Have the caller's stop handle (``options.stop``, from any thread) call
+    ``stop_on(label)`` on ``loop``, the listening PS's; returns the unsubscribe function."""
+    if options.stop is None:
+        return _nothing
+
+    def on_stop(label: str) -> None:
+        # nothing once the loop is closed: the scheme has ended, and the next one sees the
+        # stopped handle when it subscribes
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(stop_on, label)
+
+    return options.stop.subscribe(on_stop)
 
 
 def _scheme_event_handler(
@@ -295,7 +319,9 @@ def run_live(
     RunInterrupted
         (a KeyboardInterrupt) SIGINT or SIGTERM stopped the run: the running scheme's PS told
         its workers to shut down, no further scheme started, and what was recorded is written,
-        ``summary.json`` included (no plots); the exception carries the partial result.
+        ``summary.json`` included (no plots); the exception carries the partial result. So
+        does ``options.stop`` (:class:`~aiogc.harness.options.RunStop`), its
+        ``signal_name`` then the handle's ``label``.
     """
     options = options if options is not None else RunOptions()
     mode = options.mode
@@ -306,6 +332,9 @@ def run_live(
         from aiogc.harness.ray_backend import run_ray
 
         _check_ray_mode(mode)
+        for hook in ("stop", "on_round"):
+            if getattr(options, hook) is not None:
+                raise ConfigError(hook, "given", "none with the ray backend (local only)")
         return run_ray(config, schemes, options, schedule=schedule)
     _check_local_args(options.backend, options.address, mode)
     if options.secret is None:
@@ -357,9 +386,12 @@ class _LocalBackend:
         assert self.schedule is not None
         name = cfg.scheme
         bar = Progress(cfg.rounds, name, enabled=self.options.progress)
+        user_tick = self.options.on_round
 
         def tick(rec: RoundRecord) -> None:
             bar.update(record=rec)
+            if user_tick is not None:
+                user_tick(name, rec)
 
         try:
             outcome: SchemeOutcome = run_on(self.loop_kind, _run_scheme(

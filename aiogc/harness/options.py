@@ -8,17 +8,85 @@ every scheme of a run, and a caller changes a field with :func:`dataclasses.repl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["DEFAULT_MAX_RESTARTS", "PLACEMENT_TIMEOUT_S", "RayOptions", "RunOptions"]
+if TYPE_CHECKING:
+    from aiogc.core import RoundRecord
+
+__all__ = ["DEFAULT_MAX_RESTARTS", "PLACEMENT_TIMEOUT_S", "RayOptions", "RunOptions", "RunStop"]
 
 #: Times Ray restarts a worker actor whose process died (and retries its ``run`` call).
 DEFAULT_MAX_RESTARTS: Final = 3
 #: Seconds to wait for the placement group and the PS actor to come up.
 PLACEMENT_TIMEOUT_S: Final = 120.0
+
+
+class RunStop:
+    """A handle that stops a live run from any thread or coroutine (a notebook cell, a
+    per-round callback that has seen enough): :meth:`stop` ends it as Ctrl-C does.
+
+    The running scheme's PS tells its workers to shut down, no further scheme starts, and
+    what finished is written, ``summary.json`` included: its ``end_reason`` is ``"stopped by
+    the caller: REASON"``, ``interrupted_by`` is ``"the caller: REASON"`` and ``ok`` is
+    false. :func:`aiogc.run` then returns the partial result (``RunResult.stopped`` is
+    REASON); :func:`~aiogc.harness.local.run_live` raises
+    :class:`~aiogc.harness.kit.RunInterrupted` carrying it, as after a signal. A handle
+    stopped before its run started stops that run at its start; one handle serves one run.
+    Local backend only.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._listeners: list[Callable[[str], None]] = []
+
+    @property
+    def reason(self) -> str | None:
+        """Why :meth:`stop` was called (None: not yet)."""
+        return self._reason
+
+    @property
+    def label(self) -> str | None:
+        """What the run records as ``interrupted_by`` (None: not stopped)."""
+        return None if self._reason is None else f"the caller: {self._reason}"
+
+    def stop(self, reason: str = "stop() called") -> None:
+        """Stop the run (thread-safe; the first reason counts, later calls change nothing)."""
+        with self._lock:
+            if self._reason is not None:
+                return
+            self._reason = str(reason)
+            listeners = list(self._listeners)
+        label = self.label
+        assert label is not None
+        for fn in listeners:
+            fn(label)
+
+    def subscribe(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``fn(label)`` when the run is stopped (at once if it is already); returns the
+        function that unsubscribes. ``fn`` runs on the thread that called :meth:`stop`."""
+        with self._lock:
+            stopped = self._reason is not None
+            if not stopped:
+                self._listeners.append(fn)
+        if stopped:
+            label = self.label
+            assert label is not None
+            fn(label)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._listeners:
+                    self._listeners.remove(fn)
+
+        return unsubscribe
+
+    def __repr__(self) -> str:
+        return f"RunStop(reason={self._reason!r})"
 
 
 @dataclass(frozen=True)
@@ -97,6 +165,11 @@ class RunOptions:
     #: write the PS's wire bytes to this pcap file (``aiogc.net.pcap``; local backend only):
     #: every scheme's connections, one synthetic TCP flow each
     pcap: str | Path | None = None
+    #: stop the run from another thread or a callback (:class:`RunStop`; local backend only)
+    stop: RunStop | None = None
+    #: called with (scheme, record) after each completed round, on the run's event loop
+    #: between rounds (keep it short; times in emulated seconds; local backend only)
+    on_round: Callable[[str, RoundRecord], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,14 @@ class TaskNotAllowed(ConfigError):
 class TaskPolicy:
     """What a worker may build from a configuration it received.
 
-    * built-in tasks (``linreg[...]``, ``logreg:builtin``): always;
-    * ``logreg:PATH``: only if PATH is the worker's own ``task`` or lies inside one of
-      ``data_dirs`` (directories the operator named);
-    * plug-in tasks (``MODULE:ATTR``, ``FILE.py:ATTR``): only if the spec is exactly the
-      worker's own ``task`` (the operator's command line), never because the PS said so.
+    * built-in tasks, whose code and data ship in the package (``linreg[...]``,
+      ``logreg:builtin``; every registered task that reads no file,
+      :func:`aiogc.training.tasks.task_kind`): always;
+    * a task reading a data file (``logreg:PATH``): only if the spec is the worker's own
+      ``task`` or PATH lies inside one of ``data_dirs`` (directories the operator named);
+    * plug-in tasks (``MODULE:ATTR``, ``FILE.py:ATTR``, ``torch:...``, ``jax:...``): only if
+      the spec is exactly the worker's own ``task`` (the operator's command line), never
+      because the PS said so.
     """
 
     task: str | None = None
@@ -70,9 +73,9 @@ class TaskPolicy:
         if self.task is not None and spec.strip() == self.task.strip():
             return
         kind, path = task_kind(spec)
-        if kind in ("linreg", "logreg-builtin"):
+        if kind != "plugin" and path is None:
             return
-        if kind == "logreg-file" and path is not None:
+        if kind != "plugin" and path is not None:
             real = os.path.realpath(os.path.expanduser(path))
             for d in self.data_dirs:
                 root = os.path.realpath(os.path.expanduser(d))

@@ -41,6 +41,12 @@ Spec strings (CLI flag ``--task``)
     the framework's own autodiff gradient and the PS steps with the framework's optimizer
     (:mod:`aiogc.training.frameworks`; extras ``aiogc[torch]`` / ``aiogc[jax]``).
 
+The registry: every spec head above (``linreg``, ``logreg``, ``torch``, ``jax``) is one
+:class:`TaskSyntax` row registered at the end of this file with :func:`register_task`; adding a
+task is its builder and one row here, from which :func:`make_task`, :func:`task_kind` (which
+tasks a worker builds when the PS names them), the ``--task`` help and the error listing the
+known names follow. A head that is no registered name is a plug-in ``MODULE:ATTR``.
+
 Chunking: samples are shuffled once with the seed, then split into ``n_chunks`` contiguous,
 near-equal chunks (sizes differ by at most one), or chunks in proportion to given relative
 sizes (``make_task(..., chunk_sizes=)``, ``--chunk-sizes``). ``chunk_gradient(i, w)`` is the
@@ -58,6 +64,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
@@ -79,14 +86,17 @@ __all__ = [
     "LinearRegression",
     "LogisticRegression",
     "Task",
+    "TaskSyntax",
     "chunk_gradients",
     "chunk_grads_fn",
     "make_task",
+    "register_task",
+    "task_kind",
+    "task_names",
+    "task_usage",
 ]
 
 _LINREG_DEFAULTS: Final = {"samples": 2000, "dim": 50, "noise": 0.1}
-_TASK_SYNTAX: Final = ("linreg[:k=v,...] | logreg:PATH[,k=v...] | logreg:builtin | MODULE:ATTR"
-                       " | torch:MODULE:ATTR | jax:MODULE:ATTR")
 
 
 @runtime_checkable
@@ -650,7 +660,7 @@ def make_task(spec: str, n_chunks: int, seed: int, *,
     Parameters
     ----------
     spec : str
-        ``linreg[...]``, ``logreg:PATH[,...]``, ``logreg:builtin`` or ``MODULE:ATTR``.
+        A registered task (:func:`task_usage` lists their forms) or a plug-in ``MODULE:ATTR``.
     n_chunks : int
         Number of chunks N ``>= 1``.
     seed : int
@@ -667,7 +677,8 @@ def make_task(spec: str, n_chunks: int, seed: int, *,
     Raises
     ------
     ConfigError
-        Unknown or malformed spec, bad options, unreadable or malformed data files.
+        Unknown or malformed spec (an unknown name lists the registered ones), bad options,
+        unreadable or malformed data files.
 
     Examples
     --------
@@ -680,7 +691,7 @@ def make_task(spec: str, n_chunks: int, seed: int, *,
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError("task", spec, _TASK_SYNTAX)
+        raise ConfigError("task", spec, task_usage())
     n_chunks, seed = int(n_chunks), int(seed)
     task = _make(spec, n_chunks, seed)
     if chunk_sizes is not None:
@@ -694,37 +705,161 @@ def make_task(spec: str, n_chunks: int, seed: int, *,
 def _make(spec: str, n_chunks: int, seed: int) -> Task:
     text = spec.strip()
     name, sep, rest = text.partition(":")
-    name = name.strip()
-    if name == "linreg":
-        return _make_linreg(rest, spec, n_chunks, seed)
-    if name == "logreg":
-        return _make_logreg(rest, spec, n_chunks, seed)
-    if name in ("torch", "jax") and sep:
-        return _make_framework(name, rest.strip(), text, n_chunks, seed)
+    syntax = _TASKS.get(name.strip())
+    if syntax is not None:
+        if sep or not syntax.needs_body:
+            return syntax.build(rest, text, n_chunks, seed)
+        raise ConfigError("task", spec, syntax.form)
     if sep:
         # MODULE:ATTR; a FILE.py path may contain ':' (Windows drive), so split at the last one.
         target, _, attr = text.rpartition(":")
         if target.strip() and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr.strip()):
-            return _make_plugin(target.strip(), attr.strip(), text, n_chunks, seed)
-    raise ConfigError("task", spec, _TASK_SYNTAX)
+            try:
+                return _make_plugin(target.strip(), attr.strip(), text, n_chunks, seed)
+            except ConfigError as exc:
+                if syntax is None and re.fullmatch(r"[A-Za-z_][\w-]*", target.strip()):
+                    # a bare word that is no module: most likely a misspelt task name
+                    raise ConfigError("task", spec, f"{exc.allowed}; or a task: "
+                                      f"{_known_names()}") from None
+                raise
+    raise ConfigError("task", spec, f"a task: {_known_names()} ({task_usage()})")
 
 
 def task_kind(spec: str) -> tuple[str, str | None]:
     """Classify a task spec without building it: ``(kind, data_path)``.
 
-    ``kind`` is ``"linreg"`` (synthetic data from the seed), ``"logreg-builtin"``,
-    ``"logreg-file"`` (``data_path`` is the file named), or ``"plugin"`` (``MODULE:ATTR``,
-    ``FILE.py:ATTR``, ``torch:MODULE:ATTR``, ``jax:MODULE:ATTR``: code). Used by workers to
-    decide whether a task received from the PS may be built at all (no code from the wire).
+    ``kind`` is ``"plugin"`` for code from outside the package (``MODULE:ATTR``,
+    ``FILE.py:ATTR``, ``torch:MODULE:ATTR``, ``jax:MODULE:ATTR``), else what the task's
+    registry entry says (:attr:`TaskSyntax.source`): ``"linreg"`` (synthetic data from the
+    seed), ``"logreg-builtin"``, ``"logreg-file"`` (``data_path`` is the file named). Used by
+    workers to decide whether a task received from the PS may be built at all (no code from
+    the wire; a data file only from the directories the worker's operator allowed).
     """
     text = spec.strip()
-    name, _sep, rest = text.partition(":")
-    name = name.strip()
-    if name == "linreg":
-        return "linreg", None
-    if name == "logreg":
-        path_text, _ = _split_logreg(rest)
-        if path_text in ("builtin", BREAST_CANCER):  # shipped inside the package
-            return "logreg-builtin", None
-        return "logreg-file", path_text
+    name, sep, rest = text.partition(":")
+    syntax = _TASKS.get(name.strip())
+    if syntax is None or (syntax.needs_body and not sep):
+        return "plugin", None
+    if syntax.source is None:
+        return syntax.name, None
+    return syntax.source(rest)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class TaskSyntax:
+    """One task a spec string may name: ``NAME[:OPTIONS]`` and how to build it.
+
+    Attributes
+    ----------
+    name : str
+        The spec's head (``linreg``).
+    form : str
+        Its usage (``linreg[:samples=N,dim=D,noise=S]``): the ``--task`` help, the errors and
+        the docs list it.
+    help : str
+        One line: what the task is.
+    build : callable
+        ``build(rest, spec, n_chunks, seed) -> Task``: ``rest`` is the spec after ``NAME:``
+        (``""`` without one), ``spec`` the whole stripped spec. A pure function of the three
+        values (workers rebuild the task from them); ConfigError naming ``"task"`` on a bad
+        option.
+    source : callable, optional
+        ``source(rest) -> (kind, data_path)``, what :func:`task_kind` says: ``"plugin"`` for
+        user code (a worker builds it only when its own operator named it), a data file's
+        path when the task reads one (a worker builds it only from a directory its operator
+        allowed). None: ``(name, None)``, code and data inside the package, so every worker
+        may build it when the PS names it.
+    needs_body : bool
+        The name alone is not a spec (``torch`` needs ``torch:MODULE:ATTR``).
+    """
+
+    name: str
+    form: str
+    help: str
+    build: Callable[[str, str, int, int], Task]
+    source: Callable[[str], tuple[str, str | None]] | None = None
+    needs_body: bool = False
+
+
+_TASKS: dict[str, TaskSyntax] = {}
+
+#: The form of a user plug-in, which is no registered name.
+PLUGIN_FORM: Final = "MODULE:ATTR"
+
+
+def register_task(syntax: TaskSyntax) -> TaskSyntax:
+    """Add a task to the spec strings every ``--task`` accepts (an existing name is a
+    ConfigError)."""
+    if syntax.name in _TASKS:
+        raise ConfigError("task name", syntax.name, "a name not registered yet")
+    if not re.fullmatch(r"[A-Za-z_][\w-]*", syntax.name):
+        raise ConfigError("task name", syntax.name, "a word of letters, digits, _ and -")
+    _TASKS[syntax.name] = syntax
+    return syntax
+
+
+def task_names() -> tuple[str, ...]:
+    """The registered tasks' names, in registration order."""
+    return tuple(_TASKS)
+
+
+def task_syntax(name: str) -> TaskSyntax | None:
+    """The registry entry of ``name`` (None if none)."""
+    return _TASKS.get(name)
+
+
+def task_usage() -> str:
+    """``linreg[...] | logreg:... | ... | MODULE:ATTR``: every registered form, then the
+    plug-in's (the usage of ``--task``)."""
+    return " | ".join([*(s.form for s in _TASKS.values()), PLUGIN_FORM])
+
+
+def _known_names() -> str:
+    return "one of " + ", ".join(_TASKS) + f", or a plug-in {PLUGIN_FORM}"
+
+
+def _logreg_source(rest: str) -> tuple[str, str | None]:
+    path_text, _ = _split_logreg(rest)
+    if path_text in ("builtin", BREAST_CANCER):  # shipped inside the package
+        return "logreg-builtin", None
+    return "logreg-file", path_text
+
+
+def _plugin_source(rest: str) -> tuple[str, str | None]:
     return "plugin", None
+
+
+def _framework_builder(name: str) -> Callable[[str, str, int, int], Task]:
+    def build(rest: str, spec: str, n_chunks: int, seed: int) -> Task:
+        return _make_framework(name, rest.strip(), spec, n_chunks, seed)
+
+    return build
+
+
+def _linreg_builder(rest: str, spec: str, n_chunks: int, seed: int) -> Task:
+    return _make_linreg(rest, spec, n_chunks, seed)
+
+
+def _logreg_builder(rest: str, spec: str, n_chunks: int, seed: int) -> Task:
+    return _make_logreg(rest, spec, n_chunks, seed)
+
+
+register_task(TaskSyntax(
+    "linreg", "linreg[:samples=N,dim=D,noise=S]",
+    "least squares on synthetic data drawn from the seed, with a known optimum (the default)",
+    _linreg_builder))
+register_task(TaskSyntax(
+    "logreg", "logreg:PATH|builtin|breast-cancer[,label=COL,reg=L,bias=0|1,format=F]",
+    "binary logistic regression on a CSV / NPZ / LIBSVM file or a shipped data set",
+    _logreg_builder, source=_logreg_source, needs_body=True))
+register_task(TaskSyntax(
+    "torch", "torch:MODULE:ATTR[,optimizer=sgd|adam][,lr=F]",
+    "a PyTorch model, its own autodiff gradients and optimizer (extra aiogc[torch])",
+    _framework_builder("torch"), source=_plugin_source, needs_body=True))
+register_task(TaskSyntax(
+    "jax", "jax:MODULE:ATTR[,optimizer=sgd|adam][,lr=F]",
+    "a JAX model, its own autodiff gradients and optimizer (extra aiogc[jax])",
+    _framework_builder("jax"), source=_plugin_source, needs_body=True))
