@@ -155,4 +155,4 @@ register_scheme(SchemeSpec(
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    assignments=ASSIGNMENTS, orderings=ordering_names(static=True), live=False))
+    assignments=ASSIGNMENTS, orderings=ordering_names(static=True)))
