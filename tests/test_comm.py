@@ -47,7 +47,7 @@ def test_parse_bandwidth() -> None:
 
 
 def test_frame_bytes_are_the_wire_sizes() -> None:
-    # msgpack arrays: a 28-byte report, a 35-byte coded-vector head, a 25-byte streamed-chunk
+    # msgpack arrays: a 28-byte report, a 35-byte coded-vector head, a 34-byte streamed-chunk
     # head (small ints are one byte)
     assert frame_bytes(ChunkReport(epoch=1, round=7, count=2, t_worker=0.0, elapsed_s=0.0)) == 28
     v = CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8, compute_s=0.0,
@@ -55,8 +55,8 @@ def test_frame_bytes_are_the_wire_sizes() -> None:
     assert frame_bytes(v) == 35 + 8000
     sc = RunConfig(workers=4, delta=2, n_parts=2).build_scheme()
     fb = FrameBytes.of(sc, 1000, "float32")
-    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 25 + 4 * 1000)
-    chunk = ChunkGradient(epoch=1, round=1, chunk=3, compute_s=0.5,
+    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 34 + 4 * 1000)
+    chunk = ChunkGradient(epoch=1, round=1, chunk=3, compute_s=0.5, elapsed_s=0.75,
                           payload=np.zeros(1000, dtype=np.float32))
     assert frame_bytes(chunk) == fb.chunk_vector
     assert fb.round_start.tolist() == [26 + 9 * 2 + 8 * 1000] * 4
@@ -86,25 +86,25 @@ def test_fifo_links_by_hand() -> None:
 #
 # m = 4, delta = 2, cyclic, every chunk takes exactly 1 s, d = 1_250_000 float64, latency 0.
 # Frames: report 28 B, a full vector 10_000_035 B, an ell = 2 vector 5_000_035 B, a streamed
-# chunk 10_000_025 B.
+# chunk 10_000_034 B.
 # worker_up = 10 MB/s: a report takes 2.8 us, a full vector 1.0000035 s, half 0.5000035 s, a
-#   streamed chunk 1.0000025 s.
+#   streamed chunk 1.0000034 s.
 #   partial ell=1: every chunk covered at t = 1 (optimal orders start on distinct chunks);
 #     trigger 1 + 2.8e-6; every worker sends a full vector: end 2.0000063.
 #   partial ell=2: needs both chunks of every worker: trigger 2.0000028, end 2.5000063.
-#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000025.
+#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000034.
 # worker_up = 1 MB/s (ten times slower): ell=1 ends 1.000028 + 10.000035 = 11.000063,
 #   ell=2 2.000028 + 5.000035 = 7.000063: ell = 2 gains as bandwidth falls.
 # ps = 10 MB/s (shared ingress, workers unlimited): 4 reports queue (11.2 us per wave);
 #   ell=1: 1.0000112 + 4 x 1.0000035 = 5.0000252; ell=2: 2.0000112 + 4 x 0.5000035 =
-#   4.0000252; stream-chunks: 1 + 4 x 1.0000025 = 5.00001; original (Tandon, needs 3 of
+#   4.0000252; stream-chunks: 1 + 4 x 1.0000034 = 5.0000136; original (Tandon, needs 3 of
 #   4 full vectors sent at t = 2): 2 + 3 x 1.0000035 = 5.0000105.
 HAND = {
-    ("worker_up=10MB/s", 1): {"partial": 2.0000063, "stream-chunks": 2.0000025},
+    ("worker_up=10MB/s", 1): {"partial": 2.0000063, "stream-chunks": 2.0000034},
     ("worker_up=10MB/s", 2): {"partial": 2.5000063},
-    ("worker_up=1MB/s", 1): {"partial": 11.000063, "stream-chunks": 11.000025},
+    ("worker_up=1MB/s", 1): {"partial": 11.000063, "stream-chunks": 11.000034},
     ("worker_up=1MB/s", 2): {"partial": 7.000063},
-    ("ps=10MB/s", 1): {"partial": 5.0000252, "stream-chunks": 5.00001,
+    ("ps=10MB/s", 1): {"partial": 5.0000252, "stream-chunks": 5.0000136,
                        "original": 5.0000105},
     ("ps=10MB/s", 2): {"partial": 4.0000252},
 }
@@ -206,11 +206,11 @@ def test_protocol_engine_refuses_what_it_cannot_run() -> None:
 def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     """``aiogc simulate --bandwidth``: the hand-computed case through the CLI at d = 10**6
     (--dim's cap) and 8 MB/s, so a full vector (8_000_035 B) takes 1.000004375 s, half of one
-    0.500004375 s, a streamed chunk (8_000_025 B) 1.000003125 s and a report 3.5 us: partial
-    ell=1 ends 1.0000035 + 1.000004375, stream-chunks 1 + 1.000003125 in the first round; its
+    0.500004375 s, a streamed chunk (8_000_034 B) 1.00000425 s and a report 3.5 us: partial
+    ell=1 ends 1.0000035 + 1.000004375, stream-chunks 1 + 1.00000425 in the first round; its
     second chunks, handed over at 2 before that end, are sent and hold each uplink
-    1.000003125 s into the next round (the carry rule of every scheme), so the second round's
-    first chunks leave at 1.000003125 + 1.000003125: 2.00000625, mean 2.0000046875; on a
+    1.00000425 s into the next round (the carry rule of every scheme), so the second round's
+    first chunks leave at 1.00000425 + 1.00000425: 2.0000085, mean 2.000006375; on a
     shared 8 MB/s ingress partial ell=2 ends
     2 + 4 x 3.5e-6 + 4 x 0.500004375 = 4.0000315. (const delays: the CLI warns about ties,
     harmless here since every tied state decodes the same.)"""
@@ -231,7 +231,7 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
         out2 = json.loads(capsys.readouterr().out)
     means = {r["scheme"]: r["completion_mean"] for r in out["results"]}
     assert means["partial"] == pytest.approx(2.000007875, rel=1e-12)
-    assert means["stream-chunks"] == pytest.approx((2.000003125 + 2.00000625) / 2, rel=1e-12)
+    assert means["stream-chunks"] == pytest.approx((2.00000425 + 2.0000085) / 2, rel=1e-12)
     ups = {r["scheme"]: r["uploads_mean"] for r in out["results"]}
     # stream-chunks: the second chunks are handed to the uplinks at t = 2, before the round
     # ends at 2.000004375 (the workers cannot know it is over): 8 full vectors

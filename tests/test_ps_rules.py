@@ -155,7 +155,7 @@ def _frame(kind: str, rnd: int, rig: Rig) -> Message:
                                         state_digest=digest, compute_s=0.0,
                                         payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
         "chunk_gradient": ChunkGradient(epoch=0, round=max(rnd, 0), chunk=0, compute_s=0.0,
-                                        payload=np.zeros(rig.ps.dim)),
+                                        elapsed_s=0.0, payload=np.zeros(rig.ps.dim)),
         "ping": Ping(seq=7),
         "pong": Pong(seq=7),
         "bye": Bye(reason="done"),

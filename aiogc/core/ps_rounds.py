@@ -412,6 +412,7 @@ class RoundMachine(Endpoint):
             self._drop_workers([worker], reason, now)
             return
         rs.state[worker] = k + 1
+        rs.reports.append((now, worker, k + 1, msg.elapsed_s))
         rs.record.arrivals[worker] = now
         rs.record.compute_s[worker] = msg.compute_s
         if msg.chunk in rs.chunks:

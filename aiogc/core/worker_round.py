@@ -103,8 +103,9 @@ class WorkerRounds(Endpoint):
         self._deadline_list: list[float] = []
         self._net_delay = 0.0
         self._compute_s = 0.0
-        #: streaming schemes: chunk -> the scheduled compute time up to it, this round
-        self._chunk_compute: dict[int, float] = {}
+        #: streaming schemes: chunk -> (the scheduled compute time up to it, the time since
+        #: round_start when it was computed), this round
+        self._chunk_compute: dict[int, tuple[float, float]] = {}
         #: a streamed chunk's coefficients (the gradient itself), shape (1, 1), and its column
         self._unit = np.ones((1, 1))
         self._unit_coef = np.ones(1)
@@ -267,7 +268,7 @@ class WorkerRounds(Endpoint):
             compute_s += t - prev
             prev = t
             if streams:  # every chunk leaves as soon as it is computed
-                self._stream_chunk(k, compute_s)
+                self._stream_chunk(k, compute_s, now)
         self._compute_s = compute_s
         self._count = count
         if phase is not _W_COMPUTING:
@@ -285,13 +286,14 @@ class WorkerRounds(Endpoint):
         if count == load:
             self._after_all_computed(now)
 
-    def _stream_chunk(self, position: int, compute_s: float) -> None:
+    def _stream_chunk(self, position: int, compute_s: float, now: float) -> None:
         """Queue the :class:`EncodeVector` of one streamed chunk (its gradient alone, in the
         upload type): ``encode_done`` sends it as a ``chunk_gradient``."""
         assert self.setup is not None
         scheme = self._round_scheme if self._round_scheme is not None else self.setup.scheme
         chunk = self._order[position]
-        self._chunk_compute[chunk] = compute_s
+        t0 = self._t0
+        self._chunk_compute[chunk] = (compute_s, now - t0 if now > t0 else 0.0)
         self._work.append(new_encode_vector(
             self._round, 0, self.worker_id, (), b"", (self._grads[position],), scheme,
             self._unit, self._unit_coef, None, chunk))
@@ -344,8 +346,9 @@ class WorkerRounds(Endpoint):
                     self.phase is not _W_COMPUTING and self.phase is not _W_WAITING):
                 self.stats["stale_work"] += 1
                 return
-            self._emit(_new_chunk(self._epoch, item.round, item.chunk,
-                                  self._chunk_compute[item.chunk], vector), now)
+            compute_s, elapsed = self._chunk_compute[item.chunk]
+            self._emit(_new_chunk(self._epoch, item.round, item.chunk, compute_s, elapsed,
+                                  vector), now)
             if self.progress_events:
                 self._events.append(new_coded_sent(item.round, 0, 1, now))
             return

@@ -458,6 +458,7 @@ class CodedGradient(Message):
     round=_ROUND,
     chunk=_int(0, MAX_WORKERS - 1),
     compute_s=_float(0.0),
+    elapsed_s=_float(0.0),
     payload=_array,
 )
 @dataclass(frozen=True, slots=True, eq=False)
@@ -465,13 +466,16 @@ class ChunkGradient(Message):
     """Worker -> PS (streaming schemes): the gradient of chunk ``chunk``, sent as soon as it
     is computed, one frame per chunk in the worker's processing order.
 
-    ``compute_s`` is the worker's scheduled compute time up to and including this chunk.
+    ``compute_s`` is the worker's scheduled compute time up to and including this chunk, and
+    ``elapsed_s`` the time from the worker's receipt of ``round_start`` to the chunk's
+    completion (a :class:`ChunkReport`'s); the frame also reports the chunk's position.
     """
 
     epoch: int
     round: int
     chunk: int
     compute_s: float
+    elapsed_s: float
     payload: np.ndarray
 
 

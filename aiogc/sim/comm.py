@@ -126,7 +126,7 @@ class FrameBytes:
                                          compute_s=1.0, payload=np.zeros(1, dtype=dt)))
 
         chunk_head = frame_bytes(ChunkGradient(epoch=1, round=1, chunk=0, compute_s=1.0,
-                                               payload=np.zeros(1, dtype=dt)))
+                                               elapsed_s=1.0, payload=np.zeros(1, dtype=dt)))
         return cls(rs, rep, enc, int(head + dt.itemsize * (int(scheme.payload_len(d)) - 1)),
                    int(chunk_head + dt.itemsize * (d - 1)))
 
@@ -205,7 +205,7 @@ def engine_latency(comm: CommModel, latency: float, clock: Callable[[], float], 
     """
     if comm.ps_Bps is not None and not ingress:
         raise ConfigError("bandwidth.ps", comm.ps_Bps,
-                          "no shared PS ingress with the protocol engine yet (fast engine only)")
+                          "ingress=True, with the engine's shared ingress (engine_ingress)")
     free: dict[tuple[int, str], float] = {}
 
     def fn(worker: int, direction: str, msg: Any) -> float:
