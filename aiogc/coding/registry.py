@@ -137,7 +137,7 @@ class SchemeSpec:
         :meth:`SchemeBase.setup_bytes` (the assignment only).
     live : bool
         Whether the protocol core can run it (live runs, the protocol engine); False for a
-        scheme only the fast path models (``stream-chunks``: no multi-message upload yet).
+        scheme only the fast path models (none of the built-in schemes).
     assignment_refusals : tuple of (str, str)
         (assignment, why) pairs: a known construction this scheme refuses, and the reason
         the refusal names (``original`` and ``speed-aware``).
