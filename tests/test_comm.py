@@ -55,9 +55,11 @@ def test_frame_bytes_are_the_wire_sizes() -> None:
     assert frame_bytes(v) == 35 + 8000
     sc = RunConfig(workers=4, delta=2, n_parts=2).build_scheme()
     fb = FrameBytes.of(sc, 1000, "float32")
-    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 34 + 4 * 1000)
+    # a streamed chunk travels in the payload dtype, the model's (float64 here), never in a
+    # 16-bit upload type
+    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 34 + 8 * 1000)
     chunk = ChunkGradient(epoch=1, round=1, chunk=3, compute_s=0.5, elapsed_s=0.75,
-                          payload=np.zeros(1000, dtype=np.float32))
+                          payload=np.zeros(1000))
     assert frame_bytes(chunk) == fb.chunk_vector
     assert fb.round_start.tolist() == [26 + 9 * 2 + 8 * 1000] * 4
     # the extrapolation from one value equals the whole frames

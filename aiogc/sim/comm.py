@@ -89,8 +89,8 @@ class FrameBytes:
     vector : int
         A coded vector (``payload_len(dim)`` values of the payload dtype).
     chunk_vector : int
-        One chunk's gradient (``dim`` values of the payload dtype) in its ``chunk_gradient``
-        frame (streaming schemes).
+        One chunk's gradient (``dim`` values of ``model_dtype``, the payload dtype) in its
+        ``chunk_gradient`` frame (streaming schemes).
     """
 
     round_start: np.ndarray
@@ -125,10 +125,11 @@ class FrameBytes:
         head = frame_bytes(CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8,
                                          compute_s=1.0, payload=np.zeros(1, dtype=dt)))
 
+        # a streamed chunk travels in the payload dtype (never a 16-bit upload type)
         chunk_head = frame_bytes(ChunkGradient(epoch=1, round=1, chunk=0, compute_s=1.0,
-                                               elapsed_s=1.0, payload=np.zeros(1, dtype=dt)))
+                                               elapsed_s=1.0, payload=one))
         return cls(rs, rep, enc, int(head + dt.itemsize * (int(scheme.payload_len(d)) - 1)),
-                   int(chunk_head + dt.itemsize * (d - 1)))
+                   int(chunk_head + mdt.itemsize * (d - 1)))
 
 
 def link_exits(send: np.ndarray, nbytes: np.ndarray | float, rate: float | None) -> np.ndarray:
