@@ -206,3 +206,19 @@ def test_process_workers_stream(tmp_path: Path) -> None:
     recs = res.records["stream-chunks"]
     assert [r.status for r in recs] == ["exact"] * 2
     assert [r.state for r in recs] == _engines(cfg)[0]
+
+
+def test_a_streaming_workers_row_counts_its_frames() -> None:
+    """workers.csv: a streaming worker's chunks_done is its frames (reports), not its load,
+    and comm_s runs from its last chunk's computation to that frame's arrival."""
+    from aiogc.core import RoundRecord
+    from aiogc.harness.columns import is_trigger_scheme, worker_rows
+
+    rec = RoundRecord(round=0, scheme="stream-chunks", t_start=1.0, t_end=1.9, t_trigger=1.9,
+                      state=(1, 2), reports=[(1.3, 0, 1, 0.25), (1.5, 1, 1, 0.4),
+                                             (1.9, 1, 2, 0.8)],
+                      arrivals={0: 1.3, 1: 1.9}, compute_s={0: 0.25, 1: 0.75})
+    assert not is_trigger_scheme("stream-chunks")
+    rows = worker_rows("stream-chunks", rec, m=2, loads=[2, 2])
+    assert [r["chunks_done"] for r in rows] == [1, 2]
+    assert [r["comm_s"] for r in rows] == pytest.approx([0.05, 0.15])

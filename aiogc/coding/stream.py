@@ -157,7 +157,7 @@ def _build_stream(p: SchemeParams) -> StreamChunksScheme:
 
 
 register_scheme(SchemeSpec(
-    name="stream-chunks", build=_build_stream, sends_when_done=False,
+    name="stream-chunks", build=_build_stream, sends_when_done=False, uploads_per_chunk=True,
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
