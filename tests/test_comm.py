@@ -3,12 +3,15 @@ round times in the fast path, and trial-by-trial agreement with the protocol eng
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from aiogc.coding.registry import register_scheme, scheme_spec, unregister_scheme
 from aiogc.config import CommModel, RunConfig, parse_bandwidth
 from aiogc.errors import ConfigError
-from aiogc.protocol.messages import ChunkReport, CodedGradient
+from aiogc.protocol.messages import ChunkGradient, ChunkReport, CodedGradient
 from aiogc.sim.comm import (
     FrameBytes,
     frame_bytes,
@@ -44,14 +47,20 @@ def test_parse_bandwidth() -> None:
 
 
 def test_frame_bytes_are_the_wire_sizes() -> None:
-    # msgpack arrays: a 28-byte report, a 35-byte coded-vector head (small ints are one byte)
+    # msgpack arrays: a 28-byte report, a 35-byte coded-vector head, a 34-byte streamed-chunk
+    # head (small ints are one byte)
     assert frame_bytes(ChunkReport(epoch=1, round=7, count=2, t_worker=0.0, elapsed_s=0.0)) == 28
     v = CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8, compute_s=0.0,
                       payload=np.zeros(1000))
     assert frame_bytes(v) == 35 + 8000
     sc = RunConfig(workers=4, delta=2, n_parts=2).build_scheme()
     fb = FrameBytes.of(sc, 1000, "float32")
-    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 35 + 4 * 1000)
+    # a streamed chunk travels in the payload dtype, the model's (float64 here), never in a
+    # 16-bit upload type
+    assert (fb.report, fb.vector, fb.chunk_vector) == (28, 35 + 4 * 500, 34 + 8 * 1000)
+    chunk = ChunkGradient(epoch=1, round=1, chunk=3, compute_s=0.5, elapsed_s=0.75,
+                          payload=np.zeros(1000))
+    assert frame_bytes(chunk) == fb.chunk_vector
     assert fb.round_start.tolist() == [26 + 9 * 2 + 8 * 1000] * 4
     # the extrapolation from one value equals the whole frames
     from aiogc.protocol.messages import RoundStart
@@ -78,24 +87,26 @@ def test_fifo_links_by_hand() -> None:
 # ---- hand-computed rounds -------------------------------------------------------------------
 #
 # m = 4, delta = 2, cyclic, every chunk takes exactly 1 s, d = 1_250_000 float64, latency 0.
-# Frames: report 28 B, a full vector 10_000_035 B, an ell = 2 vector 5_000_035 B.
-# worker_up = 10 MB/s: a report takes 2.8 us, a full vector 1.0000035 s, half 0.5000035 s.
+# Frames: report 28 B, a full vector 10_000_035 B, an ell = 2 vector 5_000_035 B, a streamed
+# chunk 10_000_034 B.
+# worker_up = 10 MB/s: a report takes 2.8 us, a full vector 1.0000035 s, half 0.5000035 s, a
+#   streamed chunk 1.0000034 s.
 #   partial ell=1: every chunk covered at t = 1 (optimal orders start on distinct chunks);
 #     trigger 1 + 2.8e-6; every worker sends a full vector: end 2.0000063.
 #   partial ell=2: needs both chunks of every worker: trigger 2.0000028, end 2.5000063.
-#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000035.
+#   stream-chunks: first chunks cover everything, streamed at t = 1: end 2.0000034.
 # worker_up = 1 MB/s (ten times slower): ell=1 ends 1.000028 + 10.000035 = 11.000063,
 #   ell=2 2.000028 + 5.000035 = 7.000063: ell = 2 gains as bandwidth falls.
 # ps = 10 MB/s (shared ingress, workers unlimited): 4 reports queue (11.2 us per wave);
 #   ell=1: 1.0000112 + 4 x 1.0000035 = 5.0000252; ell=2: 2.0000112 + 4 x 0.5000035 =
-#   4.0000252; stream-chunks: 1 + 4 x 1.0000035 = 5.000014; original (Tandon, needs 3 of
+#   4.0000252; stream-chunks: 1 + 4 x 1.0000034 = 5.0000136; original (Tandon, needs 3 of
 #   4 full vectors sent at t = 2): 2 + 3 x 1.0000035 = 5.0000105.
 HAND = {
-    ("worker_up=10MB/s", 1): {"partial": 2.0000063, "stream-chunks": 2.0000035},
+    ("worker_up=10MB/s", 1): {"partial": 2.0000063, "stream-chunks": 2.0000034},
     ("worker_up=10MB/s", 2): {"partial": 2.5000063},
-    ("worker_up=1MB/s", 1): {"partial": 11.000063, "stream-chunks": 11.000035},
+    ("worker_up=1MB/s", 1): {"partial": 11.000063, "stream-chunks": 11.000034},
     ("worker_up=1MB/s", 2): {"partial": 7.000063},
-    ("ps=10MB/s", 1): {"partial": 5.0000252, "stream-chunks": 5.000014,
+    ("ps=10MB/s", 1): {"partial": 5.0000252, "stream-chunks": 5.0000136,
                        "original": 5.0000105},
     ("ps=10MB/s", 2): {"partial": 4.0000252},
 }
@@ -165,20 +176,44 @@ def test_protocol_engine_agrees_trial_by_trial(bw: str, mode: str, latency: floa
             np.testing.assert_allclose(ra["mse"], mse, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("bw", [bw for (bw, ell), want in HAND.items() if "stream-chunks" in want])
+def test_hand_computed_stream_chunks_in_the_protocol_engine(bw: str) -> None:
+    """The protocol engine's chunk_gradient frames cross the same links: the hand values."""
+    cfg = RunConfig(workers=4, delta=2, rounds=1, delay="const:1.0", seed=0)
+    recs = simulate_protocol(cfg, ["stream-chunks"], comm=parse_bandwidth(bw), dim=1_250_000,
+                             gradients="gaussian")["stream-chunks"]
+    t = record_arrays(recs, mode="exact")["completion_s"][0]
+    assert t == pytest.approx(HAND[(bw, 1)]["stream-chunks"], rel=1e-12, abs=1e-12)
+    assert recs[0].status == "exact"
+
+
+def _not_live() -> str:
+    """A copy of ``uncoded`` registered as a scheme the protocol core cannot run."""
+    spec = replace(scheme_spec("uncoded"), name="uncoded-fast-only", live=False)
+    register_scheme(spec)
+    return spec.name
+
+
 def test_protocol_engine_refuses_what_it_cannot_run() -> None:
-    cfg = RunConfig(workers=4, delta=2, rounds=2)
-    with pytest.raises(ConfigError, match="stream-chunks streams one frame per chunk"):
-        simulate_protocol(cfg, ["stream-chunks"])
+    name = _not_live()
+    try:
+        cfg = RunConfig(workers=4, delta=2, rounds=2)
+        built = {name: cfg.for_scheme("uncoded").build_scheme()}
+        with pytest.raises(ConfigError, match="schemes the protocol core can run"):
+            simulate_protocol(cfg, [name], built=built)
+    finally:
+        unregister_scheme(name)
 
 
 def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     """``aiogc simulate --bandwidth``: the hand-computed case through the CLI at d = 10**6
     (--dim's cap) and 8 MB/s, so a full vector (8_000_035 B) takes 1.000004375 s, half of one
-    0.500004375 s and a report 3.5 us: partial ell=1 ends 1.0000035 + 1.000004375,
-    stream-chunks 1 + 1.000004375 in the first round; its second chunks, handed over at 2
-    before that end, are sent and hold each uplink 1.000004375 s into the next round (the carry
-    rule of every scheme), so the second round's first chunks leave at 1.000004375 +
-    1.000004375: 2.00000875, mean 2.0000065625; on a shared 8 MB/s ingress partial ell=2 ends
+    0.500004375 s, a streamed chunk (8_000_034 B) 1.00000425 s and a report 3.5 us: partial
+    ell=1 ends 1.0000035 + 1.000004375, stream-chunks 1 + 1.00000425 in the first round; its
+    second chunks, handed over at 2 before that end, are sent and hold each uplink
+    1.00000425 s into the next round (the carry rule of every scheme), so the second round's
+    first chunks leave at 1.00000425 + 1.00000425: 2.0000085, mean 2.000006375; on a
+    shared 8 MB/s ingress partial ell=2 ends
     2 + 4 x 3.5e-6 + 4 x 0.500004375 = 4.0000315. (const delays: the CLI warns about ties,
     harmless here since every tied state decodes the same.)"""
     import json
@@ -198,7 +233,7 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
         out2 = json.loads(capsys.readouterr().out)
     means = {r["scheme"]: r["completion_mean"] for r in out["results"]}
     assert means["partial"] == pytest.approx(2.000007875, rel=1e-12)
-    assert means["stream-chunks"] == pytest.approx((2.000004375 + 2.00000875) / 2, rel=1e-12)
+    assert means["stream-chunks"] == pytest.approx((2.00000425 + 2.0000085) / 2, rel=1e-12)
     ups = {r["scheme"]: r["uploads_mean"] for r in out["results"]}
     # stream-chunks: the second chunks are handed to the uplinks at t = 2, before the round
     # ends at 2.000004375 (the workers cannot know it is over): 8 full vectors
@@ -209,9 +244,14 @@ def test_cli_simulate_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--bandwidth: '10Mb/s' is invalid" in capsys.readouterr().err
 
 
-def test_live_commands_refuse_stream_chunks(capsys: pytest.CaptureFixture[str]) -> None:
+def test_live_commands_refuse_a_scheme_the_core_cannot_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
     from aiogc.cli import main
 
-    assert main(["run", "--schemes", "partial,stream-chunks", "--rounds", "1"]) == 2
+    name = _not_live()
+    try:
+        assert main(["run", "--schemes", f"partial,{name}", "--rounds", "1"]) == 2
+    finally:
+        unregister_scheme(name)
     err = capsys.readouterr().err
-    assert "stream-chunks" in err and "aiogc simulate --engine fast" in err
+    assert name in err and "aiogc simulate --engine fast" in err

@@ -101,7 +101,7 @@ def test_engine_agrees_trial_by_trial_when_vectors_carry(bw: str, mode: str,
     cfg = RunConfig(workers=8, delta=3, rounds=25, delay="exp:0.02", seed=seed, mode=mode,
                     deadline_s=deadline)
     comm = parse_bandwidth(bw)
-    names = ["partial", "original", "uncoded", "ignore-stragglers"]
+    names = ["partial", "original", "uncoded", "ignore-stragglers", "stream-chunks"]
     sched = materialise(cfg.delay, cfg.latency, rounds=cfg.rounds, m=8, max_chunks=3,
                         seed=seed)
     f = simulate_fast(cfg, names, schedule=sched, comm=comm, dim=dim, latency=latency)

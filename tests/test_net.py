@@ -72,6 +72,7 @@ SCHEMES = [
     pytest.param(dict(scheme="original", n_parts=2, delta=3), id="original-l2-d3"),
     pytest.param(dict(scheme="uncoded", delta=1), id="uncoded"),
     pytest.param(dict(scheme="ignore-stragglers", k=4), id="ignore-stragglers"),
+    pytest.param(dict(scheme="stream-chunks"), id="stream-chunks"),
 ]
 
 

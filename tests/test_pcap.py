@@ -45,6 +45,7 @@ from aiogc.protocol.hostmux import (
 from aiogc.protocol.messages import (
     Bye,
     Challenge,
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -174,6 +175,8 @@ def _every_kind() -> list[tuple[bool, Any]]:
         (True, Resume(epoch=3, round=0, attempt=1)),
         (False, CodedGradient(epoch=3, round=0, attempt=1, state_digest=state_digest([1, 2]),
                               compute_s=0.75, payload=model.astype(np.float32))),
+        (False, ChunkGradient(epoch=3, round=0, chunk=2, compute_s=0.5, elapsed_s=0.625,
+                              payload=model)),
         (True, RoundEnd(epoch=3, round=0, status="exact")),
         (False, Ping(seq=9)),
         (True, Pong(seq=9)),
@@ -187,7 +190,7 @@ def _every_kind() -> list[tuple[bool, Any]]:
 
 @pytest.mark.parametrize("tagged", [False, True])
 def test_dissector_names_every_kind(tmp_path: Path, tagged: bool) -> None:
-    """All 15 kinds, every compact layout and msgpack map, with and without frame tags
+    """Every kind, every compact layout and msgpack map, with and without frame tags
     (after the handshake, as §2.1 says); big frames split over several TCP segments."""
     msgs = _every_kind()
     path = tmp_path / "all.pcap"
@@ -212,7 +215,7 @@ def test_dissector_names_every_kind(tmp_path: Path, tagged: bool) -> None:
 #: What a worker sends unprompted: a capture may hold some that the PS read but did not decode
 #: (in flight when it closed the session after its last round: §2.3's lingering close reads
 #: and discards, a host's closed slot drops them), which events.jsonl therefore lacks.
-_UNPROMPTED = {"chunk_report", "coded_gradient"}
+_UNPROMPTED = {"chunk_report", "coded_gradient", "chunk_gradient"}
 
 
 def _pdus(pcap: Path) -> list[tuple[int, int, str]]:
@@ -667,7 +670,7 @@ def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
     from aiogc.harness.options import RunOptions
     from aiogc.protocol.headers import DTYPE_CODES
 
-    schemes = ["partial", "original", "uncoded", "ignore-stragglers"]
+    schemes = ["partial", "original", "uncoded", "ignore-stragglers", "stream-chunks"]
     cfg = RunConfig(workers=4, delta=2, rounds=2, seed=1, task="linreg:samples=200,dim=8",
                     delay="const:0.12", heartbeat_s=0.03)
     pcap = tmp_path / "plain.pcap"
@@ -687,8 +690,8 @@ def test_live_capture_decodes_with_plain_msgpack(tmp_path: Path) -> None:
                 assert len(arr) % dtype.itemsize == 0
                 assert np.isfinite(np.frombuffer(arr, dtype)).all()
     assert {"challenge", "hello", "welcome", "ready", "round_start", "chunk_report",
-            "encode_and_transmit", "coded_gradient", "ping", "pong", "shutdown",
-            "preamble", "control"} <= set(seen), seen
+            "encode_and_transmit", "coded_gradient", "chunk_gradient", "ping", "pong",
+            "shutdown", "preamble", "control"} <= set(seen), seen
     events = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").open())
               if e["direction"] == "out"]
     assert from_ps == collections.Counter(e["kind"] for e in events)

@@ -26,6 +26,7 @@ from aiogc.protocol.messages import (
     PROTOCOL_VERSION,
     Bye,
     Challenge,
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -121,6 +122,10 @@ def vector_messages() -> list[tuple[str, Message]]:
         ("coded_gradient(epoch=7, round=0, attempt=0, state_digest=3fce36a7ffcfc9ba, "
          "compute_s=0.5, payload=[1.0, -2.0] as <f4)",
          CodedGradient(epoch=7, round=0, attempt=0, state_digest=_DIGEST, compute_s=0.5,
+                       payload=np.array([1.0, -2.0], dtype="<f4"))),
+        ("chunk_gradient(epoch=7, round=2, chunk=4, compute_s=0.75, elapsed_s=1.5, "
+         "payload=[1.0, -2.0] as <f4)",
+         ChunkGradient(epoch=7, round=2, chunk=4, compute_s=0.75, elapsed_s=1.5,
                        payload=np.array([1.0, -2.0], dtype="<f4"))),
         ("round_end(epoch=7, round=2, status=\"exact\")",
          RoundEnd(epoch=7, round=2, status="exact")),

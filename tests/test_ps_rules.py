@@ -28,6 +28,7 @@ from aiogc.errors import LocalProtocolError
 from aiogc.protocol.messages import (
     WORKER_TO_PS,
     Bye,
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     Error,
@@ -153,6 +154,8 @@ def _frame(kind: str, rnd: int, rig: Rig) -> Message:
         "coded_gradient": CodedGradient(epoch=0, round=max(rnd, 0), attempt=0,
                                         state_digest=digest, compute_s=0.0,
                                         payload=np.zeros(rig.ps.scheme.payload_len(rig.ps.dim))),
+        "chunk_gradient": ChunkGradient(epoch=0, round=max(rnd, 0), chunk=0, compute_s=0.0,
+                                        elapsed_s=0.0, payload=np.zeros(rig.ps.dim)),
         "ping": Ping(seq=7),
         "pong": Pong(seq=7),
         "bye": Bye(reason="done"),
@@ -197,6 +200,8 @@ def test_each_phase_and_kind_does_what_the_table_says(phase: PSPhase) -> None:
         elif name == "report":
             assert closed == "open" and not any(k.startswith("stale_round") for k in delta)
             assert ps._round is not None and ps._round.state[1] >= 1, where
+        elif name == "chunk":  # the rig runs partial, which streams nothing
+            assert closed == "closed:bad_kind", where
         else:
             assert name == "coded", where
             assert closed == "open" and not any(k.startswith("stale_round") for k in delta)

@@ -148,6 +148,29 @@ def test_cli_ray_backend_matches_local_run(local_ray: Path, tmp_path: Path) -> N
         assert r["loop"] == "uvloop"  # --loop's default, which is also Ray's
 
 
+def test_ray_backend_streams_chunks_like_a_local_run(local_ray: Path, tmp_path: Path) -> None:
+    """stream-chunks through the Ray backend: its workers send chunk_gradient frames and no
+    coded vector, and on a schedule whose end states do not depend on timing the rounds'
+    decisions and numerics equal a local run's bit for bit."""
+    m, k, rounds = 4, 2, 2
+    delays = tmp_path / "delays_in.csv"
+    pinned_trigger_schedule(RunConfig(workers=m, delta=k, rounds=rounds, seed=3,
+                                      scheme="stream-chunks")).to_csv(delays)
+    common = ["--workers", str(m), "--delta", str(k), "--rounds", str(rounds),
+              "--schemes", "stream-chunks", "--delay", f"replay:{delays}", "--seed", "3",
+              "--task", "linreg:samples=120,dim=6", "--no-plots", "--no-progress"]
+    out, local = tmp_path / "ray", tmp_path / "local"
+    assert main(["run", "--backend", "ray", "--out", str(out), *common]) == 0
+    assert main(["run", "--as", "coroutines", "--out", str(local), *common]) == 0
+    rows = decision_rows(out)
+    assert [r["status"] for r in rows] == ["exact"] * rounds
+    assert rows == decision_rows(local)
+    kinds = frame_kinds(out)
+    assert "chunk_gradient" in kinds
+    assert not kinds & {"coded_gradient", "chunk_report", "encode_and_transmit"}
+    assert all_placement_groups_removed()
+
+
 def test_ray_backend_run_with_bandwidth_is_shaped(local_ray: Path, tmp_path: Path) -> None:
     """`aiogc run --backend ray --bandwidth worker=20KB/s,ps=20KB/s --time-scale 10`, 4 workers
     x 4 rounds of partial: the actors shape their links as a loopback run does. The run's own

@@ -21,7 +21,7 @@ from aiogc.sim.fast import build_schemes, schedule_for, simulate_fast
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 from tests.helpers import finish_times, partial_trigger_offset
 
-SCHEMES = ["partial", "original", "uncoded", "ignore-stragglers"]
+SCHEMES = ["partial", "original", "uncoded", "ignore-stragglers", "stream-chunks"]
 
 
 def _cfg(**kw: object) -> RunConfig:

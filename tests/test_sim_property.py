@@ -26,7 +26,7 @@ from aiogc.sim.engine import SimNetwork
 from aiogc.sim.fast import arrival_times, build_schemes, schedule_for, simulate_fast, tie_fraction
 from aiogc.sim.protocol import record_arrays, simulate_protocol
 
-SCHEMES = ["partial", "original", "uncoded", "ignore-stragglers"]
+SCHEMES = ["partial", "original", "uncoded", "ignore-stragglers", "stream-chunks"]
 
 DELAYS = [
     "exp:1.0",

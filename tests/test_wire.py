@@ -32,6 +32,7 @@ from aiogc.protocol.messages import (
     MAX_INT,
     MAX_WORKERS,
     PROTOCOL_VERSION,
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -59,6 +60,7 @@ _FIELD_STRATEGIES: dict[str, Any] = {
     "attempt": st.integers(0, MAX_INT),
     "seq": st.integers(0, MAX_INT),
     "worker": st.integers(0, MAX_WORKERS - 1),
+    "chunk": st.integers(0, MAX_WORKERS - 1),
     "count": st.integers(0, MAX_WORKERS),
     "t_worker": _small_float,
     "elapsed_s": _small_float,
@@ -552,7 +554,7 @@ def test_float_fields_accept_int_but_not_bool() -> None:
 
 def test_unknown_kind_and_versions() -> None:
     ping = encode_frame_bytes(Ping(seq=1))
-    for code in (0, 16, 99, 255):
+    for code in (0, 17, 99, 255):
         err = rejects(raw_frame(bytes([0x93, V, code]) + ping[7:]), "unknown_kind")
         assert str(code) in str(err)
     for version in (V + 1, 2, 1, 0, 255):
@@ -571,8 +573,27 @@ def test_kind_codes_are_fixed() -> None:
     assert KIND_CODES == {
         "challenge": 1, "hello": 2, "welcome": 3, "ready": 4, "round_start": 5,
         "chunk_report": 6, "encode_and_transmit": 7, "coded_gradient": 8, "resume": 9,
-        "round_end": 10, "bye": 11, "error": 12, "shutdown": 13, "ping": 14, "pong": 15}
+        "round_end": 10, "bye": 11, "error": 12, "shutdown": 13, "ping": 14, "pong": 15,
+        "chunk_gradient": 16}
     assert PROTOCOL_VERSION == 5
+
+
+def test_chunk_gradient_carries_full_payloads_only() -> None:
+    """A streamed chunk travels in the payload dtype: a 16-bit one is refused even where
+    coded_gradient may carry it, and one chunk index outside the range is a bad field."""
+    half = FrameLimits(1 << 20, 1 << 20, half_payloads=True)
+    ok = ChunkGradient(epoch=1, round=2, chunk=5, compute_s=0.5, elapsed_s=0.75,
+                       payload=np.arange(3.0))
+    assert same(decode_frame_bytes(encode_frame_bytes(ok), half), ok)
+    raw = bytearray(encode_frame_bytes(ok))
+    at = raw.index(bytes([8, 0xC6]))  # the dtype code before the payload's bin32
+    raw[at] = 2
+    raw[at + 2:at + 6] = (12).to_bytes(4, "big")  # the same bytes as 6 float16 values
+    err = rejects(bytes(raw), "bad_dtype", limits=half)
+    assert "chunk_gradient.dtype" in str(err)
+    with pytest.raises(MalformedFrame, match="chunk"):
+        ChunkGradient(epoch=1, round=2, chunk=MAX_WORKERS, compute_s=0.5, elapsed_s=0.75,
+                      payload=np.arange(3.0))
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 5, 16, 255, 0x82])

@@ -44,7 +44,7 @@ def _value(rng: np.random.Generator, name: str) -> Any:
         return rng.bytes(int(r(0, MAX_BLOB + 1)))
     if name in ("epoch", "round", "attempt", "seq"):
         return int(r(0, 2**53)) if rng.random() < 0.2 else int(r(0, 100))
-    if name == "worker":
+    if name in ("worker", "chunk"):
         return int(r(0, MAX_WORKERS))
     if name == "count":
         return int(r(0, 64))

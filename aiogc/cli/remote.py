@@ -59,7 +59,7 @@ def _ps_event_handler(scheme_name: str, scheme: Scheme, recorder: Any,
     from aiogc.harness.kit import round_line
 
     loads = tuple(int(x) for x in scheme.loads)
-    trigger = not scheme.sends_when_done
+    trigger = not (scheme.sends_when_done or scheme.uploads_per_chunk)
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, RoundCompleted):

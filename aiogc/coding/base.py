@@ -344,7 +344,7 @@ class SchemeBase:
     sends_when_done: bool = True
     #: Workers upload every finished chunk's gradient as its own frame (streaming schemes):
     #: ``arrivals[r, j, k]`` is then that vector's arrival and the round ends at the trigger.
-    #: The fast path models it; the protocol core has no multi-message upload yet.
+    #: The cores run it with the ``StreamWhenDone`` round policy (``chunk_gradient`` frames).
     uploads_per_chunk: bool = False
 
     # ---- capabilities (defaults) ---------------------------------------------------------

@@ -109,7 +109,8 @@ class SchemeSpec:
         Constructor; may raise :class:`~aiogc.errors.CodingError` (reported as a ConfigError).
     sends_when_done : bool
         True: a worker sends one vector after finishing all its chunks. False: the PS triggers
-        encoding from the reported progress (``encode_and_transmit``).
+        encoding from the reported progress (``encode_and_transmit``), or (``uploads_per_chunk``)
+        the workers stream their chunks.
     waiting : str
         The waiting rule in words (CLI help, docs); the rule itself is the built scheme's
         ``is_decodable`` / ``decode_times``.
@@ -135,9 +136,12 @@ class SchemeSpec:
         The setup memory model (usually the scheme class's static ``setup_bytes``), checked
         against :data:`SETUP_MEMORY_BUDGET` before anything is built; default
         :meth:`SchemeBase.setup_bytes` (the assignment only).
+    uploads_per_chunk : bool
+        A worker sends every computed chunk's gradient as its own frame (``chunk_gradient``),
+        unprompted; the built scheme's attribute of the same name.
     live : bool
         Whether the protocol core can run it (live runs, the protocol engine); False for a
-        scheme only the fast path models (``stream-chunks``: no multi-message upload yet).
+        scheme only the fast path models (none of the built-in schemes).
     assignment_refusals : tuple of (str, str)
         (assignment, why) pairs: a known construction this scheme refuses, and the reason
         the refusal names (``original`` and ``speed-aware``).
@@ -157,6 +161,7 @@ class SchemeSpec:
     min_redundancy: int = 0
     min_finished: Callable[[SchemeParams], int] = lambda p: p.m - (p.delta - p.n_parts)
     setup_bytes: Callable[[int, int, int], int] = SchemeBase.setup_bytes
+    uploads_per_chunk: bool = False
     live: bool = True
     assignment_refusals: tuple[tuple[str, str], ...] = ()
 
@@ -415,8 +420,10 @@ def make_scheme(
         scheme = spec.build(p)
     except CodingError as exc:
         raise ConfigError(name, {"m": m, "delta": delta, "n_parts": n_parts}, str(exc)) from exc
-    if scheme.sends_when_done != spec.sends_when_done or scheme.name != name:
+    if (scheme.sends_when_done != spec.sends_when_done or scheme.name != name
+            or scheme.uploads_per_chunk != spec.uploads_per_chunk):
         raise ConfigError("scheme", name,
                           f"a constructor returning a scheme named {name!r} with "
-                          f"sends_when_done={spec.sends_when_done}")
+                          f"sends_when_done={spec.sends_when_done} and "
+                          f"uploads_per_chunk={spec.uploads_per_chunk}")
     return scheme

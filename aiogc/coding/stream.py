@@ -8,16 +8,17 @@ trigger, trial by trial). The PS completes as soon as every chunk has arrived fr
 holder; the decode is exact (the sum of one copy of every chunk). The price is traffic: up to
 ``delta`` uploads of ``d`` values per worker, against one upload of ``d / ell`` for partial.
 
-Where it runs. The fast path (:mod:`aiogc.sim.fast`) models the streaming exactly:
-:attr:`uploads_per_chunk` tells it that ``arrivals[r, j, k]`` is the arrival of worker ``j``'s
-``k``-th chunk vector (a full coded-vector frame of ``d`` values, sized by the wire codec under
-a communication model) and that the round ends at the trigger. The protocol core has no
-multi-message upload (one coded vector per worker and round attempt), so the protocol engine
-and live runs refuse it (see docs/protocol.md). For the core's interface the scheme still
-defines a one-shot form: at a state ``c`` every chunk is *designated* to its first covering
-holder (lowest worker index), worker ``j`` sends the sum of its designated chunks, and the PS
-adds the vectors; that is the same estimate the streamed chunks give at ``c`` (what the fast
-path's MSE uses) and is checked against brute force in ``tests/test_stream.py``.
+Where it runs: everywhere. :attr:`uploads_per_chunk` makes the cores run it with the
+:class:`~aiogc.core.round_policy.StreamWhenDone` policy: a worker sends each chunk's gradient
+as a ``chunk_gradient`` frame as soon as it is computed, and the PS keeps the first copy of
+every chunk and decodes once every chunk arrived (docs/protocol.md §1.5), in the protocol
+engine and live. The fast path (:mod:`aiogc.sim.fast`) models the same: ``arrivals[r, j, k]``
+is the arrival of worker ``j``'s ``k``-th chunk frame (``d`` values, sized by the wire codec
+under a communication model) and the round ends at the trigger. The decode uses the scheme's
+one-shot form: at a state ``c`` every chunk is *designated* to its first covering holder
+(lowest worker index), worker ``j``'s row is the sum of its designated chunks, and the PS adds
+the rows; with the kept copies in those rows that is the sum of one copy of every chunk (what
+the fast path's MSE uses, checked against brute force in ``tests/test_stream.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiogc.coding.assignments import validate_assignment
 from aiogc.coding.base import DecodeResult, SchemeBase, combine
 from aiogc.coding.ordering_registry import build_orders, ordering_names
 from aiogc.coding.orderings import q_max
+from aiogc.coding.partial import CoverageTracker
 from aiogc.coding.registry import (
     ASSIGNMENTS,
     SchemeParams,
@@ -87,6 +89,10 @@ class StreamChunksScheme(SchemeBase):
             return np.zeros(a.shape[0])
         first = np.minimum.reduceat(per_edge, self._chunk_starts, axis=1)  # (R, N)
         return np.asarray(first.max(axis=1))
+
+    def progress_tracker(self) -> CoverageTracker:
+        """Incremental form of :meth:`is_decodable`: partial's coverage counters at ell = 1."""
+        return CoverageTracker([o.tolist() for o in self.orders], self.n_chunks, 1)
 
     def q_max(self) -> int:
         """Worst-case chunk computations before every chunk is covered (partial at ell = 1)."""
@@ -151,8 +157,8 @@ def _build_stream(p: SchemeParams) -> StreamChunksScheme:
 
 
 register_scheme(SchemeSpec(
-    name="stream-chunks", build=_build_stream, sends_when_done=False,
+    name="stream-chunks", build=_build_stream, sends_when_done=False, uploads_per_chunk=True,
     waiting="every chunk's gradient arrived from some holder (streamed as each finishes)",
     exactness="exact once every chunk arrived; the covered chunks' sum before",
     decoder="sum of one streamed copy of every chunk", forced_n_parts=1,
-    assignments=ASSIGNMENTS, orderings=ordering_names(static=True), live=False))
+    assignments=ASSIGNMENTS, orderings=ordering_names(static=True)))

@@ -384,6 +384,10 @@ class EncodeVector(NamedTuple):
     send-when-done scheme's fixed (load, ell) coefficients, ``coef`` their one column when
     ell = 1), else ``fast`` (the scheme's trusted encoder), else ``scheme.encode``. The driver
     does the numbers and the upload type (``aiogc.training.encode``).
+
+    A streaming scheme's item is one chunk (``chunk``, its index; -1 for a coded vector):
+    ``grads`` holds that chunk's gradient alone and ``theta`` is ``[[1]]``, so the vector is
+    the gradient in the upload type.
     """
 
     round: int
@@ -396,6 +400,7 @@ class EncodeVector(NamedTuple):
     theta: np.ndarray | None
     coef: np.ndarray | None
     fast: TrustedEncoder | None
+    chunk: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +451,8 @@ class ConnectionFailed(Event):
 new_outgoing = fast_new(Outgoing)
 #: ``new_compute_chunks(round, first, chunks, model)``
 new_compute_chunks = fast_new(ComputeChunks)
-#: ``new_encode_vector(round, attempt, worker, state, digest, grads, scheme, theta, coef, fast)``
+#: ``new_encode_vector(round, attempt, worker, state, digest, grads, scheme, theta, coef, fast,
+#: chunk)``
 new_encode_vector = fast_new(EncodeVector)
 #: ``new_chunk_computed(round, position, chunk, time, compute_s)``
 new_chunk_computed = fast_new(ChunkComputed)

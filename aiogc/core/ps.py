@@ -10,7 +10,9 @@ Invariants
 * The state vector ``state`` only grows within an attempt (reports are monotone); a dropped
   worker's entry is zeroed and its later reports are ignored until the round ends.
 * A coded vector is decoded only if it matches (epoch, round, attempt, state digest) of the
-  current broadcast; everything older is counted and dropped, never decoded.
+  current broadcast; everything older is counted and dropped, never decoded. A streamed chunk
+  (``chunk_gradient``) counts only as its worker's next chunk in the round's order, and only
+  the first copy of each chunk is decoded.
 * The PS does no application work (:mod:`aiogc.core.ps_work`): when a round's last vector
   arrives it records ``t_end``, enters DECODING and hands its driver a ``DecodeRound``; the
   driver runs it (``aiogc.training.aggregator``) and answers with :meth:`work_done` at a

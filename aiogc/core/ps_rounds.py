@@ -39,6 +39,7 @@ from aiogc.core.round_policy import RoundPolicy
 from aiogc.errors import LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.auth import SessionKeys
 from aiogc.protocol.messages import (
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -89,6 +90,8 @@ class _RoundState:
     digest: bytes = b""
     expected: set[int] = field(default_factory=set)  # workers whose vector we wait for
     received: dict[int, CodedGradient] = field(default_factory=dict)  # accepted vectors
+    #: streaming schemes: chunk -> the first frame that carried it (later copies dropped)
+    chunks: dict[int, ChunkGradient] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
     collect_deadline: float | None = None
     #: t_start + round_timeout_s, and t_start + deadline_s in approx mode (inf if none):
@@ -121,7 +124,7 @@ class RoundSetup:
     policy: RoundPolicy
     #: ``screen(msg) -> (reason, detail) | None``: why a coded vector cannot be used (the
     #: aggregator side's check, ``CodedRows.screen``); None accepts every vector
-    screen: Callable[[CodedGradient], tuple[str, str] | None] | None = None
+    screen: Callable[[CodedGradient | ChunkGradient], tuple[str, str] | None] | None = None
 
 
 #: The drop reason of a worker lost while the PS caught up with its own stall.
@@ -380,6 +383,44 @@ class RoundMachine(Endpoint):
             return
         self._accept_coded(rs, worker, msg, now)
 
+    @handles("chunk_gradient", IN_ROUND, otherwise="stale")
+    def _on_chunk(self, worker: int, peer: Hashable, msg: ChunkGradient, now: float) -> None:
+        """A streamed chunk: the worker's next chunk in its order; the first copy is kept."""
+        rs = self._round
+        assert rs is not None  # RULES: only in COMPUTING and COLLECTING
+        if not self._policy.streams:
+            raise RemoteProtocolError("chunk_gradient in a run that does not stream",
+                                      code="bad_kind")
+        if msg.round != rs.round or msg.epoch != self.epoch:
+            rs = self._current(msg.epoch, msg.round, "chunk_gradient")  # counts, or raises
+            if rs is None:
+                return
+        if worker in rs.excluded:
+            self.stats["chunk_from_excluded"] += 1
+            return
+        k = rs.state[worker]
+        order = self._round_scheme.orders[worker]
+        if k >= len(order) or msg.chunk != order[k]:
+            raise RemoteProtocolError(
+                f"chunk {msg.chunk} is not worker {worker}'s next chunk (position {k})",
+                code="bad_chunk")
+        problem = self._screen(msg) if self._screen is not None else None
+        if problem is not None:
+            reason, detail = problem
+            self.stats[reason] += 1
+            rs.record.dropped[worker] = f"{reason}: {detail}"
+            self._drop_workers([worker], reason, now)
+            return
+        rs.state[worker] = k + 1
+        rs.reports.append((now, worker, k + 1, msg.elapsed_s))
+        rs.record.arrivals[worker] = now
+        rs.record.compute_s[worker] = msg.compute_s
+        if msg.chunk in rs.chunks:
+            self.stats["duplicate_chunk"] += 1
+            return
+        rs.chunks[msg.chunk] = msg
+        self._policy.chunk_accepted(self, rs, now)
+
     def _awaited(self, rs: _RoundState, worker: int, msg: CodedGradient) -> bool:
         """Is this a vector we are waiting for? (stale ones are dropped whatever they hold)"""
         if worker in rs.excluded or worker in rs.received:
@@ -506,7 +547,10 @@ class RoundMachine(Endpoint):
         if self.config.mode != "exact":
             return False
         alive = (set(range(self.m)) - rs.excluded) | set(rs.received)
-        return not self.scheme.is_decodable(self._finished_state(alive))
+        state = self._finished_state(alive)
+        if self._policy.streams:  # the chunks a dropped worker streamed still count
+            state = np.maximum(state, rs.state)
+        return not self.scheme.is_decodable(state)
 
     # ------------------------------------------------------------------ round deadlines
 
@@ -579,8 +623,9 @@ class RoundMachine(Endpoint):
                                        set(range(self.m)) - rs.excluded)
         self._round = None
         self._decode_item = DecodeRound(rec, exact, str(reason), decode, state, rs.attempt,
-                                        self.model, rs.received, self.dim,
-                                        self._round_orders)
+                                        self.model,
+                                        rs.chunks if self._policy.streams else rs.received,
+                                        self.dim, self._round_orders)
 
     # ------------------------------------------------------------------ the driver's work
 

@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from aiogc.core.common import RoundRecord
-from aiogc.protocol.messages import CodedGradient
+from aiogc.protocol.messages import ChunkGradient, CodedGradient
 
 
 class DecodeRound(NamedTuple):
@@ -38,8 +38,9 @@ class DecodeRound(NamedTuple):
     attempt: int
     model: np.ndarray  # (d,) float64: the model the round computed on
     #: worker -> its accepted coded vector's frame (the vectors the state weighs); the
-    #: driver side turns them into the (m, p) rows it decodes
-    coded: Mapping[int, CodedGradient]
+    #: driver side turns them into the (m, p) rows it decodes. A streaming scheme's: chunk ->
+    #: the first frame that carried it
+    coded: Mapping[int, CodedGradient] | Mapping[int, ChunkGradient]
     dim: int
     #: ordering="adaptive": the round's orders, flattened (as in its round_start); () = static
     orders: tuple[int, ...] = ()
@@ -79,4 +80,4 @@ class RoundWorker(Protocol):
 
     def run(self, item: DecodeRound | AnalyseRound) -> Decoded | None: ...
 
-    def screen(self, msg: CodedGradient) -> tuple[str, str] | None: ...
+    def screen(self, msg: CodedGradient | ChunkGradient) -> tuple[str, str] | None: ...

@@ -7,6 +7,10 @@
   its whole load is computed (no reports); the round decodes once the finished workers
   decode, optionally after a spare wait (``spare_wait``, ``spares``: the redundancy check's
   cross-check, and two spares let the aggregator locate one inconsistent worker).
+* :class:`StreamWhenDone` (stream-chunks): send-when-done with one frame per chunk: a worker
+  sends each chunk's gradient (``chunk_gradient``) as soon as it is computed, and the round
+  decodes once every chunk arrived from some holder (the first copy of a chunk is kept, later
+  copies are counted and dropped).
 
 :func:`round_policy` picks one from the scheme's declared capability; the PS's round machine
 (:mod:`aiogc.core.ps_rounds`) and the worker core ask it at every point where the two ways
@@ -29,7 +33,7 @@ from aiogc.protocol.status import EndReason
 RoundMachine = Any
 _RoundState = Any
 
-__all__ = ["RoundPolicy", "SendWhenDone", "TriggerAndBroadcast", "round_policy"]
+__all__ = ["RoundPolicy", "SendWhenDone", "StreamWhenDone", "TriggerAndBroadcast", "round_policy"]
 
 _INF = float("inf")
 
@@ -39,6 +43,8 @@ class RoundPolicy:
 
     #: the PS broadcasts encode_and_transmit (and workers report chunks for its trigger)
     broadcasts: bool = True
+    #: workers send every computed chunk as a ``chunk_gradient`` frame (no coded vector)
+    streams: bool = False
 
     def tracker(self, scheme: Scheme) -> ProgressTracker | None:
         """The round's incremental coverage tracker (None: the trigger reads no reports)."""
@@ -61,6 +67,11 @@ class RoundPolicy:
     def vector_accepted(self, ps: RoundMachine, rs: _RoundState, worker: int, now: float
                         ) -> None:
         """``worker``'s vector was stored in ``rs.received``: end the round if it may."""
+        raise NotImplementedError
+
+    def chunk_accepted(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        """A streamed chunk's first copy was stored in ``rs.chunks``: end the round if it may
+        (streaming policies only)."""
         raise NotImplementedError
 
     def approx_deadline(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
@@ -206,6 +217,56 @@ class SendWhenDone(RoundPolicy):
         return state
 
 
+class StreamWhenDone(RoundPolicy):
+    """One ``chunk_gradient`` frame per computed chunk; decode once every chunk arrived.
+
+    The PS core keeps the first frame of every chunk (``_RoundState.chunks``); the state
+    counts every frame a worker sent (duplicates included: its first ``c_j`` chunks arrived),
+    and the decode sums the kept copies (:meth:`aiogc.training.aggregator.Aggregator`).
+    """
+
+    broadcasts = False
+    streams = True
+
+    def tracker(self, scheme: Scheme) -> ProgressTracker | None:
+        return None
+
+    def awaits(self, ps: RoundMachine, rs: _RoundState, worker: int) -> bool:
+        return False  # no coded vector: chunk frames are received into fresh arrays
+
+    def refusal(self, ps: RoundMachine, rs: _RoundState, worker: int, msg: CodedGradient
+                ) -> str | None:
+        raise RemoteProtocolError("coded_gradient in a streaming run (chunk_gradient only)",
+                                  code="bad_kind")
+
+    def vector_accepted(self, ps: RoundMachine, rs: _RoundState, worker: int, now: float
+                        ) -> None:
+        raise AssertionError("a streaming round accepts chunks, not vectors")
+
+    def chunk_accepted(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        """A first copy was kept in ``rs.chunks``: end the round once every chunk is there."""
+        if len(rs.chunks) == ps.scheme.n_chunks:
+            rs.record.t_trigger = now
+            ps._end_round(now, exact=True, reason="decodable")
+
+    def approx_deadline(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        if rs.chunks:
+            rs.record.t_trigger = now
+            ps._end_round(now, exact=False, reason="deadline")
+        else:
+            ps._end_round_failed(now, EndReason.NOTHING_COMPUTED,
+                                 "deadline with no chunk received")
+
+    def round_timeout(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        if rs.chunks and ps.config.mode == "approx":
+            ps._end_round(now, exact=False, reason="round_timeout")
+        else:
+            super().round_timeout(ps, rs, now)
+
+    def decode_state(self, ps: RoundMachine, rs: _RoundState) -> np.ndarray:
+        return np.asarray(rs.state, dtype=np.int64)
+
+
 def round_policy(scheme: Scheme, *, spare_wait: float = 0.0, spares: int = 1) -> RoundPolicy:
     """The policy ``scheme`` runs its rounds with (the one place that asks the scheme).
 
@@ -216,6 +277,8 @@ def round_policy(scheme: Scheme, *, spare_wait: float = 0.0, spares: int = 1) ->
         raise ConfigError("spare_wait", spare_wait, "a number in [0, 100]")
     if type(spares) is not int or not 1 <= spares <= scheme.m:
         raise ConfigError("spares", spares, f"an integer in [1, {scheme.m}]")
+    if scheme.uploads_per_chunk:
+        return StreamWhenDone()
     if scheme.sends_when_done:
         return SendWhenDone(spare_wait, spares)
     return TriggerAndBroadcast()

@@ -35,6 +35,7 @@ from aiogc.core.worker_rules import NEXT, PS_PEER, RUNNING, WorkerPhase
 from aiogc.core.worker_setup import SchemeFacts, Setup
 from aiogc.errors import CodingError, LocalProtocolError, RemoteProtocolError
 from aiogc.protocol.messages import (
+    ChunkGradient,
     ChunkReport,
     CodedGradient,
     EncodeAndTransmit,
@@ -52,6 +53,7 @@ _F8 = np.dtype(np.float64)
 # unvalidated constructors of the frames this worker builds itself (see fast_new)
 _new_report = fast_new(ChunkReport, ChunkReport._names)
 _new_coded = fast_new(CodedGradient, CodedGradient._names)
+_new_chunk = fast_new(ChunkGradient, ChunkGradient._names)
 
 # Phase members as module constants, as in worker.py (the one micro-idiom kept: a module
 # global is found in one dict lookup, an Enum class attribute goes through the class's
@@ -101,6 +103,12 @@ class WorkerRounds(Endpoint):
         self._deadline_list: list[float] = []
         self._net_delay = 0.0
         self._compute_s = 0.0
+        #: streaming schemes: chunk -> (the scheduled compute time up to it, the time since
+        #: round_start when it was computed), this round
+        self._chunk_compute: dict[int, tuple[float, float]] = {}
+        #: a streamed chunk's coefficients (the gradient itself), shape (1, 1), and its column
+        self._unit = np.ones((1, 1))
+        self._unit_coef = np.ones(1)
         self._attempt_sent: int | None = None
         self._loads: list[int] = []
         self._order: list[int] = []
@@ -176,6 +184,7 @@ class WorkerRounds(Endpoint):
         self._requested = 0
         self._reported = 0
         self._compute_s = 0.0
+        self._chunk_compute = {}
         self._attempt_sent = None
         self._work.clear()
         self._t0 = now
@@ -253,10 +262,13 @@ class WorkerRounds(Endpoint):
         # by chunk (the same floats as the ChunkComputed durations add up to)
         compute_s = self._compute_s
         self._grads.extend(grads)
+        streams = self._policy.streams
         for k in range(first, count):
             t = dl[k]
             compute_s += t - prev
             prev = t
+            if streams:  # every chunk leaves as soon as it is computed
+                self._stream_chunk(k, compute_s, now)
         self._compute_s = compute_s
         self._count = count
         if phase is not _W_COMPUTING:
@@ -274,6 +286,18 @@ class WorkerRounds(Endpoint):
         if count == load:
             self._after_all_computed(now)
 
+    def _stream_chunk(self, position: int, compute_s: float, now: float) -> None:
+        """Queue the :class:`EncodeVector` of one streamed chunk (its gradient alone, in the
+        upload type): ``encode_done`` sends it as a ``chunk_gradient``."""
+        assert self.setup is not None
+        scheme = self._round_scheme if self._round_scheme is not None else self.setup.scheme
+        chunk = self._order[position]
+        t0 = self._t0
+        self._chunk_compute[chunk] = (compute_s, now - t0 if now > t0 else 0.0)
+        self._work.append(new_encode_vector(
+            self._round, 0, self.worker_id, (), b"", (self._grads[position],), scheme,
+            self._unit, self._unit_coef, None, chunk))
+
     def _chunk_events(self, first: int, n: int, prev: float, now: float) -> None:
         order, dl, rnd, append = self._order, self._deadline_list, self._round, self._events.append
         for k in range(first, first + n):
@@ -285,7 +309,7 @@ class WorkerRounds(Endpoint):
         assert self.setup is not None
         scheme = self.setup.scheme
         self._set_phase(_W_WAITING)
-        if not self._policy.broadcasts:
+        if not self._policy.broadcasts and not self._policy.streams:
             state = [0] * scheme.m
             state[self.worker_id] = self._count
             self._encode(state, attempt=0)
@@ -314,9 +338,20 @@ class WorkerRounds(Endpoint):
         self._work.append(new_encode_vector(
             self._round, attempt, self.worker_id, state,
             digest if digest is not None else state_digest(state), self._grads[:c], scheme,
-            self._fixed_theta, self._fixed_coef, fast))
+            self._fixed_theta, self._fixed_coef, fast, -1))
 
     def _encode_done(self, item: EncodeVector, vector: np.ndarray, now: float) -> None:
+        if item.chunk >= 0:  # a streamed chunk
+            if item.round != self._round or (
+                    self.phase is not _W_COMPUTING and self.phase is not _W_WAITING):
+                self.stats["stale_work"] += 1
+                return
+            compute_s, elapsed = self._chunk_compute[item.chunk]
+            self._emit(_new_chunk(self._epoch, item.round, item.chunk, compute_s, elapsed,
+                                  vector), now)
+            if self.progress_events:
+                self._events.append(new_coded_sent(item.round, 0, 1, now))
+            return
         if item.round != self._round or item.attempt != self._attempt_sent or (
                 self.phase is not _W_WAITING):
             self.stats["stale_work"] += 1

@@ -22,6 +22,7 @@ import numpy as np
 from aiogc.coding.registry import spec_of_label
 from aiogc.core.attribution import chunk_cover, entered_counts, used_workers
 from aiogc.core.common import RoundRecord
+from aiogc.errors import ConfigError
 
 __all__ = [
     "ATTRIBUTION_COLUMNS",
@@ -162,7 +163,8 @@ COLUMN_TYPES: Final = _column_types()
 
 
 def is_trigger_scheme(scheme: str) -> bool:
-    """Whether the label ``scheme`` names a scheme whose PS triggers encoding.
+    """Whether the label ``scheme`` names a scheme whose PS triggers encoding (neither
+    send-when-done nor streaming).
 
     Asks the scheme registry (:func:`aiogc.coding.registry.spec_of_label`): a registered name,
     or one followed by ``-variant`` / ``:variant`` (``partial-random``).
@@ -172,7 +174,8 @@ def is_trigger_scheme(scheme: str) -> bool:
     ConfigError
         If the label names no registered scheme.
     """
-    return not spec_of_label(scheme).sends_when_done
+    spec = spec_of_label(scheme)
+    return not spec.sends_when_done and not spec.uploads_per_chunk
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -280,13 +283,14 @@ def worker_tuples(
     arrivals, compute_s, dropped, state = (record.arrivals, record.compute_s, record.dropped,
                                            record.state)
     t_start, t_trigger, rnd = record.t_start, record.t_trigger, record.round
-    att = _worker_attribution(record, m, _done_counts(record, m, loads, partial))
+    streams = _streams(scheme)
+    att = _worker_attribution(record, m, _done_counts(record, m, loads, partial, streams))
     rows = []
     for w in range(m):
         arrival = arrivals.get(w)
         compute = compute_s.get(w)
         chunks_done = done[w]
-        if arrival is not None and not partial:
+        if arrival is not None and not partial and not streams:
             # a send-when-done vector means every chunk was computed, last reports in flight
             chunks_done = max(chunks_done, int(loads[w]))
         comm: float | None = None
@@ -306,14 +310,25 @@ def worker_tuples(
     return rows
 
 
-def _done_counts(record: RoundRecord, m: int, loads: Sequence[int], partial: bool) -> list[int]:
+def _streams(label: str) -> bool:
+    """Whether ``label`` names a streaming scheme, whose chunk frames are its reports (a
+    label outside the registry reads as not streaming)."""
+    try:
+        return spec_of_label(label).uploads_per_chunk
+    except ConfigError:
+        return False
+
+
+def _done_counts(record: RoundRecord, m: int, loads: Sequence[int], partial: bool,
+                 streams: bool) -> list[int]:
     """Chunks each worker computed as the PS knows it: its largest reported count, or its
-    whole load once its send-when-done vector arrived (``chunks_done`` of workers.csv)."""
+    whole load once its send-when-done vector arrived (``chunks_done`` of workers.csv; a
+    streaming worker's frames are its reports)."""
     done = [0] * m
     for _, w, count, _ in record.reports:
         if 0 <= w < m:
             done[w] = max(done[w], int(count))
-    if not partial:
+    if not partial and not streams:
         for w in record.arrivals:
             if 0 <= w < m:
                 done[w] = max(done[w], int(loads[w]))
@@ -342,7 +357,7 @@ def chunk_tuples(scheme: str, record: RoundRecord, m: int, loads: Sequence[int],
     if att is None:
         return []
     entered = entered_counts(record.state, att.weights, record.status != "failed")
-    done = _done_counts(record, m, loads, partial)
+    done = _done_counts(record, m, loads, partial, _streams(scheme))
     return [(scheme, record.round, c.chunk, len(c.covered_by), " ".join(map(str, c.covered_by)),
              " ".join(map(str, c.computed_by)), " ".join(map(str, c.wasted_by)))
             for c in chunk_cover(att.orders, att.n_chunks, entered, done)]

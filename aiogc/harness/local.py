@@ -244,7 +244,7 @@ def _scheme_event_handler(
     record (:meth:`aiogc.harness.records.RunRecorder.round`); the rows are written later."""
     loads = tuple(int(x) for x in scheme.loads)
     m = scheme.m
-    trigger = not scheme.sends_when_done
+    trigger = not (scheme.sends_when_done or scheme.uploads_per_chunk)
     k = time_scale
 
     def on_event(ev: Event) -> None:

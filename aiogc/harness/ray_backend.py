@@ -464,7 +464,8 @@ class _Driver:
         for rec in got["rounds"]:
             if self.recorder is not None:
                 self.recorder.round(cfg.scheme, rec, m=scheme.m, loads=list(scheme.loads),
-                                    trigger_scheme=not scheme.sends_when_done)
+                                    trigger_scheme=not (scheme.sends_when_done
+                                                        or scheme.uploads_per_chunk))
             bar.update(record=rec)
             if self.on_round is not None:
                 self.on_round(rec, ctx)

@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from aiogc.coding.registry import spec_of_label
 from aiogc.core.common import RoundRecord
+from aiogc.harness.columns import is_trigger_scheme
 
 __all__ = ["LANE_STRIDE", "chrome_trace", "nesting_violations"]
 
@@ -82,7 +82,7 @@ def chrome_trace(
         ``records_by_scheme`` are ignored.
     trigger_schemes : mapping of str to bool, optional
         Whether each scheme triggers encoding (partial); default: what the scheme registry
-        says of the label (:func:`aiogc.coding.registry.spec_of_label`).
+        says of the label (:func:`aiogc.harness.columns.is_trigger_scheme`).
 
     Returns
     -------
@@ -97,7 +97,7 @@ def chrome_trace(
         pids[scheme] = pid
         partial = (trigger_schemes or {}).get(scheme)
         if partial is None:
-            partial = not spec_of_label(scheme).sends_when_done
+            partial = is_trigger_scheme(scheme)
         events.append(_meta(pid, None, "process_name", name=scheme))
         events.append(_meta(pid, None, "process_sort_index", sort_index=pid))
         events.append(_meta(pid, _PS_TID, "thread_name", name="PS"))

@@ -72,6 +72,7 @@ local KINDS = {
   [13] = "shutdown",
   [14] = "ping",
   [15] = "pong",
+  [16] = "chunk_gradient",
 }
 local K_CHALLENGE, K_HELLO, K_WELCOME = 1, 2, 3
 
@@ -95,6 +96,7 @@ local FIELDS = {
   [13] = { {"reason", "str"} },  -- shutdown
   [14] = { {"seq", "uint"} },  -- ping
   [15] = { {"seq", "uint"} },  -- pong
+  [16] = { {"epoch", "uint"}, {"round", "uint"}, {"chunk", "uint"}, {"compute_s", "float"}, {"elapsed_s", "float"}, {"dtype", "dtype"}, {"payload", "payload"} },  -- chunk_gradient
 }
 -- the dtype codes: itemsize and name
 local DTYPES = {
@@ -114,6 +116,7 @@ local F = {
   kind = ProtoField.uint8("aiogc.kind", "Kind", base.DEC, kind_names),
   kind_name = ProtoField.string("aiogc.kind_name", "Kind name"),
   attempt = ProtoField.uint64("aiogc.attempt", "attempt"),
+  chunk = ProtoField.uint64("aiogc.chunk", "chunk"),
   code = ProtoField.string("aiogc.code", "code"),
   compute_s = ProtoField.double("aiogc.compute_s", "compute_s"),
   config = ProtoField.string("aiogc.config", "config"),

@@ -452,6 +452,33 @@ class CodedGradient(Message):
     payload: np.ndarray
 
 
+@_kind(
+    "chunk_gradient", kind_code=16, array_field="payload",
+    epoch=_EPOCH,
+    round=_ROUND,
+    chunk=_int(0, MAX_WORKERS - 1),
+    compute_s=_float(0.0),
+    elapsed_s=_float(0.0),
+    payload=_array,
+)
+@dataclass(frozen=True, slots=True, eq=False)
+class ChunkGradient(Message):
+    """Worker -> PS (streaming schemes): the gradient of chunk ``chunk``, sent as soon as it
+    is computed, one frame per chunk in the worker's processing order.
+
+    ``compute_s`` is the worker's scheduled compute time up to and including this chunk, and
+    ``elapsed_s`` the time from the worker's receipt of ``round_start`` to the chunk's
+    completion (a :class:`ChunkReport`'s); the frame also reports the chunk's position.
+    """
+
+    epoch: int
+    round: int
+    chunk: int
+    compute_s: float
+    elapsed_s: float
+    payload: np.ndarray
+
+
 @_kind("bye", kind_code=11, reason=_text)
 @dataclass(frozen=True, slots=True)
 class Bye(Message):
@@ -564,8 +591,8 @@ class Pong(Message):
     seq: int
 
 
-WORKER_TO_PS: Final = frozenset({"hello", "ready", "chunk_report", "coded_gradient", "bye", "error",
-                                 "ping", "pong"})
+WORKER_TO_PS: Final = frozenset({"hello", "ready", "chunk_report", "coded_gradient",
+                                 "chunk_gradient", "bye", "error", "ping", "pong"})
 PS_TO_WORKER: Final = frozenset({"challenge", "welcome", "round_start", "encode_and_transmit",
                                  "resume", "round_end", "error", "shutdown", "ping", "pong"})
 

@@ -51,7 +51,13 @@ import numpy as np
 from aiogc.coding.base import Scheme
 from aiogc.config import CommModel
 from aiogc.errors import ConfigError
-from aiogc.protocol.messages import ChunkReport, CodedGradient, EncodeAndTransmit, RoundStart
+from aiogc.protocol.messages import (
+    ChunkGradient,
+    ChunkReport,
+    CodedGradient,
+    EncodeAndTransmit,
+    RoundStart,
+)
 from aiogc.protocol.wire import encode_frame
 
 __all__ = [
@@ -83,7 +89,8 @@ class FrameBytes:
     vector : int
         A coded vector (``payload_len(dim)`` values of the payload dtype).
     chunk_vector : int
-        One chunk's gradient (``dim`` values) in a coded-vector frame (streaming schemes).
+        One chunk's gradient (``dim`` values of ``model_dtype``, the payload dtype) in its
+        ``chunk_gradient`` frame (streaming schemes).
     """
 
     round_start: np.ndarray
@@ -118,10 +125,11 @@ class FrameBytes:
         head = frame_bytes(CodedGradient(epoch=1, round=1, attempt=0, state_digest=b"\0" * 8,
                                          compute_s=1.0, payload=np.zeros(1, dtype=dt)))
 
-        def coded(n: int) -> int:
-            return int(head + dt.itemsize * (n - 1))
-
-        return cls(rs, rep, enc, coded(int(scheme.payload_len(d))), coded(d))
+        # a streamed chunk travels in the payload dtype (never a 16-bit upload type)
+        chunk_head = frame_bytes(ChunkGradient(epoch=1, round=1, chunk=0, compute_s=1.0,
+                                               elapsed_s=1.0, payload=one))
+        return cls(rs, rep, enc, int(head + dt.itemsize * (int(scheme.payload_len(d)) - 1)),
+                   int(chunk_head + mdt.itemsize * (d - 1)))
 
 
 def link_exits(send: np.ndarray, nbytes: np.ndarray | float, rate: float | None) -> np.ndarray:
@@ -198,7 +206,7 @@ def engine_latency(comm: CommModel, latency: float, clock: Callable[[], float], 
     """
     if comm.ps_Bps is not None and not ingress:
         raise ConfigError("bandwidth.ps", comm.ps_Bps,
-                          "no shared PS ingress with the protocol engine yet (fast engine only)")
+                          "ingress=True, with the engine's shared ingress (engine_ingress)")
     free: dict[tuple[int, str], float] = {}
 
     def fn(worker: int, direction: str, msg: Any) -> float:

@@ -177,8 +177,6 @@ def simulate_protocol(
         Per-worker upload / download rates (:func:`aiogc.sim.comm.engine_latency`: the same
         FIFO links as the fast path, frames sized by the wire codec) and the shared PS
         ingress (:func:`aiogc.sim.comm.engine_ingress`, the engine's ``ingress``).
-        Streaming schemes (``uploads_per_chunk``) are refused: the core has no multi-message
-        upload.
     verify : bool
         The PS's oracle (default, as ``aiogc run``; the records carry the decode error). False:
         as ``--no-verify``, every round is guarded by the task's data bound instead (the live
@@ -194,10 +192,9 @@ def simulate_protocol(
         raise ConfigError("dim", dim, "an integer >= 1")
     sch = built if built is not None else build_schemes(config, schemes)
     for name in schemes:
-        if sch[name].uploads_per_chunk or not scheme_spec(name).live:
-            raise ConfigError("schemes", name, "schemes the protocol core can run: "
-                              f"{name} streams one frame per chunk, which the core has no "
-                              "message for (use the fast engine)")
+        if not scheme_spec(name).live:
+            raise ConfigError("schemes", name, "schemes the protocol core can run "
+                              "(use the fast engine)")
     if callable(network.latency) or network.ingress is not None:
         raise ConfigError("network", network, "a float latency and no ingress (comm= models "
                           "the links and the PS ingress)")

@@ -32,12 +32,13 @@ from aiogc.coding.consistency import (
     norm_floor,
     scheme_oracle_tolerance,
 )
+from aiogc.coding.stream import StreamChunksScheme
 from aiogc.config import RunConfig
 from aiogc.core.attribution import Attribution
 from aiogc.core.common import UNVERIFIED, RoundRecord
 from aiogc.core.ps_work import AnalyseRound, Decoded, DecodeRound
 from aiogc.errors import CodingError, ConfigError
-from aiogc.protocol.messages import CodedGradient
+from aiogc.protocol.messages import ChunkGradient, CodedGradient
 from aiogc.protocol.status import EndReason, RoundStatus
 from aiogc.training.approx_bound import (
     approx_bound_check,
@@ -115,6 +116,12 @@ class Aggregator:
         #: item's round orders (:meth:`_use_orders`)
         self._base_scheme, self._base_orders = scheme, self._orders
         self._sends_when_done = bool(scheme.sends_when_done)
+        #: a streaming scheme: the round's frames are chunks (chunk -> its kept copy)
+        self._streams = bool(scheme.uploads_per_chunk)
+        if self._streams and config.coded_dtype != "same":
+            raise ConfigError("coded_dtype", config.coded_dtype,
+                              f"same for {scheme.name} (a streamed chunk is uploaded in the "
+                              "payload dtype)")
         #: the round whose item runs now (a ``verify_fn`` may read it), -1 before the first
         self.round = -1
         #: cond(B) * eps(payload dtype): predicted worst relative decode error (spec §2)
@@ -137,7 +144,7 @@ class Aggregator:
         #: the coded vectors' rows (the driver receives into them) and their check
         self.rows = CodedRows(self.m, scheme.payload_len(w0.size), config.coded_wire_dtype)
 
-    def screen(self, msg: CodedGradient) -> tuple[str, str] | None:
+    def screen(self, msg: CodedGradient | ChunkGradient) -> tuple[str, str] | None:
         """Why a coded vector cannot be used (:meth:`CodedRows.screen`), or None."""
         return self.rows.screen(msg)
 
@@ -181,8 +188,13 @@ class Aggregator:
                                           self.scheme.n_chunks)
             return Decoded(w_prev, None, ())
         rec.attempts = item.attempt + 1
-        received = self.rows.fill(item.coded)
-        rows = received if self._coded == "same" else widen(received, self._coded)
+        if self._streams:
+            assert isinstance(self.scheme, StreamChunksScheme)
+            rows = self.rows.streamed(item.coded,  # type: ignore[arg-type]
+                                      self.scheme.designated(item.state), self._orders)
+        else:
+            received = self.rows.fill(item.coded)  # type: ignore[arg-type]
+            rows = received if self._coded == "same" else widen(received, self._coded)
         result = self._decode(rows, item.state, item.dim)
         rec.attribution = Attribution(self._weights(result, item.state), self._orders,
                                       self.scheme.n_chunks)

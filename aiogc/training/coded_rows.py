@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from aiogc.protocol.messages import CodedGradient
+from aiogc.protocol.messages import ChunkGradient, CodedGradient
 
 __all__ = ["REJECTED", "CodedRows"]
 
@@ -51,7 +51,7 @@ class CodedRows:
             return None
         return self._rows[worker]
 
-    def screen(self, msg: CodedGradient) -> tuple[str, str] | None:
+    def screen(self, msg: CodedGradient | ChunkGradient) -> tuple[str, str] | None:
         """Why ``msg``'s vector cannot be used, as ``(REJECTED, detail)`` (its length, dtype,
         or non-finite values), or None when it can."""
         vec = msg.payload
@@ -81,3 +81,26 @@ class CodedRows:
             if vec is not row:
                 row[:] = vec  # not received in place (tests, simulator): copy into the row
         return self.array
+
+    def streamed(self, chunks: Mapping[int, ChunkGradient], owner: np.ndarray,
+                 orders: list[list[int]]) -> np.ndarray:
+        """The (m, p) rows of a streaming scheme's round: row ``j`` is the sum, in ``j``'s
+        processing order, of the kept copies of the chunks the decode state assigns to ``j``
+        (``owner[i]``, -1: chunk ``i`` never arrived), the vector ``j`` would have sent in the
+        scheme's one-shot form; the other rows are zero.
+
+        Parameters
+        ----------
+        chunks : mapping of int to ChunkGradient
+            Chunk -> the first frame that carried it (payloads of shape (p,)).
+        owner : ndarray of int64, shape (N,)
+        orders : list of m lists of int
+            Every worker's processing order.
+        """
+        out = self.array
+        out[:] = 0
+        for j in np.unique(owner[owner >= 0]).tolist():
+            mine = [chunks[i].payload for i in orders[j] if owner[i] == j]
+            out[j] = np.array(mine).sum(axis=0)
+        return out
+
