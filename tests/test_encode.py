@@ -80,3 +80,16 @@ def test_encoding_from_the_rows_is_bitwise_the_stacked_encoding(dtype: type,
             got = encode_vector(items[1], cfg, rows)
             assert got.dtype == want.dtype == np.float32 and got.flags.c_contiguous
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_an_encoder_returning_a_row_as_is_gets_its_own_copy() -> None:
+    """The rows are overwritten next round while the vector may still be unsent."""
+    cfg = RunConfig(workers=6, delta=2, dtype="float64", seed=1)
+    scheme = cfg.build_scheme()
+    first_row = lambda worker, state, X: X[0]  # noqa: E731 (an encoder returning a view)
+    rows = ChunkRows()
+    g1, g2 = _grads(3, 50, 1), _grads(3, 50, 2)
+    v1 = encode_vector(EncodeVector(0, 0, 2, [3] * 6, b"", rows.store(0, g1), scheme, None,
+                                    None, first_row), cfg, rows)
+    rows.store(0, g2)  # the next round
+    assert np.array_equal(v1, g1[0])

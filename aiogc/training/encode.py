@@ -99,7 +99,7 @@ def encode_vector(item: EncodeVector, config: RunConfig,
     Returns
     -------
     ndarray, shape (p,)
-        Contiguous, of ``config.coded_wire_dtype``.
+        Contiguous, of ``config.coded_wire_dtype``; never a view of ``rows``.
     """
     X = rows.matrix(item.grads) if rows is not None else None
     if X is None:
@@ -114,6 +114,8 @@ def encode_vector(item: EncodeVector, config: RunConfig,
         vec = item.fast(item.worker, item.state, X)
     else:
         vec = item.scheme.encode(item.worker, np.asarray(item.state, dtype=np.int64), X)
+    if rows is not None and np.may_share_memory(vec, X):
+        vec = vec.copy()  # an encoder that returned a row as is: the next round overwrites it
     dt = config.payload_dtype
     # the encoders' products are fresh, contiguous float64 vectors: converting them only
     # when the payload dtype differs saves a numpy call per vector
