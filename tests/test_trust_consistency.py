@@ -308,3 +308,46 @@ def test_model_check_one_pass_still_names_the_bad_entry() -> None:
     v = model_check(np.array([1.0, -3.0]), 2.0)
     assert not v.ok and v.value == 3.0
     assert model_check(np.array([1.0, -3.0]), 3.0).ok and model_check(np.array([]), 1.0).ok
+
+
+def test_all_finite_is_the_entrywise_test() -> None:
+    """The dot shortcut never answers differently from np.isfinite(x).all(): NaN and
+    infinities anywhere, sums of squares that overflow (finite entries: the entrywise
+    fallback), both float widths, strided vectors, other shapes and dtypes."""
+    from aiogc.coding.consistency import all_finite
+
+    rng = np.random.default_rng(11)
+    cases: list[np.ndarray] = [np.zeros(0), np.array([1e200, -1e200]),
+                               np.full(4, 1e30, dtype=np.float32), np.arange(5),
+                               np.ones((3, 2)), np.array([[1.0, np.nan]])]
+    for dt in (np.float64, np.float32):
+        for bad in (np.nan, np.inf, -np.inf):
+            x = rng.standard_normal(1000).astype(dt)
+            x[rng.integers(1000)] = bad
+            cases += [x, x[::3], x * np.asarray(1e30, dtype=dt)]
+        cases.append(rng.standard_normal(999).astype(dt))
+    for x in cases:
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert all_finite(x) == bool(np.isfinite(x).all()), x
+
+
+def test_guard_step_is_model_minus_lr_times_gradient_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    scheme = RunConfig(workers=6, delta=2).build_scheme()
+    for scale in (1.0, 1e-300, 1e90):
+        w = rng.standard_normal(257) * scale
+        g = rng.standard_normal(257) * scale
+        guard = RoundGuard(np.full(257, 1e300), predicted_error=1e-16)
+        ok, new = guard.check(scheme=scheme, coded=np.zeros((6, 257)), received=range(6),
+                              dim=257, decoded=DecodedStep(g, True), model=w,
+                              learning_rate=0.37)
+        assert ok is None and new is not None
+        assert np.array_equal((w - 0.37 * g).view(np.uint64), new.view(np.uint64))
+
+
+def test_model_check_value_is_max_abs() -> None:
+    rng = np.random.default_rng(9)
+    for w in (rng.standard_normal(100), -np.abs(rng.standard_normal(7)), np.array([-0.0]),
+              np.abs(rng.standard_normal(9))):
+        v = model_check(w, 1e9)
+        assert v.ok and v.value == float(np.abs(w).max())

@@ -45,6 +45,7 @@ __all__ = [
     "NormGuard",
     "RoundGuard",
     "Verdict",
+    "all_finite",
     "estimate_check",
     "model_bound",
     "model_check",
@@ -516,11 +517,38 @@ def model_bound(initial_model: np.ndarray, *, factor: float = 1e6, floor: float 
     return max(floor, factor * scale)
 
 
+def all_finite(x: np.ndarray) -> bool:
+    """``np.isfinite(x).all()``, in one read of ``x`` and no temporary for a float32/float64
+    vector.
+
+    The vector's sum of squares (a BLAS dot) is finite unless some entry is NaN or infinite
+    (NaN propagates, the squares of infinities add up to inf, no term is negative) or the sum
+    overflows (entries above ~1e154 in float64, ~1e19 in float32). A finite sum therefore
+    proves every entry finite; only a non-finite one falls back to the entrywise test.
+
+    Parameters
+    ----------
+    x : ndarray, any shape
+
+    Returns
+    -------
+    bool
+    """
+    a = np.asarray(x)
+    if a.ndim == 1 and (a.dtype == np.float64 or a.dtype == np.float32):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if math.isfinite(a.dot(a)):
+                return True
+    return bool(np.isfinite(a).all())
+
+
 def model_check(model: np.ndarray, bound: float) -> Verdict:
     """The model after a step must be finite and ``||w||_inf <= bound``."""
     w = np.asarray(model)
-    # one pass over the model: max |w| is NaN or inf iff some entry is (max propagates NaN)
-    top = float(np.abs(w).max()) if w.size else 0.0
+    # max |w| from the two extremes (no |w| temporary): NaN or inf iff some entry is (max
+    # and min propagate NaN)
+    hi, lo = (float(w.max()), float(w.min())) if w.size else (0.0, 0.0)
+    top = max(abs(hi), abs(lo)) if math.isfinite(hi) and math.isfinite(lo) else math.inf
     if not math.isfinite(top):
         bad = int(np.flatnonzero(~np.isfinite(w))[0])
         return Verdict(False, "model", f"model entry {bad} would be {w[bad]!r}",
@@ -654,8 +682,13 @@ class RoundGuard:
                 return v, None
         self.last_passed = tuple(v.check for v in verdicts if v is not None)
         with np.errstate(over="ignore", invalid="ignore"):
-            new = (np.asarray(model, dtype=np.float64) - learning_rate * g if step is None
-                   else np.asarray(step(model, g), dtype=np.float64))
+            if step is None:
+                # model - learning_rate * g bit for bit (a - b is a + (-b)), in one fresh
+                # array instead of a temporary and the result
+                new = np.multiply(g, -learning_rate)
+                new += np.asarray(model, dtype=np.float64)
+            else:
+                new = np.asarray(step(model, g), dtype=np.float64)
         mv = model_check(new, self.bound)
         if not mv.ok:
             self.rejected[mv.check] = self.rejected.get(mv.check, 0) + 1

@@ -66,7 +66,7 @@ from aiogc.protocol.headers import DEFAULT_LIMITS, PREAUTH_LIMITS, FrameLimits
 from aiogc.protocol.messages import Message, Welcome
 from aiogc.protocol.wire import encode_frame
 from aiogc.training.aggregator import Aggregator
-from aiogc.training.encode import encode_vector
+from aiogc.training.encode import ChunkRows, encode_vector
 from aiogc.training.setup import SetupCache, TaskPolicy, setup_error_code
 
 log = logging.getLogger("aiogc.net")
@@ -568,6 +568,8 @@ class WorkerClient:
         self._preauth_said = False
         self.connections = 0
         self._uplink: ShapedSend | None = None  # config.bandwidth's worker_up, once welcomed
+        #: the round's chunk gradients, in one array reused every round (encoded in place)
+        self._rows = ChunkRows()
 
     def _now(self) -> float:
         return self._clock()
@@ -784,13 +786,15 @@ class WorkerClient:
         setup = w.setup
         assert setup is not None
         fn = setup.chunk_gradient
+        rows = self._rows
         for item in work:
             try:
                 if isinstance(item, EncodeVector):
-                    w.encode_done(item, encode_vector(item, setup.config), now=self._clock())
+                    w.encode_done(item, encode_vector(item, setup.config, rows),
+                                  now=self._clock())
                     continue
                 # map, not a comprehension: the same calls without a frame per item
-                grads = list(map(fn, item.chunks, repeat(item.model)))
+                grads = rows.store(item.first, list(map(fn, item.chunks, repeat(item.model))))
             except Exception as exc:  # the core closes with the reason
                 w.work_failed(exc, now=self._clock())
             else:

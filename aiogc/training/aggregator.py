@@ -28,6 +28,7 @@ from aiogc.coding.consistency import (
     NormGuard,
     RoundGuard,
     Verdict,
+    all_finite,
     estimate_check,
     norm_floor,
     scheme_oracle_tolerance,
@@ -199,7 +200,7 @@ class Aggregator:
         rec.attribution = Attribution(self._weights(result, item.state), self._orders,
                                       self.scheme.n_chunks)
         grad = np.asarray(result.gradient, dtype=np.float64)
-        if not np.isfinite(grad).all():
+        if not all_finite(grad):
             located = self._locate_and_exclude(item, rows) if self.locator else None
             if located is not None:
                 return located

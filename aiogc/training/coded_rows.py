@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from aiogc.coding.consistency import all_finite
 from aiogc.protocol.messages import ChunkGradient, CodedGradient
 
 __all__ = ["REJECTED", "CodedRows"]
@@ -60,13 +61,10 @@ class CodedRows:
         dt = self.dtype
         if vec.dtype is not dt and vec.dtype != dt:
             return REJECTED, f"dtype {vec.dtype.str} != {dt.str}"
-        # count_nonzero of the mask: the same test as isfinite(...).all(), without the
-        # ndarray.all() wrapper that costs more than the test itself on short vectors (a
-        # sum-of-squares shortcut would warn on overflow for large finite vectors)
         if dt.kind == "u":  # bfloat16 bits (coded_dtype): exponent all ones is inf or NaN
             if np.count_nonzero((vec & 0x7F80) == 0x7F80):
                 return REJECTED, "non-finite values"
-        elif np.count_nonzero(np.isfinite(vec)) != vec.size:
+        elif not all_finite(vec):
             return REJECTED, "non-finite values"
         return None
 

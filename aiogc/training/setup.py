@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aiogc.coding.consistency import all_finite
 from aiogc.config import RunConfig
 from aiogc.core import Setup
 from aiogc.core.worker_setup import ChunkGradientFn
@@ -36,7 +37,7 @@ def finite_gradients(fn: ChunkGradientFn) -> ChunkGradientFn:
 
     def chunk_gradient(chunk: int, w: np.ndarray) -> np.ndarray:
         g = fn(chunk, w)
-        if not np.isfinite(g).all():
+        if not all_finite(g):
             bad = np.asarray(g).ravel()[~np.isfinite(np.asarray(g).ravel())][0]
             raise NonFiniteGradient(f"chunk {chunk}: the gradient has non-finite values "
                                     f"({float(bad)})")
