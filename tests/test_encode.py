@@ -74,7 +74,7 @@ def test_encoding_from_the_rows_is_bitwise_the_stacked_encoding(dtype: type,
         views = rows.store(0, grads)
         state = list(scheme.loads)
         for fast in (None, getattr(scheme, "encode_trusted", None)):
-            items = [EncodeVector(rnd, 0, 2, state, b"", gs, scheme, None, None, fast)
+            items = [EncodeVector(rnd, 0, 2, state, b"", gs, scheme, None, None, fast, -1)
                      for gs in (grads, views)]
             want = encode_vector(items[0], cfg)
             got = encode_vector(items[1], cfg, rows)
@@ -90,6 +90,6 @@ def test_an_encoder_returning_a_row_as_is_gets_its_own_copy() -> None:
     rows = ChunkRows()
     g1, g2 = _grads(3, 50, 1), _grads(3, 50, 2)
     v1 = encode_vector(EncodeVector(0, 0, 2, [3] * 6, b"", rows.store(0, g1), scheme, None,
-                                    None, first_row), cfg, rows)
+                                    None, first_row, -1), cfg, rows)
     rows.store(0, g2)  # the next round
     assert np.array_equal(v1, g1[0])
