@@ -578,12 +578,19 @@ class DecodedStep:
         A compressed upload's rounding bound (:func:`aiogc.coding.compress.rounding_bound`)
         relative to the oracle's scale ``||sum_i |g_i| ||``; twice it is added to the oracle's
         tolerance (0: uncompressed).
+    evaluation : float or None
+        How far the oracle's own chunk gradients may be from the workers' (two float64
+        evaluations summing in different orders: another BLAS thread count, another CPU;
+        :func:`aiogc.training.tasks.evaluation_error_fn`), relative to the same scale, added
+        to the tolerance derived from the payload dtype; 0: the two are equal bit for bit;
+        None: unknown, so that tolerance does not apply and the default one does.
     """
 
     gradient: np.ndarray
     exact: bool
     rel_error: float = float("nan")
     rounding: float = 0.0
+    evaluation: float | None = 0.0
 
 
 class RoundGuard:
@@ -671,6 +678,8 @@ class RoundGuard:
             # bound (valid because the oracle's gradients are taken at the model the workers
             # were sent: training.tasks.chunk_grads_fn(task, payload_dtype))
             tol = scheme_oracle_tolerance(scheme, _payload_dtype(coded), self.predicted_error)
+            if tol is not None:  # valid only beside the oracle's own evaluation difference
+                tol = None if decoded.evaluation is None else tol + decoded.evaluation
             if decoded.rounding > 0:  # a compressed upload: its rounding, bounded per round
                 tol = (tol if tol is not None else max(
                     ORACLE_MIN_TOL, ORACLE_SAFETY * self.predicted_error)) + 2 * decoded.rounding

@@ -86,6 +86,11 @@ class Aggregator:
         approximate decode above what the finished chunks can justify is rejected
         (``approx_bound``), from round 0 on, and so is an exact decode above ``B(w)`` (plus
         its rounding; ``data_bound``).
+    evaluation_fn : callable, optional
+        ``w -> e(w)``, how far two honest evaluations of the summed chunk gradients may be
+        apart (:func:`aiogc.training.tasks.evaluation_error_fn`): the oracle's tolerance
+        allows it, since the workers' evaluations need not equal ``verify_fn``'s bit for bit.
+        None: unknown, and the oracle keeps its default tolerance.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class Aggregator:
         guard: bool = True,
         grad_bound_fn: Callable[[np.ndarray], float] | None = None,
         stepper: Stepper | None = None,
+        evaluation_fn: Callable[[np.ndarray], float] | None = None,
     ) -> None:
         self.config = config
         self.scheme = scheme
@@ -111,6 +117,7 @@ class Aggregator:
         self.keep_gradients = keep_gradients
         self.grad_bound_fn = grad_bound_fn
         self.stepper = stepper
+        self.evaluation_fn = evaluation_fn
         self._loads = np.asarray(scheme.loads, dtype=np.int64)
         self._orders: list[list[int]] = [[int(c) for c in o] for o in scheme.orders]
         #: ordering="adaptive": the run's scheme; ``scheme`` and ``_orders`` follow each work
@@ -232,14 +239,16 @@ class Aggregator:
         rec, w_prev = item.record, item.model
         estimate: Verdict | None = None
         rounding = 0.0
+        evaluation: float | None = 0.0
         if self.verify_fn is not None:
             # a PS that verifies never applies an unverified step: the oracle runs here,
             # before the update, rather than with the analytics
             G = np.asarray(self.verify_fn(w_prev), dtype=np.float64)
-            rec.rel_error, rec.rel_error_plain = self._verify(grad, w_prev, G)
+            rec.rel_error, rec.rel_error_plain, scale = self._verify(grad, w_prev, G)
             if self._coded != "same":
-                absum = np.abs(G).sum(axis=0)
-                rounding = relative(rec.rounding_bound, math.sqrt(absum.dot(absum)))
+                rounding = relative(rec.rounding_bound, scale)
+            evaluation = (None if self.evaluation_fn is None
+                          else relative(self.evaluation_fn(w_prev), scale))
             if rec.status != RoundStatus.EXACT:
                 # an approximate round differs from the truth by design, but not from the
                 # estimate honest workers would have produced from the same finished chunks
@@ -252,7 +261,7 @@ class Aggregator:
         bad, new = self.guard.check(
             scheme=self.scheme, coded=rows, received=np.flatnonzero(item.state > 0),
             dim=item.dim, decoded=DecodedStep(grad, rec.status == "exact", rec.rel_error,
-                                              rounding),
+                                              rounding, evaluation),
             model=w_prev, learning_rate=self.learning_rate,
             step=None if self.stepper is None else self.stepper.step)
         if bad is not None:
@@ -425,7 +434,7 @@ class Aggregator:
         rec = item.record
         if item.gradient is not None:
             if self.verify_fn is not None and math.isnan(rec.rel_error):
-                rec.rel_error, rec.rel_error_plain = self._verify(item.gradient, item.w_prev)
+                rec.rel_error, rec.rel_error_plain, _ = self._verify(item.gradient, item.w_prev)
             rec.oracle_elapsed_s = item.oracle_hint if item.oracle_live else self._oracle(rec)
         if self.loss_fn is not None:
             rec.loss = float(self.loss_fn(item.w_new))
@@ -441,15 +450,16 @@ class Aggregator:
         return min(cov) if cov else 0
 
     def _verify(self, grad: np.ndarray, w: np.ndarray,
-                G: np.ndarray | None = None) -> tuple[float, float]:
+                G: np.ndarray | None = None) -> tuple[float, float, float]:
         """Decode error against the uncoded sum g = Σ_i g_i of this round's chunk gradients
         (at ``w``, the model the round computed on).
 
-        Returns ``(scaled, plain)``: ``plain = ||ĝ - g|| / ||g||`` and
-        ``scaled = ||ĝ - g|| / ||Σ_i |g_i| ||``. The second divides by the magnitude the
-        floating-point sums work at (the classic summation-error scale): near an optimum the
-        chunk gradients cancel, ``||g|| -> 0``, and ``plain`` then measures the problem's
-        cancellation rather than the decoder. Both are recorded; summaries use ``scaled``.
+        Returns ``(scaled, plain, scale)``: ``plain = ||ĝ - g|| / ||g||`` and
+        ``scaled = ||ĝ - g|| / scale`` with ``scale = ||Σ_i |g_i| ||``. The second divides by
+        the magnitude the floating-point sums work at (the classic summation-error scale):
+        near an optimum the chunk gradients cancel, ``||g|| -> 0``, and ``plain`` then
+        measures the problem's cancellation rather than the decoder. Both are recorded;
+        summaries use ``scaled``.
         ``grad`` and ``w`` have shape (d,).
         """
         if G is None:
@@ -467,7 +477,7 @@ class Aggregator:
         scale_den = math.sqrt(absum.dot(absum))
         plain = err / plain_den if plain_den > 0 else err
         scaled = err / scale_den if scale_den > 0 else err
-        return scaled, plain
+        return scaled, plain, scale_den
 
     def _finished_state(self, workers: list[int]) -> np.ndarray:
         """State vector in which exactly ``workers`` finished all their chunks; shape (m,)."""

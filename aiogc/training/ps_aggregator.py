@@ -16,7 +16,7 @@ from aiogc.config import RunConfig
 from aiogc.training.aggregator import Aggregator
 from aiogc.training.approx_bound import gradient_bound_fn
 from aiogc.training.frameworks import task_stepper
-from aiogc.training.tasks import Task, chunk_grads_fn
+from aiogc.training.tasks import Task, chunk_grads_fn, evaluation_error_fn
 
 __all__ = ["task_aggregator"]
 
@@ -50,6 +50,8 @@ def task_aggregator(config: RunConfig, scheme: Scheme, task: Task, *,
         # a torch:/jax: task steps with its framework's optimizer (None: plain SGD)
         stepper=task_stepper(task, lr),
         verify_fn=chunk_grads_fn(task, config.payload_dtype) if verify else None,
+        # the oracle's evaluation and the workers' may sum in different orders
+        evaluation_fn=evaluation_error_fn(task) if verify else None,
         keep_gradients=keep_gradients, guard=guard,
         # no oracle: every decode is bounded by the data instead
         grad_bound_fn=None if verify else gradient_bound_fn(task))

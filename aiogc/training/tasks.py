@@ -89,6 +89,7 @@ __all__ = [
     "TaskSyntax",
     "chunk_gradients",
     "chunk_grads_fn",
+    "evaluation_error_fn",
     "make_task",
     "register_task",
     "task_kind",
@@ -169,6 +170,25 @@ def chunk_grads_fn(task: Task, dtype: object = None) -> Callable[[np.ndarray], n
         task, chunks, np.asarray(w, dtype=np.float64).astype(dt).astype(np.float64))
 
 
+def _gamma(k: int) -> float:
+    """Higham's ``gamma_k = k u / (1 - k u)`` in float64 (``u = 2^-53``): the relative error
+    bound of a sum or dot product of ``k`` terms, relative to the sum of their magnitudes."""
+    ku = k * 2.0 ** -53
+    return ku / (1.0 - ku)
+
+
+def evaluation_error_fn(task: Task) -> Callable[[np.ndarray], float] | None:
+    """``w -> e(w)``: how far apart, in the 2-norm, two honest float64 evaluations of the
+    summed chunk gradients ``sum_i g_i(w)`` may be when their sums run in different orders
+    (another BLAS thread count, another CPU's kernels), as the PS's oracle and its workers'
+    evaluations may. None for a task without such a bound (plug-ins and the
+    ``torch:``/``jax:`` adapters): the oracle cannot then tell an evaluation difference from
+    a lie of the same size, and keeps its default tolerance.
+    """
+    bound = getattr(task, "evaluation_error", None)
+    return bound if callable(bound) else None
+
+
 def _chunk_bounds(n: int, n_chunks: int) -> np.ndarray:
     """``n_chunks + 1`` boundaries of contiguous near-equal chunks of ``range(n)``."""
     return (np.arange(n_chunks + 1) * n) // n_chunks
@@ -223,6 +243,16 @@ class _DataTask:
         self._blocks: list[tuple[np.ndarray, np.ndarray]] | None = None
         #: the last model that passed _check_w unchanged (a float64 array of shape (dim,))
         self._w_ok: np.ndarray | None = None
+
+    @functools.cached_property
+    def _norms(self) -> tuple[float, float]:
+        """``(||X||_F, ||y||)`` (the data is read-only), for ``evaluation_error``."""
+        return float(np.linalg.norm(self.X)), float(np.linalg.norm(self.y))
+
+    def _longest_sums(self, extra: int) -> float:
+        """``gamma_k`` for the longest sum a chunk gradient takes: the largest chunk's rows
+        plus the dimension plus ``extra`` operations."""
+        return _gamma(int(np.max(np.diff(self.bounds))) + self.dim + extra)
 
     def resize_chunks(self, sizes: np.ndarray) -> None:
         """Chunks holding samples in proportion to ``sizes`` (shape (n_chunks,)), still
@@ -368,6 +398,20 @@ class LinearRegression(_DataTask):
         g: np.ndarray = (Xi.dot(w) - yi).dot(Xi) / self.n_samples
         return g
 
+    def evaluation_error(self, w: np.ndarray) -> float:
+        """Bound on ``||sum_i g_i(w) - sum_i g'_i(w)||`` for two float64 evaluations of the
+        chunk gradients that sum in different orders.
+
+        Each entry of ``r_i = X_i w - y_i`` is off by at most ``gamma_(d+1) (|X_i||w| + |y_i|)``
+        and each of ``X_i^T r_i`` by ``gamma_(s_i) |X_i|^T |r_i|`` more (``s_i`` rows), so one
+        evaluation is within ``gamma_(s+d+2) |X|^T (|X||w| + |y|) / n`` of the exact sum
+        entrywise (the chunks' rows together are ``X``); in the 2-norm that is at most
+        ``gamma (||X||_F^2 ||w|| + ||X||_F ||y||) / n``, and two evaluations twice that.
+        """
+        fx, fy = self._norms
+        wn = float(np.linalg.norm(w))
+        return 2.0 * self._longest_sums(2) * (fx * fx * wn + fx * fy) / self.n_samples
+
 
 class LogisticRegression(_DataTask):
     """Binary logistic regression with optional L2 penalty.
@@ -432,6 +476,23 @@ class LogisticRegression(_DataTask):
         share = (rows.stop - rows.start) / n
         g: np.ndarray = Xi.T @ (expit(Xi @ w) - self.y[rows]) / n + share * self.reg * w
         return g
+
+    def evaluation_error(self, w: np.ndarray) -> float:
+        """Bound on ``||sum_i g_i(w) - sum_i g'_i(w)||`` for two float64 evaluations of the
+        chunk gradients that sum in different orders.
+
+        ``z = X_i w`` is off by at most ``gamma_d |X_i||w|``, the sigmoid (slope <= 1/4) passes
+        a quarter of that on and adds a few ``u``, the residual ``sigma - y`` lies in [-1, 1],
+        and ``X_i^T r`` adds ``gamma_(s_i) |X_i|^T 1``: one evaluation is within
+        ``gamma_(s+d+4) |X|^T (1 + |X||w|) / n + 3 u reg |w|`` of the exact sum entrywise,
+        at most ``gamma (||X||_F sqrt(n) + ||X||_F^2 ||w||) / n + 3 u reg ||w||`` in the
+        2-norm; two evaluations twice that.
+        """
+        fx, _ = self._norms
+        wn = float(np.linalg.norm(w))
+        n = self.n_samples
+        return 2.0 * (self._longest_sums(4) * (fx * math.sqrt(n) + fx * fx * wn) / n
+                      + 3.0 * 2.0 ** -53 * self.reg * wn)
 
     def accuracy(self, w: np.ndarray) -> float:
         """Fraction of samples classified correctly by ``x·w > 0``."""
