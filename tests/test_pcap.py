@@ -62,6 +62,7 @@ from aiogc.protocol.messages import (
     state_digest,
 )
 from aiogc.protocol.wire import HOST_MAGIC, encode_frame_bytes
+from tests.netkit import CLI_JOIN_TIMEOUT_S, cli, listening
 
 LUA = Path(__file__).resolve().parent.parent / "aiogc" / "protocol" / "aiogc.lua"
 
@@ -550,34 +551,20 @@ def test_standalone_ps_capture(tmp_path: Path) -> None:
     """``aiogc ps --pcap`` (loopback, port 0) with a worker host (``--id 0-2``) and a plain
     worker (``--id 3``): one capture holds both kinds of connection, and the dissected frames
     are those the PS recorded, worker by worker."""
-    import re as re_
-    import sys
 
     _tshark()
     secret = tmp_path / "secret"
     secret.write_bytes(b"0123456789abcdef0123456789abcdef")
     out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ps = subprocess.Popen(
-        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "4", "--delta", "2",
-         "--rounds", "3", "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
-         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
-         "--pcap", str(pcap),
-         # the join clock starts at listen, before the worker processes exist: a hang guard
-         # far beyond their start-up on a busy machine, not a race against it
-         "--join-timeout", "600"],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ps = cli("ps", "--port", "0", "--workers", "4", "--delta", "2", "--rounds", "3",
+             "--delay", "exp:0.003", "--task", "linreg:samples=120,dim=6",
+             "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+             "--pcap", str(pcap), "--join-timeout", CLI_JOIN_TIMEOUT_S)
     workers: list[subprocess.Popen[str]] = []
     try:
-        assert ps.stderr is not None
-        line = ps.stderr.readline()  # "aiogc ps listening on HOST:PORT (epoch N)"
-        match = re_.search(r"listening on ([\d.]+):(\d+)", line)
-        assert match, line
-        workers = [subprocess.Popen(
-            [sys.executable, "-m", "aiogc", "worker", "--connect",
-             f"{match[1]}:{match[2]}", "--id", ids, "--secret-file", str(secret)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for ids in ("0-2", "3")]
+        addr = listening(ps)
+        workers = [cli("worker", "--connect", addr, "--id", ids, "--secret-file", str(secret))
+                   for ids in ("0-2", "3")]
         _, ps_err = ps.communicate(timeout=120)  # hang guard only
         for w in workers:
             w.communicate(timeout=120)
@@ -702,28 +689,22 @@ def test_standalone_capture_with_a_refused_peer_decodes_with_plain_msgpack(
     """``aiogc ps --pcap`` with a worker host (``--id 0-1``) and a peer whose ``hello`` carries
     a wrong MAC: the capture holds the PS's ``error`` to that peer, and every body of every
     connection decodes with plain ``msgpack.unpackb`` into the documented fields."""
-    import re as re_
     import socket
-    import sys
 
     import msgpack
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"0123456789abcdef0123456789abcdef")
     out, pcap = tmp_path / "run", tmp_path / "ps.pcap"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ps = subprocess.Popen(
-        [sys.executable, "-m", "aiogc", "ps", "--port", "0", "--workers", "2", "--delta", "2",
-         "--rounds", "2", "--delay", "exp:0.003", "--task", "linreg:samples=80,dim=4",
-         "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
-         "--pcap", str(pcap), "--join-timeout", "600"],  # a hang guard, not a race
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ps = cli("ps", "--port", "0", "--workers", "2", "--delta", "2", "--rounds", "2",
+             "--delay", "exp:0.003", "--task", "linreg:samples=80,dim=4",
+             "--secret-file", str(secret), "--out", str(out), "--loop", "asyncio",
+             "--pcap", str(pcap), "--join-timeout", CLI_JOIN_TIMEOUT_S)
     worker: subprocess.Popen[str] | None = None
     try:
-        assert ps.stderr is not None
-        match = re_.search(r"listening on ([\d.]+):(\d+)", ps.stderr.readline())
-        assert match
-        with socket.create_connection((match[1], int(match[2])), timeout=60) as peer:
+        addr = listening(ps)
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=60) as peer:
             buf = b""
             while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
                 buf += peer.recv(4096)
@@ -733,10 +714,7 @@ def test_standalone_capture_with_a_refused_peer_decodes_with_plain_msgpack(
             peer.sendall(len(hello).to_bytes(4, "big") + hello)
             while peer.recv(4096):  # the PS's error, then its close
                 pass
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "aiogc", "worker", "--connect", f"{match[1]}:{match[2]}",
-             "--id", "0-1", "--secret-file", str(secret)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        worker = cli("worker", "--connect", addr, "--id", "0-1", "--secret-file", str(secret))
         _, ps_err = ps.communicate(timeout=120)  # hang guard only
         worker.communicate(timeout=120)
     finally:
