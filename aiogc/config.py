@@ -36,7 +36,8 @@ __all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "UNITS"
 
 MODES = ("exact", "approx")
 #: the run's payload dtypes by name (little-endian numpy dtypes, built once)
-_PAYLOAD_DTYPES: Final = {"float64": np.dtype("<f8"), "float32": np.dtype("<f4")}
+_PAYLOAD_DTYPES: Final[dict[str, np.dtype[Any]]] = {"float64": np.dtype("<f8"),
+                                                     "float32": np.dtype("<f4")}
 DTYPES = tuple(_PAYLOAD_DTYPES)
 
 #: Largest worker count we accept: state vectors and per-worker tables stay small on the wire.
