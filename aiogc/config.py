@@ -35,7 +35,10 @@ __all__ = ["ASSIGNMENTS", "DECODINGS", "DTYPES", "MAX_WORKERS", "MODES", "UNITS"
            "CommModel", "RunConfig", "parse_bandwidth", "scheme_digest"]
 
 MODES = ("exact", "approx")
-DTYPES = ("float64", "float32")
+#: the run's payload dtypes by name (little-endian numpy dtypes, built once)
+_PAYLOAD_DTYPES: Final[dict[str, np.dtype[Any]]] = {"float64": np.dtype("<f8"),
+                                                     "float32": np.dtype("<f4")}
+DTYPES = tuple(_PAYLOAD_DTYPES)
 
 #: Largest worker count we accept: state vectors and per-worker tables stay small on the wire.
 MAX_WORKERS = 4096
@@ -322,7 +325,8 @@ class RunConfig:
 
     @property
     def payload_dtype(self) -> np.dtype:
-        return np.dtype("<f8") if self.dtype == "float64" else np.dtype("<f4")
+        """The numpy dtype of :attr:`dtype` (read for every coded vector)."""
+        return _PAYLOAD_DTYPES[self.dtype]
 
     @property
     def coded_wire_dtype(self) -> np.dtype:
