@@ -125,7 +125,33 @@ class TriggerAndBroadcast(RoundPolicy):
         return np.asarray(rs.broadcast, dtype=np.int64)
 
 
-class SendWhenDone(RoundPolicy):
+class _UploadsWhenDone(RoundPolicy):
+    """A policy whose workers upload without a broadcast: at the approximate deadline or the
+    round timeout (approximate mode) the round decodes whatever :meth:`collected` says it
+    has, and fails without anything."""
+
+    #: the failure's detail when the deadline finds nothing
+    nothing = "deadline with nothing received"
+
+    def collected(self, rs: _RoundState) -> bool:
+        """Whether the round has received anything it could decode approximately."""
+        raise NotImplementedError
+
+    def approx_deadline(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        if self.collected(rs):
+            rs.record.t_trigger = now
+            ps._end_round(now, exact=False, reason="deadline")
+        else:
+            ps._end_round_failed(now, EndReason.NOTHING_COMPUTED, self.nothing)
+
+    def round_timeout(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
+        if self.collected(rs) and ps.config.mode == "approx":
+            ps._end_round(now, exact=False, reason="round_timeout")
+        else:
+            super().round_timeout(ps, rs, now)
+
+
+class SendWhenDone(_UploadsWhenDone):
     """Fixed coefficients, a vector per finished worker, decode once the finished decode.
 
     Parameters
@@ -198,26 +224,17 @@ class SendWhenDone(RoundPolicy):
             return False
         return True
 
-    def approx_deadline(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
-        if rs.received:
-            rs.record.t_trigger = now
-            ps._end_round(now, exact=False, reason="deadline")
-        else:
-            ps._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                 "deadline with no finished worker")
+    nothing = "deadline with no finished worker"
 
-    def round_timeout(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
-        if rs.received and ps.config.mode == "approx":
-            ps._end_round(now, exact=False, reason="round_timeout")
-        else:
-            super().round_timeout(ps, rs, now)
+    def collected(self, rs: _RoundState) -> bool:
+        return bool(rs.received)
 
     def decode_state(self, ps: RoundMachine, rs: _RoundState) -> np.ndarray:
         state: np.ndarray = ps._finished_state(rs.received)
         return state
 
 
-class StreamWhenDone(RoundPolicy):
+class StreamWhenDone(_UploadsWhenDone):
     """One ``chunk_gradient`` frame per computed chunk; decode once every chunk arrived.
 
     The PS core keeps the first frame of every chunk (``_RoundState.chunks``); the state
@@ -249,19 +266,10 @@ class StreamWhenDone(RoundPolicy):
             rs.record.t_trigger = now
             ps._end_round(now, exact=True, reason="decodable")
 
-    def approx_deadline(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
-        if rs.chunks:
-            rs.record.t_trigger = now
-            ps._end_round(now, exact=False, reason="deadline")
-        else:
-            ps._end_round_failed(now, EndReason.NOTHING_COMPUTED,
-                                 "deadline with no chunk received")
+    nothing = "deadline with no chunk received"
 
-    def round_timeout(self, ps: RoundMachine, rs: _RoundState, now: float) -> None:
-        if rs.chunks and ps.config.mode == "approx":
-            ps._end_round(now, exact=False, reason="round_timeout")
-        else:
-            super().round_timeout(ps, rs, now)
+    def collected(self, rs: _RoundState) -> bool:
+        return bool(rs.chunks)
 
     def decode_state(self, ps: RoundMachine, rs: _RoundState) -> np.ndarray:
         return np.asarray(rs.state, dtype=np.int64)
