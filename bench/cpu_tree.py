@@ -26,14 +26,20 @@ from aiogc.harness.options import RunOptions
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--rounds", type=int, nargs=2, default=(4, 20), metavar=("SHORT", "LONG"),
+                    help="the two runs whose CPU difference is measured (default 4 20); "
+                         "longer runs average more rounds")
     a = ap.parse_args(argv)
+    short, long = a.rounds
+    if not 1 <= short < long:
+        ap.error(f"--rounds: SHORT >= 1 and LONG > SHORT, got {short} {long}")
 
     def run(n: int) -> None:
         cfg = RunConfig(workers=a.workers, delta=4, n_parts=1, delay="exp:0.01", rounds=n,
                         seed=1)
         run_live(cfg, ["partial"], RunOptions(mode="coroutines", plots=False))
 
-    print(f"{Path(aiogc.__file__).parent} {1e3 * _cpu_per_round(run, 4, 20):.2f} ms/round")
+    print(f"{Path(aiogc.__file__).parent} {1e3 * _cpu_per_round(run, short, long):.2f} ms/round")
     return 0
 
 
