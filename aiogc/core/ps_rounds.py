@@ -372,16 +372,8 @@ class RoundMachine(Endpoint):
             rs = self._current(msg.epoch, msg.round, "coded_gradient")  # counts, or raises
         if rs is None or not self._awaited(rs, worker, msg):
             return
-        # is it usable? A bad vector is a rejected contribution, not a closed connection:
-        # the worker counts as a straggler this round.
-        problem = self._screen(msg) if self._screen is not None else None
-        if problem is not None:
-            reason, detail = problem
-            self.stats[reason] += 1
-            rs.record.dropped[worker] = f"{reason}: {detail}"
-            self._drop_workers([worker], reason, now)
-            return
-        self._accept_coded(rs, worker, msg, now)
+        if not self._screened_out(rs, worker, msg, now):
+            self._accept_coded(rs, worker, msg, now)
 
     @handles("chunk_gradient", IN_ROUND, otherwise="stale")
     def _on_chunk(self, worker: int, peer: Hashable, msg: ChunkGradient, now: float) -> None:
@@ -404,12 +396,7 @@ class RoundMachine(Endpoint):
             raise RemoteProtocolError(
                 f"chunk {msg.chunk} is not worker {worker}'s next chunk (position {k})",
                 code="bad_chunk")
-        problem = self._screen(msg) if self._screen is not None else None
-        if problem is not None:
-            reason, detail = problem
-            self.stats[reason] += 1
-            rs.record.dropped[worker] = f"{reason}: {detail}"
-            self._drop_workers([worker], reason, now)
+        if self._screened_out(rs, worker, msg, now):
             return
         rs.state[worker] = k + 1
         rs.reports.append((now, worker, k + 1, msg.elapsed_s))
@@ -420,6 +407,20 @@ class RoundMachine(Endpoint):
             return
         rs.chunks[msg.chunk] = msg
         self._policy.chunk_accepted(self, rs, now)
+
+    def _screened_out(self, rs: _RoundState, worker: int, msg: CodedGradient | ChunkGradient,
+                      now: float) -> bool:
+        """Is the frame unusable (``RoundSetup.screen``)? A bad vector or chunk is a rejected
+        contribution, not a closed connection: the worker is dropped and counts as a
+        straggler this round."""
+        problem = self._screen(msg) if self._screen is not None else None
+        if problem is None:
+            return False
+        reason, detail = problem
+        self.stats[reason] += 1
+        rs.record.dropped[worker] = f"{reason}: {detail}"
+        self._drop_workers([worker], reason, now)
+        return True
 
     def _awaited(self, rs: _RoundState, worker: int, msg: CodedGradient) -> bool:
         """Is this a vector we are waiting for? (stale ones are dropped whatever they hold)"""
