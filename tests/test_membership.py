@@ -75,6 +75,34 @@ def test_membership_from_the_round_start_frames(tmp_path: Path) -> None:
         "all rounds done"
 
 
+def test_a_worker_lost_while_the_ps_stalled_has_left_only_if_it_never_came_back(
+        tmp_path: Path) -> None:
+    """A worker dropped during the PS's own stall is not blamed for that round (its reason
+    stays ``ps_stall``), but one that never comes back is listed as left; one that comes
+    back is not."""
+    rec = RunRecorder(tmp_path, {})
+    log = rec.frame_logger("partial", lambda peer: peer, clock=iter(range(10**6)).__next__)
+    plan = [
+        ((0, 1, 2), _rec(0, arrivals={0: 0.4, 1: 0.4, 2: 0.4})),
+        ((0, 1, 2), _rec(1, arrivals={0: 1.4}, dropped={1: "ps_stall", 2: "ps_stall"})),
+        ((0, 1), _rec(2, arrivals={0: 2.4, 1: 2.4})),  # 1 is back, 2 never is
+        ((0, 1), _rec(3, arrivals={0: 3.4, 1: 3.4})),
+    ]
+    for sent, r in plan:
+        for w in sent:
+            log("out", w, _Msg("round_start", r.round), 10)
+        log("in", 0, _Msg("chunk_report", r.round), 10)
+        rec.round("partial", r, m=3, loads=[1, 1, 1], trigger_scheme=True)
+    result = RunResult(records={"partial": [r for _, r in plan]},
+                       end_reasons={"partial": "all rounds done"})
+    close_run(result, [], rec)
+    dropped = {(w["round"], w["worker"]): w["dropped_reason"]
+               for w in read_csv(tmp_path / "workers.csv")}
+    assert dropped[(1, 1)] == dropped[(1, 2)] == "ps_stall"
+    mem = json.loads((tmp_path / "summary.json").read_text())["membership"]["partial"]
+    assert mem["left"] == [[1, 2]] and mem["rejoined"] == []
+
+
 def test_run_exit_code_says_shrunk_unless_allowed(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,6 +94,7 @@ from types import TracebackType
 from typing import IO, Any, Final
 
 from aiogc.core.common import RoundRecord
+from aiogc.core.ps_rounds import PS_STALL_DROP
 from aiogc.harness.columns import (
     ATTRIBUTION_COLUMNS,
     REPORT_COLUMNS,
@@ -273,6 +274,9 @@ class RunRecorder:
         self._rounds_written: dict[str, int] = {}
         # per scheme: workers whose connection was lost -> the round they left in
         self._gone: dict[str, dict[int, int]] = {}
+        #: scheme -> worker -> round: workers dropped while the PS stalled (not blamed on
+        #: them) and not back since; those never back have left (:meth:`membership`)
+        self._stall_lost: dict[str, dict[int, int]] = {}
         # workers sent each (scheme, round)'s round_start (the PS's members at its start)
         self._starts: dict[tuple[str, int], set[int]] = {}
         # per scheme: m, rounds short of m, fewest present, who left / rejoined (round, worker)
@@ -563,7 +567,7 @@ class RunRecorder:
         partial = is_trigger_scheme(scheme) if trigger_scheme is None else trigger_scheme
         keep = _detached(record)
         present = self._starts.pop((scheme, keep.round), None)
-        if keep.dropped or self._gone.get(scheme):
+        if keep.dropped or self._gone.get(scheme) or self._stall_lost.get(scheme):
             self._membership(scheme, keep, present)
         out = self._mark_evicted(scheme, keep)
         self._count_members(scheme, keep.round, m - out, present)
@@ -607,6 +611,14 @@ class RunRecorder:
             if why in LEFT_REASONS and w not in gone:
                 gone[w] = keep.round
                 self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
+        stall_lost = self._stall_lost.setdefault(scheme, {})
+        for w in list(stall_lost):
+            if (w in present) if present is not None else (w in keep.arrivals
+                                                           or w in reported):
+                del stall_lost[w]
+        for w, why in keep.dropped.items():
+            if why == PS_STALL_DROP and w not in gone:
+                stall_lost.setdefault(w, keep.round)
 
     def _mark_evicted(self, scheme: str, keep: RoundRecord) -> int:
         """Workers evicted before ``keep``'s round: their ``workers.csv`` rows say
@@ -657,10 +669,13 @@ class RunRecorder:
         """Per scheme: ``m``, ``rounds_known`` (rounds whose members the frames told),
         ``rounds_short`` (rounds the PS started with fewer than m workers),
         ``fewest_workers_present``, ``first_short_round``, ``left`` and ``rejoined``
-        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each), and ``evicted``
+        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each; ``left`` also
+        holds, after them, the workers dropped while the PS stalled that never came back: not
+        blamed for the round, but gone), and ``evicted``
         (``[round, worker]``) when the PS evicted anyone: an evicted worker's absence does not
         make a round short."""
-        return {s: {**v, "left": list(self._left.get(s, [])),
+        return {s: {**v, "left": list(self._left.get(s, [])) + [
+                        [r, w] for w, r in sorted(self._stall_lost.get(s, {}).items())],
                     "rejoined": list(self._rejoined.get(s, [])),
                     **({"evicted": [[r, w] for w, r in sorted(self._evicted[s].items())]}
                        if self._evicted.get(s) else {})}
