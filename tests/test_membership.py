@@ -40,15 +40,11 @@ def _rec(r: int, **kw: Any) -> RoundRecord:
                        state=(1, 1, 1), loss=1.0, **kw)
 
 
-def test_membership_from_the_round_start_frames(tmp_path: Path) -> None:
+def _record(tmp_path: Path, plan: list[tuple[tuple[int, ...], RoundRecord]]) -> RunResult:
+    """Record ``plan`` (the workers sent ``round_start``, the round's record) as a PS with
+    m = 3 would, and close the run."""
     rec = RunRecorder(tmp_path, {})
     log = rec.frame_logger("partial", lambda peer: peer, clock=iter(range(10**6)).__next__)
-    plan = [  # (workers sent round_start, the round's record)
-        ((0, 1, 2), _rec(0, arrivals={0: 0.4, 1: 0.4, 2: 0.4})),
-        ((0, 1, 2), _rec(1, arrivals={0: 1.4, 1: 1.4}, dropped={2: "disconnected"})),
-        ((0, 1), _rec(2, arrivals={0: 2.4, 1: 2.4})),
-        ((0, 1, 2), _rec(3, arrivals={0: 3.4, 1: 3.4})),  # back, but slow this round
-    ]
     for sent, r in plan:
         for w in sent:
             log("out", w, _Msg("round_start", r.round), 10)
@@ -57,6 +53,17 @@ def test_membership_from_the_round_start_frames(tmp_path: Path) -> None:
     result = RunResult(records={"partial": [r for _, r in plan]},
                        end_reasons={"partial": "all rounds done"})
     close_run(result, [], rec)
+    return result
+
+
+def test_membership_from_the_round_start_frames(tmp_path: Path) -> None:
+    plan = [  # (workers sent round_start, the round's record)
+        ((0, 1, 2), _rec(0, arrivals={0: 0.4, 1: 0.4, 2: 0.4})),
+        ((0, 1, 2), _rec(1, arrivals={0: 1.4, 1: 1.4}, dropped={2: "disconnected"})),
+        ((0, 1), _rec(2, arrivals={0: 2.4, 1: 2.4})),
+        ((0, 1, 2), _rec(3, arrivals={0: 3.4, 1: 3.4})),  # back, but slow this round
+    ]
+    result = _record(tmp_path, plan)
     assert [r["workers_present"] for r in read_csv(tmp_path / "rounds.csv")] == [3, 3, 2, 3]
     w2 = [w["dropped_reason"] for w in read_csv(tmp_path / "workers.csv") if w["worker"] == 2]
     assert w2 == [None, "disconnected", "absent: left in round 1", None]
@@ -80,22 +87,13 @@ def test_a_worker_lost_while_the_ps_stalled_has_left_only_if_it_never_came_back(
     """A worker dropped during the PS's own stall is not blamed for that round (its reason
     stays ``ps_stall``), but one that never comes back is listed as left; one that comes
     back is not."""
-    rec = RunRecorder(tmp_path, {})
-    log = rec.frame_logger("partial", lambda peer: peer, clock=iter(range(10**6)).__next__)
     plan = [
         ((0, 1, 2), _rec(0, arrivals={0: 0.4, 1: 0.4, 2: 0.4})),
         ((0, 1, 2), _rec(1, arrivals={0: 1.4}, dropped={1: "ps_stall", 2: "ps_stall"})),
         ((0, 1), _rec(2, arrivals={0: 2.4, 1: 2.4})),  # 1 is back, 2 never is
         ((0, 1), _rec(3, arrivals={0: 3.4, 1: 3.4})),
     ]
-    for sent, r in plan:
-        for w in sent:
-            log("out", w, _Msg("round_start", r.round), 10)
-        log("in", 0, _Msg("chunk_report", r.round), 10)
-        rec.round("partial", r, m=3, loads=[1, 1, 1], trigger_scheme=True)
-    result = RunResult(records={"partial": [r for _, r in plan]},
-                       end_reasons={"partial": "all rounds done"})
-    close_run(result, [], rec)
+    _record(tmp_path, plan)
     dropped = {(w["round"], w["worker"]): w["dropped_reason"]
                for w in read_csv(tmp_path / "workers.csv")}
     assert dropped[(1, 1)] == dropped[(1, 2)] == "ps_stall"
