@@ -413,6 +413,20 @@ def test_replaced_connection_leaves_the_running_round() -> None:
     assert rig.ps._round is not None and rig.ps._round.state[4] == 0
 
 
+@pytest.mark.parametrize(("stall_s", "reason"), [(0.5, "disconnected"), (4.0, "ps_stall")])
+def test_a_stall_takes_the_blame_only_if_it_can_have_made_workers_leave(
+        stall_s: float, reason: str) -> None:
+    """With liveness of 5 s and heartbeats of 1 s, a worker closes its connection only
+    after about 3 s of the PS's silence: a connection lost right after a 0.5 s stall of the
+    PS is the worker's own (a killed process), one lost after a 4 s stall is the PS's."""
+    rig = _joined_rig(dead_after_s=5.0, heartbeat_s=1.0)
+    rig.ps.handle_timer(now=rig.sim.now, stalled_s=stall_s)
+    rig.ps.connection_lost(rig.sim._peer(4), now=rig.sim.now)
+    drops = [e for e in iter(rig.ps.next_event, None) if isinstance(e, WorkerDropped)]
+    assert [(e.worker, e.reason) for e in drops] == [(4, reason)]
+    assert rig.ps.stats["ps_stalls"] == 1
+
+
 def test_stale_vector_with_nan_does_not_drop_its_sender() -> None:
     rig = _joined_rig()
     bad = np.full(rig.ps.scheme.payload_len(rig.ps.dim), np.nan)

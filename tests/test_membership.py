@@ -99,6 +99,9 @@ def test_a_worker_lost_while_the_ps_stalled_has_left_only_if_it_never_came_back(
     assert dropped[(1, 1)] == dropped[(1, 2)] == "ps_stall"
     mem = json.loads((tmp_path / "summary.json").read_text())["membership"]["partial"]
     assert mem["left"] == [[1, 2]] and mem["rejoined"] == []
+    events = [(e["kind"], e["round"], e["worker"], e["reason"]) for e in load_events(tmp_path)
+              if e["direction"] == "event" and e["kind"].startswith("worker_")]
+    assert events == [("worker_left", 1, 2, "ps_stall")]
 
 
 def test_run_exit_code_says_shrunk_unless_allowed(

@@ -287,8 +287,9 @@ class ParameterServer(RoundMachine):
 
         ``stalled_s``: the driver saw this process not run for that long just before ``now``
         (SIGSTOP, a long GC or decode, a blocked loop), so the workers' silence during it is
-        the PS's. Their liveness clocks move forward by the stall, and a worker lost in the
-        next :data:`PS_STALL_GRACE_S` (a connection it closed because the PS went silent) is
+        the PS's. Their liveness clocks move forward by the stall. If the stall was long
+        enough to make workers give up on the PS, a worker lost in the next
+        :data:`PS_STALL_GRACE_S` (a connection it closed because the PS went silent) is
         dropped as ``ps_stall``; a round that fails for it ends as ``EndReason.PS_STALL``.
         """
         if stalled_s > 0:
@@ -308,12 +309,27 @@ class ParameterServer(RoundMachine):
 
     def _note_stall(self, seconds: float, now: float) -> None:
         self.stats["ps_stalls"] += 1
-        self._stall_s = max(self._stall_s, seconds) if now < self._stall_until else seconds
-        self._stall_until = now + PS_STALL_GRACE_S
+        if self._stall_can_lose_workers(seconds):
+            self._stall_s = max(self._stall_s, seconds) if now < self._stall_until else seconds
+            self._stall_until = now + PS_STALL_GRACE_S
         for w, t in self._last_heard.items():
             self._last_heard[w] = min(now, t + seconds)
         if self._sweep_at is not None:
             self._sweep_at = max(self._sweep_at, now)
+
+    def _stall_can_lose_workers(self, seconds: float) -> bool:
+        """Whether a stall of ``seconds`` can have made honest workers give up on the PS.
+
+        A worker closes its connection after ``dead_after_s`` without a frame from the PS
+        (the welcome's config). Before the stall it had heard the PS at most about one
+        ``heartbeat_s`` earlier (its ping's pong), so a stall shorter than ``dead_after_s``
+        less two heartbeats cannot have made it leave: a loss then (a killed process's reset)
+        is the worker's own. Without liveness no worker ever gives up on the PS.
+        """
+        dead_after = self.config.dead_after_s
+        if dead_after is None:
+            return False
+        return seconds + 2 * (self.config.heartbeat_s or 0.0) >= dead_after
 
     def _expire_pending(self, now: float) -> None:
         for peer, deadline in list(self._pending.items()):

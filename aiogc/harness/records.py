@@ -274,9 +274,10 @@ class RunRecorder:
         self._rounds_written: dict[str, int] = {}
         # per scheme: workers whose connection was lost -> the round they left in
         self._gone: dict[str, dict[int, int]] = {}
-        #: scheme -> worker -> round: workers dropped while the PS stalled (not blamed on
-        #: them) and not back since; those never back have left (:meth:`membership`)
-        self._stall_lost: dict[str, dict[int, int]] = {}
+        #: scheme -> worker -> (round, PS time in ns): workers dropped while the PS stalled
+        #: (not blamed on them) and not back since; those never back have left
+        #: (:meth:`membership`)
+        self._stall_lost: dict[str, dict[int, tuple[int, int]]] = {}
         # workers sent each (scheme, round)'s round_start (the PS's members at its start)
         self._starts: dict[tuple[str, int], set[int]] = {}
         # per scheme: m, rounds short of m, fewest present, who left / rejoined (round, worker)
@@ -618,7 +619,7 @@ class RunRecorder:
                 del stall_lost[w]
         for w, why in keep.dropped.items():
             if why == PS_STALL_DROP and w not in gone:
-                stall_lost.setdefault(w, keep.round)
+                stall_lost.setdefault(w, (keep.round, t_ns))
 
     def _mark_evicted(self, scheme: str, keep: RoundRecord) -> int:
         """Workers evicted before ``keep``'s round: their ``workers.csv`` rows say
@@ -669,13 +670,20 @@ class RunRecorder:
         """Per scheme: ``m``, ``rounds_known`` (rounds whose members the frames told),
         ``rounds_short`` (rounds the PS started with fewer than m workers),
         ``fewest_workers_present``, ``first_short_round``, ``left`` and ``rejoined``
-        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each; ``left`` also
-        holds, after them, the workers dropped while the PS stalled that never came back: not
-        blamed for the round, but gone), and ``evicted``
+        (``[round, worker]`` pairs, at most :data:`MAX_MEMBER_EVENTS` each), and ``evicted``
         (``[round, worker]``) when the PS evicted anyone: an evicted worker's absence does not
-        make a round short."""
-        return {s: {**v, "left": list(self._left.get(s, [])) + [
-                        [r, w] for w, r in sorted(self._stall_lost.get(s, {}).items())],
+        make a round short.
+
+        Called when the run's rounds are over: a worker dropped while the PS stalled that
+        never came back has left. It gets its ``worker_left`` event now (dated to the round
+        it was dropped in, reason ``ps_stall``) and is listed in ``left``; its rows keep
+        ``ps_stall``, so that round is still not blamed on it.
+        """
+        for s, lost in self._stall_lost.items():
+            for w, (r, t_ns) in sorted(lost.items(), key=lambda kv: (kv[1][0], kv[0])):
+                self._member_event(t_ns, "worker_left", s, r, w, PS_STALL_DROP)
+            lost.clear()
+        return {s: {**v, "left": list(self._left.get(s, [])),
                     "rejoined": list(self._rejoined.get(s, [])),
                     **({"evicted": [[r, w] for w, r in sorted(self._evicted[s].items())]}
                        if self._evicted.get(s) else {})}
