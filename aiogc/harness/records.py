@@ -674,10 +674,10 @@ class RunRecorder:
         (``[round, worker]``) when the PS evicted anyone: an evicted worker's absence does not
         make a round short.
 
-        Called when the run's rounds are over: a worker dropped while the PS stalled that
-        never came back has left. It gets its ``worker_left`` event now (dated to the round
-        it was dropped in, reason ``ps_stall``) and is listed in ``left``; its rows keep
-        ``ps_stall``, so that round is still not blamed on it.
+        Called when the run's rounds are over, before :meth:`close`: a worker dropped while
+        the PS stalled that never came back has left. It gets its ``worker_left`` event now
+        (dated to the round it was dropped in, reason ``ps_stall``) and is listed in
+        ``left``; its rows keep ``ps_stall``, so that round is still not blamed on it.
         """
         for s, lost in self._stall_lost.items():
             for w, (r, t_ns) in sorted(lost.items(), key=lambda kv: (kv[1][0], kv[0])):
