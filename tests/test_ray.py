@@ -211,9 +211,10 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     the new process joins through the normal handshake and sends coded vectors again. The
     secret handed to the actors appears in no output, record or Ray log."""
     secret = f"aiogc-test-secret-{os.getpid()}-{id(tmp_path):x}".encode()
-    # enough rounds for the restart (~2 s here) and the rejoin; the test stops the PS once
-    # worker 0 is back, so they are an upper bound, not the run's length
-    cfg = RunConfig(workers=4, delta=2, rounds=200, seed=5, task="linreg:samples=120,dim=6",
+    # the test stops the PS once worker 0 is back: the rounds only bound a hang (at least
+    # 0.03 s each, so 3 min), never the restart (~2 s idle, beyond the 6 s of 200 rounds on a
+    # loaded machine)
+    cfg = RunConfig(workers=4, delta=2, rounds=6000, seed=5, task="linreg:samples=120,dim=6",
                     delay="const:0.03")
     killed: list[int] = []
     rejoined: list[int] = []
