@@ -120,6 +120,26 @@ def test_writer_builds_valid_tcp_flows(tmp_path: Path) -> None:
     assert payloads[(7000, 50002)] == b"x"
 
 
+def test_a_connection_gone_ends_its_flow_and_the_next_is_a_new_one(tmp_path: Path) -> None:
+    """Connections that come and go, one at a time, on one port (as a refused peer and then a
+    worker host can, when the kernel reuses the ephemeral port, and when a new connection
+    object gets a freed one's ``id()``): each is its own flow, SYN ... FIN, in order."""
+    path = tmp_path / "reuse.pcap"
+    n = 50
+    with PcapWriter(path, clock=iter(range(10**9, 10**9 + 10**4)).__next__) as cap:
+        for k in range(n):
+            conn = _Conn(50020)
+            cap.tap(conn, False, b"in%d" % k)
+            cap.tap(conn, True, b"out%d" % k)
+            del conn  # gone: its flow ends here, not at close()
+    flags = [p[33] for p in _records(path)[1] if struct.unpack(">H", p[20:22])[0] == 50020]
+    per_flow = [0x02, 0x10, 0x18, 0x11]  # SYN, ACK, data (PSH|ACK), FIN|ACK from the worker
+    assert flags == per_flow * n
+    streams = _streams(path)
+    assert [streams[50020, 7000, k + 1] for k in range(n)] == [b"in%d" % k for k in range(n)]
+    assert [streams[7000, 50020, k + 1] for k in range(n)] == [b"out%d" % k for k in range(n)]
+
+
 def test_dissector_is_generated_from_the_field_table() -> None:
     """The shipped aiogc.lua is exactly what the generator writes from the codec's table, and
     ``--path`` names that file."""
@@ -432,11 +452,17 @@ def test_dissector_flags_a_bad_control_record(tmp_path: Path) -> None:
     assert len(_malformed(tmp_path / "bad.pcap")) == 1
 
 
-def _streams(pcap: Path) -> dict[tuple[int, int], bytes]:
-    """Every direction's reassembled TCP payload, keyed by (source port, destination port)."""
-    out: dict[tuple[int, int], bytes] = collections.defaultdict(bytes)
+def _streams(pcap: Path) -> dict[tuple[int, int, int], bytes]:
+    """Every direction of every connection, its TCP payload reassembled, keyed by (source
+    port, destination port, n): the n-th connection on those ports, each begun by a SYN (a
+    closed connection's ephemeral port can be reused)."""
+    out: dict[tuple[int, int, int], bytes] = collections.defaultdict(bytes)
+    opened: collections.Counter[tuple[int, int]] = collections.Counter()
     for p in _records(pcap)[1]:
-        out[struct.unpack(">HH", p[20:24])] += p[40:]
+        sport, dport = struct.unpack(">HH", p[20:24])
+        if p[33] & 0x02:  # SYN
+            opened[sport, dport] += 1
+        out[sport, dport, opened[sport, dport]] += p[40:]
     return out
 
 
@@ -513,7 +539,7 @@ def test_worker_hosts_run_capture(tmp_path: Path) -> None:
     decoded = {True: collections.Counter[str](), False: collections.Counter[str]()}
     opened: collections.Counter[int] = collections.Counter()
     firsts = {}
-    for (sport, _), data in _streams(pcap).items():
+    for (sport, _, _), data in _streams(pcap).items():
         host_side = data[:4] == HOST_MAGIC.to_bytes(4, "big")
         for slot, msg in _decode_host_stream(data, secret=True):
             if isinstance(msg, Preamble):

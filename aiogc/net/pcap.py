@@ -15,7 +15,9 @@ reassembles the streams as it would a real capture. A write is one or more segme
 :data:`MAX_SEGMENT` payload bytes each: an IPv4 packet holds at most 64 KiB); a read is one
 segment per ``buffer_updated`` call. Segment boundaries are therefore those of the socket
 calls, not of the kernel's packets, and the timestamps are the PS's wall clock at the call.
-IP and TCP checksums are correct. :meth:`PcapWriter.close` ends every flow with a FIN pair.
+IP and TCP checksums are correct. A flow ends with a FIN pair when its connection object
+is gone (a later connection is a new flow, even on the same ports) or at
+:meth:`PcapWriter.close`.
 
 Decode with the Wireshark dissector shipped in the package
 (``tshark -X lua_script:"$(python -m aiogc.protocol.dissector --path)" -r FILE``).
@@ -27,6 +29,7 @@ import ipaddress
 import os
 import struct
 import time
+import weakref
 from collections.abc import Callable
 from typing import IO, Any, Final
 
@@ -71,11 +74,12 @@ def _ipv4(addr: Any, fallback: str) -> tuple[bytes, int]:
 class _Flow:
     """One connection's synthetic TCP state: the two endpoints and next sequence numbers."""
 
-    __slots__ = ("client", "seq_c", "seq_s", "server")
+    __slots__ = ("client", "ended", "seq_c", "seq_s", "server")
 
     def __init__(self, client: tuple[bytes, int], server: tuple[bytes, int]) -> None:
         self.client, self.server = client, server
         self.seq_c, self.seq_s = 1000, 5000  # initial sequence numbers (arbitrary, fixed)
+        self.ended = False
 
 
 class PcapWriter:
@@ -96,7 +100,9 @@ class PcapWriter:
         if self._f.tell() == 0:
             self._f.write(struct.pack("<IHHiIII", _NS_MAGIC, 2, 4, 0, 0, _SNAPLEN, LINKTYPE_RAW))
         self._clock = clock
-        self._flows: dict[int, _Flow] = {}
+        # by connection object, weakly: a connection gone ends its flow, and the next one is a
+        # new flow even where it reuses the old one's id() or its ports
+        self._flows: weakref.WeakKeyDictionary[Any, _Flow] = weakref.WeakKeyDictionary()
         self._ip_id = 0
         self.packets = 0
 
@@ -110,7 +116,7 @@ class PcapWriter:
         """Record ``data`` as sent by the PS (``outgoing``) or received by it on ``conn``."""
         if self._f.closed or not data:
             return
-        flow = self._flows.get(id(conn))
+        flow = self._flows.get(conn)
         if flow is None:
             flow = self._open(conn)
         mv = memoryview(data)
@@ -121,18 +127,26 @@ class PcapWriter:
         """End every flow (FIN from the PS, FIN from the worker) and close the file."""
         if self._f.closed:
             return
-        for flow in self._flows.values():
-            self._segment(flow, True, _FIN | _ACK, b"", advance=1)
-            self._segment(flow, False, _FIN | _ACK, b"", advance=1)
+        for flow in list(self._flows.values()):
+            self._end(flow)
         self._flows.clear()
         self._f.close()
+
+    def _end(self, flow: _Flow) -> None:
+        """The flow's FIN from the PS, then the worker's (once; nothing after close)."""
+        if flow.ended or self._f.closed:
+            return
+        flow.ended = True
+        self._segment(flow, True, _FIN | _ACK, b"", advance=1)
+        self._segment(flow, False, _FIN | _ACK, b"", advance=1)
 
     # ------------------------------------------------------------------ packets
 
     def _open(self, conn: Any) -> _Flow:
         flow = _Flow(_ipv4(getattr(conn, "peername", None), "127.0.0.2"),
                      _ipv4(getattr(conn, "sockname", None), "127.0.0.1"))
-        self._flows[id(conn)] = flow
+        self._flows[conn] = flow
+        weakref.finalize(conn, self._end, flow)
         # the three-way handshake: SYN, SYN/ACK, ACK (a SYN counts as one sequence number)
         self._segment(flow, False, _SYN, b"", advance=1, ack=False)
         self._segment(flow, True, _SYN | _ACK, b"", advance=1)
