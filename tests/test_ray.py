@@ -212,8 +212,7 @@ def test_killed_worker_actor_is_restarted_and_rejoins(local_ray: Path, tmp_path:
     secret handed to the actors appears in no output, record or Ray log."""
     secret = f"aiogc-test-secret-{os.getpid()}-{id(tmp_path):x}".encode()
     # the test stops the PS once worker 0 is back: the rounds only bound a hang (at least
-    # 0.03 s each, so 3 min), never the restart (~2 s idle, beyond the 6 s of 200 rounds on a
-    # loaded machine)
+    # 0.03 s each, so 3 min); the actor's restart takes ~2 s idle, over 6 s on a loaded machine
     cfg = RunConfig(workers=4, delta=2, rounds=6000, seed=5, task="linreg:samples=120,dim=6",
                     delay="const:0.03")
     killed: list[int] = []
