@@ -595,14 +595,14 @@ class RunRecorder:
         ``events.jsonl`` (``round`` and ``worker`` set, PS time of the round's end).
         """
         gone = self._gone.setdefault(scheme, {})
-        reported = {w for _, w, _, _ in keep.reports}
+        # who took part in the round: its round_start's addressees, else whoever sent anything
+        taking_part = present if present is not None else (
+            set(keep.arrivals) | {w for _, w, _, _ in keep.reports})
         t_ns = round((keep.t_end if keep.t_end is not None else keep.t_start) * 1e9)
         for w, since in sorted(gone.items()):
             if w in keep.dropped:
                 continue
-            back = (w in present) if present is not None else (w in keep.arrivals
-                                                                 or w in reported)
-            if back:
+            if w in taking_part:
                 del gone[w]
                 self._member_event(t_ns, "worker_rejoined", scheme, keep.round, w,
                                    f"left in round {since}")
@@ -614,8 +614,7 @@ class RunRecorder:
                 self._member_event(t_ns, "worker_left", scheme, keep.round, w, why)
         stall_lost = self._stall_lost.setdefault(scheme, {})
         for w in list(stall_lost):
-            if (w in present) if present is not None else (w in keep.arrivals
-                                                           or w in reported):
+            if w in taking_part:
                 del stall_lost[w]
         for w, why in keep.dropped.items():
             if why == PS_STALL_DROP and w not in gone:
