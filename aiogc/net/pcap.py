@@ -15,9 +15,9 @@ reassembles the streams as it would a real capture. A write is one or more segme
 :data:`MAX_SEGMENT` payload bytes each: an IPv4 packet holds at most 64 KiB); a read is one
 segment per ``buffer_updated`` call. Segment boundaries are therefore those of the socket
 calls, not of the kernel's packets, and the timestamps are the PS's wall clock at the call.
-IP and TCP checksums are correct. A flow ends with a FIN pair when its connection object
-is gone (a later connection is a new flow, even on the same ports) or at
-:meth:`PcapWriter.close`.
+IP and TCP checksums are correct. A flow ends with a FIN pair once its connection object is
+gone (written before the capture's next packet; a later connection is a new flow, even on
+the same ports) or at :meth:`PcapWriter.close`.
 
 Decode with the Wireshark dissector shipped in the package
 (``tshark -X lua_script:"$(python -m aiogc.protocol.dissector --path)" -r FILE``).
@@ -103,6 +103,9 @@ class PcapWriter:
         # by connection object, weakly: a connection gone ends its flow, and the next one is a
         # new flow even where it reuses the old one's id() or its ports
         self._flows: weakref.WeakKeyDictionary[Any, _Flow] = weakref.WeakKeyDictionary()
+        # flows whose connection is gone, their FINs not yet written: a finalizer only notes
+        # them (it may run inside the garbage collector, in the middle of another packet)
+        self._gone: list[_Flow] = []
         self._ip_id = 0
         self.packets = 0
 
@@ -116,6 +119,8 @@ class PcapWriter:
         """Record ``data`` as sent by the PS (``outgoing``) or received by it on ``conn``."""
         if self._f.closed or not data:
             return
+        if self._gone:
+            self._end_gone()
         flow = self._flows.get(conn)
         if flow is None:
             flow = self._open(conn)
@@ -127,14 +132,19 @@ class PcapWriter:
         """End every flow (FIN from the PS, FIN from the worker) and close the file."""
         if self._f.closed:
             return
+        self._end_gone()
         for flow in list(self._flows.values()):
             self._end(flow)
         self._flows.clear()
         self._f.close()
 
+    def _end_gone(self) -> None:
+        while self._gone:  # in place: the finalizers hold this list
+            self._end(self._gone.pop(0))
+
     def _end(self, flow: _Flow) -> None:
-        """The flow's FIN from the PS, then the worker's (once; nothing after close)."""
-        if flow.ended or self._f.closed:
+        """The flow's FIN from the PS, then the worker's (once)."""
+        if flow.ended:
             return
         flow.ended = True
         self._segment(flow, True, _FIN | _ACK, b"", advance=1)
@@ -146,7 +156,7 @@ class PcapWriter:
         flow = _Flow(_ipv4(getattr(conn, "peername", None), "127.0.0.2"),
                      _ipv4(getattr(conn, "sockname", None), "127.0.0.1"))
         self._flows[conn] = flow
-        weakref.finalize(conn, self._end, flow)
+        weakref.finalize(conn, self._gone.append, flow)
         # the three-way handshake: SYN, SYN/ACK, ACK (a SYN counts as one sequence number)
         self._segment(flow, False, _SYN, b"", advance=1, ack=False)
         self._segment(flow, True, _SYN | _ACK, b"", advance=1)
